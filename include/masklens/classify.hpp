@@ -1,0 +1,436 @@
+// classify: SpanTable -> MaskStructure. A proof, not a heuristic: every candidate
+// structure is rendered row by row and compared with the scanned spans, so the
+// verdict is exact or `arbitrary`. Among exact descriptions the one with the fewest
+// numbers wins (MaskStructure::description_cost), ties going to the earlier kind.
+// Work is O(rows x candidates), independent of K: the span table is the input.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <map>
+#include <numeric>
+#include <optional>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "row_span.hpp"
+#include "span_table.hpp"
+#include "status.hpp"
+#include "structure.hpp"
+
+namespace masklens {
+namespace detail {
+
+// Rows of one batch that several logical batches share (stride 0 or equal content).
+struct UniqueBatch {
+  std::span<const RowSpan> rows;
+  std::vector<std::int64_t> logical;  // the logical batch indices with these rows
+};
+
+// The modifiers one batch needs on top of a base structure.
+struct BatchFit {
+  std::optional<KeyRange> kv;             // absent = every key valid
+  std::vector<std::int64_t> segments;     // empty = one document
+  [[nodiscard]] std::int64_t cost() const noexcept {
+    return (kv ? 2 : 0) + static_cast<std::int64_t>(segments.size());
+  }
+};
+
+inline bool rows_match(const MaskStructure& probe, std::span<const RowSpan> rows) noexcept {
+  for (std::size_t q = 0; q < rows.size(); ++q)
+    if (!probe.row(0, static_cast<std::int64_t>(q)).same_keys(rows[q])) return false;
+  return true;
+}
+
+// Document starts the rows show, given the base rule and key range [s, e): a row that
+// starts exactly at its own position although neither the base nor s starts it there,
+// or a row that ends just before the next position although neither the base nor e ends it.
+// With `at_empty_edges`, also where rows turn empty or non-empty: a document whose keys
+// are all padding leaves only empty rows, and its edge shows nowhere else.
+inline std::vector<std::int64_t> detect_documents(const MaskStructure& probe, std::span<const RowSpan> rows,
+                                                  std::int64_t s, std::int64_t e, bool at_empty_edges) {
+  std::vector<std::int64_t> bounds{0};
+  const auto q_len = static_cast<std::int64_t>(rows.size());
+  for (std::int64_t t = 1; t < q_len; ++t) {
+    const RowSpan& here = rows[static_cast<std::size_t>(t)];
+    const RowSpan& before = rows[static_cast<std::size_t>(t - 1)];
+    const RowSpan base_here = probe.base_row(t), base_before = probe.base_row(t - 1);
+    const bool starts = !here.empty() && !base_here.empty() && here.first == t && t > std::max(base_here.first, s);
+    const bool ends = !before.empty() && !base_before.empty() && before.last == t - 1 &&
+                      t - 1 < std::min(base_before.last, e - 1);
+    const bool edge = at_empty_edges && here.empty() != before.empty();
+    if (starts || ends || edge) bounds.push_back(t);
+  }
+  if (bounds.size() == 1) return {};
+  bounds.push_back(q_len);
+  return bounds;
+}
+
+// The cheapest modifiers that make `probe` (a base structure with batch 1) equal `rows`.
+inline std::optional<BatchFit> fit_batch(MaskStructure& probe, std::span<const RowSpan> rows, bool allow_segments) {
+  probe.segments.clear();
+  probe.kv_valid.clear();
+  if (rows_match(probe, rows)) return BatchFit{};
+
+  const std::int64_t k_len = probe.k_len;
+  std::int64_t f_first = -1, l_last = -1, f_min = RowSpan::kNoKey, l_max = -1;
+  for (const RowSpan& r : rows) {
+    if (r.empty()) continue;
+    if (f_first < 0) f_first = r.first;
+    l_last = r.last;
+    f_min = std::min(f_min, r.first);
+    l_max = std::max(l_max, r.last);
+  }
+  std::vector<KeyRange> kv_candidates;
+  if (f_first < 0) {
+    kv_candidates.push_back({0, 0});  // nothing attends: no key is valid
+  } else {
+    for (std::int64_t s : {std::int64_t{0}, f_first, f_min})
+      for (std::int64_t e : {k_len, l_last + 1, l_max + 1})
+        if (s < e && !(s == 0 && e == k_len) &&
+            std::find(kv_candidates.begin(), kv_candidates.end(), KeyRange{s, e}) == kv_candidates.end())
+          kv_candidates.push_back({s, e});
+  }
+  for (const KeyRange& kv : kv_candidates) {
+    probe.kv_valid.assign(1, kv);
+    if (rows_match(probe, rows)) return BatchFit{kv, {}};  // cost 2: documents cost at least 3
+  }
+  if (!allow_segments) return std::nullopt;
+
+  std::optional<BatchFit> best;
+  kv_candidates.insert(kv_candidates.begin(), KeyRange{0, k_len});
+  for (const KeyRange& kv : kv_candidates)
+    for (bool at_empty_edges : {false, true}) {
+    std::vector<std::int64_t> docs = detect_documents(probe, rows, kv.start, kv.end, at_empty_edges);
+    if (docs.empty()) continue;
+    BatchFit fit;
+    if (!(kv.start == 0 && kv.end == k_len)) fit.kv = kv;
+    if (best && best->cost() <= fit.cost() + static_cast<std::int64_t>(docs.size())) continue;
+    probe.segments.assign(1, docs);
+    if (fit.kv) probe.kv_valid.assign(1, *fit.kv); else probe.kv_valid.clear();
+    if (!rows_match(probe, rows)) continue;
+    // Where padding meets a document edge the evidence can name a start twice over;
+    // drop the starts the rows do not need (only those at kv edges or empty edges).
+    for (std::size_t i = docs.size() - 1; i-- > 1;) {
+      const std::int64_t t = docs[i];
+      const bool suspect = t == kv.start || t == kv.end || rows[static_cast<std::size_t>(t)].empty() ||
+                           rows[static_cast<std::size_t>(t - 1)].empty();
+      if (!suspect) continue;
+      probe.segments[0].erase(probe.segments[0].begin() + static_cast<std::ptrdiff_t>(i));
+      if (rows_match(probe, rows)) docs = probe.segments[0];
+      else probe.segments[0] = docs;
+    }
+    fit.segments = docs.size() > 2 ? std::move(docs) : std::vector<std::int64_t>{};
+    if (fit.segments.empty() && !fit.kv) continue;  // cannot happen: the base alone did not match
+    if (!best || fit.cost() < best->cost()) best = std::move(fit);
+    }
+  return best;
+}
+
+// Fits `base` to every unique batch; the assembled structure, or nothing if some batch does not fit.
+inline std::optional<MaskStructure> fit_structure(const MaskStructure& base, const std::vector<UniqueBatch>& batches) {
+  MaskStructure probe = base;
+  probe.batch = 1;
+  const bool allow_segments = base.q_len == base.k_len && base.q_len > 1;
+  std::vector<BatchFit> fits;
+  fits.reserve(batches.size());
+  for (const UniqueBatch& ub : batches) {
+    std::optional<BatchFit> fit = fit_batch(probe, ub.rows, allow_segments);
+    if (!fit) return std::nullopt;
+    fits.push_back(std::move(*fit));
+  }
+  MaskStructure s = base;
+  s.segments.clear();
+  s.kv_valid.clear();
+  const bool any_kv = std::any_of(fits.begin(), fits.end(), [](const BatchFit& f) { return f.kv.has_value(); });
+  const bool any_docs = std::any_of(fits.begin(), fits.end(), [](const BatchFit& f) { return !f.segments.empty(); });
+  if (any_kv) s.kv_valid.assign(static_cast<std::size_t>(s.batch), KeyRange{0, s.k_len});
+  if (any_docs) s.segments.assign(static_cast<std::size_t>(s.batch), std::vector<std::int64_t>{0, s.q_len});
+  for (std::size_t i = 0; i < batches.size(); ++i)
+    for (std::int64_t b : batches[i].logical) {
+      if (fits[i].kv) s.kv_valid[static_cast<std::size_t>(b)] = *fits[i].kv;
+      if (!fits[i].segments.empty()) s.segments[static_cast<std::size_t>(b)] = fits[i].segments;
+    }
+  return s;
+}
+
+// Parameters the base kinds could have, read off the rows (modifiers only shrink rows,
+// so maxima over rows recover the base parameter wherever it binds once).
+struct BaseEvidence {
+  std::vector<std::int64_t> windows;       // max p - first + 1 over rows starting after key 0,
+                                           // and where rows turn empty past the last key
+  std::int64_t prefix = 0;                 // max last + 1 over rows reaching past p
+  std::vector<std::int64_t> chunks;        // chunk sizes suggested by where rows start
+  std::vector<KeyRange> blocks;            // runs of rows reaching the same key past p
+};
+
+inline BaseEvidence gather_evidence(const std::vector<UniqueBatch>& batches, std::int64_t d) {
+  BaseEvidence ev;
+  std::map<std::int64_t, std::int64_t> block_end;  // start -> largest end seen
+  for (std::size_t i = 0; i < batches.size(); ++i) {
+    std::vector<std::int64_t> starts;  // the first distinct positive row starts, in row order
+    std::int64_t run_start = -1, run_last = -1;
+    const auto close_run = [&] {
+      if (run_start >= 0) {
+        auto [it, inserted] = block_end.emplace(run_start, run_last + 1);
+        if (!inserted) it->second = std::max(it->second, run_last + 1);
+      }
+      run_start = -1;
+    };
+    const std::span<const RowSpan> rows = batches[i].rows;
+    std::int64_t first_empty_after_rows = -1;  // a chunk or window that starts past the last valid key
+    std::int64_t max_window = 0;
+    for (std::size_t q = 0; q < rows.size(); ++q) {
+      const RowSpan& r = rows[q];
+      const std::int64_t p = static_cast<std::int64_t>(q) + d;
+      if (r.empty()) {
+        if (first_empty_after_rows < 0 && q > 0 && !rows[q - 1].empty() && p > 0) {
+          first_empty_after_rows = p;
+          // A window slides past the last valid key L when p - window + 1 > L.
+          ev.windows.push_back(p - rows[q - 1].last);
+        }
+        close_run();
+        continue;
+      }
+      if (r.first > 0) max_window = std::max(max_window, p - r.first + 1);
+      if (r.last > p) ev.prefix = std::max(ev.prefix, r.last + 1);
+      if (r.first > 0 && r.first <= p && starts.size() < 4 &&
+          std::find(starts.begin(), starts.end(), r.first) == starts.end())
+        starts.push_back(r.first);
+      if (r.last > p && p >= 0) {
+        if (run_start >= 0 && r.last != run_last) close_run();
+        if (run_start < 0) run_start = p;
+        run_last = r.last;
+      } else {
+        close_run();
+      }
+    }
+    close_run();
+    // A chunk start is a multiple of the chunk; kv_valid and documents add other
+    // starts, so the first few starts and their gaps are the candidates.
+    // Chunk starts are multiples of the chunk; kv_valid and documents add other starts.
+    // Candidates: the first few starts (and where rows turn empty), their gaps and gcds.
+    if (max_window > 0) ev.windows.push_back(max_window);
+    {
+      // Rows that start afresh at their own position: a chunk C shows as a fresh start
+      // at every multiple of C that has a row (or an empty row, past the valid keys).
+      std::vector<char> fresh_or_empty(rows.size(), 0);
+      for (std::size_t q = 0; q < rows.size(); ++q)
+        fresh_or_empty[q] = rows[q].empty() || rows[q].first == static_cast<std::int64_t>(q) + d;
+      int found = 0;
+      for (std::size_t q = 0; q < rows.size() && found < 3; ++q) {
+        const std::int64_t c = static_cast<std::int64_t>(q) + d;
+        if (c <= 0 || rows[q].empty() || !fresh_or_empty[q]) continue;
+        bool every_multiple = true;
+        for (std::int64_t m = 2 * c; m - d < static_cast<std::int64_t>(rows.size()) && every_multiple; m += c)
+          every_multiple = fresh_or_empty[static_cast<std::size_t>(m - d)] != 0;
+        if (every_multiple) {
+          ev.chunks.push_back(c);
+          ++found;
+        }
+      }
+    }
+    if (i < 2) {
+      if (first_empty_after_rows > 0) starts.push_back(first_empty_after_rows);
+      for (std::size_t j = 0; j < starts.size(); ++j) {
+        ev.chunks.push_back(starts[j]);
+        for (std::size_t k = 0; k < j; ++k) {
+          ev.chunks.push_back(std::gcd(starts[j], starts[k]));
+          if (starts[j] > starts[k]) ev.chunks.push_back(starts[j] - starts[k]);
+        }
+      }
+    }
+  }
+  for (auto* list : {&ev.chunks, &ev.windows}) {
+    std::sort(list->begin(), list->end());
+    list->erase(std::unique(list->begin(), list->end()), list->end());
+  }
+  // The window binds wherever rows show it at full length: the largest candidate first.
+  std::reverse(ev.windows.begin(), ev.windows.end());
+  // Documents and kv_valid truncate a block differently in each batch; the pieces of
+  // one block overlap, and their union is the block.
+  for (const auto& [start, end] : block_end) {
+    if (!ev.blocks.empty() && start < ev.blocks.back().end)
+      ev.blocks.back().end = std::max(ev.blocks.back().end, end);
+    else
+      ev.blocks.push_back({start, end});
+  }
+  return ev;
+}
+
+inline std::vector<UniqueBatch> unique_batches(const SpanTable& t) {
+  std::vector<UniqueBatch> out;
+  std::unordered_multimap<std::uint64_t, std::size_t> by_hash;
+  for (std::int64_t b = 0; b < t.distinct_batch; ++b) {
+    const std::span<const RowSpan> rows = t.slice(b, 0);
+    std::uint64_t h = 1469598103934665603ULL;
+    for (const RowSpan& r : rows) {
+      const std::uint64_t v = r.empty() ? ~0ULL : (static_cast<std::uint64_t>(r.first) * 0x9E3779B97F4A7C15ULL) ^
+                                                       static_cast<std::uint64_t>(r.last);
+      h = (h ^ v) * 1099511628211ULL;
+    }
+    std::optional<std::size_t> found;
+    auto [lo, hi] = by_hash.equal_range(h);
+    for (auto it = lo; it != hi && !found; ++it) {
+      const auto& other = out[it->second].rows;
+      if (std::equal(rows.begin(), rows.end(), other.begin(),
+                     [](const RowSpan& a, const RowSpan& c) { return a.same_keys(c); }))
+        found = it->second;
+    }
+    if (!found) {
+      found = out.size();
+      out.push_back({rows, {}});
+      by_hash.emplace(h, *found);
+    }
+    if (t.distinct_batch == 1)
+      for (std::int64_t lb = 0; lb < t.batch; ++lb) out[*found].logical.push_back(lb);
+    else
+      out[*found].logical.push_back(b);
+  }
+  return out;
+}
+
+inline bool heads_agree(const SpanTable& t) noexcept {
+  for (std::int64_t b = 0; b < t.distinct_batch; ++b) {
+    const auto first = t.slice(b, 0);
+    for (std::int64_t h = 1; h < t.distinct_heads; ++h) {
+      const auto other = t.slice(b, h);
+      for (std::size_t q = 0; q < first.size(); ++q)
+        if (!first[q].same_keys(other[q])) return false;
+    }
+  }
+  return true;
+}
+
+inline MaskStructure classify_spans(const SpanTable& t) {
+  MaskStructure out;
+  out.batch = t.batch;
+  out.heads = t.heads;
+  out.q_len = t.q_len;
+  out.k_len = t.k_len;
+
+  // Counts over the logical B*H slices; a distinct slice stands for `copies` of them.
+  const std::int64_t copies = (t.batch / t.distinct_batch) * (t.heads / t.distinct_heads);
+  bool all_intervals = true;
+  for (const RowSpan& r : t.rows) {
+    if (r.empty()) {
+      out.empty_rows += copies;
+      if (r.flags & kRowFiniteMasked) out.finite_masked_rows += copies;
+    }
+    if (r.flags & kRowBias) out.bias = true;
+    all_intervals = all_intervals && r.is_interval();
+  }
+  if (!all_intervals || !heads_agree(t)) return out;  // arbitrary
+
+  const std::vector<UniqueBatch> batches = unique_batches(t);
+  std::optional<MaskStructure> best;
+  const auto consider = [&](const MaskStructure& base) {
+    if (best && best->description_cost() <= base.description_cost()) return;  // cannot win
+    std::optional<MaskStructure> fitted = fit_structure(base, batches);
+    if (fitted && (!best || fitted->description_cost() < best->description_cost())) best = std::move(fitted);
+  };
+
+  MaskStructure base = out;
+  base.kind = StructureKind::full;
+  consider(base);
+  // Q == K: the two alignments coincide; report top_left.
+  const std::array<Alignment, 2> alignments{Alignment::top_left, Alignment::bottom_right};
+  const std::size_t n_align = t.q_len == t.k_len ? 1 : 2;
+  std::vector<BaseEvidence> evidence;
+  for (std::size_t a = 0; a < n_align; ++a)
+    evidence.push_back(gather_evidence(batches, alignments[a] == Alignment::top_left ? 0 : t.k_len - t.q_len));
+
+  for (StructureKind kind : {StructureKind::causal, StructureKind::sliding_window, StructureKind::chunked,
+                             StructureKind::prefix_lm, StructureKind::causal_blocks}) {
+    for (std::size_t a = 0; a < n_align; ++a) {
+      base = out;
+      base.kind = kind;
+      base.alignment = alignments[a];
+      const BaseEvidence& ev = evidence[a];
+      // The largest key position any row has: a parameter that never binds below it
+      // describes plain causal, which is cheaper and already tried.
+      const std::int64_t max_p = base.key_position(t.q_len - 1);
+      switch (kind) {
+        case StructureKind::causal: consider(base); break;
+        case StructureKind::sliding_window:
+          for (std::int64_t w : ev.windows)
+            if (w >= 1 && w <= max_p) {
+              base.window = w;
+              consider(base);
+            }
+          break;
+        case StructureKind::chunked:
+          for (std::int64_t c : ev.chunks)
+            if (c >= 1 && c <= max_p) {
+              base.chunk = c;
+              consider(base);
+            }
+          break;
+        case StructureKind::prefix_lm:
+          // A prefix reaching past every row's position makes every row [0, prefix):
+          // that is full with kv_valid, not a prefix-LM.
+          if (ev.prefix > 0 && ev.prefix - 1 < max_p) {
+            base.prefix = ev.prefix;
+            consider(base);
+          }
+          break;
+        case StructureKind::causal_blocks:
+          // Likewise a block holding every row's position.
+          if (!ev.blocks.empty() &&
+              !(base.key_position(0) >= 0 && ev.blocks.front().start <= base.key_position(0) &&
+                ev.blocks.front().end - 1 >= max_p)) {
+            base.blocks = ev.blocks;
+            consider(base);
+            // Documents also cut one block into touching pieces: try them joined.
+            std::vector<KeyRange> joined;
+            for (const KeyRange& r : ev.blocks) {
+              if (!joined.empty() && joined.back().end == r.start) joined.back().end = r.end;
+              else joined.push_back(r);
+            }
+            if (joined.size() != ev.blocks.size()) {
+              base.blocks = std::move(joined);
+              consider(base);
+            }
+            // A document edge inside a block cuts its evidence in two (a one-row document
+            // hides a row of it): join neighbours while the rows still agree.
+            if (best && best->kind == StructureKind::causal_blocks && best->has_segments()) {
+              MaskStructure trial = *best;
+              for (std::size_t i = 0; i + 1 < trial.blocks.size();) {
+                MaskStructure joined_pair = trial;
+                joined_pair.blocks[i].end = joined_pair.blocks[i + 1].end;
+                joined_pair.blocks.erase(joined_pair.blocks.begin() + static_cast<std::ptrdiff_t>(i) + 1);
+                joined_pair.segments.clear();
+                joined_pair.kv_valid.clear();
+                std::optional<MaskStructure> fitted = fit_structure(joined_pair, batches);
+                if (fitted && fitted->description_cost() < trial.description_cost()) trial = std::move(*fitted);
+                else ++i;
+              }
+              if (trial.description_cost() < best->description_cost()) best = std::move(trial);
+            }
+          }
+          break;
+        default: break;
+      }
+    }
+  }
+  if (!best) return out;
+  best->empty_rows = out.empty_rows;
+  best->finite_masked_rows = out.finite_masked_rows;
+  best->bias = out.bias;
+  if (best->kind == StructureKind::full) best->alignment = Alignment::top_left;
+  return *best;
+}
+
+}  // namespace detail
+
+// The simplest exact structure of the scanned mask, or `arbitrary`.
+inline Result<MaskStructure> classify(const SpanTable& table) {
+  if (table.q_len < 1 || table.k_len < 1 || table.distinct_batch < 1 || table.distinct_heads < 1 ||
+      static_cast<std::int64_t>(table.rows.size()) != table.distinct_slices() * table.q_len)
+    return error(ErrorCode::invalid_argument, "span table is inconsistent with its shape");
+  return catch_alloc([&]() -> Result<MaskStructure> { return detail::classify_spans(table); });
+}
+
+}  // namespace masklens

@@ -1,0 +1,15 @@
+// masklens — build configuration shared by host and device code.
+#pragma once
+
+#define MASKLENS_VERSION_MAJOR 0
+#define MASKLENS_VERSION_MINOR 1
+#define MASKLENS_VERSION_PATCH 0
+#define MASKLENS_VERSION_STRING "0.1.0"
+
+// One annotation so the same header compiles with a host compiler and with nvcc
+// (the CuTe convention). Without nvcc it expands to nothing.
+#if defined(__CUDACC__)
+#define MASKLENS_HOST_DEVICE __host__ __device__
+#else
+#define MASKLENS_HOST_DEVICE
+#endif

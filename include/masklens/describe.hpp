@@ -1,0 +1,49 @@
+// describe: one human-readable line for a MaskStructure, e.g.
+// "causal top_left, kv_valid [[0,7]], segments [[0,3,10]], 2 empty rows".
+#pragma once
+
+#include <string>
+
+#include "structure.hpp"
+
+namespace masklens {
+
+inline std::string describe(const MaskStructure& s) {
+  std::string out(to_string(s.kind));
+  if (s.kind != StructureKind::full && s.kind != StructureKind::arbitrary) {
+    out += ' ';
+    out += to_string(s.alignment);
+  }
+  const auto range = [](const KeyRange& r) { return "[" + std::to_string(r.start) + "," + std::to_string(r.end) + "]"; };
+  switch (s.kind) {
+    case StructureKind::sliding_window: out += " window " + std::to_string(s.window); break;
+    case StructureKind::chunked: out += " chunk " + std::to_string(s.chunk); break;
+    case StructureKind::prefix_lm: out += " prefix " + std::to_string(s.prefix); break;
+    case StructureKind::causal_blocks:
+      out += " blocks [";
+      for (std::size_t i = 0; i < s.blocks.size(); ++i) out += (i ? "," : "") + range(s.blocks[i]);
+      out += "]";
+      break;
+    default: break;
+  }
+  if (s.has_kv_valid()) {
+    out += ", kv_valid [";
+    for (std::size_t i = 0; i < s.kv_valid.size(); ++i) out += (i ? "," : "") + range(s.kv_valid[i]);
+    out += "]";
+  }
+  if (s.has_segments()) {
+    out += ", segments [";
+    for (std::size_t b = 0; b < s.segments.size(); ++b) {
+      out += b ? ",[" : "[";
+      for (std::size_t i = 0; i < s.segments[b].size(); ++i) out += (i ? "," : "") + std::to_string(s.segments[b][i]);
+      out += "]";
+    }
+    out += "]";
+  }
+  if (s.empty_rows) out += ", " + std::to_string(s.empty_rows) + " empty rows";
+  if (s.finite_masked_rows) out += " (" + std::to_string(s.finite_masked_rows) + " masked by finite values)";
+  if (s.bias) out += ", bias";
+  return out;
+}
+
+}  // namespace masklens

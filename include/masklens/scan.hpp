@@ -1,0 +1,205 @@
+// The host scanner: MaskView -> SpanTable in one pass over each distinct slice. It is
+// the oracle every other scanner (the GPU one included) is tested against, and it is
+// fast enough to be the real thing for host masks: 1-byte masks with unit key stride
+// read 8 bytes at a time.
+#pragma once
+
+#include <algorithm>
+#include <bit>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "mask_view.hpp"
+#include "row_span.hpp"
+#include "span_table.hpp"
+#include "status.hpp"
+
+namespace masklens {
+
+struct ScanOptions {
+  // Host threads to split rows over; 0 = std::thread::hardware_concurrency().
+  int threads = 1;
+};
+
+namespace detail {
+
+inline constexpr std::uint64_t kLow7 = 0x7f7f7f7f7f7f7f7fULL;
+inline constexpr std::uint64_t kHigh = 0x8080808080808080ULL;
+
+inline std::uint64_t load_u64(const std::uint8_t* p) noexcept {
+  std::uint64_t w;
+  std::memcpy(&w, p, sizeof w);
+  return w;
+}
+// 0x80 in every byte of w that is non-zero, 0 elsewhere.
+inline std::uint64_t nonzero_bytes(std::uint64_t w) noexcept { return (((w & kLow7) + kLow7) | w) & kHigh; }
+// 0x80 in every byte that attends under the polarity (invert = true_masks).
+inline std::uint64_t attending_bytes(std::uint64_t w, std::uint64_t invert) noexcept {
+  return nonzero_bytes(w) ^ invert;
+}
+
+// Attending bytes in [begin, end) of a byte row, 8 bytes at a time, per-byte lane
+// counters flushed before they can overflow.
+inline std::int64_t count_attending_bytes(const std::uint8_t* row, std::int64_t begin, std::int64_t end,
+                                          std::uint64_t invert) noexcept {
+  std::int64_t total = 0;
+  std::int64_t i = begin;
+  const auto flush = [&total](std::uint64_t lanes) {
+    // Sum of 8 byte lanes (each <= 255) without overflow: pairwise into 16-bit lanes.
+    const std::uint64_t pairs = (lanes & 0x00ff00ff00ff00ffULL) + ((lanes >> 8) & 0x00ff00ff00ff00ffULL);
+    total += static_cast<std::int64_t>((pairs * 0x0001000100010001ULL) >> 48);
+  };
+  while (end - i >= 32) {
+    std::uint64_t lanes = 0;
+    // 4 words per step for ILP; 63 steps keep each lane <= 252.
+    for (int step = 0; step < 63 && end - i >= 32; ++step, i += 32) {
+      lanes += attending_bytes(load_u64(row + i), invert) >> 7;
+      lanes += attending_bytes(load_u64(row + i + 8), invert) >> 7;
+      lanes += attending_bytes(load_u64(row + i + 16), invert) >> 7;
+      lanes += attending_bytes(load_u64(row + i + 24), invert) >> 7;
+    }
+    flush(lanes);
+  }
+  const bool attend_nonzero = invert == 0;
+  for (; i < end; ++i) total += ((row[i] != 0) == attend_nonzero) ? 1 : 0;
+  return total;
+}
+
+// A 1-byte row with unit key stride: find the first attending key from the left, the
+// last from the right, and count only between them — about K bytes read in all.
+inline RowSpan scan_byte_row(const std::uint8_t* row, std::int64_t k_len, Polarity polarity) noexcept {
+  const std::uint64_t invert = polarity == Polarity::true_attends ? 0 : kHigh;
+  const bool attend_nonzero = polarity == Polarity::true_attends;
+  RowSpan span;
+  std::int64_t i = 0;
+  for (; i + 8 <= k_len; i += 8) {
+    if (const std::uint64_t m = attending_bytes(load_u64(row + i), invert)) {
+      span.first = i + std::countr_zero(m) / 8;
+      break;
+    }
+  }
+  if (span.first == RowSpan::kNoKey) {
+    for (; i < k_len; ++i)
+      if ((row[i] != 0) == attend_nonzero) {
+        span.first = i;
+        break;
+      }
+    if (span.first == RowSpan::kNoKey) return span;  // nothing attends
+  }
+  std::int64_t j = k_len;
+  for (; j - 8 >= span.first; j -= 8) {
+    if (const std::uint64_t m = attending_bytes(load_u64(row + j - 8), invert)) {
+      span.last = j - 8 + (63 - std::countl_zero(m)) / 8;
+      break;
+    }
+  }
+  if (span.last < 0) {
+    for (std::int64_t k = j - 1; k >= span.first; --k)
+      if ((row[k] != 0) == attend_nonzero) {
+        span.last = k;
+        break;
+      }
+  }
+  span.count = count_attending_bytes(row, span.first, span.last + 1, invert);
+  return span;
+}
+
+// Any element type and key stride, one element at a time.
+inline RowSpan scan_generic_row(const std::uint8_t* row, std::int64_t k_len, std::int64_t k_stride_bytes,
+                                ElementType dtype, const MaskEncoding& enc) noexcept {
+  RowSpan span;
+  const std::uint8_t* p = row;
+  for (std::int64_t k = 0; k < k_len; ++k, p += k_stride_bytes) {
+    switch (classify_element(p, dtype, enc.polarity, enc.masked_threshold)) {
+      case ElementClass::bias:
+        span.flags |= kRowBias;
+        [[fallthrough]];
+      case ElementClass::allowed:
+        if (span.count == 0) span.first = k;
+        span.last = k;
+        ++span.count;
+        break;
+      case ElementClass::finite_masked: span.flags |= kRowFiniteMasked; break;
+      case ElementClass::invalid: span.flags |= kRowInvalid; break;
+      case ElementClass::masked: break;
+    }
+  }
+  return span;
+}
+
+inline RowSpan scan_row(const MaskView& view, std::int64_t b, std::int64_t h, std::int64_t q) noexcept {
+  const std::uint8_t* row = view.element_ptr(b, h, q, 0);
+  if (element_size(view.dtype()) == 1 && view.stride(kKey) == 1)
+    return scan_byte_row(row, view.k_len(), view.encoding().polarity);
+  return scan_generic_row(row, view.k_len(), view.stride(kKey) * element_size(view.dtype()), view.dtype(),
+                          view.encoding());
+}
+
+// The first invalid element of a row that has kRowInvalid, for the error message.
+inline Status invalid_element_error(const MaskView& view, std::int64_t b, std::int64_t h, std::int64_t q) {
+  for (std::int64_t k = 0; k < view.k_len(); ++k) {
+    if (view.at(b, h, q, k) == ElementClass::invalid)
+      return error(ErrorCode::invalid_value, "mask element [" + std::to_string(b) + ", " + std::to_string(h) +
+                                                 ", " + std::to_string(q) + ", " + std::to_string(k) +
+                                                 "] is NaN or +inf; an additive mask holds 0, a bias, or "
+                                                 "-inf / a value <= the masked threshold");
+  }
+  return error(ErrorCode::invalid_value, "mask holds NaN or +inf");
+}
+
+}  // namespace detail
+
+// Scans every distinct slice of `view` into a SpanTable.
+inline Result<SpanTable> scan(const MaskView& view, ScanOptions options = {}) {
+  if (view.data() == nullptr) return error(ErrorCode::invalid_argument, "view is empty (data is null)");
+  Result<SpanTable> made = SpanTable::for_view(view);
+  if (!made) return made.status();
+  SpanTable& table = made.value();
+  const std::int64_t q_len = table.q_len;
+  const std::int64_t total_rows = table.distinct_slices() * q_len;
+
+  const auto scan_rows = [&](std::int64_t begin, std::int64_t end) noexcept {
+    for (std::int64_t r = begin; r < end; ++r) {
+      const std::int64_t slice = r / q_len;
+      const std::int64_t b = slice / table.distinct_heads, h = slice % table.distinct_heads;
+      table.rows[static_cast<std::size_t>(r)] = detail::scan_row(view, b, h, r % q_len);
+    }
+  };
+
+  unsigned threads = options.threads > 0 ? static_cast<unsigned>(options.threads)
+                                         : std::max(1u, std::thread::hardware_concurrency());
+  threads = static_cast<unsigned>(std::min<std::int64_t>(threads, total_rows));
+  if (threads <= 1) {
+    scan_rows(0, total_rows);
+  } else {
+    Status spawn = catch_alloc([&]() -> Status {
+      std::vector<std::jthread> pool;
+      pool.reserve(threads);
+      const std::int64_t per = (total_rows + threads - 1) / threads;
+      for (unsigned t = 0; t < threads; ++t) {
+        const std::int64_t begin = std::min(total_rows, t * per), end = std::min(total_rows, begin + per);
+        try {
+          pool.emplace_back(scan_rows, begin, end);
+        } catch (const std::system_error&) {
+          scan_rows(begin, end);  // no thread to be had: do the share here
+        }
+      }
+      return {};
+    });
+    if (!spawn.ok()) return spawn;
+  }
+
+  for (std::int64_t r = 0; r < total_rows; ++r) {
+    if (table.rows[static_cast<std::size_t>(r)].flags & kRowInvalid) {
+      const std::int64_t slice = r / q_len;
+      return detail::invalid_element_error(view, slice / table.distinct_heads, slice % table.distinct_heads,
+                                           r % q_len);
+    }
+  }
+  return made;
+}
+
+}  // namespace masklens
