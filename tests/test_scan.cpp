@@ -1,0 +1,217 @@
+// The host scanner against the element-by-element definition of a RowSpan, for every
+// element type, value encoding, stride and thread count.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "support/mask_gen.hpp"
+
+using namespace masklens;
+using namespace masklens::testing;
+
+namespace {
+
+// RowSpan of one row straight from the definition.
+RowSpan reference_row(const MaskView& v, std::int64_t b, std::int64_t h, std::int64_t q) {
+  RowSpan s;
+  for (std::int64_t k = 0; k < v.k_len(); ++k) {
+    const ElementClass c = v.at(b, h, q, k);
+    if (c == ElementClass::bias) s.flags |= kRowBias;
+    if (c == ElementClass::finite_masked) s.flags |= kRowFiniteMasked;
+    if (attends(c)) s = merge(s, RowSpan::interval(k, k));
+  }
+  return s;
+}
+
+void check_against_reference(const MaskView& v, const SpanTable& t) {
+  for (std::int64_t b = 0; b < v.batch(); ++b)
+    for (std::int64_t h = 0; h < v.heads(); ++h) {
+      const auto rows = t.slice(b, h);
+      for (std::int64_t q = 0; q < v.q_len(); ++q) {
+        const RowSpan want = reference_row(v, b, h, q), got = rows[static_cast<std::size_t>(q)];
+        REQUIRE(got.count == want.count);
+        REQUIRE(got.same_keys(want));
+        REQUIRE(got.flags == want.flags);
+      }
+    }
+}
+
+}  // namespace
+
+TEST_SUITE("host") {
+
+TEST_CASE("element values: additive encodings") {
+  CHECK(classify_additive(0.0f, -1000) == ElementClass::allowed);
+  CHECK(classify_additive(-0.0f, -1000) == ElementClass::allowed);
+  CHECK(classify_additive(-std::numeric_limits<float>::infinity(), -1000) == ElementClass::masked);
+  CHECK(classify_additive(-1e9f, -1000) == ElementClass::finite_masked);
+  CHECK(classify_additive(-1000.0f, -1000) == ElementClass::finite_masked);
+  CHECK(classify_additive(-999.0f, -1000) == ElementClass::bias);
+  CHECK(classify_additive(0.5f, -1000) == ElementClass::bias);
+  CHECK(classify_additive(std::numeric_limits<float>::quiet_NaN(), -1000) == ElementClass::invalid);
+  CHECK(classify_additive(std::numeric_limits<float>::infinity(), -1000) == ElementClass::invalid);
+  CHECK(classify_additive(std::numeric_limits<float>::lowest(), -1000) == ElementClass::finite_masked);
+  // bf16 -10000 rounds to -9984; fp16 -65504 is its finfo.min.
+  CHECK(bfloat16_to_float(0xC61C) == -9984.0f);
+  CHECK(float16_to_float(0xFBFF) == -65504.0f);
+  CHECK(float16_to_float(0x0001) == std::ldexp(1.0f, -24));  // smallest subnormal
+  CHECK(float16_to_float(0x3C00) == 1.0f);
+  CHECK(std::isnan(float16_to_float(0x7E00)));
+  CHECK(std::isinf(float16_to_float(0xFC00)));
+}
+
+TEST_CASE("every 16-bit pattern decodes exactly like a float conversion") {
+  for (std::uint32_t bits = 0; bits < 0x10000; ++bits) {
+    const auto h = static_cast<std::uint16_t>(bits);
+    const float f = float16_to_float(h);
+    // Rebuild binary16 from the float and compare (NaN payloads aside).
+    if (std::isnan(f)) {
+      CHECK(((h >> 10) & 0x1f) == 0x1f);
+      continue;
+    }
+    const int exp = (h >> 10) & 0x1f;
+    const int man = h & 0x3ff;
+    const float mag = exp == 0 ? std::ldexp(static_cast<float>(man), -24)
+                    : exp == 31 ? std::numeric_limits<float>::infinity()
+                                : std::ldexp(static_cast<float>(man | 0x400), exp - 25);
+    REQUIRE(f == ((h & 0x8000) ? -mag : mag));
+  }
+}
+
+TEST_CASE("scanner matches the element-wise reference on random masks of every type and layout") {
+  Rng rng(test_seed(11));
+  const ElementType types[] = {ElementType::boolean, ElementType::uint8, ElementType::int8,
+                               ElementType::float16, ElementType::bfloat16, ElementType::float32};
+  for (int i = 0; i < 400; ++i) {
+    const std::int64_t q_len = uniform(rng, 1, 40), k_len = uniform(rng, 1, 300);
+    // Random noise, not structure: holes, runs and values anywhere, including word edges.
+    MaskStructure spec = random_structure(rng, 1, q_len, k_len);
+    DenseMask dense = render(spec, uniform(rng, 1, 2), types[uniform(rng, 0, 5)],
+                             coin(rng) ? Polarity::true_masks : Polarity::true_attends,
+                             static_cast<Layout>(uniform(rng, 0, 3)), rng, 0.2);
+    // Punch random holes so rows are often not intervals.
+    auto* raw = const_cast<std::uint8_t*>(dense.view.element_ptr(0, 0, 0, 0));
+    const int esize = element_size(dense.view.dtype());
+    for (int flip = 0; flip < 5; ++flip) {
+      const std::int64_t q = uniform(rng, 0, q_len - 1), k = uniform(rng, 0, k_len - 1);
+      const bool was = attends(dense.view.at(0, 0, q, k));
+      write_value(raw + dense.view.offset(0, 0, q, k) * esize, dense.view.dtype(), dense.view.encoding().polarity,
+                  was ? Value::masked : Value::allowed, flip);
+    }
+    for (int threads : {1, 3}) {
+      auto t = scan(dense.view, ScanOptions{threads});
+      REQUIRE(t.ok());
+      INFO(dense.describe << " threads " << threads);
+      check_against_reference(dense.view, *t);
+    }
+  }
+}
+
+TEST_CASE("byte rows: every single attending key and every run, at every offset around word edges") {
+  for (std::int64_t k_len : {1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 255, 256, 257, 2049}) {
+    std::vector<std::uint8_t> row(static_cast<std::size_t>(k_len) + 16, 0);
+    for (std::int64_t a = 0; a < k_len; a += (k_len > 300 ? 37 : 1))
+      for (std::int64_t len : {std::int64_t{1}, std::int64_t{2}, k_len - a}) {
+        if (a + len > k_len || len < 1) continue;
+        std::fill(row.begin(), row.end(), 0);
+        std::fill(row.begin() + a, row.begin() + a + len, 1);
+        for (const Polarity pol : {Polarity::true_attends, Polarity::true_masks}) {
+          if (pol == Polarity::true_masks)
+            for (auto& x : row) x = static_cast<std::uint8_t>(x ? 0 : 7);
+          const RowSpan s = detail::scan_byte_row(row.data(), k_len, pol);
+          REQUIRE(s.first == a);
+          REQUIRE(s.last == a + len - 1);
+          REQUIRE(s.count == len);
+          if (pol == Polarity::true_masks)
+            for (auto& x : row) x = static_cast<std::uint8_t>(x ? 0 : 1);
+        }
+      }
+  }
+}
+
+TEST_CASE("NaN and +inf in additive masks are errors naming the element") {
+  std::vector<float> m(6 * 5, 0.0f);
+  const std::int64_t shape[] = {6, 5};
+  SUBCASE("NaN") {
+    m[3 * 5 + 2] = std::numeric_limits<float>::quiet_NaN();
+    auto v = MaskView::contiguous(m.data(), ElementType::float32, shape);
+    REQUIRE(v.ok());
+    auto r = inspect(*v);
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.status().code() == ErrorCode::invalid_value);
+    CHECK(r.status().message().find("[0, 0, 3, 2] is NaN or +inf") != std::string::npos);
+  }
+  SUBCASE("+inf") {
+    m[5 * 5 + 4] = std::numeric_limits<float>::infinity();
+    auto v = MaskView::contiguous(m.data(), ElementType::float32, shape);
+    auto r = inspect(*v);
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.status().message().find("[0, 0, 5, 4]") != std::string::npos);
+  }
+}
+
+TEST_CASE("finite-masked rows are empty rows with their own count; bias is reported") {
+  // Row 0: all -1e9 (dense math attends uniformly), row 1: all -inf, row 2: 0 and a bias.
+  std::vector<float> m = {-1e9f, -1e9f, -1e9f, -INFINITY, -INFINITY, -INFINITY, 0.0f, 0.5f, -INFINITY};
+  const std::int64_t shape[] = {3, 3};
+  auto v = MaskView::contiguous(m.data(), ElementType::float32, shape);
+  auto r = inspect(*v);
+  REQUIRE(r.ok());
+  CHECK(r->empty_rows == 2);
+  CHECK(r->finite_masked_rows == 1);
+  CHECK(r->bias);
+  // A custom threshold makes -1e9 a bias instead.
+  MaskEncoding enc;
+  enc.masked_threshold = -2e9f;
+  auto v2 = MaskView::contiguous(m.data(), ElementType::float32, shape, enc);
+  auto r2 = inspect(*v2);
+  REQUIRE(r2.ok());
+  CHECK(r2->empty_rows == 1);
+  CHECK(r2->finite_masked_rows == 0);
+}
+
+TEST_CASE("stride-0 slices are scanned once; counts cover every logical slice") {
+  std::vector<std::uint8_t> m(8 * 8);
+  for (int q = 0; q < 8; ++q)
+    for (int k = 0; k < 8; ++k) m[static_cast<std::size_t>(q * 8 + k)] = k <= q && k >= 3;
+  const std::int64_t shape[] = {1, 1, 8, 8};
+  auto v = MaskView::contiguous(m.data(), ElementType::boolean, shape)->broadcast_to(5, 3);
+  REQUIRE(v.ok());
+  auto t = scan(*v);
+  REQUIRE(t.ok());
+  CHECK(t->distinct_slices() == 1);
+  CHECK(t->rows.size() == 8);
+  auto s = classify(*t);
+  REQUIRE(s.ok());
+  CHECK(s->empty_rows == 3 * 15);
+  CHECK(s->kind == StructureKind::causal);
+  CHECK(s->kv_valid.size() == 5);
+}
+
+TEST_CASE("64-bit indexing: Q x K beyond 2^32 through a stride-0 query dimension") {
+  // One row of 8200 keys read for 2^19 + 3 rows: Q*K = 4.3e9 elements, 8 KiB of memory.
+  const std::int64_t q_len = (std::int64_t{1} << 19) + 3, k_len = 8200;
+  std::vector<std::uint8_t> row(static_cast<std::size_t>(k_len), 1);
+  row[0] = 0;
+  const std::int64_t shape[] = {q_len, k_len}, strides[] = {0, 1};
+  auto v = MaskView::make(row.data(), ElementType::boolean, shape, strides);
+  REQUIRE(v.ok());
+  CHECK(v->q_len() * v->k_len() > (std::int64_t{1} << 32));
+  auto s = inspect(*v, ScanOptions{0});
+  REQUIRE(s.ok());
+  CHECK(s->kind == StructureKind::full);
+  REQUIRE(s->has_kv_valid());
+  CHECK(s->kv_valid[0] == KeyRange{1, k_len});
+  // The last row's offset needs more than 32 bits when the query stride is real.
+  const std::int64_t big_shape[] = {q_len, k_len}, big_strides[] = {k_len, 1};
+  auto big = MaskView::make(row.data(), ElementType::boolean, big_shape, big_strides);
+  REQUIRE(big.ok());
+  CHECK(big->offset(0, 0, q_len - 1, k_len - 1) == (q_len - 1) * k_len + k_len - 1);
+  CHECK(big->offset(0, 0, q_len - 1, k_len - 1) > (std::int64_t{1} << 32));
+}
+
+}  // TEST_SUITE
