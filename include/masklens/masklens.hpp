@@ -11,4 +11,5 @@
 #include "structure.hpp"
 #include "classify.hpp"
 #include "describe.hpp"
+#include "render.hpp"
 #include "inspect.hpp"

@@ -1,0 +1,74 @@
+// Host scanner throughput on a 16384^2 bool causal mask (256 MiB), side by side in the
+// same run with a plain sequential read of the same bytes (the ceiling). Reports GB/s
+// and the ratio; the goal is >= 0.5 of the plain read on one core.
+#include <masklens/masklens.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+namespace {
+
+double median_seconds(int reps, auto&& body) {
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    body();
+    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+// The baseline: read every byte once, 8 at a time, into four sums.
+std::uint64_t plain_read(const std::uint8_t* p, std::size_t n) {
+  std::uint64_t a = 0, b = 0, c = 0, d = 0, w[4];
+  std::size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    std::memcpy(w, p + i, 32);
+    a += w[0];
+    b += w[1];
+    c += w[2];
+    d += w[3];
+  }
+  for (; i < n; ++i) a += p[i];
+  return a + b + c + d;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::int64_t L = argc > 1 ? std::atoll(argv[1]) : 16384;
+  const int reps = argc > 2 ? std::atoi(argv[2]) : 7;
+  std::vector<std::uint8_t> mask(static_cast<std::size_t>(L * L));
+  for (std::int64_t q = 0; q < L; ++q) std::memset(mask.data() + q * L, 1, static_cast<std::size_t>(q + 1));
+  const double bytes = static_cast<double>(mask.size());
+  const std::int64_t shape[] = {L, L};
+  auto view = masklens::MaskView::contiguous(mask.data(), masklens::ElementType::boolean, shape);
+  if (!view) return std::fprintf(stderr, "%s\n", view.status().to_string().c_str()), 1;
+
+  volatile std::uint64_t sink = 0;
+  const double t_read = median_seconds(reps, [&] { sink = sink + plain_read(mask.data(), mask.size()); });
+  masklens::Result<masklens::SpanTable> spans = masklens::error(masklens::ErrorCode::ok, "");
+  const double t_scan = median_seconds(reps, [&] { spans = masklens::scan(*view, {1}); });
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  const double t_scan_mt = median_seconds(reps, [&] { spans = masklens::scan(*view, {0}); });
+  const double t_classify = median_seconds(reps, [&] { (void)masklens::classify(*spans); });
+  auto verdict = masklens::classify(*spans);
+
+  std::printf("mask            %lld x %lld bool causal, %.0f MiB\n", static_cast<long long>(L),
+              static_cast<long long>(L), bytes / (1 << 20));
+  std::printf("plain read      %8.3f ms  %6.2f GB/s  (baseline, 1 core)\n", t_read * 1e3, bytes / t_read / 1e9);
+  std::printf("scan, 1 thread  %8.3f ms  %6.2f GB/s  ratio %.2f of plain read\n", t_scan * 1e3,
+              bytes / t_scan / 1e9, t_read / t_scan);
+  std::printf("scan, %u threads %7.3f ms  %6.2f GB/s  ratio %.2f of the 1-core plain read\n", cores,
+              t_scan_mt * 1e3, bytes / t_scan_mt / 1e9, t_read / t_scan_mt);
+  std::printf("classify        %8.3f ms  (%lld rows)\n", t_classify * 1e3, static_cast<long long>(L));
+  std::printf("verdict         %s\n", verdict ? masklens::describe(*verdict).c_str() : "error");
+  return verdict && verdict->kind == masklens::StructureKind::causal ? 0 : 1;
+}

@@ -1,0 +1,19 @@
+// The README's example: wrap a host mask in a view, prove what it is.
+#include <masklens/masklens.hpp>
+
+#include <cstdio>
+#include <vector>
+
+int main() {
+  const std::int64_t L = 1024;  // a dense [L, L] bool causal mask, as frameworks build it
+  std::vector<std::uint8_t> mask(L * L);
+  for (std::int64_t q = 0; q < L; ++q)
+    for (std::int64_t k = 0; k < L; ++k) mask[q * L + k] = k <= q;
+
+  const std::int64_t shape[] = {L, L};
+  auto view = masklens::MaskView::contiguous(mask.data(), masklens::ElementType::boolean, shape);
+  auto verdict = view ? masklens::inspect(*view) : masklens::Result<masklens::MaskStructure>(view.status());
+  if (!verdict) return std::fprintf(stderr, "%s\n", verdict.status().to_string().c_str()), 1;
+  std::printf("%s\n", masklens::describe(*verdict).c_str());  // "causal top_left"
+  return verdict->kind == masklens::StructureKind::causal ? 0 : 1;
+}
