@@ -1,0 +1,93 @@
+// The device scanner against the host scanner (the oracle) on generated and mutated
+// masks of every kind, type, layout and alignment, and on masks past 2^32 elements.
+#include <doctest/doctest.h>
+
+#include <cstdint>
+
+#include "../support/mask_gen.hpp"
+#include "device_harness.hpp"
+
+using namespace masklens;
+using namespace masklens::testing;
+
+TEST_SUITE("cuda") {
+
+TEST_CASE("device spans equal host spans on generated and mutated masks") {
+  Rng rng(test_seed(404));
+  const ElementType types[] = {ElementType::boolean, ElementType::uint8, ElementType::int8,
+                               ElementType::float16, ElementType::bfloat16, ElementType::float32};
+  const std::int64_t odd_sizes[] = {1, 3, 7, 15, 17, 31, 33, 63, 65, 127, 129, 1023, 2047, 2049, 4097};
+  int compared = 0;
+  for (int i = 0; i < 10000; ++i) {
+    const std::int64_t q_len = coin(rng) ? odd_sizes[uniform(rng, 0, 14) % 10] : uniform(rng, 1, 64);
+    const std::int64_t k_len = coin(rng) ? odd_sizes[uniform(rng, 0, 14)] : uniform(rng, 1, 3000);
+    const ElementType dtype = types[uniform(rng, 0, 5)];
+    const Layout layout = static_cast<Layout>(uniform(rng, 0, 3));
+    const std::int64_t batch = uniform(rng, 1, 2), heads = uniform(rng, 1, 2);
+    MaskStructure spec = layout == Layout::expand ? repeat_batches(random_structure(rng, 1, q_len, k_len), batch)
+                                                  : random_structure(rng, batch, q_len, k_len);
+    DenseMask dense = render(spec, heads, dtype, coin(rng, 0.2) ? Polarity::true_masks : Polarity::true_attends,
+                             layout, rng, coin(rng, 0.3) ? 0.2 : 0.0);
+    // Mutate: random single flips, often none.
+    auto* raw = const_cast<std::uint8_t*>(dense.view.element_ptr(0, 0, 0, 0));
+    const int esize = element_size(dense.view.dtype());
+    for (int f = static_cast<int>(uniform(rng, 0, 3)); f > 0; --f) {
+      const std::int64_t q = uniform(rng, 0, q_len - 1), k = uniform(rng, 0, k_len - 1);
+      const bool was = attends(dense.view.at(0, 0, q, k));
+      write_value(raw + dense.view.offset(0, 0, q, k) * esize, dtype, dense.view.encoding().polarity,
+                  was ? Value::masked : Value::allowed, f);
+    }
+    const std::int64_t offset = esize * uniform(rng, 0, 16 / esize);
+    auto host = scan(dense.view);
+    auto device = gpu::scan_copy_on_device(dense.view, offset);
+    INFO(dense.describe << " offset " << offset);
+    REQUIRE(host.ok());
+    REQUIRE_MESSAGE(device.ok(), device.status().to_string());
+    REQUIRE(host->rows.size() == device->rows.size());
+    for (std::size_t r = 0; r < host->rows.size(); ++r) {
+      const RowSpan& a = host->rows[r];
+      const RowSpan& b = device->rows[r];
+      REQUIRE(a.count == b.count);
+      REQUIRE(a.same_keys(b));
+      REQUIRE(a.flags == b.flags);
+    }
+    ++compared;
+  }
+  MESSAGE("device == host on " << compared << " masks");
+}
+
+TEST_CASE("NaN in a device mask is an error naming the row") {
+  std::vector<float> m(4 * 300, 0.0f);
+  m[2 * 300 + 7] = std::numeric_limits<float>::quiet_NaN();
+  const std::int64_t shape[] = {4, 300};
+  auto v = MaskView::contiguous(m.data(), ElementType::float32, shape);
+  auto device = gpu::scan_copy_on_device(*v, 0);
+  REQUIRE_FALSE(device.ok());
+  CHECK(device.status().code() == ErrorCode::invalid_value);
+  CHECK(device.status().message().find("row [0, 0, 2]") != std::string::npos);
+}
+
+TEST_CASE("69632^2 bool causal on the device (Q*K > 2^32): causal; one flipped element is not") {
+  const std::int64_t L = 69632;
+  auto t = gpu::scan_device_causal(L, -1, -1);
+  REQUIRE_MESSAGE(t.ok(), t.status().to_string());
+  auto s = classify(*t);
+  REQUIRE(s.ok());
+  CHECK(s->kind == StructureKind::causal);
+  CHECK_FALSE(s->has_kv_valid());
+  // Far past 2^32: the last row, a key in the middle.
+  auto flipped = gpu::scan_device_causal(L, L - 1, L / 2);
+  REQUIRE(flipped.ok());
+  auto f = classify(*flipped);
+  REQUIRE(f.ok());
+  CHECK(f->kind == StructureKind::arbitrary);
+  CHECK(flipped->rows[L - 1].count == L - 1);
+  // A future key in the first row.
+  auto future = gpu::scan_device_causal(L, 0, L - 1);
+  REQUIRE(future.ok());
+  auto g = classify(*future);
+  REQUIRE(g.ok());
+  CHECK(g->kind != StructureKind::causal);
+}
+
+}  // TEST_SUITE
