@@ -14,28 +14,33 @@ inline std::string describe(const MaskStructure& s) {
     out += ' ';
     out += to_string(s.alignment);
   }
-  const auto range = [](const KeyRange& r) { return "[" + std::to_string(r.start) + "," + std::to_string(r.end) + "]"; };
+  // Appends in place (operator+ chains on temporaries trip GCC 12's -Wrestrict at -O3).
+  const auto range = [](const KeyRange& r) {
+    std::string text(1, '[');
+    text.append(std::to_string(r.start)).append(1, ',').append(std::to_string(r.end)).append(1, ']');
+    return text;
+  };
   switch (s.kind) {
     case StructureKind::sliding_window: out += " window " + std::to_string(s.window); break;
     case StructureKind::chunked: out += " chunk " + std::to_string(s.chunk); break;
     case StructureKind::prefix_lm: out += " prefix " + std::to_string(s.prefix); break;
     case StructureKind::causal_blocks:
       out += " blocks [";
-      for (std::size_t i = 0; i < s.blocks.size(); ++i) out += (i ? "," : "") + range(s.blocks[i]);
+      for (std::size_t i = 0; i < s.blocks.size(); ++i) out.append(i ? "," : "").append(range(s.blocks[i]));
       out += "]";
       break;
     default: break;
   }
   if (s.has_kv_valid()) {
     out += ", kv_valid [";
-    for (std::size_t i = 0; i < s.kv_valid.size(); ++i) out += (i ? "," : "") + range(s.kv_valid[i]);
+    for (std::size_t i = 0; i < s.kv_valid.size(); ++i) out.append(i ? "," : "").append(range(s.kv_valid[i]));
     out += "]";
   }
   if (s.has_segments()) {
     out += ", segments [";
     for (std::size_t b = 0; b < s.segments.size(); ++b) {
       out += b ? ",[" : "[";
-      for (std::size_t i = 0; i < s.segments[b].size(); ++i) out += (i ? "," : "") + std::to_string(s.segments[b][i]);
+      for (std::size_t i = 0; i < s.segments[b].size(); ++i) out.append(i ? "," : "").append(std::to_string(s.segments[b][i]));
       out += "]";
     }
     out += "]";
