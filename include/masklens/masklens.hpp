@@ -12,4 +12,8 @@
 #include "classify.hpp"
 #include "describe.hpp"
 #include "render.hpp"
+#include "call.hpp"
+#include "defects.hpp"
+#include "plan.hpp"
+#include "policy.hpp"
 #include "inspect.hpp"

@@ -1,0 +1,158 @@
+// The vocabulary every backend header shares: backend names (the JSON contract's),
+// arguments as plain values, and capability rules — one small named constraint with
+// its source, run in order, every refusal collected (after PyTorch's sdp_utils
+// check_* functions, but reporting all reasons instead of stopping at the first).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "../call.hpp"
+#include "../structure.hpp"
+
+namespace masklens {
+
+enum class Backend : std::uint8_t {
+  sdpa_flash,
+  sdpa_efficient,
+  sdpa_cudnn,
+  sdpa_math,
+  sdpa_causal_lower_right,
+  flex_attention,
+  flash_attn,
+  flash_attn_varlen,
+  flash_attn3,
+  flash_attn3_varlen,
+  xformers,
+  transformer_engine,
+  flashinfer,
+  cudnn_frontend,
+  zeros,  // a plan step that writes zeros: rows that attend to nothing
+};
+inline constexpr Backend kAllBackends[] = {
+    Backend::sdpa_flash,        Backend::sdpa_efficient,     Backend::sdpa_cudnn,   Backend::sdpa_math,
+    Backend::sdpa_causal_lower_right, Backend::flex_attention, Backend::flash_attn, Backend::flash_attn_varlen,
+    Backend::flash_attn3,       Backend::flash_attn3_varlen, Backend::xformers,     Backend::transformer_engine,
+    Backend::flashinfer,        Backend::cudnn_frontend};
+
+constexpr std::string_view to_string(Backend b) noexcept {
+  switch (b) {
+    case Backend::sdpa_flash: return "torch.sdpa.flash";
+    case Backend::sdpa_efficient: return "torch.sdpa.efficient";
+    case Backend::sdpa_cudnn: return "torch.sdpa.cudnn";
+    case Backend::sdpa_math: return "torch.sdpa.math";
+    case Backend::sdpa_causal_lower_right: return "torch.sdpa.causal_lower_right";
+    case Backend::flex_attention: return "torch.flex_attention";
+    case Backend::flash_attn: return "flash_attn";
+    case Backend::flash_attn_varlen: return "flash_attn.varlen";
+    case Backend::flash_attn3: return "flash_attn3";
+    case Backend::flash_attn3_varlen: return "flash_attn3.varlen";
+    case Backend::xformers: return "xformers";
+    case Backend::transformer_engine: return "transformer_engine";
+    case Backend::flashinfer: return "flashinfer";
+    case Backend::cudnn_frontend: return "cudnn_frontend";
+    case Backend::zeros: return "zeros";
+  }
+  return "unknown";
+}
+
+constexpr BackendFamily family(Backend b) noexcept {
+  switch (b) {
+    case Backend::flex_attention: return kFamilyFlex;
+    case Backend::flash_attn:
+    case Backend::flash_attn_varlen: return kFamilyFlashAttn;
+    case Backend::flash_attn3:
+    case Backend::flash_attn3_varlen: return kFamilyFlashAttn3;
+    case Backend::xformers: return kFamilyXformers;
+    case Backend::transformer_engine: return kFamilyTransformerEngine;
+    case Backend::flashinfer: return kFamilyFlashInfer;
+    case Backend::cudnn_frontend: return kFamilyCudnnFrontend;
+    default: return kFamilyTorch;
+  }
+}
+
+// Relative cost when the mask is expressed natively (lower is faster), from this
+// project's H200 measurements (BACKGROUND.md: fwd+bwd at 69632 tokens, is_causal:
+// cuDNN 78 ms < flash 130 ms < efficient 631 ms) and the backends' own reports.
+// docs/backends.md prints this table.
+constexpr int cost_rank(Backend b) noexcept {
+  switch (b) {
+    case Backend::flash_attn3:
+    case Backend::flash_attn3_varlen: return 1;
+    case Backend::sdpa_cudnn:
+    case Backend::cudnn_frontend: return 2;
+    case Backend::flash_attn:
+    case Backend::flash_attn_varlen:
+    case Backend::transformer_engine:
+    case Backend::flashinfer: return 3;
+    case Backend::sdpa_flash: return 4;
+    case Backend::sdpa_causal_lower_right:
+    case Backend::xformers: return 5;
+    case Backend::flex_attention: return 6;
+    case Backend::sdpa_efficient: return 8;
+    case Backend::sdpa_math: return 20;
+    case Backend::zeros: return 0;
+  }
+  return 99;
+}
+
+using ArgValue = std::variant<bool, std::int64_t, std::string, std::vector<std::int64_t>>;
+struct Arg {
+  std::string name;
+  ArgValue value;
+};
+using Args = std::vector<Arg>;
+
+struct Refusal {
+  std::string reason;
+  std::string source;
+};
+
+// One capability constraint: a name, where it comes from, and the test.
+struct Rule {
+  std::string_view name;
+  std::string_view source;
+  bool (*refuses)(const AttentionCall&);
+  std::string (*reason)(const AttentionCall&);
+};
+
+// Every refusal of `rules` for `call`, in order.
+inline std::vector<Refusal> check_rules(std::span<const Rule> rules, const AttentionCall& call) {
+  std::vector<Refusal> out;
+  for (const Rule& r : rules)
+    if (r.refuses(call)) out.push_back({r.reason(call), std::string(r.source)});
+  return out;
+}
+
+inline std::string num(std::int64_t v) { return std::to_string(v); }
+
+// Structure facts every backend header asks.
+inline bool plain(const MaskStructure& s) noexcept { return !s.has_kv_valid() && !s.has_segments(); }
+inline bool square(const MaskStructure& s) noexcept { return s.q_len == s.k_len; }
+
+// flash-attn's window_size=(left, right) for HF sliding_window W: left = W - 1.
+inline std::int64_t window_left(const MaskStructure& s) noexcept { return s.window - 1; }
+
+// Token offsets of packed documents flattened over the batch: cu_seqlens.
+inline std::vector<std::int64_t> cu_seqlens(const MaskStructure& s) {
+  std::vector<std::int64_t> cu{0};
+  for (std::int64_t b = 0; b < s.batch; ++b) {
+    const auto& seg = s.has_segments() ? s.segments[static_cast<std::size_t>(b)]
+                                       : std::vector<std::int64_t>{0, s.q_len};
+    for (std::size_t i = 1; i < seg.size(); ++i) cu.push_back(b * s.q_len + seg[i]);
+  }
+  return cu;
+}
+
+inline std::int64_t max_seqlen(const std::vector<std::int64_t>& cu) {
+  std::int64_t m = 0;
+  for (std::size_t i = 1; i < cu.size(); ++i) m = std::max(m, cu[i] - cu[i - 1]);
+  return m;
+}
+
+}  // namespace masklens

@@ -1,0 +1,96 @@
+// AttentionCall: everything about the attention call at hand that decides which
+// backend is correct and fastest — dtypes, head dims, lengths, GQA, training, the
+// GPU's architecture and the library versions installed.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "element.hpp"
+#include "status.hpp"
+
+namespace masklens {
+
+enum class DType : std::uint8_t { float16, bfloat16, float32 };
+
+constexpr std::string_view to_string(DType d) noexcept {
+  return d == DType::float16 ? "fp16" : d == DType::bfloat16 ? "bf16" : "fp32";
+}
+
+// major.minor.patch; a default Version is "unknown / not installed".
+struct Version {
+  int major = -1, minor = 0, patch = 0;
+
+  [[nodiscard]] constexpr bool known() const noexcept { return major >= 0; }
+  friend constexpr auto operator<=>(const Version&, const Version&) = default;
+
+  [[nodiscard]] std::string to_string() const {
+    return known() ? std::to_string(major) + "." + std::to_string(minor) + (patch ? "." + std::to_string(patch) : "")
+                   : std::string("unknown");
+  }
+  // "2.11", "9.19.0", "2.14.0.dev20260612" (suffixes after the third number are ignored).
+  static Result<Version> parse(std::string_view text) {
+    Version v{0, 0, 0};
+    int* parts[3] = {&v.major, &v.minor, &v.patch};
+    std::size_t i = 0;
+    for (int part = 0; part < 3; ++part) {
+      if (i >= text.size() || text[i] < '0' || text[i] > '9') {
+        if (part == 0) return error(ErrorCode::parse_error, "version '" + std::string(text) + "' does not start with a number");
+        break;
+      }
+      int value = 0;
+      for (; i < text.size() && text[i] >= '0' && text[i] <= '9'; ++i) {
+        if (value > 100000) return error(ErrorCode::parse_error, "version '" + std::string(text) + "' has a huge part");
+        value = value * 10 + (text[i] - '0');
+      }
+      *parts[part] = value;
+      if (i < text.size() && text[i] == '.') ++i;
+      else break;
+    }
+    return v;
+  }
+};
+
+constexpr Version version(int major, int minor, int patch = 0) noexcept { return Version{major, minor, patch}; }
+
+// Backend families a user may have installed (the CLI's --available list).
+enum BackendFamily : std::uint32_t {
+  kFamilyTorch = 1u << 0,
+  kFamilyFlashAttn = 1u << 1,
+  kFamilyFlashAttn3 = 1u << 2,
+  kFamilyFlex = 1u << 3,
+  kFamilyXformers = 1u << 4,
+  kFamilyTransformerEngine = 1u << 5,
+  kFamilyFlashInfer = 1u << 6,
+  kFamilyCudnnFrontend = 1u << 7,
+};
+
+struct AttentionCall {
+  DType dtype = DType::bfloat16;
+  std::int64_t head_dim = 128;    // q/k head dim
+  std::int64_t head_dim_v = 0;    // 0 = head_dim
+  std::int64_t batch = 1;
+  std::int64_t heads = 16;
+  std::int64_t kv_heads = 0;      // 0 = heads; fewer = GQA / MQA
+  std::int64_t q_len = 0;         // 0 = the structure's
+  std::int64_t k_len = 0;         // 0 = the structure's
+  bool training = false;          // a backward pass follows
+  double dropout = 0.0;
+  bool deterministic = false;     // torch.use_deterministic_algorithms
+  int sm = 90;                    // compute capability, major * 10 + minor
+  Version torch = version(2, 11);
+  Version cudnn = version(9, 19);
+  Version flash_attn{}, flash_attn3{}, xformers{}, transformer_engine{}, flashinfer{}, cudnn_frontend{};
+  std::uint32_t available = kFamilyTorch;
+  // The dense mask's element type, when one would be passed as attn_mask (#191612).
+  std::optional<ElementType> mask_dtype;
+
+  [[nodiscard]] std::int64_t value_head_dim() const noexcept { return head_dim_v ? head_dim_v : head_dim; }
+  [[nodiscard]] std::int64_t key_heads() const noexcept { return kv_heads ? kv_heads : heads; }
+  [[nodiscard]] bool gqa() const noexcept { return key_heads() != heads; }
+  [[nodiscard]] bool has(BackendFamily f) const noexcept { return (available & f) != 0; }
+};
+
+}  // namespace masklens

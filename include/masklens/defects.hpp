@@ -1,0 +1,109 @@
+// The known-defect table: conditions under which a backend is wrong or fails, each
+// with its source. Versions are data: a defect applies to every version unless a
+// release is known to carry the fix (unknown versions count as affected).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "backends/backend.hpp"
+#include "call.hpp"
+#include "structure.hpp"
+
+namespace masklens {
+
+// How the backend would be used for this call.
+enum class Usage : std::uint8_t { native, dense_mask, plan_step };
+
+enum class Effect : std::uint8_t {
+  silently_wrong,  // finite, plausible, wrong output or gradients
+  fails,           // an error or corrupted state the user will see
+};
+
+struct DefectContext {
+  Backend backend;
+  Usage usage;
+  const AttentionCall& call;
+  const MaskStructure& structure;
+};
+
+struct Defect {
+  std::string_view id;
+  Backend backend;
+  Effect effect;
+  std::string_view condition;  // when it strikes, in words
+  std::string_view source;
+  bool (*applies)(const DefectContext&);
+};
+
+namespace detail {
+constexpr std::int64_t kTwo32 = std::int64_t{1} << 32;
+constexpr std::int64_t round_up(std::int64_t v, std::int64_t m) { return (v + m - 1) / m * m; }
+}  // namespace detail
+
+inline constexpr Defect kDefects[] = {
+    {"efficient_mask_offset_32bit", Backend::sdpa_efficient, Effect::silently_wrong,
+     "attn_mask given and Lq * round_up(Lk, 16) >= 2^32: query_start * bias_strideM overflows 32 bits, rows past "
+     "2^32 / stride read the wrong mask row (wrong forward and gradients)",
+     "pytorch#162588, #187227; fix PRs #186075, #187225 (no release verified to carry it); measured on 2.11 (rel err "
+     "0.76 at 69632)",
+     [](const DefectContext& c) {
+       return c.usage == Usage::dense_mask &&
+              c.call.q_len * detail::round_up(c.call.k_len, 16) >= detail::kTwo32;
+     }},
+    {"efficient_dropout_offset_32bit", Backend::sdpa_efficient, Effect::silently_wrong,
+     "dropout_p > 0 and Lq * Lk > 2^32: the dropout RNG offset overflows, forward and backward masks diverge",
+     "pytorch#187227 (no release verified to carry the fix)",
+     [](const DefectContext& c) {
+       return c.call.dropout > 0 && c.call.q_len * c.call.k_len > detail::kTwo32;
+     }},
+    {"efficient_backward_mask_46344", Backend::sdpa_efficient, Effect::fails,
+     "backward with attn_mask and a length above 46344 raises",
+     "pytorch#147585 (open; did not reproduce on 2.11 in this project's runs)",
+     [](const DefectContext& c) {
+       return c.usage == Usage::dense_mask && c.call.training && std::max(c.call.q_len, c.call.k_len) > 46344;
+     }},
+    {"cudnn_empty_rows_mean_of_v", Backend::sdpa_cudnn, Effect::silently_wrong,
+     "attn_mask with fully masked query rows: bool masks are filled with -65504, so those rows return the mean of V "
+     "instead of 0",
+     "this project's measurement on torch 2.11 / cuDNN 9.19 (BACKGROUND.md)",
+     [](const DefectContext& c) {
+       return c.usage == Usage::dense_mask && c.structure.empty_rows > c.structure.finite_masked_rows;
+     }},
+    {"cudnn_fp32_mask_reinterpreted", Backend::sdpa_cudnn, Effect::silently_wrong,
+     "an fp32 attn_mask with fp16/bf16 q/k/v is reinterpreted without an error",
+     "pytorch#191612, reproduced on 2.11",
+     [](const DefectContext& c) {
+       return c.usage == Usage::dense_mask && c.call.mask_dtype == ElementType::float32 &&
+              c.call.dtype != DType::float32;
+     }},
+    {"cudnn_q_not_multiple_of_128", Backend::sdpa_cudnn, Effect::fails,
+     "cuDNN <= 9.15.0 and a query length not a multiple of 128: memory errors with CUDA graphs / side streams",
+     "pytorch#169849 (torch moves cuDNN first only when cuDNN > 9.15.0)",
+     [](const DefectContext& c) { return c.call.cudnn <= version(9, 15, 0) && c.call.q_len % 128 != 0; }},
+    {"cudnn_b200_few_kv_heads", Backend::sdpa_cudnn, Effect::silently_wrong,
+     "B200 (sm100) with kv_heads < 8: corrupt output in long generation",
+     "pytorch#193893 (open; still on 2.13 / cuDNN 9.20)",
+     [](const DefectContext& c) { return c.call.sm >= 100 && c.call.sm < 110 && c.call.key_heads() < 8; }},
+    {"cudnn_mask_nan_grad_q", Backend::sdpa_cudnn, Effect::silently_wrong,
+     "training with an explicit attn_mask (even all-True) and a length % 128 == 64: NaN in grad_q when a row's "
+     "logsumexp is below about -88.7",
+     "pytorch#196678 / #196861 (cuDNN-side fix said to ship in 9.26, not verified); reproduced on 2.11 / cuDNN 9.19",
+     [](const DefectContext& c) {
+       return c.usage == Usage::dense_mask && c.call.training &&
+              (c.call.q_len % 128 == 64 || c.call.k_len % 128 == 64);
+     }},
+};
+
+// The defects that strike this use of a backend.
+inline std::vector<const Defect*> defects_for(const DefectContext& c) {
+  std::vector<const Defect*> out;
+  for (const Defect& d : kDefects)
+    if (d.backend == c.backend && d.applies(c)) out.push_back(&d);
+  return out;
+}
+
+}  // namespace masklens

@@ -1,0 +1,312 @@
+// decide(structure, call, options) -> Policy: the backend and arguments that compute
+// this mask correctly and fastest for this call, or an exact plan of several calls,
+// with every rejected backend, its reason and source, and the hazards that remain.
+//
+// Order of preference: a backend that takes the structure natively with the mask
+// dropped (cost_rank order); else an exact plan of unmasked calls within
+// max_plan_calls; else the dense mask on a backend that is correct for it.
+#pragma once
+
+#include <algorithm>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "backends/backend.hpp"
+#include "backends/cudnn_frontend.hpp"
+#include "backends/flash_attn.hpp"
+#include "backends/flashinfer.hpp"
+#include "backends/flex_attention.hpp"
+#include "backends/torch_sdpa.hpp"
+#include "backends/transformer_engine.hpp"
+#include "backends/xformers.hpp"
+#include "call.hpp"
+#include "defects.hpp"
+#include "plan.hpp"
+#include "status.hpp"
+#include "structure.hpp"
+
+namespace masklens {
+
+struct PlanStep {
+  Backend backend = Backend::sdpa_math;
+  Args args;
+  std::int64_t batch = 0;
+  KeyRange q_range, k_range;
+};
+
+struct Rejection {
+  Backend backend;
+  std::string reason;
+  std::string source;
+};
+
+struct Hazard {
+  std::string kind;  // empty_rows | finite_masked_rows | bias | gqa_expand | plan
+  std::string detail;
+};
+
+struct Policy {
+  Backend backend = Backend::sdpa_math;
+  Args args;                     // attn_mask: drop | keep | replace, and the backend's own arguments
+  std::vector<PlanStep> plan;    // empty = one call
+  std::vector<Rejection> rejected;
+  std::vector<Hazard> hazards;
+};
+
+struct DecideOptions {
+  // A plan beats the dense mask only while it stays this short (calls over all batches).
+  std::int64_t max_plan_calls = 64;
+};
+
+// The cost order of the ways to run a mask: native < plan < dense mask.
+inline constexpr int kPlanPenalty = 3;
+inline constexpr int kDensePenalty = 10;
+
+namespace detail {
+
+inline std::vector<Refusal> refusals(Backend b, const AttentionCall& c) {
+  switch (family(b)) {
+    case kFamilyTorch: return backends::torch_sdpa::refusals(b, c);
+    case kFamilyFlashAttn:
+    case kFamilyFlashAttn3: return backends::flash_attn::refusals(b, c);
+    case kFamilyFlex: return backends::flex_attention::refusals(c);
+    case kFamilyXformers: return backends::xformers::refusals(c);
+    case kFamilyTransformerEngine: return backends::transformer_engine::refusals(c);
+    case kFamilyFlashInfer: return backends::flashinfer::refusals(c);
+    case kFamilyCudnnFrontend: return backends::cudnn_frontend::refusals(c);
+  }
+  return {};
+}
+
+inline std::optional<Args> native_args(Backend b, const MaskStructure& s, const AttentionCall& c) {
+  switch (family(b)) {
+    case kFamilyTorch: return backends::torch_sdpa::native_args(b, s, c);
+    case kFamilyFlashAttn:
+    case kFamilyFlashAttn3: return backends::flash_attn::native_args(b, s, c);
+    case kFamilyFlex: return backends::flex_attention::args(s);
+    case kFamilyXformers: return backends::xformers::native_args(s);
+    case kFamilyTransformerEngine: return backends::transformer_engine::native_args(s);
+    case kFamilyFlashInfer: return backends::flashinfer::native_args(s);
+    case kFamilyCudnnFrontend: return backends::cudnn_frontend::native_args(s);
+  }
+  return std::nullopt;
+}
+
+// Dense-mask forms: SDPA's attn_mask, flex reading the tensor in its mask_mod,
+// xformers / cuDNN frontend bias tensors, TE "arbitrary", FlashInfer custom masks.
+inline std::optional<Args> dense_args(Backend b, const MaskStructure& s) {
+  if (backends::torch_sdpa::accepts_dense_mask(b)) return Args{{"attn_mask", std::string("keep")}, {"is_causal", false}};
+  switch (b) {
+    case Backend::flex_attention: {
+      MaskStructure arbitrary = s;
+      arbitrary.kind = StructureKind::arbitrary;
+      return backends::flex_attention::args(arbitrary);
+    }
+    case Backend::xformers: return Args{{"attn_mask", std::string("keep")}, {"attn_bias", std::string("tensor")}};
+    case Backend::transformer_engine:
+      return Args{{"attn_mask", std::string("keep")}, {"attn_mask_type", std::string("arbitrary")},
+                  {"mask_polarity", std::string("true = masked out (invert torch's bool mask)")}};
+    case Backend::flashinfer:
+      return Args{{"attn_mask", std::string("keep")}, {"mask_mode", std::string("custom")},
+                  {"custom_mask", std::string("packbits(mask, bitorder='little')")}};
+    case Backend::cudnn_frontend: return Args{{"attn_mask", std::string("keep")}, {"bias", std::string("mask")}};
+    default: return std::nullopt;
+  }
+}
+
+// The first defect that forbids this use, as a rejection reason.
+inline std::optional<Refusal> blocking_defect(Backend b, Usage usage, const AttentionCall& c, const MaskStructure& s) {
+  const std::vector<const Defect*> hits = defects_for({b, usage, c, s});
+  if (hits.empty()) return std::nullopt;
+  const Defect& d = *hits.front();
+  return Refusal{std::string(d.effect == Effect::silently_wrong ? "silently wrong: " : "fails: ") +
+                     std::string(d.condition) + " [" + std::string(d.id) + "]",
+                 std::string(d.source)};
+}
+
+struct Candidate {
+  Backend backend;
+  Usage usage;
+  Args args;
+  std::vector<PlanStep> plan;
+  int score;
+};
+
+// The best torch SDPA call for one unmasked plan step on a slice of the call.
+inline std::optional<PlanStep> plan_step(const RowRun& run, const AttentionCall& call, const MaskStructure& s) {
+  PlanStep step;
+  step.batch = run.batch;
+  step.q_range = run.q_range;
+  step.k_range = run.k_range;
+  if (run.kind == RunKind::zeros) {
+    step.backend = Backend::zeros;
+    step.args = {{"output", std::string("zeros")}};
+    return step;
+  }
+  AttentionCall sub = call;
+  sub.batch = 1;
+  sub.q_len = run.q_range.end - run.q_range.start;
+  sub.k_len = run.k_range.end - run.k_range.start;
+  MaskStructure slice;
+  slice.q_len = sub.q_len;
+  slice.k_len = sub.k_len;
+  slice.kind = run.kind == RunKind::full ? StructureKind::full : StructureKind::causal;
+  slice.alignment = Alignment::bottom_right;
+  std::optional<Candidate> best;
+  for (Backend b : {Backend::sdpa_cudnn, Backend::sdpa_flash, Backend::sdpa_causal_lower_right,
+                    Backend::sdpa_efficient, Backend::sdpa_math}) {
+    if (!refusals(b, sub).empty() || blocking_defect(b, Usage::plan_step, sub, s)) continue;
+    std::optional<Args> args = backends::torch_sdpa::native_args(b, slice, sub);
+    if (!args) continue;
+    if (!best || cost_rank(b) < best->score) best = Candidate{b, Usage::plan_step, *args, {}, cost_rank(b)};
+  }
+  if (!best) return std::nullopt;
+  step.backend = best->backend;
+  step.args = std::move(best->args);
+  return step;
+}
+
+inline std::string join_reasons(const std::vector<Refusal>& r) {
+  std::string out;
+  for (const Refusal& x : r) out += (out.empty() ? "" : "; ") + x.reason;
+  return out;
+}
+
+}  // namespace detail
+
+inline Result<Policy> decide(const MaskStructure& structure, const AttentionCall& call_in, const DecideOptions& options = {}) {
+  if (structure.q_len < 1 || structure.k_len < 1 || structure.batch < 1)
+    return error(ErrorCode::invalid_shape, "structure has an empty shape");
+  if (call_in.head_dim < 1 || call_in.heads < 1 || call_in.key_heads() < 1 || call_in.heads % call_in.key_heads() != 0)
+    return error(ErrorCode::invalid_argument, "call needs head_dim >= 1 and heads a multiple of kv_heads, got heads " +
+                                                  std::to_string(call_in.heads) + ", kv_heads " +
+                                                  std::to_string(call_in.key_heads()));
+  if (!(call_in.dropout >= 0.0 && call_in.dropout < 1.0))
+    return error(ErrorCode::invalid_argument, "dropout must be in [0, 1)");
+  return catch_alloc([&]() -> Result<Policy> {
+    AttentionCall call = call_in;
+    if (call.q_len == 0) call.q_len = structure.q_len;
+    if (call.k_len == 0) call.k_len = structure.k_len;
+    if (call.batch < structure.batch) call.batch = structure.batch;
+    const MaskStructure& s = structure;
+    // The mask must stay whenever dropping it would change the result.
+    const bool must_keep_mask = s.kind == StructureKind::arbitrary || s.bias || s.finite_masked_rows > 0;
+
+    Policy policy;
+    std::vector<detail::Candidate> candidates;
+    std::vector<Rejection> refused;  // capability, availability and defect refusals
+    bool any_native = false;
+    for (Backend b : kAllBackends) {
+      if (!call.has(family(b))) {
+        refused.push_back({b, "not available (its family is not in AttentionCall::available)", "AttentionCall::available"});
+        continue;
+      }
+      const std::vector<Refusal> why = detail::refusals(b, call);
+      if (!why.empty()) {
+        refused.push_back({b, detail::join_reasons(why), why.front().source});
+        continue;
+      }
+      std::vector<Refusal> lost;
+      if (!must_keep_mask) {
+        if (std::optional<Args> args = detail::native_args(b, s, call)) {
+          if (auto defect = detail::blocking_defect(b, Usage::native, call, s)) {
+            lost.push_back(*defect);
+          } else {
+            candidates.push_back({b, Usage::native, std::move(*args), {}, cost_rank(b)});
+            any_native = true;
+            continue;
+          }
+        }
+      }
+      if (std::optional<Args> args = detail::dense_args(b, s)) {
+        if (auto defect = detail::blocking_defect(b, Usage::dense_mask, call, s)) lost.push_back(*defect);
+        else candidates.push_back({b, Usage::dense_mask, std::move(*args), {}, cost_rank(b) + kDensePenalty});
+      } else if (lost.empty()) {
+        lost.push_back({b == Backend::sdpa_flash ? "takes no attn_mask, and cannot express " + std::string(to_string(s.kind)) +
+                                                       (plain(s) ? "" : " with padding or documents") + " natively"
+                                                 : "cannot express this structure natively and takes no dense mask",
+                        "docs/backends.md"});
+      }
+      if (!lost.empty()) refused.push_back({b, detail::join_reasons(lost), lost.front().source});
+    }
+
+    // No single native call: an exact plan of unmasked torch calls, if short enough.
+    std::string plan_note;
+    if (!any_native && !must_keep_mask && call.has(kFamilyTorch)) {
+      if (auto runs = decompose_rows(s, options.max_plan_calls)) {
+        std::vector<PlanStep> steps;
+        int worst = 0;
+        for (const RowRun& run : *runs) {
+          std::optional<PlanStep> step = detail::plan_step(run, call, s);
+          if (!step) {
+            steps.clear();
+            plan_note = "a plan step has no capable torch backend";
+            break;
+          }
+          worst = std::max(worst, cost_rank(step->backend));
+          steps.push_back(std::move(*step));
+        }
+        if (!steps.empty()) {
+          const auto main = std::find_if(steps.begin(), steps.end(),
+                                         [](const PlanStep& p) { return p.backend != Backend::zeros; });
+          const Backend lead = main == steps.end() ? Backend::zeros : main->backend;
+          candidates.push_back({lead, Usage::plan_step, {{"attn_mask", std::string("drop")}}, std::move(steps),
+                                worst + kPlanPenalty});
+        }
+      } else {
+        plan_note = "an exact plan needs more than max_plan_calls (" + std::to_string(options.max_plan_calls) + ") calls";
+      }
+    }
+
+    if (candidates.empty()) return error(ErrorCode::invalid_argument, "no available backend computes this mask correctly");
+    const auto best = std::min_element(candidates.begin(), candidates.end(),
+                                       [](const detail::Candidate& a, const detail::Candidate& b) { return a.score < b.score; });
+    policy.backend = best->backend;
+    policy.args = best->args;
+    policy.plan = best->plan;
+    const auto usage_name = [](Usage u) {
+      return u == Usage::native ? "natively" : u == Usage::dense_mask ? "with the dense mask" : "in a plan";
+    };
+    for (const detail::Candidate& c : candidates) {
+      if (&c == &*best) continue;
+      if (c.usage == Usage::plan_step && c.backend == best->backend && best->usage != Usage::plan_step) {
+        policy.rejected.push_back({c.backend, "a plan of " + std::to_string(c.plan.size()) + " calls is slower than one call",
+                                   "docs/backends.md (cost order)"});
+        continue;
+      }
+      policy.rejected.push_back({c.backend,
+                                 std::string("correct ") + usage_name(c.usage) + " but slower (cost " +
+                                     std::to_string(c.score) + " vs " + std::to_string(best->score) + ")",
+                                 "docs/backends.md (cost order)"});
+    }
+    policy.rejected.insert(policy.rejected.end(), refused.begin(), refused.end());
+    if (!plan_note.empty() && best->usage != Usage::plan_step)
+      policy.hazards.push_back({"plan", "no plan: " + plan_note});
+
+    // Hazards that stay with the chosen call.
+    const std::int64_t hard_empty = s.empty_rows - s.finite_masked_rows;
+    if (hard_empty > 0)
+      policy.hazards.push_back({"empty_rows", std::to_string(hard_empty) +
+                                                  " query rows attend to nothing: the result for them is 0 here (math, "
+                                                  "efficient, flex, plan zeros); cuDNN with a mask returns the mean of V"});
+    if (s.finite_masked_rows > 0)
+      policy.hazards.push_back({"finite_masked_rows", std::to_string(s.finite_masked_rows) +
+                                                          " rows are masked only by finite values: dense softmax attends "
+                                                          "uniformly over them, so the mask is kept"});
+    if (s.bias) policy.hazards.push_back({"bias", "the additive mask carries bias values: it is kept"});
+    const bool torch_sdpa = family(best->backend) == kFamilyTorch && best->backend != Backend::zeros;
+    if (call.gqa() && torch_sdpa) {
+      if (backends::torch_sdpa::native_gqa(best->backend, call)) {
+        policy.args.push_back({"enable_gqa", true});
+      } else {
+        policy.hazards.push_back({"gqa_expand", "kv_heads " + std::to_string(call.key_heads()) + " < heads " +
+                                                    std::to_string(call.heads) +
+                                                    ": expand K and V (repeat_interleave) before the call"});
+      }
+    }
+    return policy;
+  });
+}
+
+}  // namespace masklens
