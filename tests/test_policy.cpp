@@ -1,0 +1,375 @@
+// decide(): the rules the policy must hold, every defect row, and plans that are exact.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "support/mask_gen.hpp"
+
+using namespace masklens;
+
+namespace {
+
+MaskStructure structure(std::int64_t batch, std::int64_t q_len, std::int64_t k_len, StructureKind kind) {
+  MaskStructure s;
+  s.batch = batch;
+  s.q_len = q_len;
+  s.k_len = k_len;
+  s.kind = kind;
+  return s;
+}
+
+AttentionCall seed_call() {  // Qwen3.5 training at 69632 tokens (the seed PR)
+  AttentionCall c;
+  c.dtype = DType::bfloat16;
+  c.head_dim = 256;
+  c.heads = 4;
+  c.training = true;
+  c.sm = 90;
+  c.torch = version(2, 11);
+  return c;
+}
+
+const ArgValue* arg(const Args& args, const std::string& name) {
+  for (const Arg& a : args)
+    if (a.name == name) return &a.value;
+  return nullptr;
+}
+bool arg_is(const Args& args, const std::string& name, const ArgValue& v) {
+  const ArgValue* a = arg(args, name);
+  return a && *a == v;
+}
+
+bool drops_mask_as_plain_causal(const Policy& p) {
+  return p.plan.empty() && arg_is(p.args, "attn_mask", std::string("drop")) && arg_is(p.args, "is_causal", true);
+}
+
+// Renders a plan's steps back to row intervals and compares them with the structure.
+bool plan_is_exact(const MaskStructure& s, const Policy& p) {
+  std::vector<std::vector<int>> covered(static_cast<std::size_t>(s.batch), std::vector<int>(static_cast<std::size_t>(s.q_len), 0));
+  for (const PlanStep& step : p.plan) {
+    const std::int64_t q_len = step.q_range.end - step.q_range.start, k_len = step.k_range.end - step.k_range.start;
+    for (std::int64_t q = step.q_range.start; q < step.q_range.end; ++q) {
+      covered[static_cast<std::size_t>(step.batch)][static_cast<std::size_t>(q)]++;
+      RowSpan got;
+      if (step.backend == Backend::zeros) {
+        got = RowSpan{};
+      } else if (arg_is(step.args, "is_causal", true)) {  // top-left on the slice
+        got = RowSpan::interval(step.k_range.start, step.k_range.start + (q - step.q_range.start));
+      } else if (arg(step.args, "attn_mask_object")) {    // bottom-right on the slice
+        got = RowSpan::interval(step.k_range.start, step.k_range.start + (q - step.q_range.start) + (k_len - q_len));
+      } else {
+        got = RowSpan::interval(step.k_range.start, step.k_range.end - 1);
+      }
+      if (!got.same_keys(s.row(step.batch, q))) return false;
+    }
+  }
+  for (const auto& rows : covered)
+    for (int c : rows)
+      if (c != 1) return false;
+  return true;
+}
+
+bool rejected(const Policy& p, Backend b, const std::string& needle = "") {
+  return std::any_of(p.rejected.begin(), p.rejected.end(), [&](const Rejection& r) {
+    return r.backend == b && r.reason.find(needle) != std::string::npos;
+  });
+}
+bool has_hazard(const Policy& p, const std::string& kind) {
+  return std::any_of(p.hazards.begin(), p.hazards.end(), [&](const Hazard& h) { return h.kind == kind; });
+}
+
+}  // namespace
+
+TEST_SUITE("host") {
+
+TEST_CASE("the seed case: 69632^2 dense bool causal, bf16, d256, sm90, torch 2.11") {
+  auto p = decide(structure(1, 69632, 69632, StructureKind::causal), seed_call());
+  REQUIRE(p.ok());
+  CHECK(drops_mask_as_plain_causal(*p));
+  CHECK((p->backend == Backend::sdpa_cudnn || p->backend == Backend::sdpa_flash));
+  // Every backend is either chosen or rejected with a reason and a source.
+  CHECK(p->rejected.size() + 1 == std::size(kAllBackends));
+  for (const Rejection& r : p->rejected) {
+    CHECK_FALSE(r.reason.empty());
+    CHECK_FALSE(r.source.empty());
+  }
+}
+
+TEST_CASE("the same shape with other structures is never plain is_causal") {
+  const std::int64_t L = 69632;
+  std::vector<std::pair<const char*, MaskStructure>> cases;
+  {
+    auto s = structure(1, L, L, StructureKind::sliding_window);
+    s.window = 4096;
+    cases.push_back({"sliding window", s});
+  }
+  {
+    auto s = structure(2, L, L, StructureKind::causal);
+    s.kv_valid = {{0, L}, {0, 50000}};
+    cases.push_back({"right padding", s});
+  }
+  {
+    auto s = structure(1, L, L, StructureKind::causal);
+    s.segments = {{0, 1000, 30000, L}};
+    cases.push_back({"packed documents", s});
+  }
+  {
+    auto s = structure(1, L, L, StructureKind::causal_blocks);
+    s.blocks = {{100, 356}, {5000, 5256}};
+    cases.push_back({"VLM blocks", s});
+  }
+  for (const auto& [name, s] : cases) {
+    INFO(name);
+    for (bool training : {false, true}) {
+      AttentionCall c = seed_call();
+      c.training = training;
+      auto p = decide(s, c);
+      REQUIRE(p.ok());
+      CHECK_FALSE(drops_mask_as_plain_causal(*p));
+      if (!p->plan.empty()) CHECK(plan_is_exact(s, *p));
+      else CHECK(arg_is(p->args, "attn_mask", std::string("keep")));
+      CHECK(p->backend != Backend::sdpa_efficient);  // Q*K > 2^32 with a dense mask
+    }
+  }
+}
+
+TEST_CASE("plans are exact for every generated structure") {
+  testing::Rng rng(testing::test_seed(99));
+  int plans = 0;
+  for (int i = 0; i < 400; ++i) {
+    const std::int64_t q = testing::uniform(rng, 1, 40);
+    const std::int64_t k = testing::coin(rng) ? q : testing::uniform(rng, 1, 40);
+    MaskStructure s = testing::random_structure(rng, testing::uniform(rng, 1, 3), q, k);
+    AttentionCall c = seed_call();
+    DecideOptions o;
+    o.max_plan_calls = 1000;
+    auto p = decide(s, c, o);
+    REQUIRE(p.ok());
+    if (p->plan.empty()) continue;
+    ++plans;
+    INFO(describe(s));
+    CHECK(plan_is_exact(s, *p));
+  }
+  CHECK(plans > 100);
+}
+
+TEST_CASE("efficient never gets a dense mask once Lq * round_up(Lk, 16) >= 2^32") {
+  for (auto [q, k] : {std::pair<std::int64_t, std::int64_t>{40000, 131072}, {69632, 69632}, {65552, 65552}}) {
+    auto s = structure(1, q, k, StructureKind::arbitrary);
+    AttentionCall c = seed_call();
+    c.head_dim = 128;
+    c.training = false;
+    auto p = decide(s, c);
+    REQUIRE(p.ok());
+    CHECK(p->backend != Backend::sdpa_efficient);
+    CHECK(rejected(*p, Backend::sdpa_efficient, "efficient_mask_offset_32bit"));
+  }
+  // Below the bound efficient with a mask is fine.
+  auto small = decide(structure(1, 65535, 65536, StructureKind::arbitrary), [] {
+    AttentionCall c = seed_call();
+    c.training = false;
+    c.available = kFamilyTorch;
+    return c;
+  }());
+  REQUIRE(small.ok());
+  CHECK_FALSE(rejected(*small, Backend::sdpa_efficient, "efficient_mask_offset_32bit"));
+}
+
+TEST_CASE("long queries, short padded keys: a named correct backend") {
+  auto s = structure(2, 69632, 1024, StructureKind::full);
+  s.kv_valid = {{0, 1024}, {0, 700}};
+  auto p = decide(s, seed_call());
+  REQUIRE(p.ok());
+  if (p->plan.empty()) {
+    CHECK((p->backend == Backend::sdpa_efficient || p->backend == Backend::sdpa_cudnn));
+  } else {
+    CHECK(plan_is_exact(s, *p));
+    for (const PlanStep& step : p->plan) CHECK(step.backend != Backend::zeros);
+  }
+}
+
+TEST_CASE("fully masked rows: hazard listed, cuDNN never gets them with a mask") {
+  auto s = structure(1, 4096, 4096, StructureKind::arbitrary);
+  s.empty_rows = 12;
+  AttentionCall c = seed_call();
+  c.training = false;
+  auto p = decide(s, c);
+  REQUIRE(p.ok());
+  CHECK(has_hazard(*p, "empty_rows"));
+  CHECK(p->backend != Backend::sdpa_cudnn);
+  CHECK(rejected(*p, Backend::sdpa_cudnn, "cudnn_empty_rows_mean_of_v"));
+  CHECK((p->backend == Backend::sdpa_efficient || p->backend == Backend::sdpa_math));
+  // Rows masked only by finite values are what the dense math computes: kept, not a cuDNN defect.
+  s.finite_masked_rows = 12;
+  auto q = decide(s, c);
+  REQUIRE(q.ok());
+  CHECK(has_hazard(*q, "finite_masked_rows"));
+  CHECK_FALSE(rejected(*q, Backend::sdpa_cudnn, "cudnn_empty_rows_mean_of_v"));
+}
+
+TEST_CASE("left padding leaves empty rows: the plan writes zeros for them") {
+  auto s = structure(1, 256, 256, StructureKind::causal);
+  s.kv_valid = {{40, 256}};
+  s.empty_rows = 40;
+  auto p = decide(s, seed_call());
+  REQUIRE(p.ok());
+  REQUIRE_FALSE(p->plan.empty());
+  CHECK(plan_is_exact(s, *p));
+  CHECK(p->plan.front().backend == Backend::zeros);
+}
+
+TEST_CASE("an fp32 mask with bf16 inputs never goes to cuDNN") {
+  auto s = structure(1, 2048, 2048, StructureKind::arbitrary);
+  AttentionCall c = seed_call();
+  c.training = false;
+  c.mask_dtype = ElementType::float32;
+  auto p = decide(s, c);
+  REQUIRE(p.ok());
+  CHECK(p->backend != Backend::sdpa_cudnn);
+  CHECK(rejected(*p, Backend::sdpa_cudnn, "cudnn_fp32_mask_reinterpreted"));
+}
+
+TEST_CASE("decode: no mask without padding; a correct path with left padding") {
+  AttentionCall c = seed_call();
+  c.training = false;
+  auto full = decide(structure(4, 1, 3000, StructureKind::full), c);
+  REQUIRE(full.ok());
+  CHECK(arg_is(full->args, "attn_mask", std::string("drop")));
+  CHECK(full->plan.empty());
+  auto s = structure(3, 1, 3000, StructureKind::full);
+  s.kv_valid = {{0, 3000}, {100, 3000}, {2000, 3000}};
+  auto padded = decide(s, c);
+  REQUIRE(padded.ok());
+  const bool one_masked_call = arg_is(padded->args, "attn_mask", std::string("drop")) && padded->plan.empty();
+  CHECK_FALSE(one_masked_call);
+  if (!padded->plan.empty()) CHECK(plan_is_exact(s, *padded));
+  // With flash-attn installed, varlen takes it in one call.
+  c.available |= kFamilyFlashAttn;
+  c.flash_attn = version(2, 8, 3);
+  auto varlen = decide(s, c);
+  REQUIRE(varlen.ok());
+  CHECK(varlen->backend == Backend::flash_attn_varlen);
+  CHECK(arg_is(varlen->args, "cu_seqlens_k", std::vector<std::int64_t>{0, 3000, 5900, 6900}));
+}
+
+TEST_CASE("bias masks are always kept; refused head dims and dtypes are never chosen") {
+  auto s = structure(1, 1024, 1024, StructureKind::causal);
+  s.bias = true;
+  auto p = decide(s, seed_call());
+  REQUIRE(p.ok());
+  CHECK(arg_is(p->args, "attn_mask", std::string("keep")));
+  CHECK(has_hazard(*p, "bias"));
+
+  AttentionCall big = seed_call();
+  big.head_dim = 512;
+  auto q = decide(structure(1, 1024, 1024, StructureKind::causal), big);
+  REQUIRE(q.ok());
+  CHECK(q->backend != Backend::sdpa_flash);
+  CHECK(q->backend != Backend::sdpa_cudnn);
+  CHECK(rejected(*q, Backend::sdpa_flash, "head_dim <= 256"));
+
+  AttentionCall fp32 = seed_call();
+  fp32.dtype = DType::float32;
+  auto r = decide(structure(1, 1024, 1024, StructureKind::causal), fp32);
+  REQUIRE(r.ok());
+  CHECK((r->backend == Backend::sdpa_efficient || r->backend == Backend::sdpa_math));
+}
+
+TEST_CASE("GQA: enable_gqa where the kernel has it, an expand hazard where not") {
+  AttentionCall c = seed_call();
+  c.heads = 32;
+  c.kv_heads = 8;
+  auto p = decide(structure(1, 4096, 4096, StructureKind::causal), c);
+  REQUIRE(p.ok());
+  CHECK(arg_is(p->args, "enable_gqa", true));
+  c.dtype = DType::float32;  // only efficient / math remain
+  c.head_dim = 64;
+  auto q = decide(structure(1, 4096, 4096, StructureKind::causal), c);
+  REQUIRE(q.ok());
+  if (q->backend == Backend::sdpa_efficient) CHECK(has_hazard(*q, "gqa_expand"));
+}
+
+TEST_CASE("bottom-right causal goes to CausalBias lower-right, flash-attn when installed") {
+  auto s = structure(1, 512, 4096, StructureKind::causal);
+  s.alignment = Alignment::bottom_right;
+  auto p = decide(s, seed_call());
+  REQUIRE(p.ok());
+  CHECK(p->backend == Backend::sdpa_causal_lower_right);
+  AttentionCall c = seed_call();
+  c.available |= kFamilyFlashAttn3;
+  c.flash_attn3 = version(3, 0);
+  auto q = decide(s, c);
+  REQUIRE(q.ok());
+  CHECK(q->backend == Backend::flash_attn3);
+  CHECK(arg_is(q->args, "causal", true));
+}
+
+TEST_CASE("each defect strikes at its boundary and not below") {
+  const MaskStructure plain_s = structure(1, 1024, 1024, StructureKind::arbitrary);
+  const auto hits = [](Backend b, Usage u, const AttentionCall& c, const MaskStructure& s, std::string_view id) {
+    for (const Defect* d : defects_for({b, u, c, s}))
+      if (d->id == id) return true;
+    return false;
+  };
+  AttentionCall c = seed_call();
+  // efficient_mask_offset_32bit: Lq * round_up(Lk, 16) >= 2^32.
+  c.q_len = 65536; c.k_len = 65536;
+  CHECK(hits(Backend::sdpa_efficient, Usage::dense_mask, c, plain_s, "efficient_mask_offset_32bit"));
+  c.q_len = 65535;
+  CHECK_FALSE(hits(Backend::sdpa_efficient, Usage::dense_mask, c, plain_s, "efficient_mask_offset_32bit"));
+  c.k_len = 65537;  // rounds up to 65552: 65535 * 65552 >= 2^32
+  CHECK(hits(Backend::sdpa_efficient, Usage::dense_mask, c, plain_s, "efficient_mask_offset_32bit"));
+  CHECK_FALSE(hits(Backend::sdpa_efficient, Usage::native, c, plain_s, "efficient_mask_offset_32bit"));
+  // efficient_dropout_offset_32bit
+  c.q_len = c.k_len = 70000; c.dropout = 0.1;
+  CHECK(hits(Backend::sdpa_efficient, Usage::native, c, plain_s, "efficient_dropout_offset_32bit"));
+  c.dropout = 0;
+  CHECK_FALSE(hits(Backend::sdpa_efficient, Usage::native, c, plain_s, "efficient_dropout_offset_32bit"));
+  // efficient_backward_mask_46344
+  c.q_len = c.k_len = 46345; c.training = true;
+  CHECK(hits(Backend::sdpa_efficient, Usage::dense_mask, c, plain_s, "efficient_backward_mask_46344"));
+  c.q_len = c.k_len = 46344;
+  CHECK_FALSE(hits(Backend::sdpa_efficient, Usage::dense_mask, c, plain_s, "efficient_backward_mask_46344"));
+  // cudnn_empty_rows_mean_of_v
+  MaskStructure empty = plain_s;
+  empty.empty_rows = 1;
+  CHECK(hits(Backend::sdpa_cudnn, Usage::dense_mask, c, empty, "cudnn_empty_rows_mean_of_v"));
+  CHECK_FALSE(hits(Backend::sdpa_cudnn, Usage::dense_mask, c, plain_s, "cudnn_empty_rows_mean_of_v"));
+  // cudnn_fp32_mask_reinterpreted
+  c.mask_dtype = ElementType::float32;
+  CHECK(hits(Backend::sdpa_cudnn, Usage::dense_mask, c, plain_s, "cudnn_fp32_mask_reinterpreted"));
+  c.mask_dtype = ElementType::boolean;
+  CHECK_FALSE(hits(Backend::sdpa_cudnn, Usage::dense_mask, c, plain_s, "cudnn_fp32_mask_reinterpreted"));
+  // cudnn_q_not_multiple_of_128: only up to cuDNN 9.15.0.
+  c.q_len = 1000;
+  c.cudnn = version(9, 15, 0);
+  CHECK(hits(Backend::sdpa_cudnn, Usage::native, c, plain_s, "cudnn_q_not_multiple_of_128"));
+  c.cudnn = version(9, 15, 1);
+  CHECK_FALSE(hits(Backend::sdpa_cudnn, Usage::native, c, plain_s, "cudnn_q_not_multiple_of_128"));
+  // cudnn_b200_few_kv_heads
+  c.sm = 100; c.heads = 32; c.kv_heads = 4;
+  CHECK(hits(Backend::sdpa_cudnn, Usage::native, c, plain_s, "cudnn_b200_few_kv_heads"));
+  c.kv_heads = 8;
+  CHECK_FALSE(hits(Backend::sdpa_cudnn, Usage::native, c, plain_s, "cudnn_b200_few_kv_heads"));
+  // cudnn_mask_nan_grad_q
+  c.sm = 90; c.training = true; c.q_len = c.k_len = 4096 + 64;
+  CHECK(hits(Backend::sdpa_cudnn, Usage::dense_mask, c, plain_s, "cudnn_mask_nan_grad_q"));
+  c.q_len = c.k_len = 4096;
+  CHECK_FALSE(hits(Backend::sdpa_cudnn, Usage::dense_mask, c, plain_s, "cudnn_mask_nan_grad_q"));
+}
+
+TEST_CASE("versions parse and compare; bad calls are errors") {
+  CHECK(*Version::parse("2.11") == version(2, 11));
+  CHECK(*Version::parse("2.14.0.dev20260612") == version(2, 14, 0));
+  CHECK(version(9, 15, 1) > version(9, 15, 0));
+  CHECK_FALSE(Version::parse("x2").ok());
+  AttentionCall c = seed_call();
+  c.kv_heads = 3;
+  auto p = decide(structure(1, 8, 8, StructureKind::causal), c);
+  REQUIRE_FALSE(p.ok());
+  CHECK(p.status().message().find("multiple of kv_heads") != std::string::npos);
+}
+
+}  // TEST_SUITE
