@@ -84,7 +84,9 @@ inline std::optional<Args> native_args(Backend b, const MaskStructure& s, const 
     case kFamilyTorch: return backends::torch_sdpa::native_args(b, s, c);
     case kFamilyFlashAttn:
     case kFamilyFlashAttn3: return backends::flash_attn::native_args(b, s, c);
-    case kFamilyFlex: return backends::flex_attention::args(s);
+    case kFamilyFlex:
+      if (s.kind == StructureKind::arbitrary) return std::nullopt;  // reads the dense mask: see dense_args
+      return backends::flex_attention::args(s);
     case kFamilyXformers: return backends::xformers::native_args(s);
     case kFamilyTransformerEngine: return backends::transformer_engine::native_args(s);
     case kFamilyFlashInfer: return backends::flashinfer::native_args(s);
