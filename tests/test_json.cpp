@@ -1,0 +1,80 @@
+// The JSON contract: structures round-trip, policies serialise to DESIGN's shape,
+// malformed structures name the field.
+#include <doctest/doctest.h>
+
+#include <masklens/json.hpp>
+
+#include "support/mask_gen.hpp"
+
+using namespace masklens;
+
+TEST_SUITE("host") {
+
+TEST_CASE("structures round-trip through JSON") {
+  testing::Rng rng(testing::test_seed(3));
+  for (int i = 0; i < 300; ++i) {
+    const std::int64_t q = testing::uniform(rng, 1, 60), k = testing::coin(rng) ? q : testing::uniform(rng, 1, 60);
+    MaskStructure s = testing::random_structure(rng, testing::uniform(rng, 1, 3), q, k);
+    s.empty_rows = testing::uniform(rng, 0, 5);
+    s.bias = testing::coin(rng);
+    const nlohmann::json j = to_json(s, nullptr);
+    CHECK(j["schema"] == 1);
+    auto back = structure_from_json(nlohmann::json::parse(j.dump()), s.batch, s.heads, s.q_len, s.k_len);
+    REQUIRE_MESSAGE(back.ok(), back.status().to_string() << " " << j.dump());
+    CHECK(to_json(*back) == to_json(s));
+    for (std::int64_t b = 0; b < s.batch; ++b)
+      for (std::int64_t row = 0; row < s.q_len; ++row) REQUIRE(back->row(b, row).same_keys(s.row(b, row)));
+  }
+}
+
+TEST_CASE("a policy serialises to the contract's fields") {
+  MaskStructure s;
+  s.batch = 2;
+  s.q_len = s.k_len = 1024;
+  s.kind = StructureKind::causal;
+  s.kv_valid = {{0, 1024}, {0, 700}};
+  auto p = decide(s, AttentionCall{});
+  REQUIRE(p.ok());
+  const nlohmann::json j = to_json(s, &*p);
+  CHECK(j["shape"] == nlohmann::json({2, 1, 1024, 1024}));
+  CHECK(j["structure"]["kind"] == "causal");
+  CHECK(j["structure"]["alignment"] == "top_left");
+  CHECK(j["structure"]["segments"].is_null());
+  CHECK(j["structure"]["kv_valid"] == nlohmann::json({{0, 1024}, {0, 700}}));
+  CHECK(j["policy"]["args"]["attn_mask"] == "drop");
+  REQUIRE(j["policy"]["plan"].is_array());
+  CHECK(j["policy"]["plan"][0].contains("q_range"));
+  CHECK(j["policy"]["rejected"].size() == p->rejected.size());
+  for (const auto& r : j["policy"]["rejected"]) CHECK(r.contains("source"));
+}
+
+TEST_CASE("malformed structures are errors naming the field") {
+  struct Bad {
+    const char* text;
+    const char* message;
+  };
+  const Bad cases[] = {
+      {"[]", "must be a JSON object"},
+      {"{}", "structure.kind must be a string"},
+      {R"({"kind": "diagonal"})", "'diagonal' is not a known kind"},
+      {R"({"kind": "sliding_window"})", "structure.window must be an integer >= 1"},
+      {R"({"kind": "sliding_window", "window": -3})", "structure.window"},
+      {R"({"kind": "chunked", "chunk": 0})", "structure.chunk"},
+      {R"({"kind": "causal", "alignment": "middle"})", "top_left or bottom_right"},
+      {R"({"kind": "causal_blocks", "blocks": [[5, 3]]})", "sorted, disjoint"},
+      {R"({"kind": "causal", "kv_valid": [[0, 8]]})", "one [start, end] per batch"},
+      {R"({"kind": "causal", "kv_valid": [[0, 99], [0, 8]]})", "0 <= start <= end <= K"},
+      {R"({"kind": "causal", "segments": [[0, 4, 4, 16], [0, 16]]})", "rise strictly"},
+      {R"({"kind": "causal", "empty_rows": -1})", "empty_rows"},
+      {R"({"kind": "causal", "bias": "yes"})", "structure.bias"},
+  };
+  for (const Bad& c : cases) {
+    INFO(c.text);
+    auto r = structure_from_json(nlohmann::json::parse(c.text), 2, 1, 16, 16);
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.status().code() == ErrorCode::parse_error);
+    CHECK_MESSAGE(r.status().message().find(c.message) != std::string::npos, r.status().message());
+  }
+}
+
+}  // TEST_SUITE
