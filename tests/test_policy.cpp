@@ -73,7 +73,7 @@ bool plan_is_exact(const MaskStructure& s, const Policy& p) {
 
 bool rejected(const Policy& p, Backend b, const std::string& needle = "") {
   return std::any_of(p.rejected.begin(), p.rejected.end(), [&](const Rejection& r) {
-    return r.backend == b && r.reason.find(needle) != std::string::npos;
+    return r.backend == b && r.reason().find(needle) != std::string::npos;
   });
 }
 bool has_hazard(const Policy& p, const std::string& kind) {
@@ -92,7 +92,7 @@ TEST_CASE("the seed case: 69632^2 dense bool causal, bf16, d256, sm90, torch 2.1
   // Every backend is either chosen or rejected with a reason and a source.
   CHECK(p->rejected.size() + 1 == std::size(kAllBackends));
   for (const Rejection& r : p->rejected) {
-    CHECK_FALSE(r.reason.empty());
+    CHECK_FALSE(r.reason().empty());
     CHECK_FALSE(r.source.empty());
   }
 }

@@ -65,7 +65,7 @@ inline nlohmann::json to_json(const Policy& p) {
   }
   j["rejected"] = nlohmann::json::array();
   for (const Rejection& r : p.rejected)
-    j["rejected"].push_back({{"backend", std::string(to_string(r.backend))}, {"reason", r.reason}, {"source", r.source}});
+    j["rejected"].push_back({{"backend", std::string(to_string(r.backend))}, {"reason", r.reason()}, {"source", std::string(r.source)}});
   j["hazards"] = nlohmann::json::array();
   for (const Hazard& h : p.hazards) j["hazards"].push_back({{"kind", h.kind}, {"detail", h.detail}});
   return j;

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <algorithm>
+#include <iterator>
 #include <optional>
 #include <string>
 #include <vector>
@@ -35,10 +36,48 @@ struct PlanStep {
   KeyRange q_range, k_range;
 };
 
+enum class RejectionKind : std::uint8_t {
+  unavailable,    // its family is not in AttentionCall::available
+  refused,        // a capability rule refuses the call
+  defect,         // a known defect makes every way it could run wrong or failing
+  inexpressible,  // cannot run this structure natively and takes no dense mask
+  slower,         // correct, but the chosen call is cheaper
+};
+
+// Why a backend was not chosen. Holds static text and numbers, formatting reason() on
+// demand, so decide() allocates for rejections only when a capability rule refuses.
 struct Rejection {
-  Backend backend;
-  std::string reason;
-  std::string source;
+  Backend backend = Backend::sdpa_math;
+  RejectionKind kind = RejectionKind::unavailable;
+  std::string_view source;          // where the rule, defect or cost order comes from
+  std::string detail;               // refused: the rules' own messages
+  const Defect* defect = nullptr;   // defect
+  Usage usage = Usage::native;      // slower: the way it would have run
+  int cost = 0, chosen_cost = 0;    // slower
+  std::int64_t plan_calls = 0;      // slower, usage plan_step
+  StructureKind structure = StructureKind::arbitrary;  // inexpressible
+
+  [[nodiscard]] std::string reason() const {
+    switch (kind) {
+      case RejectionKind::unavailable: return "not available (its family is not in AttentionCall::available)";
+      case RejectionKind::refused: return detail;
+      case RejectionKind::defect:
+        return std::string(defect->effect == Effect::silently_wrong ? "silently wrong: " : "fails: ") +
+               std::string(defect->condition) + " [" + std::string(defect->id) + "]";
+      case RejectionKind::inexpressible:
+        return backend == Backend::sdpa_flash
+                   ? "takes no attn_mask, and cannot express " + std::string(to_string(structure)) + " natively"
+                   : "cannot express this structure natively and takes no dense mask";
+      case RejectionKind::slower: {
+        const char* how = usage == Usage::native ? "natively" : usage == Usage::dense_mask ? "with the dense mask"
+                                                                                          : "in a plan";
+        std::string text = std::string("correct ") + how;
+        if (usage == Usage::plan_step) text += " of " + std::to_string(plan_calls) + " calls";
+        return text + " but slower (cost " + std::to_string(cost) + " vs " + std::to_string(chosen_cost) + ")";
+      }
+    }
+    return {};
+  }
 };
 
 struct Hazard {
@@ -117,14 +156,12 @@ inline std::optional<Args> dense_args(Backend b, const MaskStructure& s) {
   }
 }
 
-// The first defect that forbids this use, as a rejection reason.
-inline std::optional<Refusal> blocking_defect(Backend b, Usage usage, const AttentionCall& c, const MaskStructure& s) {
-  const std::vector<const Defect*> hits = defects_for({b, usage, c, s});
-  if (hits.empty()) return std::nullopt;
-  const Defect& d = *hits.front();
-  return Refusal{std::string(d.effect == Effect::silently_wrong ? "silently wrong: " : "fails: ") +
-                     std::string(d.condition) + " [" + std::string(d.id) + "]",
-                 std::string(d.source)};
+// The first defect that forbids this use, or null.
+inline const Defect* blocking_defect(Backend b, Usage usage, const AttentionCall& c, const MaskStructure& s) {
+  const DefectContext context{b, usage, c, s};
+  for (const Defect& d : kDefects)
+    if (d.backend == b && d.applies(context)) return &d;
+  return nullptr;
 }
 
 struct Candidate {
@@ -196,25 +233,32 @@ inline Result<Policy> decide(const MaskStructure& structure, const AttentionCall
     const bool must_keep_mask = s.kind == StructureKind::arbitrary || s.bias || s.finite_masked_rows > 0;
 
     Policy policy;
+    constexpr std::size_t kBackends = std::size(kAllBackends);
     std::vector<detail::Candidate> candidates;
-    std::vector<Rejection> refused;  // capability, availability and defect refusals
+    candidates.reserve(kBackends + 1);
+    std::vector<Rejection> refused;  // availability, capability, defect refusals
+    refused.reserve(kBackends);
     bool any_native = false;
     for (Backend b : kAllBackends) {
+      Rejection no;
+      no.backend = b;
       if (!call.has(family(b))) {
-        refused.push_back({b, "not available (its family is not in AttentionCall::available)", "AttentionCall::available"});
+        no.source = "AttentionCall::available";
+        refused.push_back(std::move(no));
         continue;
       }
-      const std::vector<Refusal> why = detail::refusals(b, call);
+      std::vector<Refusal> why = detail::refusals(b, call);
       if (!why.empty()) {
-        refused.push_back({b, detail::join_reasons(why), why.front().source});
+        no.kind = RejectionKind::refused;
+        no.detail = detail::join_reasons(why);
+        no.source = why.front().source;
+        refused.push_back(std::move(no));
         continue;
       }
-      std::vector<Refusal> lost;
+      const Defect* lost = nullptr;
       if (!must_keep_mask) {
         if (std::optional<Args> args = detail::native_args(b, s, call)) {
-          if (auto defect = detail::blocking_defect(b, Usage::native, call, s)) {
-            lost.push_back(*defect);
-          } else {
+          if (!(lost = detail::blocking_defect(b, Usage::native, call, s))) {
             candidates.push_back({b, Usage::native, std::move(*args), {}, cost_rank(b)});
             any_native = true;
             continue;
@@ -222,15 +266,23 @@ inline Result<Policy> decide(const MaskStructure& structure, const AttentionCall
         }
       }
       if (std::optional<Args> args = detail::dense_args(b, s)) {
-        if (auto defect = detail::blocking_defect(b, Usage::dense_mask, call, s)) lost.push_back(*defect);
-        else candidates.push_back({b, Usage::dense_mask, std::move(*args), {}, cost_rank(b) + kDensePenalty});
-      } else if (lost.empty()) {
-        lost.push_back({b == Backend::sdpa_flash ? "takes no attn_mask, and cannot express " + std::string(to_string(s.kind)) +
-                                                       (plain(s) ? "" : " with padding or documents") + " natively"
-                                                 : "cannot express this structure natively and takes no dense mask",
-                        "docs/backends.md"});
+        if (const Defect* d = detail::blocking_defect(b, Usage::dense_mask, call, s)) {
+          lost = lost ? lost : d;
+        } else {
+          candidates.push_back({b, Usage::dense_mask, std::move(*args), {}, cost_rank(b) + kDensePenalty});
+          continue;
+        }
       }
-      if (!lost.empty()) refused.push_back({b, detail::join_reasons(lost), lost.front().source});
+      if (lost) {
+        no.kind = RejectionKind::defect;
+        no.defect = lost;
+        no.source = lost->source;
+      } else {
+        no.kind = RejectionKind::inexpressible;
+        no.structure = s.kind;
+        no.source = "docs/backends.md";
+      }
+      refused.push_back(std::move(no));
     }
 
     // No single native call: an exact plan of unmasked torch calls, if short enough.
@@ -267,22 +319,20 @@ inline Result<Policy> decide(const MaskStructure& structure, const AttentionCall
     policy.backend = best->backend;
     policy.args = best->args;
     policy.plan = best->plan;
-    const auto usage_name = [](Usage u) {
-      return u == Usage::native ? "natively" : u == Usage::dense_mask ? "with the dense mask" : "in a plan";
-    };
+    policy.rejected.reserve(candidates.size() + refused.size());
     for (const detail::Candidate& c : candidates) {
       if (&c == &*best) continue;
-      if (c.usage == Usage::plan_step && c.backend == best->backend && best->usage != Usage::plan_step) {
-        policy.rejected.push_back({c.backend, "a plan of " + std::to_string(c.plan.size()) + " calls is slower than one call",
-                                   "docs/backends.md (cost order)"});
-        continue;
-      }
-      policy.rejected.push_back({c.backend,
-                                 std::string("correct ") + usage_name(c.usage) + " but slower (cost " +
-                                     std::to_string(c.score) + " vs " + std::to_string(best->score) + ")",
-                                 "docs/backends.md (cost order)"});
+      Rejection slower;
+      slower.backend = c.backend;
+      slower.kind = RejectionKind::slower;
+      slower.source = "docs/backends.md (cost order)";
+      slower.usage = c.usage;
+      slower.cost = c.score;
+      slower.chosen_cost = best->score;
+      slower.plan_calls = static_cast<std::int64_t>(c.plan.size());
+      policy.rejected.push_back(std::move(slower));
     }
-    policy.rejected.insert(policy.rejected.end(), refused.begin(), refused.end());
+    std::move(refused.begin(), refused.end(), std::back_inserter(policy.rejected));
     if (!plan_note.empty() && best->usage != Usage::plan_step)
       policy.hazards.push_back({"plan", "no plan: " + plan_note});
 

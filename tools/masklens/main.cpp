@@ -132,7 +132,7 @@ void print_policy(const Policy& p) {
       unavailable += (unavailable.empty() ? "" : ", ") + std::string(to_string(r.backend));
       continue;
     }
-    std::printf("rejected  %s: %s  [%s]\n", std::string(to_string(r.backend)).c_str(), r.reason.c_str(), r.source.c_str());
+    std::printf("rejected  %s: %s  [%s]\n", std::string(to_string(r.backend)).c_str(), r.reason().c_str(), std::string(r.source).c_str());
   }
   if (!unavailable.empty()) std::printf("rejected  not available (--available): %s\n", unavailable.c_str());
 }

@@ -110,7 +110,7 @@ using Args = std::vector<Arg>;
 
 struct Refusal {
   std::string reason;
-  std::string source;
+  std::string_view source;  // static text
 };
 
 // One capability constraint: a name, where it comes from, and the test.
@@ -125,7 +125,7 @@ struct Rule {
 inline std::vector<Refusal> check_rules(std::span<const Rule> rules, const AttentionCall& call) {
   std::vector<Refusal> out;
   for (const Rule& r : rules)
-    if (r.refuses(call)) out.push_back({r.reason(call), std::string(r.source)});
+    if (r.refuses(call)) out.push_back({r.reason(call), r.source});
   return out;
 }
 
