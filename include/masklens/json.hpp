@@ -20,7 +20,7 @@ inline nlohmann::json to_json(const ArgValue& v) {
 
 inline nlohmann::json to_json(const Args& args) {
   nlohmann::json j = nlohmann::json::object();
-  for (const Arg& a : args) j[a.name] = to_json(a.value);
+  for (const Arg& a : args) j[std::string(a.name)] = to_json(a.value);
   return j;
 }
 

@@ -35,7 +35,7 @@ inline std::string kwargs(const Args& args, std::initializer_list<std::string_vi
   std::string out;
   for (const Arg& a : args) {
     if (a.name == "attn_mask" || std::find(skip.begin(), skip.end(), a.name) != skip.end()) continue;
-    out += ", " + a.name + "=" + python_value(a.value);
+    out += ", " + std::string(a.name) + "=" + python_value(a.value);
   }
   return out;
 }

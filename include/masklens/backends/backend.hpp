@@ -103,7 +103,7 @@ constexpr int cost_rank(Backend b) noexcept {
 
 using ArgValue = std::variant<bool, std::int64_t, std::string, std::vector<std::int64_t>>;
 struct Arg {
-  std::string name;
+  std::string_view name;  // always a literal: the backend's own argument name
   ArgValue value;
 };
 using Args = std::vector<Arg>;
