@@ -11,15 +11,6 @@ using namespace masklens;
 
 namespace {
 
-MaskStructure shape(std::int64_t batch, std::int64_t q_len, std::int64_t k_len, StructureKind kind) {
-  MaskStructure s;
-  s.batch = batch;
-  s.q_len = q_len;
-  s.k_len = k_len;
-  s.kind = kind;
-  return s;
-}
-
 struct Sample {
   const char* name;
   MaskStructure truth;
@@ -41,49 +32,49 @@ std::vector<std::uint8_t> encode(const std::vector<std::uint8_t>& attend, Elemen
 
 int main() {
   std::vector<Sample> samples;
-  samples.push_back({"HF causal, bool [1,1,512,512]", shape(1, 512, 512, StructureKind::causal), ElementType::boolean});
+  samples.push_back({"HF causal, bool [1,1,512,512]", make_structure(StructureKind::causal, 1, 512, 512), ElementType::boolean});
   {
-    auto s = shape(1, 512, 512, StructureKind::sliding_window);
+    auto s = make_structure(StructureKind::sliding_window, 1, 512, 512);
     s.window = 128;
     samples.push_back({"sliding window 128 (Mistral/Gemma local layers)", s, ElementType::bfloat16});
   }
   {
-    auto s = shape(2, 256, 256, StructureKind::causal);
+    auto s = make_structure(StructureKind::causal, 2, 256, 256);
     s.kv_valid = {{0, 256}, {0, 180}};
     samples.push_back({"right-padded causal batch", s, ElementType::boolean});
   }
   {
-    auto s = shape(2, 256, 256, StructureKind::causal);
+    auto s = make_structure(StructureKind::causal, 2, 256, 256);
     s.kv_valid = {{0, 256}, {40, 256}};
     samples.push_back({"left-padded causal batch (generation)", s, ElementType::bfloat16});
   }
   {
-    auto s = shape(1, 512, 512, StructureKind::causal);
+    auto s = make_structure(StructureKind::causal, 1, 512, 512);
     s.segments = {{0, 100, 260, 512}};
     samples.push_back({"packed documents", s, ElementType::boolean});
   }
   {
-    auto s = shape(1, 512, 512, StructureKind::causal_blocks);
+    auto s = make_structure(StructureKind::causal_blocks, 1, 512, 512);
     s.blocks = {{10, 74}, {200, 264}};
     samples.push_back({"VLM image blocks (Gemma3)", s, ElementType::boolean});
   }
   {
-    auto s = shape(1, 256, 256, StructureKind::prefix_lm);
+    auto s = make_structure(StructureKind::prefix_lm, 1, 256, 256);
     s.prefix = 64;
     samples.push_back({"prefix-LM (PaliGemma)", s, ElementType::boolean});
   }
   {
-    auto s = shape(1, 512, 512, StructureKind::chunked);
+    auto s = make_structure(StructureKind::chunked, 1, 512, 512);
     s.chunk = 128;
     samples.push_back({"chunked attention (Llama 4)", s, ElementType::boolean});
   }
   {
-    auto s = shape(1, 64, 1024, StructureKind::causal);
+    auto s = make_structure(StructureKind::causal, 1, 64, 1024);
     s.alignment = Alignment::bottom_right;
     samples.push_back({"chunked prefill with a KV cache", s, ElementType::boolean});
   }
   {
-    auto s = shape(3, 1, 300, StructureKind::full);
+    auto s = make_structure(StructureKind::full, 3, 1, 300);
     s.kv_valid = {{0, 300}, {20, 300}, {75, 300}};
     samples.push_back({"decode step, left padding", s, ElementType::bfloat16});
   }

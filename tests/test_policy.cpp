@@ -12,12 +12,7 @@ using namespace masklens;
 namespace {
 
 MaskStructure structure(std::int64_t batch, std::int64_t q_len, std::int64_t k_len, StructureKind kind) {
-  MaskStructure s;
-  s.batch = batch;
-  s.q_len = q_len;
-  s.k_len = k_len;
-  s.kind = kind;
-  return s;
+  return make_structure(kind, batch, q_len, k_len);
 }
 
 AttentionCall seed_call() {  // Qwen3.5 training at 69632 tokens (the seed PR)

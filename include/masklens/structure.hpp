@@ -163,4 +163,16 @@ struct MaskStructure {
   }
 };
 
+// A structure of `kind` over [batch, 1, q_len, k_len], parameters and modifiers unset.
+inline MaskStructure make_structure(StructureKind kind, std::int64_t batch, std::int64_t q_len, std::int64_t k_len,
+                                    Alignment alignment = Alignment::top_left) {
+  MaskStructure s;
+  s.kind = kind;
+  s.batch = batch;
+  s.q_len = q_len;
+  s.k_len = k_len;
+  s.alignment = alignment;
+  return s;
+}
+
 }  // namespace masklens

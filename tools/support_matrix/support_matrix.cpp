@@ -13,12 +13,7 @@ using namespace masklens;
 namespace {
 
 MaskStructure make(StructureKind kind, std::int64_t q, std::int64_t k, Alignment a = Alignment::top_left) {
-  MaskStructure s;
-  s.batch = 2;
-  s.q_len = q;
-  s.k_len = k;
-  s.kind = kind;
-  s.alignment = a;
+  MaskStructure s = make_structure(kind, 2, q, k, a);
   s.window = 256;
   s.chunk = 512;
   s.prefix = 300;
