@@ -2,7 +2,10 @@
 // masks of every kind, type, layout and alignment, and on masks past 2^32 elements.
 #include <doctest/doctest.h>
 
+#include <bit>
+#include <cmath>
 #include <cstdint>
+#include <limits>
 
 #include "../support/mask_gen.hpp"
 #include "device_harness.hpp"
@@ -57,6 +60,43 @@ TEST_CASE("device spans equal host spans on generated and mutated masks") {
     ++compared;
   }
   MESSAGE("device == host on " << compared << " masks");
+}
+
+TEST_CASE("every 16-bit pattern and sampled fp32 patterns classify alike on host and device, at any threshold") {
+  Rng rng(test_seed(405));
+  for (const ElementType dtype : {ElementType::float16, ElementType::bfloat16, ElementType::float32}) {
+    for (const float threshold : {-1000.0f, -1.0f, -65504.0f, -3.0e38f, -1e-3f, -9984.0f}) {
+      const std::int64_t q_len = 256, k_len = 256;
+      std::vector<std::uint32_t> store(static_cast<std::size_t>(q_len * k_len), 0);
+      for (std::int64_t i = 0; i < q_len * k_len; ++i) {
+        std::uint32_t bits = dtype == ElementType::float32 ? static_cast<std::uint32_t>(rng()) : static_cast<std::uint32_t>(i);
+        if (dtype == ElementType::float32 && i % 7 == 0)  // near the threshold and the special values
+          bits = std::bit_cast<std::uint32_t>(threshold) + static_cast<std::uint32_t>(uniform(rng, -3, 3));
+        const float f = dtype == ElementType::float32 ? std::bit_cast<float>(bits)
+                        : dtype == ElementType::bfloat16 ? bfloat16_to_float(static_cast<std::uint16_t>(bits))
+                                                         : float16_to_float(static_cast<std::uint16_t>(bits));
+        if (std::isnan(f) || f == std::numeric_limits<float>::infinity()) bits = 0;  // those are errors
+        store[static_cast<std::size_t>(i)] = bits;
+      }
+      std::vector<std::uint16_t> narrow(store.begin(), store.end());
+      const void* data = dtype == ElementType::float32 ? static_cast<const void*>(store.data()) : narrow.data();
+      MaskEncoding enc;
+      enc.masked_threshold = threshold;
+      const std::int64_t shape[] = {q_len, k_len};
+      auto view = MaskView::contiguous(data, dtype, shape, enc);
+      REQUIRE(view.ok());
+      auto host = scan(*view);
+      auto device = gpu::scan_copy_on_device(*view, 0);
+      INFO(to_string(dtype) << " threshold " << threshold);
+      REQUIRE(host.ok());
+      REQUIRE(device.ok());
+      for (std::size_t r = 0; r < host->rows.size(); ++r) {
+        REQUIRE(host->rows[r].count == device->rows[r].count);
+        REQUIRE(host->rows[r].same_keys(device->rows[r]));
+        REQUIRE(host->rows[r].flags == device->rows[r].flags);
+      }
+    }
+  }
 }
 
 TEST_CASE("NaN in a device mask is an error naming the row") {

@@ -24,6 +24,14 @@ namespace masklens::gpu {
 
 namespace detail {
 
+// Additive values classified on their bits: for IEEE formats the magnitude bits order
+// the values, so "v <= threshold" for negative v is "magnitude >= thr_mag", where
+// thr_mag is the smallest magnitude whose value reaches |threshold| (found on the host
+// with the same decoders the host scanner uses, so both agree bit for bit).
+struct AdditiveBits {
+  std::uint32_t sign = 0, mag_mask = 0, inf_mag = 0, thr_mag = 0;
+};
+
 // What a kernel needs of a view: plain values, strides in bytes.
 struct ScanParams {
   const std::uint8_t* data;
@@ -35,51 +43,118 @@ struct ScanParams {
   ElementType dtype;
   Polarity polarity;
   float masked_threshold;
+  AdditiveBits bits;
 };
 
 struct MergeSpans {
   __device__ __forceinline__ RowSpan operator()(const RowSpan& a, const RowSpan& b) const { return merge(a, b); }
 };
 
-__device__ __forceinline__ void add_element(RowSpan& acc, const std::uint8_t* p, std::int64_t k, const ScanParams& s) {
-  switch (classify_element(p, s.dtype, s.polarity, s.masked_threshold)) {
-    case ElementClass::bias: acc.flags |= kRowBias; [[fallthrough]];
-    case ElementClass::allowed:
-      acc.first = k < acc.first ? k : acc.first;
-      acc.last = k > acc.last ? k : acc.last;
-      ++acc.count;
-      break;
-    case ElementClass::finite_masked: acc.flags |= kRowFiniteMasked; break;
-    case ElementClass::invalid: acc.flags |= kRowInvalid; break;
+// A thread's running span: first and last attending key and the count so far, plus
+// byte-lane counters (1-byte masks) flushed into the count before they can overflow.
+struct ThreadSpan {
+  std::int64_t first = RowSpan::kNoKey, last = -1, count = 0;
+  std::uint32_t flags = 0;
+  std::uint32_t lanes = 0;  // four byte lanes of attending-byte counts
+  int pending = 0;          // vectors added to `lanes` since the last flush
+
+  __device__ __forceinline__ void attend(std::int64_t k) {
+    first = k < first ? k : first;
+    last = k > last ? k : last;
+    ++count;
+  }
+  __device__ __forceinline__ void flush() {
+    const std::uint32_t pairs = (lanes & 0x00ff00ffu) + ((lanes >> 8) & 0x00ff00ffu);
+    count += (pairs + (pairs >> 16)) & 0xffffu;
+    lanes = 0;
+    pending = 0;
+  }
+  __device__ __forceinline__ RowSpan span() {
+    flush();
+    RowSpan s;
+    if (count > 0) {
+      s.first = first;
+      s.last = last;
+      s.count = count;
+    }
+    s.flags = flags;
+    return s;
+  }
+};
+
+__device__ __forceinline__ ElementClass classify_bits(std::uint32_t v, const AdditiveBits& b) {
+  const std::uint32_t mag = v & b.mag_mask;
+  if (mag == 0) return ElementClass::allowed;
+  if (mag > b.inf_mag) return ElementClass::invalid;  // NaN
+  if (!(v & b.sign)) return mag == b.inf_mag ? ElementClass::invalid : ElementClass::bias;
+  if (mag == b.inf_mag) return ElementClass::masked;  // -inf
+  return mag >= b.thr_mag ? ElementClass::finite_masked : ElementClass::bias;
+}
+
+__device__ __forceinline__ void add_class(ThreadSpan& t, ElementClass c, std::int64_t k) {
+  switch (c) {
+    case ElementClass::bias: t.flags |= kRowBias; [[fallthrough]];
+    case ElementClass::allowed: t.attend(k); break;
+    case ElementClass::finite_masked: t.flags |= kRowFiniteMasked; break;
+    case ElementClass::invalid: t.flags |= kRowInvalid; break;
     case ElementClass::masked: break;
   }
 }
 
-__device__ __forceinline__ std::uint64_t nonzero_bytes(std::uint64_t w) {
-  constexpr std::uint64_t low7 = 0x7f7f7f7f7f7f7f7fULL, high = 0x8080808080808080ULL;
-  return (((w & low7) + low7) | w) & high;
+__device__ __forceinline__ void add_element(ThreadSpan& t, const std::uint8_t* p, std::int64_t k, const ScanParams& s) {
+  switch (element_size(s.dtype)) {
+    case 1: {
+      const bool truth = *p != 0;
+      if (truth == (s.polarity == Polarity::true_attends)) t.attend(k);
+      return;
+    }
+    case 2: add_class(t, classify_bits(*reinterpret_cast<const std::uint16_t*>(p), s.bits), k); return;
+    default: add_class(t, classify_bits(*reinterpret_cast<const std::uint32_t*>(p), s.bits), k); return;
+  }
 }
 
-// 16 bytes of a row starting at key k0.
-__device__ __forceinline__ void add_vector(RowSpan& acc, const uint4& v, std::int64_t k0, const ScanParams& s) {
+// 0x80 in every byte of w that attends (invert = 0x80808080 for true_masks).
+__device__ __forceinline__ std::uint32_t attending_bytes(std::uint32_t w, std::uint32_t invert) {
+  return ((((w & 0x7f7f7f7fu) + 0x7f7f7f7fu) | w) & 0x80808080u) ^ invert;
+}
+
+// 16 bytes of a row starting at key k0. For 1-byte masks: four 32-bit SWAR tests, the
+// count in byte lanes, first / last located only where they can change.
+__device__ __forceinline__ void add_vector(ThreadSpan& t, const uint4& v, std::int64_t k0, const ScanParams& s) {
   if (element_size(s.dtype) == 1) {
-    const std::uint64_t invert = s.polarity == Polarity::true_attends ? 0 : 0x8080808080808080ULL;
-    const std::uint64_t lo = nonzero_bytes((static_cast<std::uint64_t>(v.y) << 32) | v.x) ^ invert;
-    const std::uint64_t hi = nonzero_bytes((static_cast<std::uint64_t>(v.w) << 32) | v.z) ^ invert;
-    if ((lo | hi) == 0) return;
-    const std::int64_t first = k0 + (lo ? __ffsll(static_cast<long long>(lo)) / 8 - 1
-                                        : 8 + __ffsll(static_cast<long long>(hi)) / 8 - 1);
-    const std::int64_t last = k0 + (hi ? 8 + (63 - __clzll(static_cast<long long>(hi))) / 8
-                                       : (63 - __clzll(static_cast<long long>(lo))) / 8);
-    acc.first = first < acc.first ? first : acc.first;
-    acc.last = last > acc.last ? last : acc.last;
-    acc.count += __popcll(lo) + __popcll(hi);
+    const std::uint32_t invert = s.polarity == Polarity::true_attends ? 0u : 0x80808080u;
+    const std::uint32_t m0 = attending_bytes(v.x, invert), m1 = attending_bytes(v.y, invert),
+                        m2 = attending_bytes(v.z, invert), m3 = attending_bytes(v.w, invert);
+    t.lanes += (m0 >> 7) + (m1 >> 7) + (m2 >> 7) + (m3 >> 7);
+    if (++t.pending == 63) t.flush();
+    if ((m0 | m1 | m2 | m3) == 0) return;
+    if (t.first == RowSpan::kNoKey) {
+      const int word = m0 ? 0 : m1 ? 1 : m2 ? 2 : 3;
+      const std::uint32_t m = word == 0 ? m0 : word == 1 ? m1 : word == 2 ? m2 : m3;
+      t.first = k0 + 4 * word + (__ffs(static_cast<int>(m)) - 1) / 8;
+    }
+    // Vectors arrive in increasing key order per thread: the last one wins.
+    const int word = m3 ? 3 : m2 ? 2 : m1 ? 1 : 0;
+    const std::uint32_t m = word == 3 ? m3 : word == 2 ? m2 : word == 1 ? m1 : m0;
+    t.last = k0 + 4 * word + (31 - __clz(static_cast<int>(m))) / 8;
     return;
   }
-  const auto* bytes = reinterpret_cast<const std::uint8_t*>(&v);
-  const int esize = element_size(s.dtype);
-#pragma unroll 8
-  for (int i = 0; i < 16 / esize; ++i) add_element(acc, bytes + i * esize, k0 + i, s);
+  const std::uint32_t words[4] = {v.x, v.y, v.z, v.w};
+  if (element_size(s.dtype) == 2) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      if (words[i] == 0) {  // two allowed halves
+        t.attend(k0 + 2 * i);
+        t.attend(k0 + 2 * i + 1);
+        continue;
+      }
+      add_class(t, classify_bits(words[i] & 0xffffu, s.bits), k0 + 2 * i);
+      add_class(t, classify_bits(words[i] >> 16, s.bits), k0 + 2 * i + 1);
+    }
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) add_class(t, classify_bits(words[i], s.bits), k0 + i);
 }
 
 // This thread's share of row r: 16-byte loads between a scalar head and tail when the
@@ -90,10 +165,10 @@ __device__ RowSpan scan_row_share(const ScanParams& s, std::int64_t r, int lane)
   const std::int64_t b = slice / s.distinct_heads, h = slice - b * s.distinct_heads;
   const std::uint8_t* row = s.data + b * s.stride_bytes[0] + h * s.stride_bytes[1] + q * s.stride_bytes[2];
   const int esize = element_size(s.dtype);
-  RowSpan acc;
+  ThreadSpan acc;
   if (s.stride_bytes[3] != esize) {
     for (std::int64_t k = lane; k < s.k_len; k += Threads) add_element(acc, row + k * s.stride_bytes[3], k, s);
-    return acc;
+    return acc.span();
   }
   const auto misalign = static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(row) & 15);
   std::int64_t head = misalign ? (16 - misalign) / esize : 0;
@@ -114,7 +189,7 @@ __device__ RowSpan scan_row_share(const ScanParams& s, std::int64_t r, int lane)
   }
   for (; v < n_vec; v += Threads) add_vector(acc, __ldg(vec + v), head + v * per_vec, s);
   for (std::int64_t k = head + n_vec * per_vec + lane; k < s.k_len; k += Threads) add_element(acc, row + k * esize, k, s);
-  return acc;
+  return acc.span();
 }
 
 // One block of 256 threads per row: long rows.
@@ -142,6 +217,31 @@ __global__ void __launch_bounds__(256) scan_rows_warp(ScanParams s, RowSpan* out
     if (lane == 0) out[r] = row;
     __syncwarp();
   }
+}
+
+// The bit-level form of the additive encoding for `dtype` (see AdditiveBits).
+inline AdditiveBits additive_bits(ElementType dtype, float threshold) {
+  AdditiveBits b;
+  if (!is_additive(dtype)) return b;
+  const bool wide = dtype == ElementType::float32;
+  b.sign = wide ? 0x80000000u : 0x8000u;
+  b.mag_mask = b.sign - 1;
+  b.inf_mag = dtype == ElementType::float32 ? 0x7f800000u : dtype == ElementType::bfloat16 ? 0x7f80u : 0x7c00u;
+  const auto value = [&](std::uint32_t mag) {
+    return dtype == ElementType::float32 ? bits_to_float(mag)
+           : dtype == ElementType::bfloat16 ? bfloat16_to_float(static_cast<std::uint16_t>(mag))
+                                            : float16_to_float(static_cast<std::uint16_t>(mag));
+  };
+  // Smallest magnitude whose value reaches |threshold| (values rise with magnitude).
+  const float target = -threshold;
+  std::uint32_t lo = 1, hi = b.inf_mag;
+  while (lo < hi) {
+    const std::uint32_t mid = lo + (hi - lo) / 2;
+    if (value(mid) >= target) hi = mid;
+    else lo = mid + 1;
+  }
+  b.thr_mag = lo;
+  return b;
 }
 
 inline Status check(cudaError_t e, const char* what) {
@@ -183,6 +283,7 @@ inline Status scan_spans(void* d_temp_storage, std::size_t& temp_storage_bytes, 
   s.dtype = view.dtype();
   s.polarity = view.encoding().polarity;
   s.masked_threshold = view.encoding().masked_threshold;
+  s.bits = detail::additive_bits(view.dtype(), view.encoding().masked_threshold);
 
   // Enough blocks to fill the device several times over; rows beyond loop.
   constexpr std::int64_t kMaxGrid = 1 << 20;
