@@ -2,6 +2,8 @@
 // element type, value encoding, stride and thread count.
 #include <doctest/doctest.h>
 
+#include <sys/mman.h>
+
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -212,6 +214,35 @@ TEST_CASE("64-bit indexing: Q x K beyond 2^32 through a stride-0 query dimension
   REQUIRE(big.ok());
   CHECK(big->offset(0, 0, q_len - 1, k_len - 1) == (q_len - 1) * k_len + k_len - 1);
   CHECK(big->offset(0, 0, q_len - 1, k_len - 1) > (std::int64_t{1} << 32));
+}
+
+TEST_CASE("64-bit indexing: strides beyond 2^31 over a sparse mapping") {
+  // 6 GiB of address space, untouched pages cost nothing: rows sit 2^31 + 8 and
+  // 2^32 + 24 bytes apart, so any 32-bit offset arithmetic would read the wrong row.
+  const std::size_t span = std::size_t{6} << 30;
+  void* base = mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (base == MAP_FAILED) {
+    MESSAGE("no 6 GiB of address space here; not run");
+    return;
+  }
+  auto* bytes = static_cast<std::uint8_t*>(base);
+  const std::int64_t k_len = 4096, row_stride = (std::int64_t{1} << 31) + 8, batch_stride = (std::int64_t{1} << 32) + 24;
+  // Two batches of causal 2 x 4096 rows ([q, k] <= q + 4094: bottom-right causal), batch 1 keys from 100.
+  for (std::int64_t b = 0; b < 2; ++b)
+    for (std::int64_t q = 0; q < 2; ++q)
+      for (std::int64_t k = 0; k < k_len; ++k)
+        bytes[b * batch_stride + q * row_stride + k] = k <= q + k_len - 2 && (b == 0 || k >= 100);
+  const std::int64_t shape[] = {2, 1, 2, k_len}, strides[] = {batch_stride, 0, row_stride, 1};
+  auto view = MaskView::make(bytes, ElementType::boolean, shape, strides);
+  REQUIRE(view.ok());
+  CHECK(view->stride(kQuery) > (std::int64_t{1} << 31));
+  auto s = inspect(*view, ScanOptions{2});
+  REQUIRE(s.ok());
+  CHECK(s->kind == StructureKind::causal);
+  CHECK(s->alignment == Alignment::bottom_right);
+  REQUIRE(s->has_kv_valid());
+  CHECK(s->kv_valid[1] == KeyRange{100, k_len});
+  munmap(base, span);
 }
 
 }  // TEST_SUITE
