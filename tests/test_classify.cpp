@@ -185,6 +185,12 @@ TEST_CASE("round trip: generated structures in every type, layout and shape") {
     CHECK(verdict->bias == dense.wrote_bias);
     CHECK(verdict->batch == batch);
     CHECK(verdict->heads == heads);
+    // The whole pipeline: the policy for the verdict is a call or an exact plan.
+    DecideOptions wide;
+    wide.max_plan_calls = 512;
+    auto policy = decide(*verdict, AttentionCall{}, wide);
+    REQUIRE(policy.ok());
+    if (!policy->plan.empty()) CHECK(plan_is_exact(*verdict, *policy));
   }
   MESSAGE("round-tripped " << structured << " of " << cases << " generated masks");
 }

@@ -8,6 +8,7 @@
 #include "support/mask_gen.hpp"
 
 using namespace masklens;
+using masklens::testing::plan_is_exact;
 
 namespace {
 
@@ -38,32 +39,6 @@ bool arg_is(const Args& args, const std::string& name, const ArgValue& v) {
 
 bool drops_mask_as_plain_causal(const Policy& p) {
   return p.plan.empty() && arg_is(p.args, "attn_mask", std::string("drop")) && arg_is(p.args, "is_causal", true);
-}
-
-// Renders a plan's steps back to row intervals and compares them with the structure.
-bool plan_is_exact(const MaskStructure& s, const Policy& p) {
-  std::vector<std::vector<int>> covered(static_cast<std::size_t>(s.batch), std::vector<int>(static_cast<std::size_t>(s.q_len), 0));
-  for (const PlanStep& step : p.plan) {
-    const std::int64_t q_len = step.q_range.end - step.q_range.start, k_len = step.k_range.end - step.k_range.start;
-    for (std::int64_t q = step.q_range.start; q < step.q_range.end; ++q) {
-      covered[static_cast<std::size_t>(step.batch)][static_cast<std::size_t>(q)]++;
-      RowSpan got;
-      if (step.backend == Backend::zeros) {
-        got = RowSpan{};
-      } else if (arg_is(step.args, "is_causal", true)) {  // top-left on the slice
-        got = RowSpan::interval(step.k_range.start, step.k_range.start + (q - step.q_range.start));
-      } else if (arg(step.args, "attn_mask_object")) {    // bottom-right on the slice
-        got = RowSpan::interval(step.k_range.start, step.k_range.start + (q - step.q_range.start) + (k_len - q_len));
-      } else {
-        got = RowSpan::interval(step.k_range.start, step.k_range.end - 1);
-      }
-      if (!got.same_keys(s.row(step.batch, q))) return false;
-    }
-  }
-  for (const auto& rows : covered)
-    for (int c : rows)
-      if (c != 1) return false;
-  return true;
 }
 
 bool rejected(const Policy& p, Backend b, const std::string& needle = "") {

@@ -216,4 +216,36 @@ inline std::int64_t count_empty_rows(const MaskStructure& spec, std::int64_t hea
   return n;
 }
 
+// A plan rendered back to row intervals equals the structure, every row covered once.
+inline bool plan_is_exact(const MaskStructure& s, const Policy& p) {
+  const auto find_arg = [](const Args& args, std::string_view name) -> const ArgValue* {
+    for (const Arg& a : args)
+      if (a.name == name) return &a.value;
+    return nullptr;
+  };
+  std::vector<std::vector<int>> covered(static_cast<std::size_t>(s.batch), std::vector<int>(static_cast<std::size_t>(s.q_len), 0));
+  for (const PlanStep& step : p.plan) {
+    const std::int64_t q_len = step.q_range.end - step.q_range.start, k_len = step.k_range.end - step.k_range.start;
+    const ArgValue* causal = find_arg(step.args, "is_causal");
+    for (std::int64_t q = step.q_range.start; q < step.q_range.end; ++q) {
+      covered[static_cast<std::size_t>(step.batch)][static_cast<std::size_t>(q)]++;
+      RowSpan got;
+      if (step.backend == Backend::zeros) {
+        got = RowSpan{};
+      } else if (causal && *causal == ArgValue(true)) {  // top-left on the slice
+        got = RowSpan::interval(step.k_range.start, step.k_range.start + (q - step.q_range.start));
+      } else if (find_arg(step.args, "attn_mask_object")) {  // bottom-right on the slice
+        got = RowSpan::interval(step.k_range.start, step.k_range.start + (q - step.q_range.start) + (k_len - q_len));
+      } else {
+        got = RowSpan::interval(step.k_range.start, step.k_range.end - 1);
+      }
+      if (!got.same_keys(s.row(step.batch, q))) return false;
+    }
+  }
+  for (const auto& rows : covered)
+    for (int c : rows)
+      if (c != 1) return false;
+  return true;
+}
+
 }  // namespace masklens::testing
