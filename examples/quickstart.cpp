@@ -1,7 +1,8 @@
-// The README's example: wrap a host mask in a view, prove what it is.
+// The README's example: wrap a host mask in a view, prove what it is, decide the call.
 #include <masklens/masklens.hpp>
 
 #include <cstdio>
+#include <string>
 #include <vector>
 
 int main() {
@@ -14,6 +15,11 @@ int main() {
   auto view = masklens::MaskView::contiguous(mask.data(), masklens::ElementType::boolean, shape);
   auto verdict = view ? masklens::inspect(*view) : masklens::Result<masklens::MaskStructure>(view.status());
   if (!verdict) return std::fprintf(stderr, "%s\n", verdict.status().to_string().c_str()), 1;
-  std::printf("%s\n", masklens::describe(*verdict).c_str());  // "causal top_left"
-  return verdict->kind == masklens::StructureKind::causal ? 0 : 1;
+  masklens::AttentionCall call;  // bf16, head_dim 128, sm90, torch 2.11 unless set
+  call.head_dim = 256;
+  auto policy = masklens::decide(*verdict, call);
+  if (!policy) return std::fprintf(stderr, "%s\n", policy.status().to_string().c_str()), 1;
+  std::printf("%s -> %s\n", masklens::describe(*verdict).c_str(),  // "causal top_left -> torch.sdpa.cudnn"
+              std::string(masklens::to_string(policy->backend)).c_str());
+  return verdict->kind == masklens::StructureKind::causal && policy->backend == masklens::Backend::sdpa_cudnn ? 0 : 1;
 }
