@@ -123,6 +123,12 @@ class MaskView {
                                                 std::int64_t k) const noexcept {
     return static_cast<const std::uint8_t*>(data_) + offset(b, h, q, k) * element_size(dtype_);
   }
+  // Bytes from data() to the end of the last element: what a copy of the mask must hold.
+  [[nodiscard]] std::int64_t extent_bytes() const noexcept {
+    std::int64_t last = 0;
+    for (int d = 0; d < kMaxDims; ++d) last += (shape_[d] - 1) * strides_[d];
+    return (last + 1) * element_size(dtype_);
+  }
   [[nodiscard]] ElementClass at(std::int64_t b, std::int64_t h, std::int64_t q, std::int64_t k) const noexcept {
     return classify_element(element_ptr(b, h, q, k), dtype_, encoding_.polarity, encoding_.masked_threshold);
   }

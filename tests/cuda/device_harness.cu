@@ -11,12 +11,6 @@ bool device_available() {
 
 namespace {
 
-std::int64_t extent_bytes(const MaskView& v) {
-  std::int64_t elems = 1;
-  for (int d = 0; d < kMaxDims; ++d) elems += (v.shape(d) - 1) * v.stride(d);
-  return elems * element_size(v.dtype());
-}
-
 __global__ void fill_causal(std::uint8_t* m, std::int64_t L) {
   const std::int64_t n = L * L;
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
@@ -27,16 +21,7 @@ __global__ void fill_causal(std::uint8_t* m, std::int64_t L) {
 }  // namespace
 
 Result<SpanTable> scan_copy_on_device(const MaskView& host_view, std::int64_t offset_bytes) {
-  const std::int64_t bytes = extent_bytes(host_view);
-  std::uint8_t* base = nullptr;
-  if (cudaMalloc(&base, static_cast<std::size_t>(bytes + offset_bytes)) != cudaSuccess)
-    return error(ErrorCode::device_error, "cudaMalloc failed");
-  cudaMemcpy(base + offset_bytes, host_view.data(), static_cast<std::size_t>(bytes), cudaMemcpyHostToDevice);
-  auto device_view = MaskView::make(base + offset_bytes, host_view.dtype(), host_view.shape(), host_view.strides(),
-                                    host_view.encoding());
-  Result<SpanTable> out = device_view ? masklens::gpu::scan(*device_view) : Result<SpanTable>(device_view.status());
-  cudaFree(base);
-  return out;
+  return masklens::gpu::scan_host_mask(host_view, offset_bytes);
 }
 
 Result<SpanTable> scan_device_causal(std::int64_t L, std::int64_t flip_q, std::int64_t flip_k) {

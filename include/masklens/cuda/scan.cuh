@@ -334,4 +334,30 @@ inline Result<SpanTable> scan(const MaskView& device_view, cudaStream_t stream =
   return made;
 }
 
+// Scans a mask held in host memory on the GPU: copies the bytes the view spans to the
+// device (offset_bytes past an aligned allocation, a multiple of the element size),
+// scans the same view there, synchronises once, frees.
+inline Result<SpanTable> scan_host_mask(const MaskView& host_view, std::int64_t offset_bytes = 0,
+                                        cudaStream_t stream = nullptr) {
+  if (host_view.data() == nullptr) return error(ErrorCode::invalid_argument, "view is empty (data is null)");
+  if (offset_bytes < 0 || offset_bytes % element_size(host_view.dtype()) != 0)
+    return error(ErrorCode::misaligned_pointer, "offset_bytes must be a non-negative multiple of the element size");
+  const auto bytes = static_cast<std::size_t>(host_view.extent_bytes());
+  std::uint8_t* base = nullptr;
+  if (Status st = detail::check(cudaMalloc(&base, bytes + static_cast<std::size_t>(offset_bytes)), "allocating the mask");
+      !st.ok())
+    return st;
+  const Status copied = detail::check(
+      cudaMemcpyAsync(base + offset_bytes, host_view.data(), bytes, cudaMemcpyHostToDevice, stream),
+      "copying the mask to the device");
+  auto view = MaskView::make(base + offset_bytes, host_view.dtype(), host_view.shape(), host_view.strides(),
+                             host_view.encoding());
+  Result<SpanTable> out = !copied.ok() ? Result<SpanTable>(copied)
+                          : view       ? scan(*view, stream)
+                                       : Result<SpanTable>(view.status());
+  (void)cudaStreamSynchronize(stream);
+  (void)cudaFree(base);
+  return out;
+}
+
 }  // namespace masklens::gpu
