@@ -217,12 +217,12 @@ TEST_CASE("64-bit indexing: Q x K beyond 2^32 through a stride-0 query dimension
 }
 
 TEST_CASE("64-bit indexing: strides beyond 2^31 over a sparse mapping") {
-  // 6 GiB of address space, untouched pages cost nothing: rows sit 2^31 + 8 and
+  // 7 GiB of address space, untouched pages cost nothing: rows sit 2^31 + 8 and
   // 2^32 + 24 bytes apart, so any 32-bit offset arithmetic would read the wrong row.
-  const std::size_t span = std::size_t{6} << 30;
+  const std::size_t span = std::size_t{7} << 30;  // the last row ends at 2^32 + 2^31 + 4128
   void* base = mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (base == MAP_FAILED) {
-    MESSAGE("no 6 GiB of address space here; not run");
+    MESSAGE("no 7 GiB of address space here; not run");
     return;
   }
   auto* bytes = static_cast<std::uint8_t*>(base);
