@@ -27,13 +27,8 @@ AttentionCall seed_call() {  // Qwen3.5 training at 69632 tokens (the seed PR)
   return c;
 }
 
-const ArgValue* arg(const Args& args, const std::string& name) {
-  for (const Arg& a : args)
-    if (a.name == name) return &a.value;
-  return nullptr;
-}
 bool arg_is(const Args& args, const std::string& name, const ArgValue& v) {
-  const ArgValue* a = arg(args, name);
+  const ArgValue* a = find_arg(args, name);
   return a && *a == v;
 }
 

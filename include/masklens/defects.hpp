@@ -98,6 +98,13 @@ inline constexpr Defect kDefects[] = {
      }},
 };
 
+// The first defect that strikes this use of a backend, or null (no allocation).
+inline const Defect* first_defect(const DefectContext& c) noexcept {
+  for (const Defect& d : kDefects)
+    if (d.backend == c.backend && d.applies(c)) return &d;
+  return nullptr;
+}
+
 // The defects that strike this use of a backend.
 inline std::vector<const Defect*> defects_for(const DefectContext& c) {
   std::vector<const Defect*> out;

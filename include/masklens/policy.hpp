@@ -158,10 +158,7 @@ inline std::optional<Args> dense_args(Backend b, const MaskStructure& s) {
 
 // The first defect that forbids this use, or null.
 inline const Defect* blocking_defect(Backend b, Usage usage, const AttentionCall& c, const MaskStructure& s) {
-  const DefectContext context{b, usage, c, s};
-  for (const Defect& d : kDefects)
-    if (d.backend == b && d.applies(context)) return &d;
-  return nullptr;
+  return first_defect({b, usage, c, s});
 }
 
 struct Candidate {

@@ -218,11 +218,6 @@ inline std::int64_t count_empty_rows(const MaskStructure& spec, std::int64_t hea
 
 // A plan rendered back to row intervals equals the structure, every row covered once.
 inline bool plan_is_exact(const MaskStructure& s, const Policy& p) {
-  const auto find_arg = [](const Args& args, std::string_view name) -> const ArgValue* {
-    for (const Arg& a : args)
-      if (a.name == name) return &a.value;
-    return nullptr;
-  };
   std::vector<std::vector<int>> covered(static_cast<std::size_t>(s.batch), std::vector<int>(static_cast<std::size_t>(s.q_len), 0));
   for (const PlanStep& step : p.plan) {
     const std::int64_t q_len = step.q_range.end - step.q_range.start, k_len = step.k_range.end - step.k_range.start;

@@ -24,11 +24,6 @@ inline std::string python_value(const ArgValue& v) {
       v);
 }
 
-inline const ArgValue* find(const Args& args, std::string_view name) {
-  for (const Arg& a : args)
-    if (a.name == name) return &a.value;
-  return nullptr;
-}
 
 // Keyword arguments except masklens' own bookkeeping.
 inline std::string kwargs(const Args& args, std::initializer_list<std::string_view> skip) {
@@ -41,7 +36,7 @@ inline std::string kwargs(const Args& args, std::initializer_list<std::string_vi
 }
 
 inline std::string python_call(Backend b, const Args& args) {
-  const ArgValue* mask = find(args, "attn_mask");
+  const ArgValue* mask = find_arg(args, "attn_mask");
   const bool keep = mask && *mask == ArgValue(std::string("keep"));
   switch (b) {
     case Backend::sdpa_flash:
@@ -55,17 +50,17 @@ inline std::string python_call(Backend b, const Args& args) {
              (keep ? ", attn_mask=mask" : "") + kwargs(args, {}) + ")";
     }
     case Backend::sdpa_causal_lower_right:
-      return "out = F.scaled_dot_product_attention(q, k, v, attn_mask=" + python_value(*find(args, "attn_mask_object")) + ")";
+      return "out = F.scaled_dot_product_attention(q, k, v, attn_mask=" + python_value(*find_arg(args, "attn_mask_object")) + ")";
     case Backend::flex_attention:
-      return std::string("mask_mod = ") + python_value(*find(args, "mask_mod")) +
-             "\nout = flex_attention(q, k, v, block_mask=" + python_value(*find(args, "block_mask")) + ")";
+      return std::string("mask_mod = ") + python_value(*find_arg(args, "mask_mod")) +
+             "\nout = flex_attention(q, k, v, block_mask=" + python_value(*find_arg(args, "block_mask")) + ")";
     case Backend::flash_attn:
     case Backend::flash_attn3: return "out = flash_attn_func(q, k, v" + kwargs(args, {}) + ")";
     case Backend::flash_attn_varlen:
     case Backend::flash_attn3_varlen: return "out = flash_attn_varlen_func(q, k, v" + kwargs(args, {}) + ")";
     case Backend::xformers:
       return "out = xformers.ops.memory_efficient_attention(q, k, v, attn_bias=" +
-             (keep ? std::string("mask") : python_value(*find(args, "attn_bias"))) + kwargs(args, {"attn_bias"}) + ")";
+             (keep ? std::string("mask") : python_value(*find_arg(args, "attn_bias"))) + kwargs(args, {"attn_bias"}) + ")";
     case Backend::transformer_engine: return "out = DotProductAttention(...)(q, k, v" + kwargs(args, {}) + ")";
     case Backend::flashinfer: return "out = flashinfer prefill wrapper.run(q, k, v)  # plan with" + kwargs(args, {});
     case Backend::cudnn_frontend: return "graph.sdpa(q, k, v" + kwargs(args, {}) + ")";

@@ -109,7 +109,7 @@ Result<AttentionCall> make_call(const CallOptions& o, std::optional<ElementType>
 }
 
 void print_policy(const Policy& p) {
-  const ArgValue* mask = cli::find(p.args, "attn_mask");
+  const ArgValue* mask = find_arg(p.args, "attn_mask");
   std::printf("call      %s (mask %s)\n", std::string(to_string(p.backend)).c_str(),
               mask ? cli::python_value(*mask).c_str() : "?");
   if (p.plan.empty()) {

@@ -108,6 +108,13 @@ struct Arg {
 };
 using Args = std::vector<Arg>;
 
+// The value of argument `name`, or null.
+inline const ArgValue* find_arg(const Args& args, std::string_view name) noexcept {
+  for (const Arg& a : args)
+    if (a.name == name) return &a.value;
+  return nullptr;
+}
+
 struct Refusal {
   std::string reason;
   std::string_view source;  // static text
