@@ -1,5 +1,6 @@
 // decide() latency on this CPU: median over many calls for typical structures, beside
-// the cost of copying the structure (the baseline a caller pays anyway).
+// the cost of copying the structure (the baseline a caller pays anyway), and the heap
+// allocations one call makes beside those its result holds.
 #include <masklens/masklens.hpp>
 
 #include <algorithm>
@@ -7,7 +8,11 @@
 #include <cstdio>
 #include <vector>
 
+#include "../tests/support/allocation_count.hpp"
+
 using namespace masklens;
+using masklens::testing::g_allocations;
+using masklens::testing::owned_blocks;
 
 namespace {
 
@@ -27,32 +32,55 @@ double median_ns(F&& f, int reps = 2000) {
 }  // namespace
 
 int main() {
-  AttentionCall call;
-  call.head_dim = 256;
-  call.heads = 4;
-  call.training = true;
+  AttentionCall torch_only;
+  torch_only.head_dim = 256;
+  torch_only.heads = 4;
+  torch_only.training = true;
+  AttentionCall everything = torch_only;  // every family available, versions given
+  everything.available = 0xff;
+  everything.flash_attn = version(2, 8, 3);
+  everything.flash_attn3 = version(3, 0);
+  everything.xformers = version(0, 0, 33);
+  everything.transformer_engine = version(2, 8);
+  everything.flashinfer = version(0, 5);
+  everything.cudnn_frontend = version(1, 16);
+  AttentionCall unversioned = torch_only;  // every family available, none installed: all refuse
+  unversioned.available = 0xff;
+
   struct Case {
     const char* name;
     MaskStructure s;
+    AttentionCall call;
   };
-  std::vector<Case> cases;
   MaskStructure causal;
   causal.q_len = causal.k_len = 69632;
   causal.kind = StructureKind::causal;
-  cases.push_back({"causal 69632 (seed)", causal});
   MaskStructure padded = causal;
   padded.batch = 2;
   padded.kv_valid = {{0, 69632}, {0, 50000}};
-  cases.push_back({"right-padded causal, plan", padded});
   MaskStructure window = causal;
   window.kind = StructureKind::sliding_window;
   window.window = 4096;
-  cases.push_back({"sliding window, dense", window});
+  MaskStructure docs = causal;
+  docs.batch = 2;
+  docs.segments = {{0, 1000, 30000, 69632}, {0, 69632}};
+  const Case cases[] = {
+      {"causal 69632 (seed), torch", causal, torch_only},
+      {"causal 69632, all families", causal, everything},
+      {"causal 69632, families w/o versions", causal, unversioned},
+      {"packed docs, all families (varlen)", docs, everything},
+      {"right-padded causal, torch plan", padded, torch_only},
+      {"sliding window, torch dense", window, torch_only},
+  };
   volatile std::size_t sink = 0;
+  std::printf("%-38s %10s %10s %8s %8s\n", "case", "decide", "copy", "allocs", "in result");
   for (const Case& c : cases) {
     const double copy = median_ns([&] { MaskStructure x = c.s; sink = sink + x.kv_valid.size(); });
-    const double ns = median_ns([&] { auto p = decide(c.s, call); sink = sink + p->rejected.size(); });
-    std::printf("%-28s decide %8.0f ns   (structure copy %5.0f ns)\n", c.name, ns, copy);
+    const double ns = median_ns([&] { auto p = decide(c.s, c.call); sink = sink + p->rejected.size(); });
+    const long before = g_allocations.load();
+    const Result<Policy> p = decide(c.s, c.call);
+    const long allocations = g_allocations.load() - before;
+    std::printf("%-38s %7.0f ns %7.0f ns %8ld %8ld\n", c.name, ns, copy, allocations, p ? owned_blocks(*p) : -1L);
   }
   return 0;
 }

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <iterator>
 #include <optional>
 #include <string>
@@ -44,13 +45,14 @@ enum class RejectionKind : std::uint8_t {
   slower,         // correct, but the chosen call is cheaper
 };
 
-// Why a backend was not chosen. Holds static text and numbers, formatting reason() on
-// demand, so decide() allocates for rejections only when a capability rule refuses.
+// Why a backend was not chosen. Holds static text, rule bits and numbers, formatting
+// reason() on demand, so decide() allocates nothing for rejections but their vector.
 struct Rejection {
   Backend backend = Backend::sdpa_math;
   RejectionKind kind = RejectionKind::unavailable;
   std::string_view source;          // where the rule, defect or cost order comes from
-  std::string detail;               // refused: the rules' own messages
+  Refusals refusals;                // refused: the rules that refuse
+  AttentionCall call;               // refused: the call their reasons quote
   const Defect* defect = nullptr;   // defect
   Usage usage = Usage::native;      // slower: the way it would have run
   int cost = 0, chosen_cost = 0;    // slower
@@ -60,7 +62,7 @@ struct Rejection {
   [[nodiscard]] std::string reason() const {
     switch (kind) {
       case RejectionKind::unavailable: return "not available (its family is not in AttentionCall::available)";
-      case RejectionKind::refused: return detail;
+      case RejectionKind::refused: return refusals.text(call);
       case RejectionKind::defect:
         return std::string(defect->effect == Effect::silently_wrong ? "silently wrong: " : "fails: ") +
                std::string(defect->condition) + " [" + std::string(defect->id) + "]";
@@ -104,55 +106,66 @@ inline constexpr int kDensePenalty = 10;
 
 namespace detail {
 
-inline std::vector<Refusal> refusals(Backend b, const AttentionCall& c) {
+// The capability rules of a backend, in the order they are checked.
+inline std::span<const Rule> rules(Backend b) noexcept {
   switch (family(b)) {
-    case kFamilyTorch: return backends::torch_sdpa::refusals(b, c);
+    case kFamilyTorch: return backends::torch_sdpa::rules(b);
     case kFamilyFlashAttn:
-    case kFamilyFlashAttn3: return backends::flash_attn::refusals(b, c);
-    case kFamilyFlex: return backends::flex_attention::refusals(c);
-    case kFamilyXformers: return backends::xformers::refusals(c);
-    case kFamilyTransformerEngine: return backends::transformer_engine::refusals(c);
-    case kFamilyFlashInfer: return backends::flashinfer::refusals(c);
-    case kFamilyCudnnFrontend: return backends::cudnn_frontend::refusals(c);
+    case kFamilyFlashAttn3: return backends::flash_attn::rules(b);
+    case kFamilyFlex: return backends::flex_attention::kRules;
+    case kFamilyXformers: return backends::xformers::kRules;
+    case kFamilyTransformerEngine: return backends::transformer_engine::kRules;
+    case kFamilyFlashInfer: return backends::flashinfer::kRules;
+    case kFamilyCudnnFrontend: return backends::cudnn_frontend::kRules;
   }
   return {};
 }
 
-inline std::optional<Args> native_args(Backend b, const MaskStructure& s, const AttentionCall& c) {
+inline Refusals refusals(Backend b, const AttentionCall& c) noexcept {
+  return family(b) == kFamilyTorch ? backends::torch_sdpa::refusals(b, c) : check_rules(rules(b), c);
+}
+
+// Whether `b` computes `s` with the mask dropped; its arguments into `out` when given.
+inline bool native_args(Backend b, const MaskStructure& s, Args* out = nullptr) {
   switch (family(b)) {
-    case kFamilyTorch: return backends::torch_sdpa::native_args(b, s, c);
+    case kFamilyTorch: return backends::torch_sdpa::native_args(b, s, out);
     case kFamilyFlashAttn:
-    case kFamilyFlashAttn3: return backends::flash_attn::native_args(b, s, c);
+    case kFamilyFlashAttn3: return backends::flash_attn::native_args(b, s, out);
     case kFamilyFlex:
-      if (s.kind == StructureKind::arbitrary) return std::nullopt;  // reads the dense mask: see dense_args
-      return backends::flex_attention::args(s);
-    case kFamilyXformers: return backends::xformers::native_args(s);
-    case kFamilyTransformerEngine: return backends::transformer_engine::native_args(s);
-    case kFamilyFlashInfer: return backends::flashinfer::native_args(s);
-    case kFamilyCudnnFrontend: return backends::cudnn_frontend::native_args(s);
+      if (s.kind == StructureKind::arbitrary) return false;  // reads the dense mask: see dense_args
+      return emit(out, [&] { return backends::flex_attention::args(s); });
+    case kFamilyXformers: return backends::xformers::native_args(s, out);
+    case kFamilyTransformerEngine: return backends::transformer_engine::native_args(s, out);
+    case kFamilyFlashInfer: return backends::flashinfer::native_args(s, out);
+    case kFamilyCudnnFrontend: return backends::cudnn_frontend::native_args(s, out);
   }
-  return std::nullopt;
+  return false;
 }
 
 // Dense-mask forms: SDPA's attn_mask, flex reading the tensor in its mask_mod,
 // xformers / cuDNN frontend bias tensors, TE "arbitrary", FlashInfer custom masks.
-inline std::optional<Args> dense_args(Backend b, const MaskStructure& s) {
-  if (backends::torch_sdpa::accepts_dense_mask(b)) return Args{{"attn_mask", std::string("keep")}, {"is_causal", false}};
+inline bool dense_args(Backend b, const MaskStructure& s, Args* out = nullptr) {
+  if (backends::torch_sdpa::accepts_dense_mask(b))
+    return emit(out, [] { return Args{{"attn_mask", "keep"}, {"is_causal", false}}; });
   switch (b) {
-    case Backend::flex_attention: {
-      MaskStructure arbitrary = s;
-      arbitrary.kind = StructureKind::arbitrary;
-      return backends::flex_attention::args(arbitrary);
-    }
-    case Backend::xformers: return Args{{"attn_mask", std::string("keep")}, {"attn_bias", std::string("tensor")}};
+    case Backend::flex_attention:
+      return emit(out, [&] {
+        MaskStructure arbitrary = s;
+        arbitrary.kind = StructureKind::arbitrary;
+        return backends::flex_attention::args(arbitrary);
+      });
+    case Backend::xformers: return emit(out, [] { return Args{{"attn_mask", "keep"}, {"attn_bias", "tensor"}}; });
     case Backend::transformer_engine:
-      return Args{{"attn_mask", std::string("keep")}, {"attn_mask_type", std::string("arbitrary")},
-                  {"mask_polarity", std::string("true = masked out (invert torch's bool mask)")}};
+      return emit(out, [] {
+        return Args{{"attn_mask", "keep"}, {"attn_mask_type", "arbitrary"},
+                    {"mask_polarity", "true = masked out (invert torch's bool mask)"}};
+      });
     case Backend::flashinfer:
-      return Args{{"attn_mask", std::string("keep")}, {"mask_mode", std::string("custom")},
-                  {"custom_mask", std::string("packbits(mask, bitorder='little')")}};
-    case Backend::cudnn_frontend: return Args{{"attn_mask", std::string("keep")}, {"bias", std::string("mask")}};
-    default: return std::nullopt;
+      return emit(out, [] {
+        return Args{{"attn_mask", "keep"}, {"mask_mode", "custom"}, {"custom_mask", "packbits(mask, bitorder='little')"}};
+      });
+    case Backend::cudnn_frontend: return emit(out, [] { return Args{{"attn_mask", "keep"}, {"bias", "mask"}}; });
+    default: return false;
   }
 }
 
@@ -161,11 +174,10 @@ inline const Defect* blocking_defect(Backend b, Usage usage, const AttentionCall
   return first_defect({b, usage, c, s});
 }
 
+// A way to run the mask: its arguments are built only for the one chosen.
 struct Candidate {
   Backend backend;
   Usage usage;
-  Args args;
-  std::vector<PlanStep> plan;
   int score;
 };
 
@@ -189,24 +201,17 @@ inline std::optional<PlanStep> plan_step(const RowRun& run, const AttentionCall&
   slice.k_len = sub.k_len;
   slice.kind = run.kind == RunKind::full ? StructureKind::full : StructureKind::causal;
   slice.alignment = Alignment::bottom_right;
-  std::optional<Candidate> best;
+  std::optional<Backend> best;
   for (Backend b : {Backend::sdpa_cudnn, Backend::sdpa_flash, Backend::sdpa_causal_lower_right,
                     Backend::sdpa_efficient, Backend::sdpa_math}) {
-    if (!refusals(b, sub).empty() || blocking_defect(b, Usage::plan_step, sub, s)) continue;
-    std::optional<Args> args = backends::torch_sdpa::native_args(b, slice, sub);
-    if (!args) continue;
-    if (!best || cost_rank(b) < best->score) best = Candidate{b, Usage::plan_step, *args, {}, cost_rank(b)};
+    if (refusals(b, sub).any() || blocking_defect(b, Usage::plan_step, sub, s)) continue;
+    if (!backends::torch_sdpa::native_args(b, slice)) continue;
+    if (!best || cost_rank(b) < cost_rank(*best)) best = b;
   }
   if (!best) return std::nullopt;
-  step.backend = best->backend;
-  step.args = std::move(best->args);
+  step.backend = *best;
+  backends::torch_sdpa::native_args(*best, slice, &step.args);
   return step;
-}
-
-inline std::string join_reasons(const std::vector<Refusal>& r) {
-  std::string out;
-  for (const Refusal& x : r) out += (out.empty() ? "" : "; ") + x.reason;
-  return out;
 }
 
 }  // namespace detail
@@ -229,44 +234,43 @@ inline Result<Policy> decide(const MaskStructure& structure, const AttentionCall
     // The mask must stay whenever dropping it would change the result.
     const bool must_keep_mask = s.kind == StructureKind::arbitrary || s.bias || s.finite_masked_rows > 0;
 
-    Policy policy;
+    // Every backend either becomes a candidate (a way to run the mask, arguments not yet
+    // built) or a rejection; fixed arrays, so this loop allocates nothing.
     constexpr std::size_t kBackends = std::size(kAllBackends);
-    std::vector<detail::Candidate> candidates;
-    candidates.reserve(kBackends + 1);
-    std::vector<Rejection> refused;  // availability, capability, defect refusals
-    refused.reserve(kBackends);
+    std::array<detail::Candidate, kBackends> candidates{};
+    std::array<Rejection, kBackends> refused{};
+    std::size_t n_candidates = 0, n_refused = 0;
     bool any_native = false;
     for (Backend b : kAllBackends) {
-      Rejection no;
+      Rejection& no = refused[n_refused];
       no.backend = b;
       if (!call.has(family(b))) {
+        no.kind = RejectionKind::unavailable;
         no.source = "AttentionCall::available";
-        refused.push_back(std::move(no));
+        ++n_refused;
         continue;
       }
-      std::vector<Refusal> why = detail::refusals(b, call);
-      if (!why.empty()) {
+      if (const Refusals why = detail::refusals(b, call); why.any()) {
         no.kind = RejectionKind::refused;
-        no.detail = detail::join_reasons(why);
-        no.source = why.front().source;
-        refused.push_back(std::move(no));
+        no.refusals = why;
+        no.call = call;
+        no.source = why.source();
+        ++n_refused;
         continue;
       }
       const Defect* lost = nullptr;
-      if (!must_keep_mask) {
-        if (std::optional<Args> args = detail::native_args(b, s, call)) {
-          if (!(lost = detail::blocking_defect(b, Usage::native, call, s))) {
-            candidates.push_back({b, Usage::native, std::move(*args), {}, cost_rank(b)});
-            any_native = true;
-            continue;
-          }
+      if (!must_keep_mask && detail::native_args(b, s)) {
+        if (!(lost = detail::blocking_defect(b, Usage::native, call, s))) {
+          candidates[n_candidates++] = {b, Usage::native, cost_rank(b)};
+          any_native = true;
+          continue;
         }
       }
-      if (std::optional<Args> args = detail::dense_args(b, s)) {
+      if (detail::dense_args(b, s)) {
         if (const Defect* d = detail::blocking_defect(b, Usage::dense_mask, call, s)) {
           lost = lost ? lost : d;
         } else {
-          candidates.push_back({b, Usage::dense_mask, std::move(*args), {}, cost_rank(b) + kDensePenalty});
+          candidates[n_candidates++] = {b, Usage::dense_mask, cost_rank(b) + kDensePenalty};
           continue;
         }
       }
@@ -279,57 +283,67 @@ inline Result<Policy> decide(const MaskStructure& structure, const AttentionCall
         no.structure = s.kind;
         no.source = "docs/backends.md";
       }
-      refused.push_back(std::move(no));
+      ++n_refused;
     }
 
     // No single native call: an exact plan of unmasked torch calls, if short enough.
+    Policy policy;
     std::string plan_note;
+    std::optional<detail::Candidate> plan;
+    std::vector<PlanStep> plan_steps;
     if (!any_native && !must_keep_mask && call.has(kFamilyTorch)) {
       if (auto runs = decompose_rows(s, options.max_plan_calls)) {
-        std::vector<PlanStep> steps;
+        plan_steps.reserve(runs->size());
         int worst = 0;
         for (const RowRun& run : *runs) {
           std::optional<PlanStep> step = detail::plan_step(run, call, s);
           if (!step) {
-            steps.clear();
+            plan_steps.clear();
             plan_note = "a plan step has no capable torch backend";
             break;
           }
           worst = std::max(worst, cost_rank(step->backend));
-          steps.push_back(std::move(*step));
+          plan_steps.push_back(std::move(*step));
         }
-        if (!steps.empty()) {
-          const auto main = std::find_if(steps.begin(), steps.end(),
+        if (!plan_steps.empty()) {
+          const auto main = std::find_if(plan_steps.begin(), plan_steps.end(),
                                          [](const PlanStep& p) { return p.backend != Backend::zeros; });
-          const Backend lead = main == steps.end() ? Backend::zeros : main->backend;
-          candidates.push_back({lead, Usage::plan_step, {{"attn_mask", std::string("drop")}}, std::move(steps),
-                                worst + kPlanPenalty});
+          plan = detail::Candidate{main == plan_steps.end() ? Backend::zeros : main->backend, Usage::plan_step,
+                                   worst + kPlanPenalty};
         }
       } else {
         plan_note = "an exact plan needs more than max_plan_calls (" + std::to_string(options.max_plan_calls) + ") calls";
       }
     }
 
-    if (candidates.empty()) return error(ErrorCode::invalid_argument, "no available backend computes this mask correctly");
-    const auto best = std::min_element(candidates.begin(), candidates.end(),
-                                       [](const detail::Candidate& a, const detail::Candidate& b) { return a.score < b.score; });
+    if (n_candidates == 0 && !plan) return error(ErrorCode::invalid_argument, "no available backend computes this mask correctly");
+    const detail::Candidate* best = std::min_element(candidates.data(), candidates.data() + n_candidates,
+                                                     [](const auto& a, const auto& b) { return a.score < b.score; });
+    if (plan && (n_candidates == 0 || plan->score < best->score)) best = &*plan;
     policy.backend = best->backend;
-    policy.args = best->args;
-    policy.plan = best->plan;
-    policy.rejected.reserve(candidates.size() + refused.size());
-    for (const detail::Candidate& c : candidates) {
-      if (&c == &*best) continue;
-      Rejection slower;
-      slower.backend = c.backend;
-      slower.kind = RejectionKind::slower;
-      slower.source = "docs/backends.md (cost order)";
-      slower.usage = c.usage;
-      slower.cost = c.score;
-      slower.chosen_cost = best->score;
-      slower.plan_calls = static_cast<std::int64_t>(c.plan.size());
-      policy.rejected.push_back(std::move(slower));
+    if (best->usage == Usage::native) detail::native_args(best->backend, s, &policy.args);
+    else if (best->usage == Usage::dense_mask) detail::dense_args(best->backend, s, &policy.args);
+    else {
+      policy.args = {{"attn_mask", "drop"}};
+      policy.plan = std::move(plan_steps);
     }
-    std::move(refused.begin(), refused.end(), std::back_inserter(policy.rejected));
+    policy.rejected.reserve(n_candidates + (plan ? 1 : 0) + n_refused);
+    auto slower = [&](const detail::Candidate& c, std::int64_t plan_calls) {
+      Rejection r;
+      r.backend = c.backend;
+      r.kind = RejectionKind::slower;
+      r.source = "docs/backends.md (cost order)";
+      r.usage = c.usage;
+      r.cost = c.score;
+      r.chosen_cost = best->score;
+      r.plan_calls = plan_calls;
+      policy.rejected.push_back(std::move(r));
+    };
+    for (std::size_t i = 0; i < n_candidates; ++i)
+      if (&candidates[i] != best) slower(candidates[i], 0);
+    if (plan && best != &*plan) slower(*plan, static_cast<std::int64_t>(plan_steps.size()));
+    std::move(refused.begin(), refused.begin() + static_cast<std::ptrdiff_t>(n_refused),
+              std::back_inserter(policy.rejected));
     if (!plan_note.empty() && best->usage != Usage::plan_step)
       policy.hazards.push_back({"plan", "no plan: " + plan_note});
 

@@ -2,6 +2,7 @@
 // cost ranks, defects); `--check FILE` exits 1 when FILE differs from what it prints.
 #include <masklens/masklens.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -21,22 +22,20 @@ MaskStructure make(StructureKind kind, std::int64_t q, std::int64_t k, Alignment
   return s;
 }
 
-// Every family installed, on an H200, so the table shows what each backend can do.
-AttentionCall everything() {
-  AttentionCall c;
-  c.available = 0xff;
-  c.flash_attn = version(2, 8, 3);
-  c.flash_attn3 = version(3, 0);
-  c.xformers = version(0, 0, 33);
-  c.transformer_engine = version(2, 8);
-  c.flashinfer = version(0, 5);
-  c.cudnn_frontend = version(1, 16);
-  return c;
+// A rule's fixed text, without the connective the call's value would follow.
+std::string reason_text(const Rule& r) {
+  std::string text(r.text);
+  for (std::string_view tail : {", got ", " got ", ", not "})
+    if (text.size() >= tail.size() && text.compare(text.size() - tail.size(), tail.size(), tail) == 0) {
+      text.resize(text.size() - tail.size());
+      break;
+    }
+  return text;
 }
 
-std::string cell(Backend b, const MaskStructure& s, const AttentionCall& call) {
-  if (detail::native_args(b, s, call)) return "native";
-  const bool dense = detail::dense_args(b, s).has_value();
+std::string cell(Backend b, const MaskStructure& s) {
+  if (detail::native_args(b, s)) return "native";
+  const bool dense = detail::dense_args(b, s);
   if (family(b) == kFamilyTorch && b != Backend::sdpa_causal_lower_right && decompose_rows(s, 64))
     return dense ? "plan / dense" : "plan";
   return dense ? "dense" : "no";
@@ -84,7 +83,6 @@ std::string render() {
   }
   rows.push_back({"arbitrary", make(StructureKind::arbitrary, 4096, 4096)});
 
-  const AttentionCall call = everything();
   out << "| structure |";
   for (Backend b : kAllBackends) out << " `" << to_string(b) << "` |";
   out << "\n|---|";
@@ -92,7 +90,7 @@ std::string render() {
   out << "\n";
   for (const Row& r : rows) {
     out << "| " << r.name << " |";
-    for (Backend b : kAllBackends) out << " " << cell(b, r.s, call) << " |";
+    for (Backend b : kAllBackends) out << " " << cell(b, r.s) << " |";
     out << "\n";
   }
   out << "\n## Cost order\n"
@@ -101,6 +99,24 @@ std::string render() {
          "A plan adds " << kPlanPenalty << " to its slowest step, a dense mask adds " << kDensePenalty
       << " (measured 2.2-4x slower).\n\n| backend | rank |\n|---|---|\n";
   for (Backend b : kAllBackends) out << "| `" << to_string(b) << "` | " << cost_rank(b) << " |\n";
+  out << "\n## Capability rules\n"
+         "Checked in this order for every call; each refusal is reported with its reason and source.\n"
+         "`torch.sdpa.causal_lower_right` runs on flash or efficient and is refused only when both are;\n"
+         "`torch.sdpa.math` refuses nothing.\n\n| backend | rule | refuses with | source |\n|---|---|---|---|\n";
+  std::vector<const Rule*> printed;
+  for (Backend b : kAllBackends) {
+    const std::span<const Rule> table = detail::rules(b);
+    if (b == Backend::sdpa_causal_lower_right || table.empty() ||
+        std::find(printed.begin(), printed.end(), table.data()) != printed.end())
+      continue;
+    printed.push_back(table.data());
+    std::string names;  // every backend that shares this table (flash_attn and its varlen form)
+    for (Backend other : kAllBackends)
+      if (detail::rules(other).data() == table.data())
+        names += (names.empty() ? "`" : " / `") + std::string(to_string(other)) + "`";
+    for (const Rule& r : table)
+      out << "| " << names << " | `" << r.name << "` | " << reason_text(r) << " | " << r.source << " |\n";
+  }
   out << "\n## Known defects\n"
          "A defect applies to every version unless a release is known to carry its fix.\n\n"
          "| id | backend | effect | when | source |\n|---|---|---|---|---|\n";

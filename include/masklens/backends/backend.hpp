@@ -9,6 +9,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -108,6 +109,10 @@ struct Arg {
 };
 using Args = std::vector<Arg>;
 
+// Appends one argument; vectors passed as rvalues move in (an initializer list of Args
+// would copy them once more).
+inline void add(Args& args, std::string_view name, ArgValue value) { args.push_back({name, std::move(value)}); }
+
 // The value of argument `name`, or null.
 inline const ArgValue* find_arg(const Args& args, std::string_view name) noexcept {
   for (const Arg& a : args)
@@ -115,28 +120,73 @@ inline const ArgValue* find_arg(const Args& args, std::string_view name) noexcep
   return nullptr;
 }
 
-struct Refusal {
-  std::string reason;
-  std::string_view source;  // static text
-};
-
-// One capability constraint: a name, where it comes from, and the test.
+// One capability constraint: a name, where it comes from, the test, and the reason:
+// fixed text, followed by what `detail` formats from the call (null: nothing).
 struct Rule {
   std::string_view name;
   std::string_view source;
   bool (*refuses)(const AttentionCall&);
-  std::string (*reason)(const AttentionCall&);
+  std::string_view text;
+  std::string (*detail)(const AttentionCall&) = nullptr;
 };
 
-// Every refusal of `rules` for `call`, in order.
-inline std::vector<Refusal> check_rules(std::span<const Rule> rules, const AttentionCall& call) {
-  std::vector<Refusal> out;
-  for (const Rule& r : rules)
-    if (r.refuses(call)) out.push_back({r.reason(call), r.source});
-  return out;
+// The rule every optional library starts with: its version must be given
+// (AttentionCall's default Version means "not installed").
+template <Version AttentionCall::*kVersion>
+constexpr Rule installed(std::string_view name, std::string_view text) {
+  return {name, "AttentionCall (library versions)", [](const AttentionCall& c) { return !(c.*kVersion).known(); },
+          text};
+}
+
+// Which rules of a backend's table refuse a call: a bit per rule, no text until asked,
+// so checking every backend allocates nothing.
+struct Refusals {
+  std::span<const Rule> rules;
+  std::uint64_t refused = 0;
+
+  [[nodiscard]] bool any() const noexcept { return refused != 0; }
+  // The first refusing rule's source.
+  [[nodiscard]] std::string_view source() const noexcept {
+    for (std::size_t i = 0; i < rules.size(); ++i)
+      if (refused >> i & 1) return rules[i].source;
+    return {};
+  }
+  // Every refusing rule's reason, "; "-separated, in table order.
+  [[nodiscard]] std::string text(const AttentionCall& call) const {
+    std::string out;
+    for (std::size_t i = 0; i < rules.size(); ++i) {
+      if (!(refused >> i & 1)) continue;
+      if (!out.empty()) out += "; ";
+      out += rules[i].text;
+      if (rules[i].detail) out += rules[i].detail(call);
+    }
+    return out;
+  }
+};
+
+// Every refusal of `rules` (at most 64) for `call`.
+inline Refusals check_rules(std::span<const Rule> rules, const AttentionCall& call) noexcept {
+  Refusals r{rules};
+  for (std::size_t i = 0; i < rules.size() && i < 64; ++i)
+    if (rules[i].refuses(call)) r.refused |= std::uint64_t{1} << i;
+  return r;
+}
+
+// Native forms answer two questions with one body, so the two cannot drift apart:
+// whether a backend expresses a structure (out == nullptr: what decide() asks of every
+// backend, allocation-free) and with which arguments (asked once, for the one chosen).
+template <class Build>
+bool emit(Args* out, Build&& build) {
+  if (out) *out = std::forward<Build>(build)();
+  return true;
 }
 
 inline std::string num(std::int64_t v) { return std::to_string(v); }
+
+// The call's values that rule reasons end with.
+inline std::string head_dim_of(const AttentionCall& c) { return num(c.head_dim); }
+inline std::string sm_of(const AttentionCall& c) { return "sm" + num(c.sm); }
+inline std::string dtype_of(const AttentionCall& c) { return std::string(to_string(c.dtype)); }
 
 // Structure facts every backend header asks.
 inline bool plain(const MaskStructure& s) noexcept { return !s.has_kv_valid() && !s.has_segments(); }
@@ -147,10 +197,18 @@ inline std::int64_t window_left(const MaskStructure& s) noexcept { return s.wind
 
 // Token offsets of packed documents flattened over the batch: cu_seqlens.
 inline std::vector<std::int64_t> cu_seqlens(const MaskStructure& s) {
-  std::vector<std::int64_t> cu{0};
+  std::size_t n = 1;
+  for (std::int64_t b = 0; b < s.batch; ++b)
+    n += s.has_segments() ? s.segments[static_cast<std::size_t>(b)].size() - 1 : 1;
+  std::vector<std::int64_t> cu;
+  cu.reserve(n);
+  cu.push_back(0);
   for (std::int64_t b = 0; b < s.batch; ++b) {
-    const auto& seg = s.has_segments() ? s.segments[static_cast<std::size_t>(b)]
-                                       : std::vector<std::int64_t>{0, s.q_len};
+    if (!s.has_segments()) {
+      cu.push_back((b + 1) * s.q_len);
+      continue;
+    }
+    const auto& seg = s.segments[static_cast<std::size_t>(b)];
     for (std::size_t i = 1; i < seg.size(); ++i) cu.push_back(b * s.q_len + seg[i]);
   }
   return cu;

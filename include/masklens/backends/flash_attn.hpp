@@ -11,32 +11,30 @@ namespace masklens::backends::flash_attn {
 
 inline constexpr std::string_view kReadme = "github.com/Dao-AILab/flash-attention README";
 
+inline constexpr std::string_view kHopperReadme = "flash-attention hopper/README";
+
 inline constexpr Rule kFa2Rules[] = {
-    {"fa2.installed", "AttentionCall::flash_attn", [](const AttentionCall& c) { return !c.flash_attn.known(); },
-     [](const AttentionCall&) { return std::string("flash_attn version not given"); }},
+    installed<&AttentionCall::flash_attn>("fa2.installed", "flash_attn version not given"),
     {"fa2.dtype", kReadme, [](const AttentionCall& c) { return c.dtype == DType::float32; },
-     [](const AttentionCall&) { return std::string("flash-attn needs fp16 or bf16"); }},
+     "flash-attn needs fp16 or bf16"},
     {"fa2.head_dim", kReadme, [](const AttentionCall& c) { return c.head_dim > 256 || c.value_head_dim() != c.head_dim; },
-     [](const AttentionCall& c) { return "flash-attn needs equal head dims <= 256, got " + num(c.head_dim); }},
-    {"fa2.sm", kReadme, [](const AttentionCall& c) { return c.sm < 80; },
-     [](const AttentionCall& c) { return "flash-attn 2 needs sm80 or newer, got sm" + num(c.sm); }},
+     "flash-attn needs equal head dims <= 256, got ", head_dim_of},
+    {"fa2.sm", kReadme, [](const AttentionCall& c) { return c.sm < 80; }, "flash-attn 2 needs sm80 or newer, got ",
+     sm_of},
 };
 
 inline constexpr Rule kFa3Rules[] = {
-    {"fa3.installed", "AttentionCall::flash_attn3", [](const AttentionCall& c) { return !c.flash_attn3.known(); },
-     [](const AttentionCall&) { return std::string("flash_attn3 version not given"); }},
-    {"fa3.dtype", "flash-attention hopper/README", [](const AttentionCall& c) { return c.dtype == DType::float32; },
-     [](const AttentionCall&) { return std::string("flash-attn 3 needs fp16 or bf16 (or fp8)"); }},
-    {"fa3.head_dim", "flash-attention hopper/README",
-     [](const AttentionCall& c) { return c.head_dim > 256 || c.value_head_dim() > 256; },
-     [](const AttentionCall& c) { return "flash-attn 3 needs head dims <= 256, got " + num(c.head_dim); }},
-    {"fa3.sm90", "flash-attention hopper/README", [](const AttentionCall& c) { return c.sm < 90 || c.sm >= 100; },
-     [](const AttentionCall& c) { return "flash-attn 3 runs on Hopper (sm90), got sm" + num(c.sm); }},
+    installed<&AttentionCall::flash_attn3>("fa3.installed", "flash_attn3 version not given"),
+    {"fa3.dtype", kHopperReadme, [](const AttentionCall& c) { return c.dtype == DType::float32; },
+     "flash-attn 3 needs fp16 or bf16 (or fp8)"},
+    {"fa3.head_dim", kHopperReadme, [](const AttentionCall& c) { return c.head_dim > 256 || c.value_head_dim() > 256; },
+     "flash-attn 3 needs head dims <= 256, got ", head_dim_of},
+    {"fa3.sm90", kHopperReadme, [](const AttentionCall& c) { return c.sm < 90 || c.sm >= 100; },
+     "flash-attn 3 runs on Hopper (sm90), got ", sm_of},
 };
 
-inline std::vector<Refusal> refusals(Backend b, const AttentionCall& c) {
-  if (b == Backend::flash_attn || b == Backend::flash_attn_varlen) return check_rules(kFa2Rules, c);
-  return check_rules(kFa3Rules, c);
+inline std::span<const Rule> rules(Backend b) noexcept {
+  return b == Backend::flash_attn || b == Backend::flash_attn_varlen ? std::span<const Rule>(kFa2Rules) : kFa3Rules;
 }
 
 // Bottom-right and top-left agree when Q == K.
@@ -58,49 +56,82 @@ inline MaskStructure as_documents(const MaskStructure& s) {
   return d;
 }
 
-inline std::optional<Args> native_args(Backend b, const MaskStructure& s, const AttentionCall&) {
+inline bool native_args(Backend b, const MaskStructure& s, Args* out = nullptr) {
   const bool fa3 = b == Backend::flash_attn3 || b == Backend::flash_attn3_varlen;
   const bool varlen = b == Backend::flash_attn_varlen || b == Backend::flash_attn3_varlen;
   if (s.has_kv_valid()) {
     // Padded keys of a full (cross-)attention: gather each batch's valid keys.
-    if (!varlen || s.kind != StructureKind::full || s.has_segments()) return std::nullopt;
-    std::vector<std::int64_t> cu_q{0}, cu_k{0}, starts;
-    for (std::int64_t i = 0; i < s.batch; ++i) {
-      const KeyRange& kv = s.kv_valid[static_cast<std::size_t>(i)];
-      cu_q.push_back(cu_q.back() + s.q_len);
-      cu_k.push_back(cu_k.back() + (kv.end - kv.start));
-      starts.push_back(kv.start);
-    }
-    return Args{{"attn_mask", std::string("drop")}, {"causal", false}, {"cu_seqlens_q", cu_q}, {"cu_seqlens_k", cu_k},
-                {"max_seqlen_q", s.q_len}, {"max_seqlen_k", max_seqlen(cu_k)}, {"k_gather_starts", starts}};
+    if (!varlen || s.kind != StructureKind::full || s.has_segments()) return false;
+    return emit(out, [&] {
+      std::vector<std::int64_t> cu_q, cu_k, starts;
+      cu_q.reserve(static_cast<std::size_t>(s.batch) + 1);
+      cu_k.reserve(static_cast<std::size_t>(s.batch) + 1);
+      starts.reserve(static_cast<std::size_t>(s.batch));
+      cu_q.push_back(0);
+      cu_k.push_back(0);
+      for (std::int64_t i = 0; i < s.batch; ++i) {
+        const KeyRange& kv = s.kv_valid[static_cast<std::size_t>(i)];
+        cu_q.push_back(cu_q.back() + s.q_len);
+        cu_k.push_back(cu_k.back() + (kv.end - kv.start));
+        starts.push_back(kv.start);
+      }
+      Args a;
+      a.reserve(7);
+      add(a, "attn_mask", "drop");
+      add(a, "causal", false);
+      const std::int64_t longest_k = max_seqlen(cu_k);
+      add(a, "cu_seqlens_q", std::move(cu_q));
+      add(a, "cu_seqlens_k", std::move(cu_k));
+      add(a, "max_seqlen_q", s.q_len);
+      add(a, "max_seqlen_k", longest_k);
+      add(a, "k_gather_starts", std::move(starts));
+      return a;
+    });
   }
   if (s.has_segments() || (s.kind == StructureKind::chunked && varlen)) {
-    if (!varlen || !square(s)) return std::nullopt;
-    const MaskStructure docs = s.kind == StructureKind::chunked ? as_documents(s) : s;
-    if (docs.kind != StructureKind::full && docs.kind != StructureKind::causal &&
-        docs.kind != StructureKind::sliding_window)
-      return std::nullopt;
-    const std::vector<std::int64_t> cu = cu_seqlens(docs);
-    Args a{{"attn_mask", std::string("drop")}, {"causal", docs.kind != StructureKind::full}, {"cu_seqlens_q", cu},
-           {"cu_seqlens_k", cu}, {"max_seqlen_q", max_seqlen(cu)}, {"max_seqlen_k", max_seqlen(cu)}};
-    if (docs.kind == StructureKind::sliding_window)
-      a.push_back({"window_size", std::vector<std::int64_t>{window_left(docs), 0}});
-    return a;
+    // Chunks are documents of C; windows and causal apply within each document.
+    if (!varlen || !square(s)) return false;
+    const StructureKind within = s.kind == StructureKind::chunked ? StructureKind::causal : s.kind;
+    if (within != StructureKind::full && within != StructureKind::causal && within != StructureKind::sliding_window)
+      return false;
+    return emit(out, [&] {
+      std::optional<MaskStructure> chunks;  // chunked: documents cut at every chunk
+      const MaskStructure& docs = s.kind == StructureKind::chunked ? chunks.emplace(as_documents(s)) : s;
+      std::vector<std::int64_t> cu = cu_seqlens(docs);
+      const std::int64_t longest = max_seqlen(cu);
+      Args a;
+      a.reserve(7);
+      add(a, "attn_mask", "drop");
+      add(a, "causal", within != StructureKind::full);
+      add(a, "cu_seqlens_q", cu);
+      add(a, "cu_seqlens_k", std::move(cu));
+      add(a, "max_seqlen_q", longest);
+      add(a, "max_seqlen_k", longest);
+      if (within == StructureKind::sliding_window)
+        add(a, "window_size", std::vector<std::int64_t>{window_left(docs), 0});
+      return a;
+    });
   }
-  if (varlen) return std::nullopt;
+  if (varlen) return false;
   switch (s.kind) {
-    case StructureKind::full: return Args{{"attn_mask", std::string("drop")}, {"causal", false}};
+    case StructureKind::full: return emit(out, [] { return Args{{"attn_mask", "drop"}, {"causal", false}}; });
     case StructureKind::causal:
-      if (!bottom_right(s)) return std::nullopt;
-      return Args{{"attn_mask", std::string("drop")}, {"causal", true}};
+      if (!bottom_right(s)) return false;
+      return emit(out, [] { return Args{{"attn_mask", "drop"}, {"causal", true}}; });
     case StructureKind::sliding_window:
-      if (!bottom_right(s)) return std::nullopt;
-      return Args{{"attn_mask", std::string("drop")}, {"causal", true},
-                  {"window_size", std::vector<std::int64_t>{window_left(s), 0}}};
+      if (!bottom_right(s)) return false;
+      return emit(out, [&] {
+        Args a;
+        a.reserve(3);
+        add(a, "attn_mask", "drop");
+        add(a, "causal", true);
+        add(a, "window_size", std::vector<std::int64_t>{window_left(s), 0});
+        return a;
+      });
     case StructureKind::chunked:
-      if (!fa3 || !bottom_right(s)) return std::nullopt;
-      return Args{{"attn_mask", std::string("drop")}, {"causal", true}, {"attention_chunk", s.chunk}};
-    default: return std::nullopt;
+      if (!fa3 || !bottom_right(s)) return false;
+      return emit(out, [&] { return Args{{"attn_mask", "drop"}, {"causal", true}, {"attention_chunk", s.chunk}}; });
+    default: return false;
   }
 }
 

@@ -11,46 +11,62 @@ namespace masklens::backends::flashinfer {
 inline constexpr std::string_view kDocs = "flashinfer docs, BatchPrefillWithRaggedKVCacheWrapper";
 
 inline constexpr Rule kRules[] = {
-    {"flashinfer.installed", "AttentionCall::flashinfer", [](const AttentionCall& c) { return !c.flashinfer.known(); },
-     [](const AttentionCall&) { return std::string("flashinfer version not given"); }},
-    {"flashinfer.inference", kDocs, [](const AttentionCall& c) { return c.training; },
-     [](const AttentionCall&) { return std::string("FlashInfer has no backward pass"); }},
+    installed<&AttentionCall::flashinfer>("flashinfer.installed", "flashinfer version not given"),
+    {"flashinfer.inference", kDocs, [](const AttentionCall& c) { return c.training; }, "FlashInfer has no backward pass"},
     {"flashinfer.dtype", kDocs, [](const AttentionCall& c) { return c.dtype == DType::float32; },
-     [](const AttentionCall&) { return std::string("FlashInfer needs fp16 or bf16"); }},
-    {"flashinfer.sm", kDocs, [](const AttentionCall& c) { return c.sm < 80; },
-     [](const AttentionCall& c) { return "FlashInfer needs sm80 or newer here, got sm" + num(c.sm); }},
+     "FlashInfer needs fp16 or bf16"},
+    {"flashinfer.sm", kDocs, [](const AttentionCall& c) { return c.sm < 80; }, "FlashInfer needs sm80 or newer here, got ",
+     sm_of},
 };
 
-inline std::vector<Refusal> refusals(const AttentionCall& c) { return check_rules(kRules, c); }
-
-inline std::optional<Args> native_args(const MaskStructure& s) {
+inline bool native_args(const MaskStructure& s, Args* out = nullptr) {
   const bool br = square(s) || s.alignment == Alignment::bottom_right;
   if (s.has_kv_valid()) {
-    if (s.kind != StructureKind::full || s.has_segments()) return std::nullopt;
-    std::vector<std::int64_t> qo{0}, kv{0}, starts;
-    for (const KeyRange& r : s.kv_valid) {
-      qo.push_back(qo.back() + s.q_len);
-      kv.push_back(kv.back() + r.end - r.start);
-      starts.push_back(r.start);
-    }
-    return Args{{"attn_mask", std::string("drop")}, {"causal", false}, {"qo_indptr", qo}, {"kv_indptr", kv},
-                {"k_gather_starts", starts}};
+    if (s.kind != StructureKind::full || s.has_segments()) return false;
+    return emit(out, [&] {
+      std::vector<std::int64_t> qo, kv, starts;
+      qo.reserve(s.kv_valid.size() + 1);
+      kv.reserve(s.kv_valid.size() + 1);
+      starts.reserve(s.kv_valid.size());
+      qo.push_back(0);
+      kv.push_back(0);
+      for (const KeyRange& r : s.kv_valid) {
+        qo.push_back(qo.back() + s.q_len);
+        kv.push_back(kv.back() + r.end - r.start);
+        starts.push_back(r.start);
+      }
+      Args a;
+      a.reserve(5);
+      add(a, "attn_mask", "drop");
+      add(a, "causal", false);
+      add(a, "qo_indptr", std::move(qo));
+      add(a, "kv_indptr", std::move(kv));
+      add(a, "k_gather_starts", std::move(starts));
+      return a;
+    });
   }
   if (s.has_segments()) {
-    if (s.kind != StructureKind::causal && s.kind != StructureKind::full) return std::nullopt;
-    const auto cu = cu_seqlens(s);
-    return Args{{"attn_mask", std::string("drop")}, {"causal", s.kind == StructureKind::causal}, {"qo_indptr", cu},
-                {"kv_indptr", cu}};
+    if (s.kind != StructureKind::causal && s.kind != StructureKind::full) return false;
+    return emit(out, [&] {
+      std::vector<std::int64_t> cu = cu_seqlens(s);
+      Args a;
+      a.reserve(4);
+      add(a, "attn_mask", "drop");
+      add(a, "causal", s.kind == StructureKind::causal);
+      add(a, "qo_indptr", cu);
+      add(a, "kv_indptr", std::move(cu));
+      return a;
+    });
   }
   switch (s.kind) {
-    case StructureKind::full: return Args{{"attn_mask", std::string("drop")}, {"causal", false}};
+    case StructureKind::full: return emit(out, [] { return Args{{"attn_mask", "drop"}, {"causal", false}}; });
     case StructureKind::causal:
-      if (!br) return std::nullopt;
-      return Args{{"attn_mask", std::string("drop")}, {"causal", true}};
+      if (!br) return false;
+      return emit(out, [] { return Args{{"attn_mask", "drop"}, {"causal", true}}; });
     case StructureKind::sliding_window:
-      if (!br) return std::nullopt;
-      return Args{{"attn_mask", std::string("drop")}, {"causal", true}, {"window_left", window_left(s)}};
-    default: return std::nullopt;
+      if (!br) return false;
+      return emit(out, [&] { return Args{{"attn_mask", "drop"}, {"causal", true}, {"window_left", window_left(s)}}; });
+    default: return false;
   }
 }
 

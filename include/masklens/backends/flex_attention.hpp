@@ -14,14 +14,12 @@ inline constexpr std::string_view kDocs = "pytorch docs torch.nn.attention.flex_
 
 inline constexpr Rule kRules[] = {
     {"flex.torch_2_5", kDocs, [](const AttentionCall& c) { return c.torch < version(2, 5); },
-     [](const AttentionCall& c) { return "flex_attention needs torch >= 2.5, got " + c.torch.to_string(); }},
+     "flex_attention needs torch >= 2.5, got ", [](const AttentionCall& c) { return c.torch.to_string(); }},
     {"flex.sm", kDocs, [](const AttentionCall& c) { return c.sm < 80; },
-     [](const AttentionCall& c) { return "flex_attention's Triton kernels need sm80 or newer here, got sm" + num(c.sm); }},
+     "flex_attention's Triton kernels need sm80 or newer here, got ", sm_of},
     {"flex.head_dim", kDocs, [](const AttentionCall& c) { return c.head_dim < 16; },
-     [](const AttentionCall& c) { return "flex_attention needs head_dim >= 16, got " + num(c.head_dim); }},
+     "flex_attention needs head_dim >= 16, got ", head_dim_of},
 };
-
-inline std::vector<Refusal> refusals(const AttentionCall& c) { return check_rules(kRules, c); }
 
 // Python source of the mask_mod for a structure (q_idx, kv_idx, b are flex's names).
 inline std::string mask_mod_source(const MaskStructure& s) {

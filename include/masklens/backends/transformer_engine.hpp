@@ -12,37 +12,43 @@ namespace masklens::backends::transformer_engine {
 inline constexpr std::string_view kDocs = "TransformerEngine docs, DotProductAttention attn_mask_type";
 
 inline constexpr Rule kRules[] = {
-    {"te.installed", "AttentionCall::transformer_engine",
-     [](const AttentionCall& c) { return !c.transformer_engine.known(); },
-     [](const AttentionCall&) { return std::string("transformer_engine version not given"); }},
+    installed<&AttentionCall::transformer_engine>("te.installed", "transformer_engine version not given"),
     {"te.dtype", kDocs, [](const AttentionCall& c) { return c.dtype == DType::float32; },
-     [](const AttentionCall&) { return std::string("TransformerEngine's fused attention needs fp16 or bf16"); }},
+     "TransformerEngine's fused attention needs fp16 or bf16"},
     {"te.sm", kDocs, [](const AttentionCall& c) { return c.sm < 80; },
-     [](const AttentionCall& c) { return "TransformerEngine's fused attention needs sm80 or newer, got sm" + num(c.sm); }},
+     "TransformerEngine's fused attention needs sm80 or newer, got ", sm_of},
 };
 
-inline std::vector<Refusal> refusals(const AttentionCall& c) { return check_rules(kRules, c); }
-
-inline std::optional<Args> native_args(const MaskStructure& s) {
-  const bool br = !square(s) && s.alignment == Alignment::bottom_right;
-  if (s.has_kv_valid()) return std::nullopt;
+inline bool native_args(const MaskStructure& s, Args* out = nullptr) {
+  const char* causal = !square(s) && s.alignment == Alignment::bottom_right ? "causal_bottom_right" : "causal";
+  if (s.has_kv_valid()) return false;
   if (s.has_segments()) {
-    if (s.kind != StructureKind::causal && s.kind != StructureKind::full) return std::nullopt;
-    const auto cu = cu_seqlens(s);
-    return Args{{"attn_mask", std::string("drop")}, {"qkv_format", std::string("thd")},
-                {"attn_mask_type", std::string(s.kind == StructureKind::causal ? "padding_causal" : "padding")},
-                {"cu_seqlens_q", cu}, {"cu_seqlens_kv", cu}};
+    if (s.kind != StructureKind::causal && s.kind != StructureKind::full) return false;
+    return emit(out, [&] {
+      std::vector<std::int64_t> cu = cu_seqlens(s);
+      Args a;
+      a.reserve(5);
+      add(a, "attn_mask", "drop");
+      add(a, "qkv_format", "thd");
+      add(a, "attn_mask_type", s.kind == StructureKind::causal ? "padding_causal" : "padding");
+      add(a, "cu_seqlens_q", cu);
+      add(a, "cu_seqlens_kv", std::move(cu));
+      return a;
+    });
   }
   switch (s.kind) {
-    case StructureKind::full: return Args{{"attn_mask", std::string("drop")}, {"attn_mask_type", std::string("no_mask")}};
-    case StructureKind::causal:
-      return Args{{"attn_mask", std::string("drop")},
-                  {"attn_mask_type", std::string(br ? "causal_bottom_right" : "causal")}};
+    case StructureKind::full: return emit(out, [] { return Args{{"attn_mask", "drop"}, {"attn_mask_type", "no_mask"}}; });
+    case StructureKind::causal: return emit(out, [&] { return Args{{"attn_mask", "drop"}, {"attn_mask_type", causal}}; });
     case StructureKind::sliding_window:
-      return Args{{"attn_mask", std::string("drop")},
-                  {"attn_mask_type", std::string(br ? "causal_bottom_right" : "causal")},
-                  {"window_size", std::vector<std::int64_t>{window_left(s), 0}}};
-    default: return std::nullopt;
+      return emit(out, [&] {
+        Args a;
+        a.reserve(3);
+        add(a, "attn_mask", "drop");
+        add(a, "attn_mask_type", causal);
+        add(a, "window_size", std::vector<std::int64_t>{window_left(s), 0});
+        return a;
+      });
+    default: return false;
   }
 }
 

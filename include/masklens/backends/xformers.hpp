@@ -1,6 +1,7 @@
 // xformers.ops.memory_efficient_attention with its attn_bias classes.
 #pragma once
 
+#include <numeric>
 #include <optional>
 
 #include "backend.hpp"
@@ -10,47 +11,45 @@ namespace masklens::backends::xformers {
 inline constexpr std::string_view kDocs = "xformers docs, xformers.ops.fmha.attn_bias";
 
 inline constexpr Rule kRules[] = {
-    {"xformers.installed", "AttentionCall::xformers", [](const AttentionCall& c) { return !c.xformers.known(); },
-     [](const AttentionCall&) { return std::string("xformers version not given"); }},
-    {"xformers.sm", kDocs, [](const AttentionCall& c) { return c.sm < 50; },
-     [](const AttentionCall& c) { return "xformers needs sm50 or newer, got sm" + num(c.sm); }},
+    installed<&AttentionCall::xformers>("xformers.installed", "xformers version not given"),
+    {"xformers.sm", kDocs, [](const AttentionCall& c) { return c.sm < 50; }, "xformers needs sm50 or newer, got ", sm_of},
 };
 
-inline std::vector<Refusal> refusals(const AttentionCall& c) { return check_rules(kRules, c); }
-
-inline std::vector<std::int64_t> seqlens(const std::vector<std::int64_t>& segments) {
-  std::vector<std::int64_t> out;
-  for (std::size_t i = 1; i < segments.size(); ++i) out.push_back(segments[i] - segments[i - 1]);
-  return out;
-}
-
-inline std::optional<Args> native_args(const MaskStructure& s) {
+inline bool native_args(const MaskStructure& s, Args* out = nullptr) {
   const bool br = square(s) || s.alignment == Alignment::bottom_right;
   if (s.has_segments() && !s.has_kv_valid() && (s.kind == StructureKind::causal || s.kind == StructureKind::full)) {
-    std::vector<std::int64_t> lens;
-    for (const auto& seg : s.segments) {
-      const auto l = seqlens(seg);
-      lens.insert(lens.end(), l.begin(), l.end());
-    }
-    return Args{{"attn_mask", std::string("replace")},
-                {"attn_bias", std::string(s.kind == StructureKind::causal ? "BlockDiagonalCausalMask.from_seqlens"
-                                                                           : "BlockDiagonalMask.from_seqlens")},
-                {"seqlens", lens}};
+    return emit(out, [&] {
+      // Document lengths over the flattened batch: the differences of cu_seqlens.
+      std::vector<std::int64_t> lens = cu_seqlens(s);
+      std::adjacent_difference(lens.begin(), lens.end(), lens.begin());
+      lens.erase(lens.begin());
+      Args a;
+      a.reserve(3);
+      add(a, "attn_mask", "replace");
+      add(a, "attn_bias", s.kind == StructureKind::causal ? "BlockDiagonalCausalMask.from_seqlens"
+                                                          : "BlockDiagonalMask.from_seqlens");
+      add(a, "seqlens", std::move(lens));
+      return a;
+    });
   }
-  if (!plain(s)) return std::nullopt;
+  if (!plain(s)) return false;
   switch (s.kind) {
-    case StructureKind::full: return Args{{"attn_mask", std::string("drop")}, {"attn_bias", std::string("None")}};
+    case StructureKind::full: return emit(out, [] { return Args{{"attn_mask", "drop"}, {"attn_bias", "None"}}; });
     case StructureKind::causal:
-      return Args{{"attn_mask", std::string("replace")},
-                  {"attn_bias", std::string(square(s) || s.alignment == Alignment::top_left
-                                                ? "LowerTriangularMask"
-                                                : "LowerTriangularFromBottomRightMask")}};
+      return emit(out, [&] {
+        return Args{{"attn_mask", "replace"},
+                    {"attn_bias", square(s) || s.alignment == Alignment::top_left ? "LowerTriangularMask"
+                                                                                  : "LowerTriangularFromBottomRightMask"}};
+      });
     case StructureKind::sliding_window:
-      if (!br) return std::nullopt;
-      return Args{{"attn_mask", std::string("replace")},
-                  {"attn_bias", std::string("LocalAttentionFromBottomRightMask")},
-                  {"window_left", window_left(s)}, {"window_right", std::int64_t{0}}};
-    default: return std::nullopt;
+      if (!br) return false;
+      return emit(out, [&] {
+        return Args{{"attn_mask", "replace"},
+                    {"attn_bias", "LocalAttentionFromBottomRightMask"},
+                    {"window_left", window_left(s)},
+                    {"window_right", std::int64_t{0}}};
+      });
+    default: return false;
   }
 }
 
