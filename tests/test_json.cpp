@@ -48,6 +48,31 @@ TEST_CASE("a policy serialises to the contract's fields") {
   for (const auto& r : j["policy"]["rejected"]) CHECK(r.contains("source"));
 }
 
+TEST_CASE("rejections say their kind, the rules that refuse and the defect") {
+  MaskStructure s = make_structure(StructureKind::arbitrary, 1, 69632, 69632);
+  AttentionCall c;
+  c.head_dim = 264;  // flash and cuDNN refuse; efficient takes it but not with this dense mask
+  c.available = kFamilyTorch | kFamilyFlashAttn;  // flash_attn offered without a version
+  auto p = decide(s, c);
+  REQUIRE(p.ok());
+  const nlohmann::json j = to_json(*p);
+  auto find = [&](std::string_view backend) {
+    for (const auto& r : j["rejected"])
+      if (r["backend"] == backend) return r;
+    FAIL("no rejection for " << backend);
+    return nlohmann::json();
+  };
+  CHECK(find("torch.sdpa.flash")["kind"] == "refused");
+  CHECK(find("torch.sdpa.flash")["rules"] == nlohmann::json({"flash.head_dim"}));
+  CHECK(find("torch.sdpa.cudnn")["rules"] == nlohmann::json({"cudnn.head_dim"}));
+  CHECK(find("flash_attn")["rules"] == nlohmann::json({"fa2.installed", "fa2.head_dim"}));
+  CHECK(find("torch.sdpa.efficient")["kind"] == "defect");
+  CHECK(find("torch.sdpa.efficient")["defect"] == "efficient_mask_offset_32bit");
+  CHECK(find("xformers")["kind"] == "unavailable");
+  CHECK(find("torch.sdpa.causal_lower_right")["kind"] == "inexpressible");
+  CHECK(j["backend"] == "torch.sdpa.math");
+}
+
 TEST_CASE("malformed structures are errors naming the field") {
   struct Bad {
     const char* text;

@@ -64,8 +64,19 @@ inline nlohmann::json to_json(const Policy& p) {
                            {"k_range", {st.k_range.start, st.k_range.end}}});
   }
   j["rejected"] = nlohmann::json::array();
-  for (const Rejection& r : p.rejected)
-    j["rejected"].push_back({{"backend", std::string(to_string(r.backend))}, {"reason", r.reason()}, {"source", std::string(r.source)}});
+  for (const Rejection& r : p.rejected) {
+    nlohmann::json x{{"backend", std::string(to_string(r.backend))},
+                     {"kind", std::string(to_string(r.kind))},
+                     {"reason", r.reason()},
+                     {"source", std::string(r.source)}};
+    if (r.kind == RejectionKind::refused) {
+      x["rules"] = nlohmann::json::array();
+      for (std::size_t i = 0; i < r.refusals.rules.size(); ++i)
+        if (r.refusals.refused >> i & 1) x["rules"].push_back(std::string(r.refusals.rules[i].name));
+    }
+    if (r.kind == RejectionKind::defect) x["defect"] = std::string(r.defect->id);
+    j["rejected"].push_back(std::move(x));
+  }
   j["hazards"] = nlohmann::json::array();
   for (const Hazard& h : p.hazards) j["hazards"].push_back({{"kind", h.kind}, {"detail", h.detail}});
   return j;

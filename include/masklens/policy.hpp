@@ -45,6 +45,17 @@ enum class RejectionKind : std::uint8_t {
   slower,         // correct, but the chosen call is cheaper
 };
 
+constexpr std::string_view to_string(RejectionKind k) noexcept {
+  switch (k) {
+    case RejectionKind::unavailable: return "unavailable";
+    case RejectionKind::refused: return "refused";
+    case RejectionKind::defect: return "defect";
+    case RejectionKind::inexpressible: return "inexpressible";
+    case RejectionKind::slower: return "slower";
+  }
+  return "unknown";
+}
+
 // Why a backend was not chosen. Holds static text, rule bits and numbers, formatting
 // reason() on demand, so decide() allocates nothing for rejections but their vector.
 struct Rejection {
