@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "../tests/support/allocation_count.hpp"
+#include "../tests/support/calls.hpp"
 
 using namespace masklens;
 using masklens::testing::g_allocations;
@@ -32,18 +33,8 @@ double median_ns(F&& f, int reps = 2000) {
 }  // namespace
 
 int main() {
-  AttentionCall torch_only;
-  torch_only.head_dim = 256;
-  torch_only.heads = 4;
-  torch_only.training = true;
-  AttentionCall everything = torch_only;  // every family available, versions given
-  everything.available = 0xff;
-  everything.flash_attn = version(2, 8, 3);
-  everything.flash_attn3 = version(3, 0);
-  everything.xformers = version(0, 0, 33);
-  everything.transformer_engine = version(2, 8);
-  everything.flashinfer = version(0, 5);
-  everything.cudnn_frontend = version(1, 16);
+  const AttentionCall torch_only = testing::seed_call();
+  const AttentionCall everything = testing::with_every_family(torch_only);
   AttentionCall unversioned = torch_only;  // every family available, none installed: all refuse
   unversioned.available = 0xff;
 

@@ -7,32 +7,14 @@
 #include <masklens/masklens.hpp>
 
 #include "support/allocation_count.hpp"
+#include "support/calls.hpp"
 
 using namespace masklens;
 using masklens::testing::g_allocations;
 using masklens::testing::owned_blocks;
+using masklens::testing::seed_call;
 
 namespace {
-
-AttentionCall seed_call() {
-  AttentionCall c;
-  c.head_dim = 256;
-  c.heads = 4;
-  c.training = true;
-  return c;
-}
-
-AttentionCall every_family() {
-  AttentionCall c = seed_call();
-  c.available = 0xff;
-  c.flash_attn = version(2, 8, 3);
-  c.flash_attn3 = version(3, 0);
-  c.xformers = version(0, 0, 33);
-  c.transformer_engine = version(2, 8);
-  c.flashinfer = version(0, 5);
-  c.cudnn_frontend = version(1, 16);
-  return c;
-}
 
 // Allocations made by one decide() call beyond the blocks its result owns.
 long extra_allocations(const MaskStructure& s, const AttentionCall& c) {
@@ -61,11 +43,11 @@ TEST_CASE("single-call decisions allocate only what the result holds") {
   bias.bias = true;
 
   CHECK(extra_allocations(causal, seed_call()) == 0);
-  CHECK(extra_allocations(causal, every_family()) == 0);
+  CHECK(extra_allocations(causal, testing::with_every_family(seed_call())) == 0);
   CHECK(extra_allocations(causal, unversioned) == 0);
-  CHECK(extra_allocations(docs, every_family()) == 0);
-  CHECK(extra_allocations(decode, every_family()) == 0);
-  CHECK(extra_allocations(window, every_family()) == 0);
+  CHECK(extra_allocations(docs, testing::with_every_family(seed_call())) == 0);
+  CHECK(extra_allocations(decode, testing::with_every_family(seed_call())) == 0);
+  CHECK(extra_allocations(window, testing::with_every_family(seed_call())) == 0);
   CHECK(extra_allocations(bias, seed_call()) == 0);
 }
 

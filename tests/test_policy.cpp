@@ -5,26 +5,17 @@
 #include <cstdint>
 #include <string>
 
+#include "support/calls.hpp"
 #include "support/mask_gen.hpp"
 
 using namespace masklens;
 using masklens::testing::plan_is_exact;
+using masklens::testing::seed_call;
 
 namespace {
 
 MaskStructure structure(std::int64_t batch, std::int64_t q_len, std::int64_t k_len, StructureKind kind) {
   return make_structure(kind, batch, q_len, k_len);
-}
-
-AttentionCall seed_call() {  // Qwen3.5 training at 69632 tokens (the seed PR)
-  AttentionCall c;
-  c.dtype = DType::bfloat16;
-  c.head_dim = 256;
-  c.heads = 4;
-  c.training = true;
-  c.sm = 90;
-  c.torch = version(2, 11);
-  return c;
 }
 
 bool arg_is(const Args& args, const std::string& name, const ArgValue& v) {
@@ -338,3 +329,60 @@ TEST_CASE("versions parse and compare; bad calls are errors") {
 }
 
 }  // TEST_SUITE
+
+TEST_CASE("native arguments in each backend's own names and conventions") {
+  auto args_of = [](Backend b, const MaskStructure& s) {
+    Args a;
+    REQUIRE(detail::native_args(b, s, &a));
+    CHECK(detail::native_args(b, s));  // the question alone gives the same answer
+    return a;
+  };
+  using V = std::vector<std::int64_t>;
+  // Packed documents with a sliding window: flash-attn varlen, window (W - 1, 0) inside documents.
+  auto docs = structure(2, 100, 100, StructureKind::sliding_window);
+  docs.window = 8;
+  docs.segments = {{0, 30, 100}, {0, 100}};
+  Args fa = args_of(Backend::flash_attn_varlen, docs);
+  CHECK(arg_is(fa, "cu_seqlens_q", V{0, 30, 100, 200}));
+  CHECK(arg_is(fa, "cu_seqlens_k", V{0, 30, 100, 200}));
+  CHECK(arg_is(fa, "max_seqlen_q", std::int64_t{100}));
+  CHECK(arg_is(fa, "window_size", V{7, 0}));
+  CHECK(arg_is(fa, "causal", true));
+  CHECK_FALSE(detail::native_args(Backend::flash_attn, docs));  // the dense kernel has no documents
+  CHECK_FALSE(detail::native_args(Backend::xformers, docs));    // no block-diagonal local mask here
+  // Chunked: flash-attn 3 attention_chunk; the varlen forms cut documents at each chunk.
+  auto chunked = structure(1, 100, 100, StructureKind::chunked);
+  chunked.chunk = 40;
+  CHECK(arg_is(args_of(Backend::flash_attn3, chunked), "attention_chunk", std::int64_t{40}));
+  CHECK_FALSE(detail::native_args(Backend::flash_attn, chunked));
+  CHECK(arg_is(args_of(Backend::flash_attn3_varlen, chunked), "cu_seqlens_q", V{0, 40, 80, 100}));
+  // Packed causal documents: xformers seqlens, TE thd, FlashInfer indptr, cuDNN ragged offsets.
+  auto packed = structure(2, 100, 100, StructureKind::causal);
+  packed.segments = {{0, 30, 100}, {0, 100}};
+  Args xf = args_of(Backend::xformers, packed);
+  CHECK(arg_is(xf, "attn_bias", std::string("BlockDiagonalCausalMask.from_seqlens")));
+  CHECK(arg_is(xf, "seqlens", V{30, 70, 100}));
+  Args te = args_of(Backend::transformer_engine, packed);
+  CHECK(arg_is(te, "qkv_format", std::string("thd")));
+  CHECK(arg_is(te, "attn_mask_type", std::string("padding_causal")));
+  CHECK(arg_is(te, "cu_seqlens_kv", V{0, 30, 100, 200}));
+  CHECK(arg_is(args_of(Backend::flashinfer, packed), "kv_indptr", V{0, 30, 100, 200}));
+  CHECK(arg_is(args_of(Backend::cudnn_frontend, packed), "ragged_offsets", V{0, 30, 100, 200}));
+  // Bottom-right causal Q < K: TE and cuDNN frontend name the alignment; torch uses CausalBias.
+  auto br = structure(1, 16, 64, StructureKind::causal);
+  br.alignment = Alignment::bottom_right;
+  CHECK(arg_is(args_of(Backend::transformer_engine, br), "attn_mask_type", std::string("causal_bottom_right")));
+  CHECK(arg_is(args_of(Backend::cudnn_frontend, br), "diagonal_alignment", std::string("BOTTOM_RIGHT")));
+  CHECK(arg_is(args_of(Backend::xformers, br), "attn_bias", std::string("LowerTriangularFromBottomRightMask")));
+  CHECK(arg_is(args_of(Backend::sdpa_causal_lower_right, br), "attn_mask_object",
+               std::string("torch.nn.attention.bias.causal_lower_right(16, 64)")));
+  CHECK_FALSE(detail::native_args(Backend::sdpa_flash, br));
+  // Right-padded keys of a full attention: cuDNN seq_len_kv, flash-attn gathers the valid keys.
+  auto padded = structure(2, 8, 64, StructureKind::full);
+  padded.kv_valid = {{0, 64}, {0, 40}};
+  CHECK(arg_is(args_of(Backend::cudnn_frontend, padded), "seq_len_kv", V{64, 40}));
+  CHECK(arg_is(args_of(Backend::flash_attn_varlen, padded), "cu_seqlens_k", V{0, 64, 104}));
+  padded.kv_valid = {{0, 64}, {10, 64}};  // left padding: no seq_len_kv form
+  CHECK_FALSE(detail::native_args(Backend::cudnn_frontend, padded));
+  CHECK(arg_is(args_of(Backend::flashinfer, padded), "k_gather_starts", V{0, 10}));
+}

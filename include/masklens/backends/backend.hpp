@@ -113,6 +113,24 @@ using Args = std::vector<Arg>;
 // would copy them once more).
 inline void add(Args& args, std::string_view name, ArgValue value) { args.push_back({name, std::move(value)}); }
 
+inline void add_pairs(Args&) {}
+template <class Value, class... Rest>
+void add_pairs(Args& args, std::string_view name, Value&& value, Rest&&... rest) {
+  add(args, name, ArgValue(std::forward<Value>(value)));
+  add_pairs(args, std::forward<Rest>(rest)...);
+}
+
+// Arguments from name, value, name, value...: one allocation for the list, and vectors
+// passed as rvalues move in.
+template <class... Items>
+Args make_args(Items&&... items) {
+  static_assert(sizeof...(Items) % 2 == 0, "make_args takes name, value pairs");
+  Args args;
+  args.reserve(sizeof...(Items) / 2);
+  add_pairs(args, std::forward<Items>(items)...);
+  return args;
+}
+
 // The value of argument `name`, or null.
 inline const ArgValue* find_arg(const Args& args, std::string_view name) noexcept {
   for (const Arg& a : args)

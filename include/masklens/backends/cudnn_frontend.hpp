@@ -32,24 +32,18 @@ inline bool native_args(const MaskStructure& s, Args* out = nullptr) {
       std::vector<std::int64_t> lens;
       lens.reserve(s.kv_valid.size());
       for (const KeyRange& r : s.kv_valid) lens.push_back(r.end);
-      Args a;
-      a.reserve(4);
-      add(a, "attn_mask", "drop");
-      add(a, "padding_mask", true);
-      add(a, "seq_len_kv", std::move(lens));
-      add(a, "seq_len_q", std::vector<std::int64_t>(static_cast<std::size_t>(s.batch), s.q_len));
-      return a;
+      return make_args("attn_mask", "drop",
+                       "padding_mask", true,
+                       "seq_len_kv", std::move(lens),
+                       "seq_len_q", std::vector<std::int64_t>(static_cast<std::size_t>(s.batch), s.q_len));
     });
   }
   if (s.has_segments()) {
     if (s.kind != StructureKind::causal && s.kind != StructureKind::full) return false;
     return emit(out, [&] {
-      Args a;
-      a.reserve(3);
-      add(a, "attn_mask", "drop");
-      add(a, "causal_mask", s.kind == StructureKind::causal);
-      add(a, "ragged_offsets", cu_seqlens(s));
-      return a;
+      return make_args("attn_mask", "drop",
+                       "causal_mask", s.kind == StructureKind::causal,
+                       "ragged_offsets", cu_seqlens(s));
     });
   }
   switch (s.kind) {

@@ -75,17 +75,14 @@ inline bool native_args(Backend b, const MaskStructure& s, Args* out = nullptr) 
         cu_k.push_back(cu_k.back() + (kv.end - kv.start));
         starts.push_back(kv.start);
       }
-      Args a;
-      a.reserve(7);
-      add(a, "attn_mask", "drop");
-      add(a, "causal", false);
       const std::int64_t longest_k = max_seqlen(cu_k);
-      add(a, "cu_seqlens_q", std::move(cu_q));
-      add(a, "cu_seqlens_k", std::move(cu_k));
-      add(a, "max_seqlen_q", s.q_len);
-      add(a, "max_seqlen_k", longest_k);
-      add(a, "k_gather_starts", std::move(starts));
-      return a;
+      return make_args("attn_mask", "drop",
+                       "causal", false,
+                       "cu_seqlens_q", std::move(cu_q),
+                       "cu_seqlens_k", std::move(cu_k),
+                       "max_seqlen_q", s.q_len,
+                       "max_seqlen_k", longest_k,
+                       "k_gather_starts", std::move(starts));
     });
   }
   if (s.has_segments() || (s.kind == StructureKind::chunked && varlen)) {
@@ -99,14 +96,12 @@ inline bool native_args(Backend b, const MaskStructure& s, Args* out = nullptr) 
       const MaskStructure& docs = s.kind == StructureKind::chunked ? chunks.emplace(as_documents(s)) : s;
       std::vector<std::int64_t> cu = cu_seqlens(docs);
       const std::int64_t longest = max_seqlen(cu);
-      Args a;
-      a.reserve(7);
-      add(a, "attn_mask", "drop");
-      add(a, "causal", within != StructureKind::full);
-      add(a, "cu_seqlens_q", cu);
-      add(a, "cu_seqlens_k", std::move(cu));
-      add(a, "max_seqlen_q", longest);
-      add(a, "max_seqlen_k", longest);
+      Args a = make_args("attn_mask", "drop",
+                         "causal", within != StructureKind::full,
+                         "cu_seqlens_q", cu,
+                         "cu_seqlens_k", std::move(cu),
+                         "max_seqlen_q", longest,
+                         "max_seqlen_k", longest);
       if (within == StructureKind::sliding_window)
         add(a, "window_size", std::vector<std::int64_t>{window_left(docs), 0});
       return a;
@@ -121,12 +116,9 @@ inline bool native_args(Backend b, const MaskStructure& s, Args* out = nullptr) 
     case StructureKind::sliding_window:
       if (!bottom_right(s)) return false;
       return emit(out, [&] {
-        Args a;
-        a.reserve(3);
-        add(a, "attn_mask", "drop");
-        add(a, "causal", true);
-        add(a, "window_size", std::vector<std::int64_t>{window_left(s), 0});
-        return a;
+        return make_args("attn_mask", "drop",
+                         "causal", true,
+                         "window_size", std::vector<std::int64_t>{window_left(s), 0});
       });
     case StructureKind::chunked:
       if (!fa3 || !bottom_right(s)) return false;

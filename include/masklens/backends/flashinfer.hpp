@@ -35,27 +35,21 @@ inline bool native_args(const MaskStructure& s, Args* out = nullptr) {
         kv.push_back(kv.back() + r.end - r.start);
         starts.push_back(r.start);
       }
-      Args a;
-      a.reserve(5);
-      add(a, "attn_mask", "drop");
-      add(a, "causal", false);
-      add(a, "qo_indptr", std::move(qo));
-      add(a, "kv_indptr", std::move(kv));
-      add(a, "k_gather_starts", std::move(starts));
-      return a;
+      return make_args("attn_mask", "drop",
+                       "causal", false,
+                       "qo_indptr", std::move(qo),
+                       "kv_indptr", std::move(kv),
+                       "k_gather_starts", std::move(starts));
     });
   }
   if (s.has_segments()) {
     if (s.kind != StructureKind::causal && s.kind != StructureKind::full) return false;
     return emit(out, [&] {
       std::vector<std::int64_t> cu = cu_seqlens(s);
-      Args a;
-      a.reserve(4);
-      add(a, "attn_mask", "drop");
-      add(a, "causal", s.kind == StructureKind::causal);
-      add(a, "qo_indptr", cu);
-      add(a, "kv_indptr", std::move(cu));
-      return a;
+      return make_args("attn_mask", "drop",
+                       "causal", s.kind == StructureKind::causal,
+                       "qo_indptr", cu,
+                       "kv_indptr", std::move(cu));
     });
   }
   switch (s.kind) {

@@ -26,14 +26,11 @@ inline bool native_args(const MaskStructure& s, Args* out = nullptr) {
     if (s.kind != StructureKind::causal && s.kind != StructureKind::full) return false;
     return emit(out, [&] {
       std::vector<std::int64_t> cu = cu_seqlens(s);
-      Args a;
-      a.reserve(5);
-      add(a, "attn_mask", "drop");
-      add(a, "qkv_format", "thd");
-      add(a, "attn_mask_type", s.kind == StructureKind::causal ? "padding_causal" : "padding");
-      add(a, "cu_seqlens_q", cu);
-      add(a, "cu_seqlens_kv", std::move(cu));
-      return a;
+      return make_args("attn_mask", "drop",
+                       "qkv_format", "thd",
+                       "attn_mask_type", s.kind == StructureKind::causal ? "padding_causal" : "padding",
+                       "cu_seqlens_q", cu,
+                       "cu_seqlens_kv", std::move(cu));
     });
   }
   switch (s.kind) {
@@ -41,12 +38,9 @@ inline bool native_args(const MaskStructure& s, Args* out = nullptr) {
     case StructureKind::causal: return emit(out, [&] { return Args{{"attn_mask", "drop"}, {"attn_mask_type", causal}}; });
     case StructureKind::sliding_window:
       return emit(out, [&] {
-        Args a;
-        a.reserve(3);
-        add(a, "attn_mask", "drop");
-        add(a, "attn_mask_type", causal);
-        add(a, "window_size", std::vector<std::int64_t>{window_left(s), 0});
-        return a;
+        return make_args("attn_mask", "drop",
+                         "attn_mask_type", causal,
+                         "window_size", std::vector<std::int64_t>{window_left(s), 0});
       });
     default: return false;
   }

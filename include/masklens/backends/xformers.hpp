@@ -23,13 +23,10 @@ inline bool native_args(const MaskStructure& s, Args* out = nullptr) {
       std::vector<std::int64_t> lens = cu_seqlens(s);
       std::adjacent_difference(lens.begin(), lens.end(), lens.begin());
       lens.erase(lens.begin());
-      Args a;
-      a.reserve(3);
-      add(a, "attn_mask", "replace");
-      add(a, "attn_bias", s.kind == StructureKind::causal ? "BlockDiagonalCausalMask.from_seqlens"
-                                                          : "BlockDiagonalMask.from_seqlens");
-      add(a, "seqlens", std::move(lens));
-      return a;
+      return make_args("attn_mask", "replace",
+                       "attn_bias", s.kind == StructureKind::causal ? "BlockDiagonalCausalMask.from_seqlens"
+                                                          : "BlockDiagonalMask.from_seqlens",
+                       "seqlens", std::move(lens));
     });
   }
   if (!plain(s)) return false;
