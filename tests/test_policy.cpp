@@ -386,3 +386,17 @@ TEST_CASE("native arguments in each backend's own names and conventions") {
   CHECK_FALSE(detail::native_args(Backend::cudnn_frontend, padded));
   CHECK(arg_is(args_of(Backend::flashinfer, padded), "k_gather_starts", V{0, 10}));
 }
+
+TEST_CASE("efficient head-dim alignment: 4 for fp32, 8 for fp16/bf16 (as torch 2.11 checks it)") {
+  auto refused = [](DType dtype, std::int64_t head_dim) {
+    AttentionCall c = seed_call();
+    c.dtype = dtype;
+    c.head_dim = head_dim;
+    return detail::refusals(Backend::sdpa_efficient, c).any();
+  };
+  CHECK_FALSE(refused(DType::float32, 60));
+  CHECK(refused(DType::float32, 62));
+  CHECK(refused(DType::bfloat16, 60));
+  CHECK_FALSE(refused(DType::bfloat16, 64));
+  CHECK(refused(DType::float16, 100));
+}

@@ -30,9 +30,14 @@ inline constexpr Rule kFlashRules[] = {
 inline constexpr Rule kEfficientRules[] = {
     {"efficient.bf16_sm80", kSdpUtils, [](const AttentionCall& c) { return c.dtype == DType::bfloat16 && c.sm < 80; },
      "efficient needs sm80 or newer for bf16, got ", sm_of},
-    {"efficient.head_dim_multiple_8", kSdpUtils,
-     [](const AttentionCall& c) { return c.head_dim % 8 != 0 || c.value_head_dim() % 8 != 0; },
-     "efficient needs head dims divisible by 8, got ", head_dim_of},
+    // check_head_dim_size_mem_efficient: alignment 4 for fp32, 8 for fp16/bf16 (agrees with
+    // can_use_efficient_attention on torch 2.11, H200: tests/torch/check_torch.py).
+    {"efficient.head_dim_alignment", kSdpUtils,
+     [](const AttentionCall& c) {
+       const std::int64_t alignment = c.dtype == DType::float32 ? 4 : 8;
+       return c.head_dim % alignment != 0 || c.value_head_dim() % alignment != 0;
+     },
+     "efficient needs head dims divisible by 8 (4 for fp32), got ", head_dim_of},
     {"efficient.sm", kSdpUtils, [](const AttentionCall& c) { return c.sm < 50; }, "efficient needs sm50 or newer, got ",
      sm_of},
 };
