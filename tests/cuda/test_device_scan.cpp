@@ -6,6 +6,9 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "../support/mask_gen.hpp"
 #include "device_harness.hpp"
@@ -95,6 +98,69 @@ TEST_CASE("every 16-bit pattern and sampled fp32 patterns classify alike on host
         REQUIRE(host->rows[r].same_keys(device->rows[r]));
         REQUIRE(host->rows[r].flags == device->rows[r].flags);
       }
+    }
+  }
+}
+
+TEST_CASE("0 / -inf vectors: any other value among them is seen, in every lane") {
+  // The device classifies whole 16-byte vectors of 0, -0 and -inf at once; every other
+  // value (bias, finite masked, extreme finite, denormals, NaN, +inf) must still count.
+  struct Codes {
+    ElementType dtype;
+    std::uint32_t zero, neg_zero, neg_inf;
+    std::vector<std::uint32_t> others;  // -1, 0.5, -10000, lowest finite, +-denormal
+    std::uint32_t nan, pos_inf;
+  };
+  const Codes codes[] = {
+      {ElementType::float16, 0, 0x8000, 0xfc00, {0xbc00, 0x3800, 0xf0e2, 0xfbff, 0x0001, 0x8001}, 0xfe00, 0x7c00},
+      {ElementType::bfloat16, 0, 0x8000, 0xff80, {0xbf80, 0x3f00, 0xc61c, 0xff7f, 0x0001, 0x8001}, 0xffc0, 0x7f80},
+      {ElementType::float32, 0, 0x80000000u, 0xff800000u,
+       {0xbf800000u, 0x3f000000u, 0xc61c4000u, 0xff7fffffu, 0x00000001u, 0x80000001u}, 0xffc00000u, 0x7f800000u},
+  };
+  Rng rng(test_seed(406));
+  for (const Codes& c : codes) {
+    const std::int64_t q_len = 96, k_len = 203;  // not a multiple of any vector width
+    auto fill = [&](std::uint32_t special, std::int64_t special_row) {
+      std::vector<std::uint32_t> bits(static_cast<std::size_t>(q_len * k_len));
+      for (std::int64_t i = 0; i < q_len * k_len; ++i) {
+        const auto pick = uniform(rng, 0, 3);
+        bits[static_cast<std::size_t>(i)] = pick == 0 ? c.zero : pick == 1 ? c.neg_zero : c.neg_inf;
+      }
+      for (std::int64_t r = 0; r < q_len; ++r) {
+        if (special_row >= 0 && r != special_row) continue;
+        if (special_row < 0 && r % 4 == 3) continue;  // some rows stay plain
+        const std::uint32_t v = special_row >= 0 ? special : c.others[static_cast<std::size_t>(r) % c.others.size()];
+        bits[static_cast<std::size_t>(r * k_len + uniform(rng, 0, k_len - 1))] = v;
+      }
+      return bits;
+    };
+    auto scan_both = [&](const std::vector<std::uint32_t>& bits) {
+      std::vector<std::uint16_t> narrow(bits.begin(), bits.end());
+      const void* data = c.dtype == ElementType::float32 ? static_cast<const void*>(bits.data()) : narrow.data();
+      const std::int64_t shape[] = {q_len, k_len};
+      auto view = MaskView::contiguous(data, c.dtype, shape);
+      REQUIRE(view.ok());
+      return std::pair{scan(*view), gpu::scan_copy_on_device(*view, 0)};
+    };
+    INFO(to_string(c.dtype));
+    for (int trial = 0; trial < 20; ++trial) {
+      auto [host, device] = scan_both(fill(0, -1));
+      REQUIRE(host.ok());
+      REQUIRE(device.ok());
+      for (std::size_t r = 0; r < host->rows.size(); ++r) {
+        INFO("row " << r);
+        REQUIRE(host->rows[r].same_keys(device->rows[r]));
+        REQUIRE(host->rows[r].flags == device->rows[r].flags);
+        if (r % 4 != 3) CHECK(device->rows[r].flags != 0);  // the special value was seen
+      }
+    }
+    for (const std::uint32_t bad : {c.nan, c.pos_inf}) {
+      const std::int64_t row = uniform(rng, 0, q_len - 1);
+      auto [host, device] = scan_both(fill(bad, row));
+      CHECK_FALSE(host.ok());
+      REQUIRE_FALSE(device.ok());
+      CHECK(device.status().code() == ErrorCode::invalid_value);
+      CHECK(device.status().message().find("row [0, 0, " + std::to_string(row) + "]") != std::string::npos);
     }
   }
 }

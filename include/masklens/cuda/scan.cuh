@@ -113,6 +113,47 @@ __device__ __forceinline__ void add_element(ThreadSpan& t, const std::uint8_t* p
   }
 }
 
+// Keys k0 + i for every bit i of m attend (m: up to 8 keys of one 16-byte vector).
+__device__ __forceinline__ void attend_bits(ThreadSpan& t, std::uint32_t m, std::int64_t k0) {
+  if (m == 0) return;
+  t.count += __popc(m);
+  if (t.first == RowSpan::kNoKey) t.first = k0 + __ffs(static_cast<int>(m)) - 1;
+  t.last = k0 + 31 - __clz(static_cast<int>(m));  // vectors arrive in increasing key order per thread
+}
+
+// An additive vector whose every value is +-0 (attends) or exactly -inf (masked), the
+// usual 0 / -inf mask, needs no per-value classification: its attending keys as bits,
+// or false when some value is anything else (bias, finite masked, NaN, +inf).
+__device__ __forceinline__ bool zero_or_neg_inf(const std::uint32_t (&words)[4], int esize, const AdditiveBits& b,
+                                                std::uint32_t& attend) {
+  const std::uint32_t neg_inf = b.sign | b.inf_mag;
+  attend = 0;
+  if (esize == 4) {
+    bool plain = true;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const bool zero = (words[i] & 0x7fffffffu) == 0;
+      plain &= zero || words[i] == neg_inf;
+      attend |= static_cast<std::uint32_t>(zero) << i;
+    }
+    return plain;
+  }
+  // Two 16-bit lanes per word. Magnitudes keep bit 15 clear, so adding 0x7fff per lane
+  // cannot carry into the next lane: bit 15 of the sum is set iff the lane is non-zero.
+  const std::uint32_t neg_inf2 = neg_inf | (neg_inf << 16);
+  std::uint32_t other = 0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const std::uint32_t w = words[i], x = w ^ neg_inf2;
+    const std::uint32_t nonzero = ((w & 0x7fff7fffu) + 0x7fff7fffu) & 0x80008000u;
+    const std::uint32_t not_neg_inf = (((x & 0x7fff7fffu) + 0x7fff7fffu) | x) & 0x80008000u;
+    other |= nonzero & not_neg_inf;
+    const std::uint32_t zero = ~nonzero & 0x80008000u;
+    attend |= ((zero >> 15) | (zero >> 30)) << (2 * i) & (3u << (2 * i));
+  }
+  return other == 0;
+}
+
 // 0x80 in every byte of w that attends (invert = 0x80808080 for true_masks).
 __device__ __forceinline__ std::uint32_t attending_bytes(std::uint32_t w, std::uint32_t invert) {
   return ((((w & 0x7f7f7f7fu) + 0x7f7f7f7fu) | w) & 0x80808080u) ^ invert;
@@ -140,6 +181,10 @@ __device__ __forceinline__ void add_vector(ThreadSpan& t, const uint4& v, std::i
     return;
   }
   const std::uint32_t words[4] = {v.x, v.y, v.z, v.w};
+  if (std::uint32_t attend; zero_or_neg_inf(words, element_size(s.dtype), s.bits, attend)) {
+    attend_bits(t, attend, k0);
+    return;
+  }
   if (element_size(s.dtype) == 2) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
