@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include <cub/block/block_reduce.cuh>
 #include <cub/warp/warp_reduce.cuh>
@@ -101,15 +102,17 @@ __device__ __forceinline__ void add_class(ThreadSpan& t, ElementClass c, std::in
   }
 }
 
+// Kernels are instantiated per element size (1: bool / uint8 / int8, 2: fp16 / bf16,
+// 4: fp32), so each carries only its own path and registers.
+template <int Esize>
 __device__ __forceinline__ void add_element(ThreadSpan& t, const std::uint8_t* p, std::int64_t k, const ScanParams& s) {
-  switch (element_size(s.dtype)) {
-    case 1: {
-      const bool truth = *p != 0;
-      if (truth == (s.polarity == Polarity::true_attends)) t.attend(k);
-      return;
-    }
-    case 2: add_class(t, classify_bits(*reinterpret_cast<const std::uint16_t*>(p), s.bits), k); return;
-    default: add_class(t, classify_bits(*reinterpret_cast<const std::uint32_t*>(p), s.bits), k); return;
+  if constexpr (Esize == 1) {
+    const bool truth = *p != 0;
+    if (truth == (s.polarity == Polarity::true_attends)) t.attend(k);
+  } else if constexpr (Esize == 2) {
+    add_class(t, classify_bits(*reinterpret_cast<const std::uint16_t*>(p), s.bits), k);
+  } else {
+    add_class(t, classify_bits(*reinterpret_cast<const std::uint32_t*>(p), s.bits), k);
   }
 }
 
@@ -124,11 +127,12 @@ __device__ __forceinline__ void attend_bits(ThreadSpan& t, std::uint32_t m, std:
 // An additive vector whose every value is +-0 (attends) or exactly -inf (masked), the
 // usual 0 / -inf mask, needs no per-value classification: its attending keys as bits,
 // or false when some value is anything else (bias, finite masked, NaN, +inf).
-__device__ __forceinline__ bool zero_or_neg_inf(const std::uint32_t (&words)[4], int esize, const AdditiveBits& b,
+template <int Esize>
+__device__ __forceinline__ bool zero_or_neg_inf(const std::uint32_t (&words)[4], const AdditiveBits& b,
                                                 std::uint32_t& attend) {
   const std::uint32_t neg_inf = b.sign | b.inf_mag;
   attend = 0;
-  if (esize == 4) {
+  if constexpr (Esize == 4) {
     bool plain = true;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -161,8 +165,9 @@ __device__ __forceinline__ std::uint32_t attending_bytes(std::uint32_t w, std::u
 
 // 16 bytes of a row starting at key k0. For 1-byte masks: four 32-bit SWAR tests, the
 // count in byte lanes, first / last located only where they can change.
+template <int Esize>
 __device__ __forceinline__ void add_vector(ThreadSpan& t, const uint4& v, std::int64_t k0, const ScanParams& s) {
-  if (element_size(s.dtype) == 1) {
+  if constexpr (Esize == 1) {
     const std::uint32_t invert = s.polarity == Polarity::true_attends ? 0u : 0x80808080u;
     const std::uint32_t m0 = attending_bytes(v.x, invert), m1 = attending_bytes(v.y, invert),
                         m2 = attending_bytes(v.z, invert), m3 = attending_bytes(v.w, invert);
@@ -178,41 +183,35 @@ __device__ __forceinline__ void add_vector(ThreadSpan& t, const uint4& v, std::i
     const int word = m3 ? 3 : m2 ? 2 : m1 ? 1 : 0;
     const std::uint32_t m = word == 3 ? m3 : word == 2 ? m2 : word == 1 ? m1 : m0;
     t.last = k0 + 4 * word + (31 - __clz(static_cast<int>(m))) / 8;
-    return;
-  }
-  const std::uint32_t words[4] = {v.x, v.y, v.z, v.w};
-  if (std::uint32_t attend; zero_or_neg_inf(words, element_size(s.dtype), s.bits, attend)) {
-    attend_bits(t, attend, k0);
-    return;
-  }
-  if (element_size(s.dtype) == 2) {
+  } else {
+    const std::uint32_t words[4] = {v.x, v.y, v.z, v.w};
+    if (std::uint32_t attend; zero_or_neg_inf<Esize>(words, s.bits, attend)) {
+      attend_bits(t, attend, k0);
+      return;
+    }
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      if (words[i] == 0) {  // two allowed halves
-        t.attend(k0 + 2 * i);
-        t.attend(k0 + 2 * i + 1);
-        continue;
+      if constexpr (Esize == 2) {
+        add_class(t, classify_bits(words[i] & 0xffffu, s.bits), k0 + 2 * i);
+        add_class(t, classify_bits(words[i] >> 16, s.bits), k0 + 2 * i + 1);
+      } else {
+        add_class(t, classify_bits(words[i], s.bits), k0 + i);
       }
-      add_class(t, classify_bits(words[i] & 0xffffu, s.bits), k0 + 2 * i);
-      add_class(t, classify_bits(words[i] >> 16, s.bits), k0 + 2 * i + 1);
     }
-    return;
   }
-#pragma unroll
-  for (int i = 0; i < 4; ++i) add_class(t, classify_bits(words[i], s.bits), k0 + i);
 }
 
 // This thread's share of row r: 16-byte loads between a scalar head and tail when the
 // key stride is 1, one element at a time otherwise.
-template <int Threads>
+template <int Threads, int Esize>
 __device__ RowSpan scan_row_share(const ScanParams& s, std::int64_t r, int lane) {
   const std::int64_t slice = r / s.q_len, q = r - slice * s.q_len;
   const std::int64_t b = slice / s.distinct_heads, h = slice - b * s.distinct_heads;
   const std::uint8_t* row = s.data + b * s.stride_bytes[0] + h * s.stride_bytes[1] + q * s.stride_bytes[2];
-  const int esize = element_size(s.dtype);
+  constexpr int esize = Esize;
   ThreadSpan acc;
   if (s.stride_bytes[3] != esize) {
-    for (std::int64_t k = lane; k < s.k_len; k += Threads) add_element(acc, row + k * s.stride_bytes[3], k, s);
+    for (std::int64_t k = lane; k < s.k_len; k += Threads) add_element<Esize>(acc, row + k * s.stride_bytes[3], k, s);
     return acc.span();
   }
   const auto misalign = static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(row) & 15);
@@ -220,30 +219,30 @@ __device__ RowSpan scan_row_share(const ScanParams& s, std::int64_t r, int lane)
   head = head < s.k_len ? head : s.k_len;
   const std::int64_t per_vec = 16 / esize;
   const std::int64_t n_vec = (s.k_len - head) / per_vec;
-  for (std::int64_t k = lane; k < head; k += Threads) add_element(acc, row + k * esize, k, s);
+  for (std::int64_t k = lane; k < head; k += Threads) add_element<Esize>(acc, row + k * esize, k, s);
   const auto* vec = reinterpret_cast<const uint4*>(row + head * esize);
   std::int64_t v = lane;
   // Four independent 16-byte loads in flight per thread.
   for (; v + 3 * Threads < n_vec; v += 4 * Threads) {
     const uint4 x0 = __ldg(vec + v), x1 = __ldg(vec + v + Threads), x2 = __ldg(vec + v + 2 * Threads),
                 x3 = __ldg(vec + v + 3 * Threads);
-    add_vector(acc, x0, head + v * per_vec, s);
-    add_vector(acc, x1, head + (v + Threads) * per_vec, s);
-    add_vector(acc, x2, head + (v + 2 * Threads) * per_vec, s);
-    add_vector(acc, x3, head + (v + 3 * Threads) * per_vec, s);
+    add_vector<Esize>(acc, x0, head + v * per_vec, s);
+    add_vector<Esize>(acc, x1, head + (v + Threads) * per_vec, s);
+    add_vector<Esize>(acc, x2, head + (v + 2 * Threads) * per_vec, s);
+    add_vector<Esize>(acc, x3, head + (v + 3 * Threads) * per_vec, s);
   }
-  for (; v < n_vec; v += Threads) add_vector(acc, __ldg(vec + v), head + v * per_vec, s);
-  for (std::int64_t k = head + n_vec * per_vec + lane; k < s.k_len; k += Threads) add_element(acc, row + k * esize, k, s);
+  for (; v < n_vec; v += Threads) add_vector<Esize>(acc, __ldg(vec + v), head + v * per_vec, s);
+  for (std::int64_t k = head + n_vec * per_vec + lane; k < s.k_len; k += Threads) add_element<Esize>(acc, row + k * esize, k, s);
   return acc.span();
 }
 
 // One block of 256 threads per row: long rows.
-template <int Threads>
+template <int Threads, int Esize>
 __global__ void __launch_bounds__(Threads) scan_rows_block(ScanParams s, RowSpan* out) {
   using Reduce = cub::BlockReduce<RowSpan, Threads>;
   __shared__ typename Reduce::TempStorage temp;
   for (std::int64_t r = blockIdx.x; r < s.rows; r += gridDim.x) {
-    const RowSpan mine = scan_row_share<Threads>(s, r, static_cast<int>(threadIdx.x));
+    const RowSpan mine = scan_row_share<Threads, Esize>(s, r, static_cast<int>(threadIdx.x));
     const RowSpan row = Reduce(temp).Reduce(mine, MergeSpans{});
     if (threadIdx.x == 0) out[r] = row;
     __syncthreads();  // temp is reused by the next row
@@ -251,13 +250,14 @@ __global__ void __launch_bounds__(Threads) scan_rows_block(ScanParams s, RowSpan
 }
 
 // One warp per row: short rows, 8 rows per block.
+template <int Esize>
 __global__ void __launch_bounds__(256) scan_rows_warp(ScanParams s, RowSpan* out) {
   using Reduce = cub::WarpReduce<RowSpan>;
   __shared__ typename Reduce::TempStorage temp[8];
   const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
   for (std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * 8 + warp; r < s.rows;
        r += static_cast<std::int64_t>(gridDim.x) * 8) {
-    const RowSpan mine = scan_row_share<32>(s, r, lane);
+    const RowSpan mine = scan_row_share<32, Esize>(s, r, lane);
     const RowSpan row = Reduce(temp[warp]).Reduce(mine, MergeSpans{});
     if (lane == 0) out[r] = row;
     __syncwarp();
@@ -333,13 +333,21 @@ inline Status scan_spans(void* d_temp_storage, std::size_t& temp_storage_bytes, 
   // Enough blocks to fill the device several times over; rows beyond loop.
   constexpr std::int64_t kMaxGrid = 1 << 20;
   const bool long_rows = view.k_len() * element_size(view.dtype()) >= 2048;
-  if (long_rows) {
-    const auto grid = static_cast<unsigned>(s.rows < kMaxGrid ? s.rows : kMaxGrid);
-    detail::scan_rows_block<256><<<grid, 256, 0, stream>>>(s, d_rows);
-  } else {
-    const std::int64_t blocks = (s.rows + 7) / 8;
-    const auto grid = static_cast<unsigned>(blocks < kMaxGrid ? blocks : kMaxGrid);
-    detail::scan_rows_warp<<<grid, 256, 0, stream>>>(s, d_rows);
+  const auto launch = [&](auto esize) {
+    constexpr int kEsize = decltype(esize)::value;
+    if (long_rows) {
+      const auto grid = static_cast<unsigned>(s.rows < kMaxGrid ? s.rows : kMaxGrid);
+      detail::scan_rows_block<256, kEsize><<<grid, 256, 0, stream>>>(s, d_rows);
+    } else {
+      const std::int64_t blocks = (s.rows + 7) / 8;
+      const auto grid = static_cast<unsigned>(blocks < kMaxGrid ? blocks : kMaxGrid);
+      detail::scan_rows_warp<kEsize><<<grid, 256, 0, stream>>>(s, d_rows);
+    }
+  };
+  switch (element_size(view.dtype())) {
+    case 1: launch(std::integral_constant<int, 1>{}); break;
+    case 2: launch(std::integral_constant<int, 2>{}); break;
+    default: launch(std::integral_constant<int, 4>{}); break;
   }
   return detail::check(cudaGetLastError(), "launching the scan kernel");
 }
