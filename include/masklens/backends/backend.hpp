@@ -201,6 +201,10 @@ bool emit(Args* out, Build&& build) {
 
 inline std::string num(std::int64_t v) { return std::to_string(v); }
 
+// Tests several backends' rules share.
+inline bool is_fp32(const AttentionCall& c) { return c.dtype == DType::float32; }
+inline bool before_sm80(const AttentionCall& c) { return c.sm < 80; }
+
 // The call's values that rule reasons end with.
 inline std::string head_dim_of(const AttentionCall& c) { return num(c.head_dim); }
 inline std::string sm_of(const AttentionCall& c) { return "sm" + num(c.sm); }

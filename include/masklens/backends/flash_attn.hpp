@@ -15,17 +15,17 @@ inline constexpr std::string_view kHopperReadme = "flash-attention hopper/README
 
 inline constexpr Rule kFa2Rules[] = {
     installed<&AttentionCall::flash_attn>("fa2.installed", "flash_attn version not given"),
-    {"fa2.dtype", kReadme, [](const AttentionCall& c) { return c.dtype == DType::float32; },
+    {"fa2.dtype", kReadme, is_fp32,
      "flash-attn needs fp16 or bf16"},
     {"fa2.head_dim", kReadme, [](const AttentionCall& c) { return c.head_dim > 256 || c.value_head_dim() != c.head_dim; },
      "flash-attn needs equal head dims <= 256, got ", head_dim_of},
-    {"fa2.sm", kReadme, [](const AttentionCall& c) { return c.sm < 80; }, "flash-attn 2 needs sm80 or newer, got ",
+    {"fa2.sm", kReadme, before_sm80, "flash-attn 2 needs sm80 or newer, got ",
      sm_of},
 };
 
 inline constexpr Rule kFa3Rules[] = {
     installed<&AttentionCall::flash_attn3>("fa3.installed", "flash_attn3 version not given"),
-    {"fa3.dtype", kHopperReadme, [](const AttentionCall& c) { return c.dtype == DType::float32; },
+    {"fa3.dtype", kHopperReadme, is_fp32,
      "flash-attn 3 needs fp16 or bf16 (or fp8)"},
     {"fa3.head_dim", kHopperReadme, [](const AttentionCall& c) { return c.head_dim > 256 || c.value_head_dim() > 256; },
      "flash-attn 3 needs head dims <= 256, got ", head_dim_of},

@@ -13,9 +13,9 @@ inline constexpr std::string_view kDocs = "flashinfer docs, BatchPrefillWithRagg
 inline constexpr Rule kRules[] = {
     installed<&AttentionCall::flashinfer>("flashinfer.installed", "flashinfer version not given"),
     {"flashinfer.inference", kDocs, [](const AttentionCall& c) { return c.training; }, "FlashInfer has no backward pass"},
-    {"flashinfer.dtype", kDocs, [](const AttentionCall& c) { return c.dtype == DType::float32; },
+    {"flashinfer.dtype", kDocs, is_fp32,
      "FlashInfer needs fp16 or bf16"},
-    {"flashinfer.sm", kDocs, [](const AttentionCall& c) { return c.sm < 80; }, "FlashInfer needs sm80 or newer here, got ",
+    {"flashinfer.sm", kDocs, before_sm80, "FlashInfer needs sm80 or newer here, got ",
      sm_of},
 };
 

@@ -15,7 +15,7 @@ inline constexpr std::string_view kDocs = "pytorch docs torch.nn.attention.flex_
 inline constexpr Rule kRules[] = {
     {"flex.torch_2_5", kDocs, [](const AttentionCall& c) { return c.torch < version(2, 5); },
      "flex_attention needs torch >= 2.5, got ", [](const AttentionCall& c) { return c.torch.to_string(); }},
-    {"flex.sm", kDocs, [](const AttentionCall& c) { return c.sm < 80; },
+    {"flex.sm", kDocs, before_sm80,
      "flex_attention's Triton kernels need sm80 or newer here, got ", sm_of},
     {"flex.head_dim", kDocs, [](const AttentionCall& c) { return c.head_dim < 16; },
      "flex_attention needs head_dim >= 16, got ", head_dim_of},

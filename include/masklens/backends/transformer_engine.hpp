@@ -13,10 +13,8 @@ inline constexpr std::string_view kDocs = "TransformerEngine docs, DotProductAtt
 
 inline constexpr Rule kRules[] = {
     installed<&AttentionCall::transformer_engine>("te.installed", "transformer_engine version not given"),
-    {"te.dtype", kDocs, [](const AttentionCall& c) { return c.dtype == DType::float32; },
-     "TransformerEngine's fused attention needs fp16 or bf16"},
-    {"te.sm", kDocs, [](const AttentionCall& c) { return c.sm < 80; },
-     "TransformerEngine's fused attention needs sm80 or newer, got ", sm_of},
+    {"te.dtype", kDocs, is_fp32, "TransformerEngine's fused attention needs fp16 or bf16"},
+    {"te.sm", kDocs, before_sm80, "TransformerEngine's fused attention needs sm80 or newer, got ", sm_of},
 };
 
 inline bool native_args(const MaskStructure& s, Args* out = nullptr) {
