@@ -117,7 +117,7 @@ TEST_CASE("10^5 random flips on larger masks, rescanning only the flipped row") 
       m[q * k_len + k] ^= 1;
       RowSpan& row = table->rows[static_cast<std::size_t>(q)];
       const RowSpan saved = row;
-      row = masklens::detail::scan_row(dense.view, 0, 0, q);
+      row = masklens::detail::scan_row(dense.view, AdditiveBits{}, 0, 0, q);  // a byte mask
       auto after = classify(*table);
       REQUIRE(after.ok());
       // Never the old structure; if structured, exact on every row and on the flipped one element-wise.

@@ -113,6 +113,80 @@ TEST_CASE("scanner matches the element-wise reference on random masks of every t
   }
 }
 
+TEST_CASE("additive rows 8 bytes at a time: every value, in every lane, as the element-wise reference") {
+  struct Type {
+    ElementType dtype;
+    std::uint32_t neg_inf, lowest;  // -inf and the most negative finite value (finfo.min)
+  };
+  const Type types[] = {{ElementType::float16, 0xfc00, 0xfbff},
+                        {ElementType::bfloat16, 0xff80, 0xff7f},
+                        {ElementType::float32, 0xff800000u, 0xff7fffffu}};
+  Rng rng(test_seed(12));
+  std::int64_t rows = 0;
+  for (const Type& type : types) {
+    const int esize = element_size(type.dtype);
+    for (const float threshold : {-1000.0f, -1.0f, -65504.0f, -3.0e38f, -1e-3f}) {
+      MaskEncoding enc;
+      enc.masked_threshold = threshold;
+      const AdditiveBits bits = additive_bits(type.dtype, threshold);
+      // Around the threshold's magnitude and the special values, in both signs.
+      const std::uint32_t sign = bits.sign;
+      const std::uint32_t pool[] = {0, sign, type.neg_inf, type.lowest, sign | bits.thr_mag, sign | (bits.thr_mag - 1)};
+      // 16-bit types: every pattern once per threshold (a stride elsewhere); fp32: random and near the threshold.
+      const std::int64_t patterns = esize == 2 ? 65536 : 20000;
+      const std::int64_t step = esize == 2 && threshold != -1000.0f ? 5 : 1;
+      // Long rows of one repeated masked value (the scanner skips words equal to one it
+      // has classified), with zero runs and a special value after the repetition began.
+      for (int i = 0; i < 300; ++i) {
+        const std::int64_t k_len = uniform(rng, 8, 300);
+        const std::uint32_t masked = pool[uniform(rng, 2, 5)];
+        std::vector<std::uint32_t> values(static_cast<std::size_t>(k_len), masked);
+        const std::int64_t zeros_at = uniform(rng, 0, k_len - 1);
+        std::fill(values.begin() + zeros_at, values.begin() + std::min(k_len, zeros_at + uniform(rng, 0, 20)), 0u);
+        const std::uint32_t special = esize == 2 ? static_cast<std::uint32_t>(uniform(rng, 0, 65535))
+                                                 : static_cast<std::uint32_t>(rng());
+        values[static_cast<std::size_t>(uniform(rng, k_len / 2, k_len - 1))] = special;
+        std::vector<std::uint16_t> narrow(values.begin(), values.end());
+        const auto* row = esize == 2 ? reinterpret_cast<const std::uint8_t*>(narrow.data())
+                                     : reinterpret_cast<const std::uint8_t*>(values.data());
+        const RowSpan fast = esize == 2 ? detail::scan_additive_row<2>(row, k_len, bits)
+                                        : detail::scan_additive_row<4>(row, k_len, bits);
+        const RowSpan want = detail::scan_generic_row(row, k_len, esize, type.dtype, enc);
+        INFO(to_string(type.dtype) << " threshold " << threshold << " repeated 0x" << std::hex << masked
+                                   << " special 0x" << special);
+        REQUIRE(fast.count == want.count);
+        REQUIRE(fast.same_keys(want));
+        REQUIRE(fast.flags == want.flags);
+        ++rows;
+      }
+      for (std::int64_t i = 0; i < patterns; i += step) {
+        std::uint32_t special = static_cast<std::uint32_t>(i);
+        if (esize == 4)
+          special = i % 3 == 0 ? static_cast<std::uint32_t>(rng())
+                               : ((sign | bits.thr_mag) + static_cast<std::uint32_t>(uniform(rng, -2, 2))) ^
+                                     (coin(rng) ? sign : 0u);
+        const std::int64_t k_len = uniform(rng, 1, 40), offset = uniform(rng, 0, 3);
+        std::vector<std::uint32_t> values(static_cast<std::size_t>(offset + k_len));
+        for (auto& v : values) v = pool[uniform(rng, 0, 5)];
+        values[static_cast<std::size_t>(offset + uniform(rng, 0, k_len - 1))] = special;
+        if (coin(rng, 0.3)) values[static_cast<std::size_t>(offset + uniform(rng, 0, k_len - 1))] = special;
+        std::vector<std::uint16_t> narrow(values.begin(), values.end());
+        const auto* row = esize == 2 ? reinterpret_cast<const std::uint8_t*>(narrow.data() + offset)
+                                     : reinterpret_cast<const std::uint8_t*>(values.data() + offset);
+        const RowSpan fast = esize == 2 ? detail::scan_additive_row<2>(row, k_len, bits)
+                                        : detail::scan_additive_row<4>(row, k_len, bits);
+        const RowSpan want = detail::scan_generic_row(row, k_len, esize, type.dtype, enc);
+        INFO(to_string(type.dtype) << " threshold " << threshold << " special 0x" << std::hex << special);
+        REQUIRE(fast.count == want.count);
+        REQUIRE(fast.same_keys(want));
+        REQUIRE(fast.flags == want.flags);
+        ++rows;
+      }
+    }
+  }
+  MESSAGE(rows << " additive rows compared");
+}
+
 TEST_CASE("byte rows: every single attending key and every run, at every offset around word edges") {
   for (std::int64_t k_len : {1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 255, 256, 257, 2049}) {
     std::vector<std::uint8_t> row(static_cast<std::size_t>(k_len) + 16, 0);

@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "additive_bits.hpp"
 #include "mask_view.hpp"
 #include "row_span.hpp"
 #include "span_table.hpp"
@@ -107,6 +108,81 @@ inline RowSpan scan_byte_row(const std::uint8_t* row, std::int64_t k_len, Polari
   return span;
 }
 
+// An additive row (2- or 4-byte values) with unit key stride, 8 bytes at a time: a word
+// whose every value is +-0 (attends) or masked (-inf, or finite at or below the
+// threshold) is settled with a few integer operations on its lanes; any other word
+// (bias, NaN, +inf) goes value by value. Same answer as scan_generic_row.
+template <int Esize>
+inline RowSpan scan_additive_row(const std::uint8_t* row, std::int64_t k_len, const AdditiveBits& b) noexcept {
+  static_assert(Esize == 2 || Esize == 4);
+  constexpr int kLanes = 8 / Esize, kLaneBits = 8 * Esize;
+  // Each lane's top (sign) bit, and a 1 in each lane to broadcast a magnitude.
+  constexpr std::uint64_t kSign = Esize == 2 ? 0x8000800080008000ULL : 0x8000000080000000ULL;
+  constexpr std::uint64_t kOnes = Esize == 2 ? 0x0001000100010001ULL : 0x0000000100000001ULL;
+  const std::uint64_t thr = b.thr_mag * kOnes, inf = b.inf_mag * kOnes, nan = (b.inf_mag + 1) * kOnes;
+  RowSpan span;
+  const auto one = [&](std::int64_t k) {
+    std::uint32_t v;
+    if constexpr (Esize == 2) {
+      std::uint16_t h;
+      std::memcpy(&h, row + k * 2, 2);
+      v = h;
+    } else {
+      std::memcpy(&v, row + k * 4, 4);
+    }
+    switch (classify_bits(v, b)) {
+      case ElementClass::bias: span.flags |= kRowBias; [[fallthrough]];
+      case ElementClass::allowed:
+        if (span.count == 0) span.first = k;
+        span.last = k;
+        ++span.count;
+        break;
+      case ElementClass::finite_masked: span.flags |= kRowFiniteMasked; break;
+      case ElementClass::invalid: span.flags |= kRowInvalid; break;
+      case ElementClass::masked: break;
+    }
+  };
+  // Masks repeat one masked value: once a word of it is classified, equal words are
+  // skipped with one comparison (as are all-zero words, which attend).
+  std::uint64_t known_masked = 0;
+  bool have_known = false;
+  std::int64_t k = 0;
+  for (; k + kLanes <= k_len; k += kLanes) {
+    const std::uint64_t w = load_u64(row + k * Esize);
+    if (w == 0) {
+      if (span.count == 0) span.first = k;
+      span.last = k + kLanes - 1;
+      span.count += kLanes;
+      continue;
+    }
+    if (have_known && w == known_masked) continue;
+    const std::uint64_t mag = w & ~kSign;
+    // Per lane, with the sign bit set first so no borrow crosses lanes (magnitudes and
+    // thresholds are below it): the sign bit of (mag | sign) - x survives iff mag >= x.
+    const std::uint64_t nonzero = (mag + ~kSign) & kSign;
+    const std::uint64_t at_or_past_thr = ((mag | kSign) - thr) & kSign;
+    const std::uint64_t is_nan = ((mag | kSign) - nan) & kSign;
+    const std::uint64_t masked = w & at_or_past_thr & ~is_nan;  // negative (the sign bit of w), |v| >= thr
+    const std::uint64_t zero = ~nonzero & kSign;
+    if ((zero | masked) != kSign) {
+      for (int i = 0; i < kLanes; ++i) one(k + i);
+      continue;
+    }
+    if (masked & ~(((mag | kSign) - inf) & kSign)) span.flags |= kRowFiniteMasked;  // below -inf's magnitude
+    if (masked == kSign) {  // every lane masked: its flags are recorded, equal words add nothing
+      known_masked = w;
+      have_known = true;
+    }
+    if (zero) {
+      if (span.count == 0) span.first = k + std::countr_zero(zero) / kLaneBits;
+      span.last = k + (63 - std::countl_zero(zero)) / kLaneBits;
+      span.count += std::popcount(zero);
+    }
+  }
+  for (; k < k_len; ++k) one(k);
+  return span;
+}
+
 // Any element type and key stride, one element at a time.
 inline RowSpan scan_generic_row(const std::uint8_t* row, std::int64_t k_len, std::int64_t k_stride_bytes,
                                 ElementType dtype, const MaskEncoding& enc) noexcept {
@@ -130,10 +206,16 @@ inline RowSpan scan_generic_row(const std::uint8_t* row, std::int64_t k_len, std
   return span;
 }
 
-inline RowSpan scan_row(const MaskView& view, std::int64_t b, std::int64_t h, std::int64_t q) noexcept {
+inline RowSpan scan_row(const MaskView& view, const AdditiveBits& bits, std::int64_t b, std::int64_t h,
+                        std::int64_t q) noexcept {
   const std::uint8_t* row = view.element_ptr(b, h, q, 0);
-  if (element_size(view.dtype()) == 1 && view.stride(kKey) == 1)
-    return scan_byte_row(row, view.k_len(), view.encoding().polarity);
+  if (view.stride(kKey) == 1) {
+    switch (element_size(view.dtype())) {
+      case 1: return scan_byte_row(row, view.k_len(), view.encoding().polarity);
+      case 2: return scan_additive_row<2>(row, view.k_len(), bits);
+      default: return scan_additive_row<4>(row, view.k_len(), bits);
+    }
+  }
   return scan_generic_row(row, view.k_len(), view.stride(kKey) * element_size(view.dtype()), view.dtype(),
                           view.encoding());
 }
@@ -160,12 +242,13 @@ inline Result<SpanTable> scan(const MaskView& view, ScanOptions options = {}) {
   SpanTable& table = made.value();
   const std::int64_t q_len = table.q_len;
   const std::int64_t total_rows = table.distinct_slices() * q_len;
+  const AdditiveBits bits = additive_bits(view.dtype(), view.encoding().masked_threshold);
 
   const auto scan_rows = [&](std::int64_t begin, std::int64_t end) noexcept {
     for (std::int64_t r = begin; r < end; ++r) {
       const std::int64_t slice = r / q_len;
       const std::int64_t b = slice / table.distinct_heads, h = slice % table.distinct_heads;
-      table.rows[static_cast<std::size_t>(r)] = detail::scan_row(view, b, h, r % q_len);
+      table.rows[static_cast<std::size_t>(r)] = detail::scan_row(view, bits, b, h, r % q_len);
     }
   };
 

@@ -15,6 +15,7 @@
 #include <cub/block/block_reduce.cuh>
 #include <cub/warp/warp_reduce.cuh>
 
+#include "../additive_bits.hpp"
 #include "../element.hpp"
 #include "../mask_view.hpp"
 #include "../row_span.hpp"
@@ -24,14 +25,6 @@
 namespace masklens::gpu {
 
 namespace detail {
-
-// Additive values classified on their bits: for IEEE formats the magnitude bits order
-// the values, so "v <= threshold" for negative v is "magnitude >= thr_mag", where
-// thr_mag is the smallest magnitude whose value reaches |threshold| (found on the host
-// with the same decoders the host scanner uses, so both agree bit for bit).
-struct AdditiveBits {
-  std::uint32_t sign = 0, mag_mask = 0, inf_mag = 0, thr_mag = 0;
-};
 
 // What a kernel needs of a view: plain values, strides in bytes.
 struct ScanParams {
@@ -82,15 +75,6 @@ struct ThreadSpan {
     return s;
   }
 };
-
-__device__ __forceinline__ ElementClass classify_bits(std::uint32_t v, const AdditiveBits& b) {
-  const std::uint32_t mag = v & b.mag_mask;
-  if (mag == 0) return ElementClass::allowed;
-  if (mag > b.inf_mag) return ElementClass::invalid;  // NaN
-  if (!(v & b.sign)) return mag == b.inf_mag ? ElementClass::invalid : ElementClass::bias;
-  if (mag == b.inf_mag) return ElementClass::masked;  // -inf
-  return mag >= b.thr_mag ? ElementClass::finite_masked : ElementClass::bias;
-}
 
 __device__ __forceinline__ void add_class(ThreadSpan& t, ElementClass c, std::int64_t k) {
   switch (c) {
@@ -264,31 +248,6 @@ __global__ void __launch_bounds__(256) scan_rows_warp(ScanParams s, RowSpan* out
   }
 }
 
-// The bit-level form of the additive encoding for `dtype` (see AdditiveBits).
-inline AdditiveBits additive_bits(ElementType dtype, float threshold) {
-  AdditiveBits b;
-  if (!is_additive(dtype)) return b;
-  const bool wide = dtype == ElementType::float32;
-  b.sign = wide ? 0x80000000u : 0x8000u;
-  b.mag_mask = b.sign - 1;
-  b.inf_mag = dtype == ElementType::float32 ? 0x7f800000u : dtype == ElementType::bfloat16 ? 0x7f80u : 0x7c00u;
-  const auto value = [&](std::uint32_t mag) {
-    return dtype == ElementType::float32 ? bits_to_float(mag)
-           : dtype == ElementType::bfloat16 ? bfloat16_to_float(static_cast<std::uint16_t>(mag))
-                                            : float16_to_float(static_cast<std::uint16_t>(mag));
-  };
-  // Smallest magnitude whose value reaches |threshold| (values rise with magnitude).
-  const float target = -threshold;
-  std::uint32_t lo = 1, hi = b.inf_mag;
-  while (lo < hi) {
-    const std::uint32_t mid = lo + (hi - lo) / 2;
-    if (value(mid) >= target) hi = mid;
-    else lo = mid + 1;
-  }
-  b.thr_mag = lo;
-  return b;
-}
-
 inline Status check(cudaError_t e, const char* what) {
   if (e == cudaSuccess) return {};
   return error(ErrorCode::device_error, std::string(what) + ": " + cudaGetErrorString(e));
@@ -328,7 +287,7 @@ inline Status scan_spans(void* d_temp_storage, std::size_t& temp_storage_bytes, 
   s.dtype = view.dtype();
   s.polarity = view.encoding().polarity;
   s.masked_threshold = view.encoding().masked_threshold;
-  s.bits = detail::additive_bits(view.dtype(), view.encoding().masked_threshold);
+  s.bits = additive_bits(view.dtype(), view.encoding().masked_threshold);
 
   // Enough blocks to fill the device several times over; rows beyond loop.
   constexpr std::int64_t kMaxGrid = 1 << 20;
