@@ -1,0 +1,119 @@
+// libFuzzer: decide() on any structure and any call holds the policy's invariants: the
+// chosen backend is available and refuses nothing, a dropped mask is never one that
+// must stay, a plan renders back to the structure row for row, and every other backend
+// is accounted for once, with a reason and a source.
+#include <cstdint>
+#include <cstdlib>
+#include <set>
+
+#include "../support/mask_gen.hpp"
+
+namespace {
+
+using namespace masklens;
+
+// Reads small numbers off the input; zeros once it runs out.
+struct Bytes {
+  const std::uint8_t* p;
+  std::size_t n;
+  std::uint32_t next(std::uint32_t bound) {  // in [0, bound)
+    std::uint32_t v = 0;
+    for (int i = 0; i < 2 && n > 0; ++i, ++p, --n) v = v << 8 | *p;
+    return bound ? v % bound : 0;
+  }
+};
+
+MaskStructure structure(Bytes& in) {
+  MaskStructure s;
+  s.batch = 1 + in.next(3);
+  const bool large = in.next(8) == 0;  // lengths past the 32-bit defects' bounds
+  s.q_len = large ? 69632 - in.next(3) : 1 + in.next(48);
+  s.k_len = in.next(2) ? s.q_len : (large ? 69632 + 16 * in.next(4096) : 1 + in.next(48));
+  s.kind = static_cast<StructureKind>(in.next(7));
+  s.alignment = s.q_len != s.k_len && in.next(2) ? Alignment::bottom_right : Alignment::top_left;
+  s.window = 1 + in.next(static_cast<std::uint32_t>(std::min<std::int64_t>(s.k_len, 60000)));
+  s.chunk = 1 + in.next(static_cast<std::uint32_t>(std::min<std::int64_t>(s.k_len, 60000)));
+  s.prefix = 1 + in.next(static_cast<std::uint32_t>(std::min<std::int64_t>(s.k_len, 60000)));
+  if (s.kind == StructureKind::causal_blocks) {
+    const std::int64_t start = in.next(static_cast<std::uint32_t>(s.k_len));
+    s.blocks = {{start, start + 1 + in.next(static_cast<std::uint32_t>(s.k_len - start))}};
+  }
+  if (s.q_len == s.k_len && s.q_len > 2 && in.next(3) == 0)
+    for (std::int64_t b = 0; b < s.batch; ++b) {
+      const std::int64_t cut = 1 + in.next(static_cast<std::uint32_t>(s.q_len - 1));
+      s.segments.push_back({0, cut, s.q_len});
+    }
+  if (in.next(3) == 0)
+    for (std::int64_t b = 0; b < s.batch; ++b) {
+      const std::int64_t start = in.next(static_cast<std::uint32_t>(s.k_len));
+      s.kv_valid.push_back({start, start + 1 + in.next(static_cast<std::uint32_t>(s.k_len - start))});
+    }
+  s.bias = in.next(6) == 0;
+  if (in.next(4) == 0) s.empty_rows = 1 + in.next(100);
+  if (s.empty_rows && in.next(2)) s.finite_masked_rows = in.next(static_cast<std::uint32_t>(s.empty_rows + 1));
+  return s;
+}
+
+AttentionCall call(Bytes& in) {
+  static constexpr std::int64_t kHeadDims[] = {8, 16, 60, 64, 72, 96, 128, 192, 200, 256, 264, 512};
+  static constexpr int kSms[] = {75, 80, 86, 89, 90, 100, 103};
+  AttentionCall c;
+  c.dtype = static_cast<DType>(in.next(3));
+  c.head_dim = kHeadDims[in.next(std::size(kHeadDims))];
+  if (in.next(4) == 0) c.head_dim_v = kHeadDims[in.next(std::size(kHeadDims))];
+  c.heads = 1 + in.next(32);
+  c.kv_heads = in.next(2) ? 0 : 1 + in.next(static_cast<std::uint32_t>(c.heads));
+  if (c.kv_heads && c.heads % c.kv_heads) c.kv_heads = 0;
+  c.training = in.next(2);
+  c.dropout = in.next(4) == 0 ? 0.1 : 0.0;
+  c.deterministic = in.next(8) == 0;
+  c.sm = kSms[in.next(std::size(kSms))];
+  c.torch = version(2, static_cast<int>(3 + in.next(10)));
+  c.cudnn = version(9, static_cast<int>(in.next(27)));
+  c.available = in.next(256) | kFamilyTorch * in.next(2);
+  if (in.next(2)) c.flash_attn = version(2, 8);
+  if (in.next(2)) c.flash_attn3 = version(3, 0);
+  if (in.next(2)) c.xformers = version(0, 0, 33);
+  if (in.next(2)) c.transformer_engine = version(2, 8);
+  if (in.next(2)) c.flashinfer = version(0, 5);
+  if (in.next(2)) c.cudnn_frontend = version(1, 16);
+  if (in.next(3) == 0) c.mask_dtype = static_cast<ElementType>(in.next(6));
+  return c;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  Bytes in{data, size};
+  const MaskStructure s = structure(in);
+  const AttentionCall c = call(in);
+  const Result<Policy> p = decide(s, c);
+  if (!p) return 0;  // no available backend computes it: allowed, e.g. nothing installed
+  AttentionCall effective = c;
+  effective.q_len = s.q_len;
+  effective.k_len = s.k_len;
+  effective.batch = std::max(c.batch, s.batch);
+  const bool must_keep = s.kind == StructureKind::arbitrary || s.bias || s.finite_masked_rows > 0;
+  const ArgValue* mask = find_arg(p->args, "attn_mask");
+  if (!mask) __builtin_trap();
+  if (must_keep && *mask != ArgValue(std::string("keep"))) __builtin_trap();
+  if (p->plan.empty()) {
+    if (!c.has(family(p->backend)) || detail::refusals(p->backend, effective).any()) __builtin_trap();
+  } else if (!masklens::testing::plan_is_exact(s, *p)) {
+    __builtin_trap();
+  }
+  // Each backend once (a plan that lost is one more entry, named by its lead backend).
+  std::set<Backend> seen;
+  int lost_plans = 0;
+  for (const Rejection& r : p->rejected) {
+    if (r.reason().empty() || r.source.empty()) __builtin_trap();
+    if (r.kind == RejectionKind::slower && r.usage == Usage::plan_step) {
+      if (++lost_plans > 1 || !p->plan.empty()) __builtin_trap();
+      continue;
+    }
+    if (!seen.insert(r.backend).second) __builtin_trap();
+    if (p->plan.empty() && r.backend == p->backend) __builtin_trap();
+  }
+  if (seen.size() + (p->plan.empty() ? 1 : 0) != std::size(kAllBackends)) __builtin_trap();
+  return 0;
+}
