@@ -1,5 +1,6 @@
-// libFuzzer: bytes -> a mask view -> scan -> classify; a structured verdict must render
-// back to the mask element for element (the proof property).
+// libFuzzer: bytes -> a mask view -> scan -> classify; every row scans as the
+// element-by-element reference does, and a structured verdict renders back to the mask
+// element for element (the proof property).
 #include <masklens/masklens.hpp>
 
 #include <cstdint>
@@ -26,6 +27,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::int64_t strides[2] = {transpose ? 1 : k, transpose ? q : 1};
   auto view = masklens::MaskView::make(bytes, dtype, shape, strides, enc);
   if (!view) return 0;
+  // The word-at-a-time row scanners equal the element-by-element reference, row for row.
+  const masklens::AdditiveBits bits = masklens::additive_bits(dtype, enc.masked_threshold);
+  for (std::int64_t r = 0; r < q; ++r) {
+    const masklens::RowSpan fast = masklens::detail::scan_row(*view, bits, 0, 0, r);
+    const masklens::RowSpan want = masklens::detail::scan_generic_row(view->element_ptr(0, 0, r, 0), k,
+                                                                      view->stride(3) * esize, dtype, enc);
+    if (!fast.same_keys(want) || fast.flags != want.flags) __builtin_trap();
+  }
   auto verdict = masklens::inspect(*view);
   if (!verdict || verdict->kind == masklens::StructureKind::arbitrary) return 0;
   for (std::int64_t r = 0; r < q; ++r)
