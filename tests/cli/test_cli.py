@@ -80,6 +80,20 @@ with tempfile.TemporaryDirectory() as tmp:
     check(seed["args"] == {"attn_mask": "drop", "is_causal": True}, f"seed args {seed['args']}")
     check(seed["backend"] in ("torch.sdpa.cudnn", "torch.sdpa.flash"), f"seed backend {seed['backend']}")
 
+    # The call's v head dim, determinism and the dense mask's dtype reach the rules.
+    def rejection(doc, backend):
+        return next(r for r in doc["policy"]["rejected"] if r["backend"] == backend)
+    doc = json.loads(run("policy", "--structure", '{"kind": "causal"}', "--shape", "1,1,4096,4096", "--head-dim", "192",
+                         "--head-dim-v", "128", "--deterministic", "--json").stdout)
+    check(rejection(doc, "torch.sdpa.flash")["rules"] == ["flash.head_dim_v"], f"--head-dim-v: {doc['policy']}")
+    check("cudnn.deterministic" in rejection(doc, "torch.sdpa.cudnn")["rules"], f"--deterministic: {doc['policy']}")
+    doc = json.loads(run("policy", "--structure", '{"kind": "arbitrary"}', "--shape", "1,1,4096,4096",
+                         "--mask-dtype", "fp32", "--json").stdout)
+    check(doc["policy"]["backend"] != "torch.sdpa.cudnn", "fp32 mask with bf16 inputs went to cuDNN")
+    check(rejection(doc, "torch.sdpa.cudnn").get("defect") == "cudnn_fp32_mask_reinterpreted", f"{doc['policy']}")
+    p = run("policy", "--structure", '{"kind": "causal"}', "--shape", "1,1,8,8", "--mask-dtype", "fp64", ok=False)
+    check(p.returncode == 2 and "--mask-dtype must be" in p.stderr, "bad policy --mask-dtype")
+
     # Small masks get an ASCII preview.
     small = os.path.join(tmp, "small.npy")
     run("make", "causal", "--shape", "1,1,4,4", "-o", small)

@@ -58,11 +58,11 @@ def call_options(dtype, head_dim, heads, training=False, dropout=0.0):
 
 
 # 1. Capability rules ------------------------------------------------------------------
-def torch_accepts(dtype, head_dim, q_len, k_len, training, dropout):
+def torch_accepts(dtype, head_dim, q_len, k_len, training, dropout, head_dim_v=None):
     shape_q, shape_k = (2, 4, q_len, head_dim), (2, 4, k_len, head_dim)
     q = torch.randn(shape_q, device=DEV, dtype=DTYPES[dtype], requires_grad=training)
     k = torch.randn(shape_k, device=DEV, dtype=DTYPES[dtype], requires_grad=training)
-    v = torch.randn(shape_k, device=DEV, dtype=DTYPES[dtype], requires_grad=training)
+    v = torch.randn((2, 4, k_len, head_dim_v or head_dim), device=DEV, dtype=DTYPES[dtype], requires_grad=training)
     params = torch.backends.cuda.SDPAParams(q, k, v, None, dropout, False, False)
     return {"torch.sdpa.flash": torch.backends.cuda.can_use_flash_attention(params, False),
             "torch.sdpa.efficient": torch.backends.cuda.can_use_efficient_attention(params, False),
@@ -70,18 +70,22 @@ def torch_accepts(dtype, head_dim, q_len, k_len, training, dropout):
 
 
 def check_rules():
+    # (q/k head dim, v head dim): equal dims, then MLA-like and other unequal pairs.
+    dims = [(d, d) for d in (16, 32, 60, 64, 72, 96, 100, 128, 160, 192, 200, 224, 256, 264, 320, 512)]
+    dims += [(192, 128), (128, 64), (64, 128), (256, 128)]
     for dtype in ("bf16", "fp16", "fp32"):
-        for head_dim in (16, 32, 60, 64, 72, 96, 100, 128, 160, 192, 200, 224, 256, 264, 320, 512):
+        for head_dim, head_dim_v in dims:
             for q_len, k_len in ((128, 128), (256, 64), (64, 1)):
                 for training, dropout in ((False, 0.0), (True, 0.0), (True, 0.1)):
-                    accepted = torch_accepts(dtype, head_dim, q_len, k_len, training, dropout)
+                    accepted = torch_accepts(dtype, head_dim, q_len, k_len, training, dropout, head_dim_v)
                     doc = masklens("policy", "--structure", '{"kind": "full"}', "--shape", f"2,4,{q_len},{k_len}",
-                                   "--json", *call_options(dtype, head_dim, 4, training, dropout))
+                                   "--json", *call_options(dtype, head_dim, 4, training, dropout),
+                                   "--head-dim-v", str(head_dim_v))
                     refused = {r["backend"]: r.get("rules", []) for r in doc["policy"]["rejected"]
                                if r["kind"] == "refused"}
                     for backend, ok in accepted.items():
                         ours = backend not in refused
-                        row = {"dtype": dtype, "head_dim": head_dim, "q": q_len, "k": k_len, "training": training,
+                        row = {"dtype": dtype, "head_dim": head_dim, "head_dim_v": head_dim_v, "q": q_len, "k": k_len, "training": training,
                                "dropout": dropout, "backend": backend, "torch": ok, "masklens": ours,
                                "rules": refused.get(backend, [])}
                         report["rules"].append(row)

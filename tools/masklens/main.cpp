@@ -26,8 +26,8 @@ namespace {
 
 struct CallOptions {
   std::string dtype = "bf16";
-  std::int64_t head_dim = 128, heads = 16, kv_heads = 0;
-  bool training = false;
+  std::int64_t head_dim = 128, head_dim_v = 0, heads = 16, kv_heads = 0;
+  bool training = false, deterministic = false;
   double dropout = 0;
   int sm = 90;
   std::string torch = "2.11", cudnn = "9.19";
@@ -39,9 +39,11 @@ struct CallOptions {
 void add_call_options(CLI::App& app, CallOptions& o) {
   app.add_option("--dtype", o.dtype, "q/k/v dtype: bf16, fp16, fp32")->capture_default_str()->group("Call");
   app.add_option("--head-dim", o.head_dim, "head dim of q/k (and v)")->capture_default_str()->group("Call");
+  app.add_option("--head-dim-v", o.head_dim_v, "head dim of v (default: head dim)")->group("Call");
   app.add_option("--heads", o.heads, "query heads")->capture_default_str()->group("Call");
   app.add_option("--kv-heads", o.kv_heads, "key/value heads (default: heads)")->group("Call");
   app.add_flag("--training", o.training, "a backward pass follows")->group("Call");
+  app.add_flag("--deterministic", o.deterministic, "torch.use_deterministic_algorithms(True)")->group("Call");
   app.add_option("--dropout", o.dropout, "dropout probability")->capture_default_str()->group("Call");
   app.add_option("--sm", o.sm, "GPU compute capability, major*10+minor")->capture_default_str()->group("Call");
   app.add_option("--torch", o.torch, "torch version")->capture_default_str()->group("Call");
@@ -64,9 +66,11 @@ Result<AttentionCall> make_call(const CallOptions& o, std::optional<ElementType>
   else if (o.dtype == "fp32" || o.dtype == "float32") c.dtype = DType::float32;
   else return error(ErrorCode::invalid_argument, "--dtype must be bf16, fp16 or fp32, got " + o.dtype);
   c.head_dim = o.head_dim;
+  c.head_dim_v = o.head_dim_v;
   c.heads = o.heads;
   c.kv_heads = o.kv_heads;
   c.training = o.training;
+  c.deterministic = o.deterministic;
   c.dropout = o.dropout;
   c.sm = o.sm;
   c.mask_dtype = mask_dtype;
@@ -277,6 +281,9 @@ int main(int argc, char** argv) {
   policy_cmd->add_option("--structure", structure_text, "structure JSON, or @FILE (a structure or a whole inspect output)")->required();
   policy_cmd->add_option("--shape", shape_text, "B,H,Q,K")->required();
   policy_cmd->add_flag("--json", json, "the JSON contract (docs/json.md)");
+  std::string policy_mask_dtype;
+  policy_cmd->add_option("--mask-dtype", policy_mask_dtype,
+                         "element type of the dense mask a kept mask would pass: bool, uint8, int8, fp16, bf16, fp32");
   add_call_options(*policy_cmd, call_options);
 
   MakeOptions make;
@@ -317,7 +324,18 @@ int main(int argc, char** argv) {
     if (j.is_discarded()) return fail(error(ErrorCode::parse_error, "--structure is not valid JSON"));
     auto s = structure_from_json(j, (*shape)[0], (*shape)[1], (*shape)[2], (*shape)[3]);
     if (!s) return fail(s.status());
-    auto call = make_call(call_options, std::nullopt);
+    std::optional<ElementType> dense_dtype;
+    if (!policy_mask_dtype.empty()) {
+      const std::pair<const char*, ElementType> names[] = {
+          {"bool", ElementType::boolean}, {"uint8", ElementType::uint8},     {"int8", ElementType::int8},
+          {"fp16", ElementType::float16}, {"bf16", ElementType::bfloat16},   {"fp32", ElementType::float32}};
+      for (const auto& [name, type] : names)
+        if (policy_mask_dtype == name) dense_dtype = type;
+      if (!dense_dtype)
+        return fail(error(ErrorCode::invalid_argument,
+                          "--mask-dtype must be bool, uint8, int8, fp16, bf16 or fp32, got " + policy_mask_dtype));
+    }
+    auto call = make_call(call_options, dense_dtype);
     if (!call) return fail(call.status());
     call->batch = s->batch;
     auto p = decide(*s, *call);
