@@ -1,8 +1,8 @@
 """masklens against real PyTorch on a GPU (exit 77, skipped, without torch or a GPU).
 
-1. Capability rules: for a grid of calls, torch's own checks
-   (torch.backends.cuda.can_use_{flash,efficient,cudnn}_attention) against the rules
-   masklens applies to torch.sdpa.{flash,efficient,cudnn}. masklens accepting a call
+1. Capability rules: for a grid of calls, without and with a dense bool mask, torch's
+   own checks (torch.backends.cuda.can_use_{flash,efficient,cudnn}_attention) against
+   what masklens accepts of torch.sdpa.{flash,efficient,cudnn}. masklens accepting a call
    torch refuses is a failure (the chosen call would not run); masklens refusing a call
    torch accepts is reported (a conservative rule).
 2. Decisions run: masks built in torch from their definitions (causal, windows, chunks,
@@ -12,6 +12,7 @@
 
 usage: check_torch.py MASKLENS [--json OUT]
 """
+import itertools
 import json
 import os
 import subprocess
@@ -58,12 +59,14 @@ def call_options(dtype, head_dim, heads, training=False, dropout=0.0):
 
 
 # 1. Capability rules ------------------------------------------------------------------
-def torch_accepts(dtype, head_dim, q_len, k_len, training, dropout, head_dim_v=None):
+def torch_accepts(dtype, head_dim, q_len, k_len, training, dropout, head_dim_v=None, with_mask=False):
     shape_q, shape_k = (2, 4, q_len, head_dim), (2, 4, k_len, head_dim)
     q = torch.randn(shape_q, device=DEV, dtype=DTYPES[dtype], requires_grad=training)
     k = torch.randn(shape_k, device=DEV, dtype=DTYPES[dtype], requires_grad=training)
     v = torch.randn((2, 4, k_len, head_dim_v or head_dim), device=DEV, dtype=DTYPES[dtype], requires_grad=training)
-    params = torch.backends.cuda.SDPAParams(q, k, v, None, dropout, False, False)
+    # A dense bool mask as frameworks pass it: [B, 1, Q, K], broadcast over heads.
+    mask = torch.ones(2, 1, q_len, k_len, device=DEV, dtype=torch.bool) if with_mask else None
+    params = torch.backends.cuda.SDPAParams(q, k, v, mask, dropout, False, False)
     return {"torch.sdpa.flash": torch.backends.cuda.can_use_flash_attention(params, False),
             "torch.sdpa.efficient": torch.backends.cuda.can_use_efficient_attention(params, False),
             "torch.sdpa.cudnn": torch.backends.cuda.can_use_cudnn_attention(params, False)}
@@ -73,26 +76,33 @@ def check_rules():
     # (q/k head dim, v head dim): equal dims, then MLA-like and other unequal pairs.
     dims = [(d, d) for d in (16, 32, 60, 64, 72, 96, 100, 128, 160, 192, 200, 224, 256, 264, 320, 512)]
     dims += [(192, 128), (128, 64), (64, 128), (256, 128)]
-    for dtype in ("bf16", "fp16", "fp32"):
-        for head_dim, head_dim_v in dims:
-            for q_len, k_len in ((128, 128), (256, 64), (64, 1)):
-                for training, dropout in ((False, 0.0), (True, 0.0), (True, 0.1)):
-                    accepted = torch_accepts(dtype, head_dim, q_len, k_len, training, dropout, head_dim_v)
-                    doc = masklens("policy", "--structure", '{"kind": "full"}', "--shape", f"2,4,{q_len},{k_len}",
-                                   "--json", *call_options(dtype, head_dim, 4, training, dropout),
-                                   "--head-dim-v", str(head_dim_v))
-                    refused = {r["backend"]: r.get("rules", []) for r in doc["policy"]["rejected"]
-                               if r["kind"] == "refused"}
-                    for backend, ok in accepted.items():
-                        ours = backend not in refused
-                        row = {"dtype": dtype, "head_dim": head_dim, "head_dim_v": head_dim_v, "q": q_len, "k": k_len, "training": training,
-                               "dropout": dropout, "backend": backend, "torch": ok, "masklens": ours,
-                               "rules": refused.get(backend, [])}
-                        report["rules"].append(row)
-                        if ours and not ok:
-                            failures.append(f"rules: masklens accepts, torch refuses: {row}")
-                        elif ok and not ours:
-                            notes.append(f"rules: masklens refuses ({', '.join(row['rules'])}), torch accepts: {row}")
+    grid = itertools.product(("bf16", "fp16", "fp32"), dims, ((128, 128), (256, 64), (64, 1)),
+                             ((False, 0.0), (True, 0.0), (True, 0.1)), (False, True))
+    for dtype, (head_dim, head_dim_v), (q_len, k_len), (training, dropout), with_mask in grid:
+        # Without a mask: masklens's capability rules. With a dense bool mask (an arbitrary
+        # structure): masklens accepts a backend when it keeps it as a way to run the mask
+        # (chosen, or rejected only as slower); defects count as refusals there.
+        accepted = torch_accepts(dtype, head_dim, q_len, k_len, training, dropout, head_dim_v, with_mask)
+        kind = "arbitrary" if with_mask else "full"
+        policy = masklens("policy", "--structure", '{"kind": "%s"}' % kind, "--shape", f"2,4,{q_len},{k_len}",
+                          "--json", *call_options(dtype, head_dim, 4, training, dropout),
+                          "--head-dim-v", str(head_dim_v), "--mask-dtype", "bool")["policy"]
+        if with_mask:
+            kept = {policy["backend"]} | {r["backend"] for r in policy["rejected"] if r["kind"] == "slower"}
+            refused = {r["backend"]: r.get("rules", [r.get("defect", r["kind"])])
+                       for r in policy["rejected"] if r["backend"] not in kept}
+        else:
+            refused = {r["backend"]: r.get("rules", []) for r in policy["rejected"] if r["kind"] == "refused"}
+        for backend, ok in accepted.items():
+            ours = backend not in refused
+            row = {"dtype": dtype, "head_dim": head_dim, "head_dim_v": head_dim_v, "q": q_len, "k": k_len,
+                   "training": training, "dropout": dropout, "mask": with_mask, "backend": backend,
+                   "torch": ok, "masklens": ours, "rules": refused.get(backend, [])}
+            report["rules"].append(row)
+            if ours and not ok:
+                failures.append(f"rules: masklens accepts, torch refuses: {row}")
+            elif ok and not ours:
+                notes.append(f"rules: masklens refuses ({', '.join(row['rules'])}), torch accepts: {row}")
 
 
 # 2. Decisions run ---------------------------------------------------------------------
