@@ -108,6 +108,21 @@ inline RowSpan scan_byte_row(const std::uint8_t* row, std::int64_t k_len, Polari
   return span;
 }
 
+// Key k of a row, of class c, scanned in increasing key order.
+inline void add_element(RowSpan& span, ElementClass c, std::int64_t k) noexcept {
+  switch (c) {
+    case ElementClass::bias: span.flags |= kRowBias; [[fallthrough]];
+    case ElementClass::allowed:
+      if (span.count == 0) span.first = k;
+      span.last = k;
+      ++span.count;
+      break;
+    case ElementClass::finite_masked: span.flags |= kRowFiniteMasked; break;
+    case ElementClass::invalid: span.flags |= kRowInvalid; break;
+    case ElementClass::masked: break;
+  }
+}
+
 // An additive row (2- or 4-byte values) with unit key stride, 8 bytes at a time: a word
 // whose every value is +-0 (attends) or masked (-inf, or finite at or below the
 // threshold) is settled with a few integer operations on its lanes; any other word
@@ -130,17 +145,7 @@ inline RowSpan scan_additive_row(const std::uint8_t* row, std::int64_t k_len, co
     } else {
       std::memcpy(&v, row + k * 4, 4);
     }
-    switch (classify_bits(v, b)) {
-      case ElementClass::bias: span.flags |= kRowBias; [[fallthrough]];
-      case ElementClass::allowed:
-        if (span.count == 0) span.first = k;
-        span.last = k;
-        ++span.count;
-        break;
-      case ElementClass::finite_masked: span.flags |= kRowFiniteMasked; break;
-      case ElementClass::invalid: span.flags |= kRowInvalid; break;
-      case ElementClass::masked: break;
-    }
+    add_element(span, classify_bits(v, b), k);
   };
   // Masks repeat one masked value: once a word of it is classified, equal words are
   // skipped with one comparison (as are all-zero words, which attend).
@@ -189,19 +194,7 @@ inline RowSpan scan_generic_row(const std::uint8_t* row, std::int64_t k_len, std
   RowSpan span;
   const std::uint8_t* p = row;
   for (std::int64_t k = 0; k < k_len; ++k, p += k_stride_bytes) {
-    switch (classify_element(p, dtype, enc.polarity, enc.masked_threshold)) {
-      case ElementClass::bias:
-        span.flags |= kRowBias;
-        [[fallthrough]];
-      case ElementClass::allowed:
-        if (span.count == 0) span.first = k;
-        span.last = k;
-        ++span.count;
-        break;
-      case ElementClass::finite_masked: span.flags |= kRowFiniteMasked; break;
-      case ElementClass::invalid: span.flags |= kRowInvalid; break;
-      case ElementClass::masked: break;
-    }
+    add_element(span, classify_element(p, dtype, enc.polarity, enc.masked_threshold), k);
   }
   return span;
 }
