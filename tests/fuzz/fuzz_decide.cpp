@@ -26,7 +26,8 @@ struct Bytes {
 MaskStructure structure(Bytes& in) {
   MaskStructure s;
   s.batch = 1 + in.next(3);
-  const bool large = in.next(8) == 0;  // lengths past the 32-bit defects' bounds
+  const bool large = in.next(32) == 1;  // lengths past the 32-bit defects' bounds (slow to check: rare,
+                                         // and not what an exhausted input reads: zeros)
   s.q_len = large ? 69632 - in.next(3) : 1 + in.next(48);
   s.k_len = in.next(2) ? s.q_len : (large ? 69632 + 16 * in.next(4096) : 1 + in.next(48));
   s.kind = static_cast<StructureKind>(in.next(7));
