@@ -22,17 +22,6 @@ MaskStructure make(StructureKind kind, std::int64_t q, std::int64_t k, Alignment
   return s;
 }
 
-// A rule's fixed text, without the connective the call's value would follow.
-std::string reason_text(const Rule& r) {
-  std::string text(r.text);
-  for (std::string_view tail : {", got ", " got ", ", not "})
-    if (text.size() >= tail.size() && text.compare(text.size() - tail.size(), tail.size(), tail) == 0) {
-      text.resize(text.size() - tail.size());
-      break;
-    }
-  return text;
-}
-
 std::string cell(Backend b, const MaskStructure& s) {
   if (detail::native_args(b, s)) return "native";
   const bool dense = detail::dense_args(b, s);
@@ -115,7 +104,7 @@ std::string render() {
       if (detail::rules(other).data() == table.data())
         names += (names.empty() ? "`" : " / `") + std::string(to_string(other)) + "`";
     for (const Rule& r : table)
-      out << "| " << names << " | `" << r.name << "` | " << reason_text(r) << " | " << r.source << " |\n";
+      out << "| " << names << " | `" << r.name << "` | " << r.text << " | " << r.source << " |\n";
   }
   out << "\n## Known defects\n"
          "A defect applies to every version unless a release is known to carry its fix.\n\n"

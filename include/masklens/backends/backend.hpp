@@ -139,7 +139,7 @@ inline const ArgValue* find_arg(const Args& args, std::string_view name) noexcep
 }
 
 // One capability constraint: a name, where it comes from, the test, and the reason:
-// fixed text, followed by what `detail` formats from the call (null: nothing).
+// fixed text, then ", " and what `detail` formats from the call (null: nothing).
 struct Rule {
   std::string_view name;
   std::string_view source;
@@ -176,7 +176,7 @@ struct Refusals {
       if (!(refused >> i & 1)) continue;
       if (!out.empty()) out += "; ";
       out += rules[i].text;
-      if (rules[i].detail) out += rules[i].detail(call);
+      if (rules[i].detail) out += ", " + rules[i].detail(call);
     }
     return out;
   }
@@ -205,10 +205,10 @@ inline std::string num(std::int64_t v) { return std::to_string(v); }
 inline bool is_fp32(const AttentionCall& c) { return c.dtype == DType::float32; }
 inline bool before_sm80(const AttentionCall& c) { return c.sm < 80; }
 
-// The call's values that rule reasons end with.
-inline std::string head_dim_of(const AttentionCall& c) { return num(c.head_dim); }
-inline std::string sm_of(const AttentionCall& c) { return "sm" + num(c.sm); }
-inline std::string dtype_of(const AttentionCall& c) { return std::string(to_string(c.dtype)); }
+// What a refused call had, after a rule's reason: "flash needs sm80 or newer, got sm75".
+inline std::string got_head_dim(const AttentionCall& c) { return "got " + num(c.head_dim); }
+inline std::string got_sm(const AttentionCall& c) { return "got sm" + num(c.sm); }
+inline std::string not_dtype(const AttentionCall& c) { return "not " + std::string(to_string(c.dtype)); }
 
 // Structure facts every backend header asks.
 inline bool plain(const MaskStructure& s) noexcept { return !s.has_kv_valid() && !s.has_segments(); }

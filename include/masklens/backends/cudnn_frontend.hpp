@@ -15,10 +15,10 @@ inline constexpr Rule kRules[] = {
     installed<&AttentionCall::cudnn_frontend>("cudnn_frontend.installed", "cudnn_frontend version not given"),
     {"cudnn_frontend.dtype", kDocs, is_fp32,
      "cuDNN SDPA needs fp16 or bf16"},
-    {"cudnn_frontend.sm", kDocs, before_sm80, "cuDNN SDPA needs sm80 or newer, got ",
-     sm_of},
+    {"cudnn_frontend.sm", kDocs, before_sm80, "cuDNN SDPA needs sm80 or newer",
+     got_sm},
     {"cudnn_frontend.head_dim", kDocs, [](const AttentionCall& c) { return c.head_dim % 8 != 0 || c.head_dim > 256; },
-     "cuDNN SDPA needs head_dim divisible by 8 and <= 256, got ", head_dim_of},
+     "cuDNN SDPA needs head_dim divisible by 8 and <= 256", got_head_dim},
 };
 
 inline bool native_args(const MaskStructure& s, Args* out = nullptr) {

@@ -18,9 +18,9 @@ inline constexpr Rule kFa2Rules[] = {
     {"fa2.dtype", kReadme, is_fp32,
      "flash-attn needs fp16 or bf16"},
     {"fa2.head_dim", kReadme, [](const AttentionCall& c) { return c.head_dim > 256 || c.value_head_dim() != c.head_dim; },
-     "flash-attn needs equal head dims <= 256, got ", head_dim_of},
-    {"fa2.sm", kReadme, before_sm80, "flash-attn 2 needs sm80 or newer, got ",
-     sm_of},
+     "flash-attn needs equal head dims <= 256", got_head_dim},
+    {"fa2.sm", kReadme, before_sm80, "flash-attn 2 needs sm80 or newer",
+     got_sm},
 };
 
 inline constexpr Rule kFa3Rules[] = {
@@ -28,9 +28,9 @@ inline constexpr Rule kFa3Rules[] = {
     {"fa3.dtype", kHopperReadme, is_fp32,
      "flash-attn 3 needs fp16 or bf16 (or fp8)"},
     {"fa3.head_dim", kHopperReadme, [](const AttentionCall& c) { return c.head_dim > 256 || c.value_head_dim() > 256; },
-     "flash-attn 3 needs head dims <= 256, got ", head_dim_of},
+     "flash-attn 3 needs head dims <= 256", got_head_dim},
     {"fa3.sm90", kHopperReadme, [](const AttentionCall& c) { return c.sm < 90 || c.sm >= 100; },
-     "flash-attn 3 runs on Hopper (sm90), got ", sm_of},
+     "flash-attn 3 runs on Hopper (sm90)", got_sm},
 };
 
 inline std::span<const Rule> rules(Backend b) noexcept {

@@ -15,8 +15,8 @@ inline constexpr Rule kRules[] = {
     {"flashinfer.inference", kDocs, [](const AttentionCall& c) { return c.training; }, "FlashInfer has no backward pass"},
     {"flashinfer.dtype", kDocs, is_fp32,
      "FlashInfer needs fp16 or bf16"},
-    {"flashinfer.sm", kDocs, before_sm80, "FlashInfer needs sm80 or newer here, got ",
-     sm_of},
+    {"flashinfer.sm", kDocs, before_sm80, "FlashInfer needs sm80 or newer here",
+     got_sm},
 };
 
 inline bool native_args(const MaskStructure& s, Args* out = nullptr) {

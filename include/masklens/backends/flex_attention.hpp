@@ -14,11 +14,11 @@ inline constexpr std::string_view kDocs = "pytorch docs torch.nn.attention.flex_
 
 inline constexpr Rule kRules[] = {
     {"flex.torch_2_5", kDocs, [](const AttentionCall& c) { return c.torch < version(2, 5); },
-     "flex_attention needs torch >= 2.5, got ", [](const AttentionCall& c) { return c.torch.to_string(); }},
+     "flex_attention needs torch >= 2.5", [](const AttentionCall& c) { return "got " + c.torch.to_string(); }},
     {"flex.sm", kDocs, before_sm80,
-     "flex_attention's Triton kernels need sm80 or newer here, got ", sm_of},
+     "flex_attention's Triton kernels need sm80 or newer here", got_sm},
     {"flex.head_dim", kDocs, [](const AttentionCall& c) { return c.head_dim < 16; },
-     "flex_attention needs head_dim >= 16, got ", head_dim_of},
+     "flex_attention needs head_dim >= 16", got_head_dim},
 };
 
 // Python source of the mask_mod for a structure (q_idx, kv_idx, b are flex's names).

@@ -15,13 +15,13 @@ inline constexpr std::string_view kSdpUtils = "pytorch aten/src/ATen/native/tran
 inline bool half_or_bf16(const AttentionCall& c) { return c.dtype == DType::float16 || c.dtype == DType::bfloat16; }
 
 inline constexpr Rule kFlashRules[] = {
-    {"flash.dtype", kSdpUtils, [](const AttentionCall& c) { return !half_or_bf16(c); }, "flash needs fp16 or bf16, not ",
-     dtype_of},
+    {"flash.dtype", kSdpUtils, [](const AttentionCall& c) { return !half_or_bf16(c); }, "flash needs fp16 or bf16",
+     not_dtype},
     {"flash.head_dim", kSdpUtils, [](const AttentionCall& c) { return c.head_dim > 256; },
-     "flash needs head_dim <= 256, got ", head_dim_of},
+     "flash needs head_dim <= 256", got_head_dim},
     {"flash.head_dim_v", kSdpUtils, [](const AttentionCall& c) { return c.value_head_dim() != c.head_dim; },
      "flash needs equal q/k and v head dims"},
-    {"flash.sm", kSdpUtils, before_sm80, "flash needs sm80 or newer, got ", sm_of},
+    {"flash.sm", kSdpUtils, before_sm80, "flash needs sm80 or newer", got_sm},
     {"flash.sm86_89_training_d192_224", kSdpUtils,
      [](const AttentionCall& c) { return c.sm >= 86 && c.sm <= 89 && c.training && c.head_dim > 192 && c.head_dim <= 224; },
      "flash backward with head_dim in (192, 224] is refused on sm86-89"},
@@ -29,7 +29,7 @@ inline constexpr Rule kFlashRules[] = {
 
 inline constexpr Rule kEfficientRules[] = {
     {"efficient.bf16_sm80", kSdpUtils, [](const AttentionCall& c) { return c.dtype == DType::bfloat16 && c.sm < 80; },
-     "efficient needs sm80 or newer for bf16, got ", sm_of},
+     "efficient needs sm80 or newer for bf16", got_sm},
     // check_head_dim_size_mem_efficient: alignment 4 for fp32, 8 for fp16/bf16 (agrees with
     // can_use_efficient_attention on torch 2.11, H200: tests/torch/check_torch.py).
     {"efficient.head_dim_alignment", kSdpUtils,
@@ -37,25 +37,25 @@ inline constexpr Rule kEfficientRules[] = {
        const std::int64_t alignment = c.dtype == DType::float32 ? 4 : 8;
        return c.head_dim % alignment != 0 || c.value_head_dim() % alignment != 0;
      },
-     "efficient needs head dims divisible by 8 (4 for fp32), got ", head_dim_of},
-    {"efficient.sm", kSdpUtils, [](const AttentionCall& c) { return c.sm < 50; }, "efficient needs sm50 or newer, got ",
-     sm_of},
+     "efficient needs head dims divisible by 8 (4 for fp32)", got_head_dim},
+    {"efficient.sm", kSdpUtils, [](const AttentionCall& c) { return c.sm < 50; }, "efficient needs sm50 or newer",
+     got_sm},
 };
 
 inline constexpr Rule kCudnnRules[] = {
-    {"cudnn.dtype", kSdpUtils, [](const AttentionCall& c) { return !half_or_bf16(c); }, "cuDNN needs fp16 or bf16, not ",
-     dtype_of},
+    {"cudnn.dtype", kSdpUtils, [](const AttentionCall& c) { return !half_or_bf16(c); }, "cuDNN needs fp16 or bf16",
+     not_dtype},
     {"cudnn.head_dim_multiple_8", kSdpUtils, [](const AttentionCall& c) { return c.head_dim % 8 != 0; },
-     "cuDNN needs head_dim divisible by 8, got ", head_dim_of},
+     "cuDNN needs head_dim divisible by 8", got_head_dim},
     {"cudnn.head_dim", "sdp_utils.cpp check_cudnn_head_dim; H200 torch 2.11 / cuDNN 9.19 accepted 256 (BACKGROUND.md)",
      [](const AttentionCall& c) {
        const bool big_ok = c.sm == 90 || c.sm == 100 || c.sm == 103;
        return c.head_dim > (big_ok ? 256 : 128) || c.value_head_dim() > (big_ok ? 256 : 128);
      },
-     "cuDNN needs head_dim <= 128 (256 on sm90/sm10x), got ",
-     [](const AttentionCall& c) { return num(c.head_dim) + " on " + sm_of(c); }},
+     "cuDNN needs head_dim <= 128 (256 on sm90/sm10x)",
+     [](const AttentionCall& c) { return got_head_dim(c) + " on sm" + num(c.sm); }},
     {"cudnn.sm", kSdpUtils, before_sm80,
-     "cuDNN attention needs sm80 or newer, got ", sm_of},
+     "cuDNN attention needs sm80 or newer", got_sm},
     {"cudnn.batch_heads_65535", kSdpUtils, [](const AttentionCall& c) { return c.batch > 65535 || c.heads > 65535; },
      "cuDNN needs batch and heads <= 65535"},
     {"cudnn.kv_length_1", kSdpUtils, [](const AttentionCall& c) { return c.k_len == 1; }, "cuDNN refuses a key length of 1"},
@@ -63,7 +63,7 @@ inline constexpr Rule kCudnnRules[] = {
      "cuDNN attention is refused in deterministic mode"},
     {"cudnn.dropout_9_11_to_9_13", kSdpUtils,
      [](const AttentionCall& c) { return c.dropout > 0 && c.cudnn >= version(9, 11) && c.cudnn < version(9, 14); },
-     "cuDNN refuses dropout in 9.11-9.13, got ", [](const AttentionCall& c) { return c.cudnn.to_string(); }},
+     "cuDNN refuses dropout in 9.11-9.13", [](const AttentionCall& c) { return "got " + c.cudnn.to_string(); }},
 };
 
 // CausalBias lower-right runs on flash or efficient (custom_mask_type 2): refused only

@@ -14,7 +14,7 @@ inline constexpr std::string_view kDocs = "TransformerEngine docs, DotProductAtt
 inline constexpr Rule kRules[] = {
     installed<&AttentionCall::transformer_engine>("te.installed", "transformer_engine version not given"),
     {"te.dtype", kDocs, is_fp32, "TransformerEngine's fused attention needs fp16 or bf16"},
-    {"te.sm", kDocs, before_sm80, "TransformerEngine's fused attention needs sm80 or newer, got ", sm_of},
+    {"te.sm", kDocs, before_sm80, "TransformerEngine's fused attention needs sm80 or newer", got_sm},
 };
 
 inline bool native_args(const MaskStructure& s, Args* out = nullptr) {

@@ -12,7 +12,7 @@ inline constexpr std::string_view kDocs = "xformers docs, xformers.ops.fmha.attn
 
 inline constexpr Rule kRules[] = {
     installed<&AttentionCall::xformers>("xformers.installed", "xformers version not given"),
-    {"xformers.sm", kDocs, [](const AttentionCall& c) { return c.sm < 50; }, "xformers needs sm50 or newer, got ", sm_of},
+    {"xformers.sm", kDocs, [](const AttentionCall& c) { return c.sm < 50; }, "xformers needs sm50 or newer", got_sm},
 };
 
 inline bool native_args(const MaskStructure& s, Args* out = nullptr) {
