@@ -71,8 +71,7 @@ inline nlohmann::json to_json(const Policy& p) {
                      {"source", std::string(r.source)}};
     if (r.kind == RejectionKind::refused) {
       x["rules"] = nlohmann::json::array();
-      for (std::size_t i = 0; i < r.refusals.rules.size(); ++i)
-        if (r.refusals.refused >> i & 1) x["rules"].push_back(std::string(r.refusals.rules[i].name));
+      r.refusals.for_each([&](const Rule& rule) { x["rules"].push_back(std::string(rule.name)); });
     }
     if (r.kind == RejectionKind::defect) x["defect"] = std::string(r.defect->id);
     j["rejected"].push_back(std::move(x));

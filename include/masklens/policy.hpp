@@ -132,6 +132,17 @@ inline std::span<const Rule> rules(Backend b) noexcept {
   return {};
 }
 
+// Every table fits the Refusals bit set.
+static_assert(std::size(backends::torch_sdpa::kCausalLowerRightRules) <= kMaxRules &&
+              std::size(backends::torch_sdpa::kCudnnRules) <= kMaxRules &&
+              std::size(backends::flash_attn::kFa2Rules) <= kMaxRules &&
+              std::size(backends::flash_attn::kFa3Rules) <= kMaxRules &&
+              std::size(backends::flex_attention::kRules) <= kMaxRules &&
+              std::size(backends::xformers::kRules) <= kMaxRules &&
+              std::size(backends::transformer_engine::kRules) <= kMaxRules &&
+              std::size(backends::flashinfer::kRules) <= kMaxRules &&
+              std::size(backends::cudnn_frontend::kRules) <= kMaxRules);
+
 inline Refusals refusals(Backend b, const AttentionCall& c) noexcept {
   return family(b) == kFamilyTorch ? backends::torch_sdpa::refusals(b, c) : check_rules(rules(b), c);
 }

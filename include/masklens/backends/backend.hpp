@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <bit>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -163,29 +164,34 @@ struct Refusals {
   std::uint64_t refused = 0;
 
   [[nodiscard]] bool any() const noexcept { return refused != 0; }
+  // f(rule) for every refusing rule, in table order.
+  template <class F>
+  void for_each(F&& f) const {
+    for (std::uint64_t m = refused; m != 0; m &= m - 1) f(rules[static_cast<std::size_t>(std::countr_zero(m))]);
+  }
   // The first refusing rule's source.
   [[nodiscard]] std::string_view source() const noexcept {
-    for (std::size_t i = 0; i < rules.size(); ++i)
-      if (refused >> i & 1) return rules[i].source;
-    return {};
+    return refused ? rules[static_cast<std::size_t>(std::countr_zero(refused))].source : std::string_view{};
   }
   // Every refusing rule's reason, "; "-separated, in table order.
   [[nodiscard]] std::string text(const AttentionCall& call) const {
     std::string out;
-    for (std::size_t i = 0; i < rules.size(); ++i) {
-      if (!(refused >> i & 1)) continue;
+    for_each([&](const Rule& r) {
       if (!out.empty()) out += "; ";
-      out += rules[i].text;
-      if (rules[i].detail) out += ", " + rules[i].detail(call);
-    }
+      out += r.text;
+      if (r.detail) out += ", " + r.detail(call);
+    });
     return out;
   }
 };
 
-// Every refusal of `rules` (at most 64) for `call`.
+// A rule table fits Refusals' bit set.
+inline constexpr std::size_t kMaxRules = 64;
+
+// Every refusal of `rules` for `call` (tables hold at most kMaxRules: policy.hpp checks).
 inline Refusals check_rules(std::span<const Rule> rules, const AttentionCall& call) noexcept {
   Refusals r{rules};
-  for (std::size_t i = 0; i < rules.size() && i < 64; ++i)
+  for (std::size_t i = 0; i < rules.size(); ++i)
     if (rules[i].refuses(call)) r.refused |= std::uint64_t{1} << i;
   return r;
 }
