@@ -191,11 +191,6 @@ inline bool dense_args(Backend b, const MaskStructure& s, Args* out = nullptr) {
   }
 }
 
-// The first defect that forbids this use, or null.
-inline const Defect* blocking_defect(Backend b, Usage usage, const AttentionCall& c, const MaskStructure& s) {
-  return first_defect({b, usage, c, s});
-}
-
 // A way to run the mask: its arguments are built only for the one chosen.
 struct Candidate {
   Backend backend;
@@ -226,7 +221,7 @@ inline std::optional<PlanStep> plan_step(const RowRun& run, const AttentionCall&
   std::optional<Backend> best;
   for (Backend b : {Backend::sdpa_cudnn, Backend::sdpa_flash, Backend::sdpa_causal_lower_right,
                     Backend::sdpa_efficient, Backend::sdpa_math}) {
-    if (refusals(b, sub).any() || blocking_defect(b, Usage::plan_step, sub, s)) continue;
+    if (refusals(b, sub).any() || first_defect({b, Usage::plan_step, sub, s})) continue;
     if (!backends::torch_sdpa::native_args(b, slice)) continue;
     if (!best || cost_rank(b) < cost_rank(*best)) best = b;
   }
@@ -282,14 +277,14 @@ inline Result<Policy> decide(const MaskStructure& structure, const AttentionCall
       }
       const Defect* lost = nullptr;
       if (!must_keep_mask && detail::native_args(b, s)) {
-        if (!(lost = detail::blocking_defect(b, Usage::native, call, s))) {
+        if (!(lost = first_defect({b, Usage::native, call, s}))) {
           candidates[n_candidates++] = {b, Usage::native, cost_rank(b)};
           any_native = true;
           continue;
         }
       }
       if (detail::dense_args(b, s)) {
-        if (const Defect* d = detail::blocking_defect(b, Usage::dense_mask, call, s)) {
+        if (const Defect* d = first_defect({b, Usage::dense_mask, call, s})) {
           lost = lost ? lost : d;
         } else {
           candidates[n_candidates++] = {b, Usage::dense_mask, cost_rank(b) + kDensePenalty};
