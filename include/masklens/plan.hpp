@@ -39,8 +39,10 @@ class RowBreaks {
  public:
   RowBreaks(const MaskStructure& s, std::int64_t b) : offset_(s.key_position(0)), chunk_(0) {
     const std::int64_t K = s.k_len, W = s.window;
-    points_.reserve(3 * (5 + 2 * s.blocks.size() + 2 * 5 +
-                         2 * (s.has_segments() ? s.segments[static_cast<std::size_t>(b)].size() : 0)));
+    // At most: 3 edges, 2 kind parameters or 2 per block, 5 kv_valid bounds, 2 per
+    // document offset; 3 points each.
+    const std::size_t offsets = s.has_segments() ? s.segments[static_cast<std::size_t>(b)].size() : 0;
+    points_.reserve(3 * (3 + std::max<std::size_t>(2, 2 * s.blocks.size()) + 5 + 2 * offsets));
     auto add = [&](std::int64_t x) { points_.insert(points_.end(), {x - 1, x, x + 1}); };
     add(0);
     add(K - 1);
@@ -88,18 +90,19 @@ class RowBreaks {
   std::vector<std::int64_t> points_;
 };
 
-// Builds runs from rows fed in order; refuses past `max_runs`.
+// Builds runs from rows fed in order into `runs` (empty at the start); refuses past
+// `max_runs`. The open run is runs.back(): its k_range holds its first key and its
+// latest row's last key + 1.
 class RunBuilder {
  public:
   RunBuilder(std::vector<RowRun>& runs, std::int64_t max_runs) : runs_(runs), max_runs_(max_runs) {}
 
   // Row q of batch b attends `r`. False once more than max_runs runs would be needed.
   bool push(std::int64_t b, std::int64_t q, const RowSpan& r) {
-    if (open_ && extends(b, q, r)) {
+    if (!runs_.empty() && extends(b, q, r)) {
       RowRun& run = runs_.back();
-      if (!r.empty() && !decided_) run.kind = r.last == last_ ? RunKind::full : RunKind::causal;
+      if (!decided_) run.kind = r.last == run.k_range.end - 1 ? RunKind::full : RunKind::causal;
       decided_ = true;
-      last_ = r.last;
       run.q_range.end = q + 1;
       if (!r.empty()) run.k_range.end = r.last + 1;
       return true;
@@ -108,17 +111,14 @@ class RunBuilder {
     RowRun run{b, r.empty() ? RunKind::zeros : RunKind::full, {q, q + 1}, {0, 0}};
     if (!r.empty()) run.k_range = {r.first, r.last + 1};
     runs_.push_back(run);
-    open_ = true;
     decided_ = r.empty();
-    first_ = r.first;
-    last_ = r.last;
     return true;
   }
 
   // Whether the open run holds rows q and q + 1 of batch b and knows its kind, so rows
   // that repeat the step between them extend it.
   [[nodiscard]] bool holds_pair(std::int64_t b, std::int64_t q) const {
-    if (!open_ || !decided_) return false;
+    if (runs_.empty() || !decided_) return false;
     const RowRun& run = runs_.back();
     return run.batch == b && run.q_range.start <= q && run.q_range.end == q + 2;
   }
@@ -127,10 +127,7 @@ class RunBuilder {
   void repeat_step(std::int64_t n) {
     RowRun& run = runs_.back();
     run.q_range.end += n;
-    if (run.kind == RunKind::causal) {
-      last_ += n;
-      run.k_range.end = last_ + 1;
-    }
+    if (run.kind == RunKind::causal) run.k_range.end += n;
   }
 
  private:
@@ -138,15 +135,15 @@ class RunBuilder {
     const RowRun& run = runs_.back();
     if (run.batch != b || run.q_range.end != q) return false;
     if (run.kind == RunKind::zeros) return r.empty();
-    if (r.empty() || r.first != first_) return false;
-    if (!decided_) return r.last == last_ || r.last == last_ + 1;
-    return r.last == last_ + (run.kind == RunKind::causal ? 1 : 0);
+    if (r.empty() || r.first != run.k_range.start) return false;
+    const std::int64_t last = run.k_range.end - 1;
+    if (!decided_) return r.last == last || r.last == last + 1;
+    return r.last == last + (run.kind == RunKind::causal ? 1 : 0);
   }
 
   std::vector<RowRun>& runs_;
   std::int64_t max_runs_;
-  bool open_ = false, decided_ = false;  // decided: a zeros run, or a second row fixed full vs causal
-  std::int64_t first_ = 0, last_ = 0;    // the open run's first key and its latest row's last key
+  bool decided_ = false;  // the open run is zeros, or a second row fixed full vs causal
 };
 
 }  // namespace detail
