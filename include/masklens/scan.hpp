@@ -148,9 +148,9 @@ inline RowSpan scan_additive_row(const std::uint8_t* row, std::int64_t k_len, co
     add_element(span, classify_bits(v, b), k);
   };
   // Masks repeat one masked value: once a word of it is classified, equal words are
-  // skipped with one comparison (as are all-zero words, which attend).
+  // skipped with one comparison (as are all-zero words, which attend). 0 is never a
+  // masked word, and all-zero words are taken first, so 0 means "none yet".
   std::uint64_t known_masked = 0;
-  bool have_known = false;
   std::int64_t k = 0;
   for (; k + kLanes <= k_len; k += kLanes) {
     const std::uint64_t w = load_u64(row + k * Esize);
@@ -160,7 +160,7 @@ inline RowSpan scan_additive_row(const std::uint8_t* row, std::int64_t k_len, co
       span.count += kLanes;
       continue;
     }
-    if (have_known && w == known_masked) continue;
+    if (w == known_masked) continue;
     const std::uint64_t mag = w & ~kSign;
     // Per lane, with the sign bit set first so no borrow crosses lanes (magnitudes and
     // thresholds are below it): the sign bit of (mag | sign) - x survives iff mag >= x.
@@ -174,10 +174,7 @@ inline RowSpan scan_additive_row(const std::uint8_t* row, std::int64_t k_len, co
       continue;
     }
     if (masked & ~(((mag | kSign) - inf) & kSign)) span.flags |= kRowFiniteMasked;  // below -inf's magnitude
-    if (masked == kSign) {  // every lane masked: its flags are recorded, equal words add nothing
-      known_masked = w;
-      have_known = true;
-    }
+    if (masked == kSign) known_masked = w;  // every lane masked: its flags are recorded, equal words add nothing
     if (zero) {
       if (span.count == 0) span.first = k + std::countr_zero(zero) / kLaneBits;
       span.last = k + (63 - std::countl_zero(zero)) / kLaneBits;
