@@ -233,6 +233,14 @@ inline std::optional<PlanStep> plan_step(const RowRun& run, const AttentionCall&
 
 }  // namespace detail
 
+// The call decide() judges: lengths left 0 take the structure's, and the batch covers it.
+inline AttentionCall effective_call(const MaskStructure& structure, AttentionCall call) noexcept {
+  if (call.q_len == 0) call.q_len = structure.q_len;
+  if (call.k_len == 0) call.k_len = structure.k_len;
+  if (call.batch < structure.batch) call.batch = structure.batch;
+  return call;
+}
+
 inline Result<Policy> decide(const MaskStructure& structure, const AttentionCall& call_in, const DecideOptions& options = {}) {
   if (structure.q_len < 1 || structure.k_len < 1 || structure.batch < 1)
     return error(ErrorCode::invalid_shape, "structure has an empty shape");
@@ -243,10 +251,7 @@ inline Result<Policy> decide(const MaskStructure& structure, const AttentionCall
   if (!(call_in.dropout >= 0.0 && call_in.dropout < 1.0))
     return error(ErrorCode::invalid_argument, "dropout must be in [0, 1)");
   return catch_alloc([&]() -> Result<Policy> {
-    AttentionCall call = call_in;
-    if (call.q_len == 0) call.q_len = structure.q_len;
-    if (call.k_len == 0) call.k_len = structure.k_len;
-    if (call.batch < structure.batch) call.batch = structure.batch;
+    const AttentionCall call = effective_call(structure, call_in);
     const MaskStructure& s = structure;
     // The mask must stay whenever dropping it would change the result.
     const bool must_keep_mask = s.kind == StructureKind::arbitrary || s.bias || s.finite_masked_rows > 0;

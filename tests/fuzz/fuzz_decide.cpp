@@ -90,10 +90,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const AttentionCall c = call(in);
   const Result<Policy> p = decide(s, c);
   if (!p) return 0;  // no available backend computes it: allowed, e.g. nothing installed
-  AttentionCall effective = c;
-  effective.q_len = s.q_len;
-  effective.k_len = s.k_len;
-  effective.batch = std::max(c.batch, s.batch);
+  const AttentionCall effective = effective_call(s, c);
   const bool must_keep = s.kind == StructureKind::arbitrary || s.bias || s.finite_masked_rows > 0;
   const ArgValue* mask = find_arg(p->args, "attn_mask");
   if (!mask) __builtin_trap();
