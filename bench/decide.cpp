@@ -33,15 +33,15 @@ double median_ns(F&& f, int reps = 2000) {
 }  // namespace
 
 int main() {
-  const AttentionCall torch_only = testing::seed_call();
-  const AttentionCall everything = testing::with_every_family(torch_only);
-  AttentionCall unversioned = torch_only;  // every family available, none installed: all refuse
-  unversioned.available = 0xff;
+  const Environment torch_only = testing::h200();
+  const Environment everything = testing::with_every_family(torch_only);
+  Environment unversioned = torch_only;  // every family available, none installed: all refuse
+  unversioned.available = kEveryFamily;
 
   struct Case {
     const char* name;
     MaskStructure s;
-    AttentionCall call;
+    Environment env;
   };
   MaskStructure causal;
   causal.q_len = causal.k_len = 69632;
@@ -61,15 +61,16 @@ int main() {
       {"causal 69632, families w/o versions", causal, unversioned},
       {"packed docs, all families (varlen)", docs, everything},
       {"right-padded causal, torch plan", padded, torch_only},
-      {"sliding window, torch dense", window, torch_only},
+      {"sliding window, torch varlen", window, torch_only},
   };
+  const AttentionCall call = testing::seed_call();
   volatile std::size_t sink = 0;
   std::printf("%-38s %10s %10s %8s %8s\n", "case", "decide", "copy", "allocs", "in result");
   for (const Case& c : cases) {
     const double copy = median_ns([&] { MaskStructure x = c.s; sink = sink + x.kv_valid.size(); });
-    const double ns = median_ns([&] { auto p = decide(c.s, c.call); sink = sink + p->rejected.size(); });
+    const double ns = median_ns([&] { auto p = decide(c.s, call, c.env); sink = sink + p->rejected.size(); });
     const long before = g_allocations.load();
-    const Result<Policy> p = decide(c.s, c.call);
+    const Result<Policy> p = decide(c.s, call, c.env);
     const long allocations = g_allocations.load() - before;
     std::printf("%-38s %7.0f ns %7.0f ns %8ld %8ld\n", c.name, ns, copy, allocations, p ? owned_blocks(*p) : -1L);
   }

@@ -17,9 +17,10 @@ using masklens::testing::seed_call;
 namespace {
 
 // Allocations made by one decide() call beyond the blocks its result owns.
-long extra_allocations(const MaskStructure& s, const AttentionCall& c) {
+long extra_allocations(const MaskStructure& s, const Environment& e) {
+  const AttentionCall c = seed_call();
   const long before = g_allocations.load();
-  const Result<Policy> p = decide(s, c);
+  const Result<Policy> p = decide(s, c, e);
   const long made = g_allocations.load() - before;
   REQUIRE(p.ok());
   REQUIRE(p->plan.empty());
@@ -31,8 +32,8 @@ long extra_allocations(const MaskStructure& s, const AttentionCall& c) {
 TEST_CASE("single-call decisions allocate only what the result holds") {
   constexpr std::int64_t L = 69632;
   const MaskStructure causal = make_structure(StructureKind::causal, 1, L, L);
-  AttentionCall unversioned = seed_call();  // every family offered, none installed: all refused
-  unversioned.available = 0xff;
+  Environment unversioned = testing::h200();  // every family offered, none installed: all refused
+  unversioned.available = kEveryFamily;
   MaskStructure docs = make_structure(StructureKind::causal, 2, L, L);
   docs.segments = {{0, 1000, 30000, L}, {0, L}};
   MaskStructure decode = make_structure(StructureKind::full, 3, 1, 4096);
@@ -42,13 +43,13 @@ TEST_CASE("single-call decisions allocate only what the result holds") {
   MaskStructure bias = make_structure(StructureKind::arbitrary, 1, 4096, 4096);
   bias.bias = true;
 
-  CHECK(extra_allocations(causal, seed_call()) == 0);
-  CHECK(extra_allocations(causal, testing::with_every_family(seed_call())) == 0);
+  CHECK(extra_allocations(causal, testing::h200()) == 0);
+  CHECK(extra_allocations(causal, testing::with_every_family()) == 0);
   CHECK(extra_allocations(causal, unversioned) == 0);
-  CHECK(extra_allocations(docs, testing::with_every_family(seed_call())) == 0);
-  CHECK(extra_allocations(decode, testing::with_every_family(seed_call())) == 0);
-  CHECK(extra_allocations(window, testing::with_every_family(seed_call())) == 0);
-  CHECK(extra_allocations(bias, seed_call()) == 0);
+  CHECK(extra_allocations(docs, testing::with_every_family()) == 0);
+  CHECK(extra_allocations(decode, testing::with_every_family()) == 0);
+  CHECK(extra_allocations(window, testing::with_every_family()) == 0);
+  CHECK(extra_allocations(bias, testing::h200()) == 0);
 }
 
 TEST_CASE("the counter sees allocations (the check above can fail)") {

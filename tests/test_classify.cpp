@@ -188,7 +188,7 @@ TEST_CASE("round trip: generated structures in every type, layout and shape") {
     // The whole pipeline: the policy for the verdict is a call or an exact plan.
     DecideOptions wide;
     wide.max_plan_calls = 512;
-    auto policy = decide(*verdict, AttentionCall{}, wide);
+    auto policy = decide(*verdict, AttentionCall{}, Environment{}, wide);
     REQUIRE(policy.ok());
     if (!policy->plan.empty()) CHECK(plan_is_exact(*verdict, *policy));
   }

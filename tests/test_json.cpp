@@ -18,7 +18,7 @@ TEST_CASE("structures round-trip through JSON") {
     s.empty_rows = testing::uniform(rng, 0, 5);
     s.bias = testing::coin(rng);
     const nlohmann::json j = to_json(s, nullptr);
-    CHECK(j["schema"] == 1);
+    CHECK(j["schema"] == 2);
     auto back = structure_from_json(nlohmann::json::parse(j.dump()), s.batch, s.heads, s.q_len, s.k_len);
     REQUIRE_MESSAGE(back.ok(), back.status().to_string() << " " << j.dump());
     CHECK(to_json(*back) == to_json(s));
@@ -28,34 +28,67 @@ TEST_CASE("structures round-trip through JSON") {
 }
 
 TEST_CASE("a policy serialises to the contract's fields") {
-  MaskStructure s;
-  s.batch = 2;
-  s.q_len = s.k_len = 1024;
-  s.kind = StructureKind::causal;
-  s.kv_valid = {{0, 1024}, {0, 700}};
+  MaskStructure s = make_structure(StructureKind::causal, 2, 4096, 4096);
+  s.kv_valid = {{0, 4096}, {40, 4096}};
+  s.empty_rows = 40;
   auto p = decide(s, AttentionCall{});
   REQUIRE(p.ok());
+  REQUIRE(p->is_plan());
   const nlohmann::json j = to_json(s, &*p);
-  CHECK(j["shape"] == nlohmann::json({2, 1, 1024, 1024}));
+  CHECK(j["shape"] == nlohmann::json({2, 1, 4096, 4096}));
   CHECK(j["structure"]["kind"] == "causal");
   CHECK(j["structure"]["alignment"] == "top_left");
   CHECK(j["structure"]["segments"].is_null());
-  CHECK(j["structure"]["kv_valid"] == nlohmann::json({{0, 1024}, {0, 700}}));
-  CHECK(j["policy"]["args"]["attn_mask"] == "drop");
+  CHECK(j["structure"]["kv_valid"] == nlohmann::json({{0, 4096}, {40, 4096}}));
+  CHECK(j["policy"]["mask"] == "drop");
+  CHECK(j["policy"]["mask_cast"].is_null());
   REQUIRE(j["policy"]["plan"].is_array());
-  CHECK(j["policy"]["plan"][0].contains("q_range"));
+  CHECK(j["policy"]["plan"].size() == p->plan.size());
+  // Batch 0 is one causal call; batch 1 starts with the 40 rows that attend to nothing.
+  CHECK(j["policy"]["plan"][0]["call"]["type"] == "sdpa");
+  CHECK(j["policy"]["plan"][0]["args"]["is_causal"] == true);
+  CHECK(j["policy"]["plan"][1]["backend"] == "zeros");
+  CHECK(j["policy"]["plan"][1]["batch"] == 1);
+  CHECK(j["policy"]["plan"][1]["q_range"] == nlohmann::json({0, 40}));
   CHECK(j["policy"]["rejected"].size() == p->rejected.size());
   for (const auto& r : j["policy"]["rejected"]) CHECK(r.contains("source"));
+}
+
+TEST_CASE("a typed call serialises with its own fields and its backend's argument names") {
+  MaskStructure s = make_structure(StructureKind::sliding_window, 1, 4096, 4096);
+  s.window = 512;
+  auto p = decide(s, AttentionCall{});
+  REQUIRE(p.ok());
+  REQUIRE(p->backend() == Backend::torch_varlen);
+  const nlohmann::json j = to_json(s, &*p)["policy"];
+  CHECK(j["backend"] == "torch.varlen_attn");
+  CHECK(j["call"]["type"] == "varlen");
+  CHECK(j["call"]["window_left"] == 511);
+  CHECK(j["call"]["sequences"] == nlohmann::json({{0, 0, 4096, 0, 4096}}));
+  CHECK(j["args"]["window_size"] == nlohmann::json({511, 0}));
+  CHECK(j["args"]["cu_seq_q"] == nlohmann::json({0, 4096}));
+  CHECK(j["mask_object"].is_null());
+  // A kept fp32 bias with bf16 inputs says the cast.
+  MaskStructure bias = make_structure(StructureKind::arbitrary, 1, 256, 256);
+  bias.bias = true;
+  AttentionCall c;
+  c.mask_dtype = ElementType::float32;
+  auto q = decide(bias, c);
+  REQUIRE(q.ok());
+  const nlohmann::json k = to_json(bias, &*q)["policy"];
+  CHECK(k["mask"] == "keep");
+  CHECK(k["mask_cast"] == "bfloat16");
 }
 
 TEST_CASE("rejections say their kind, the rules that refuse and the defect") {
   MaskStructure s = make_structure(StructureKind::arbitrary, 1, 69632, 69632);
   AttentionCall c;
   c.head_dim = 264;  // flash and cuDNN refuse; efficient takes it but not with this dense mask
-  c.available = kFamilyTorch | kFamilyFlashAttn;  // flash_attn offered without a version
-  auto p = decide(s, c);
+  Environment e;
+  e.available = kFamilyTorch | kFamilyFlashAttn;  // flash_attn offered without a version
+  auto p = decide(s, c, e);
   REQUIRE(p.ok());
-  const nlohmann::json j = to_json(*p);
+  const nlohmann::json j = to_json(*p, s);
   auto find = [&](std::string_view backend) {
     for (const auto& r : j["rejected"])
       if (r["backend"] == backend) return r;

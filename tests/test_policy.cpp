@@ -1,5 +1,8 @@
-// decide(): the rules the policy must hold, every defect row, and plans that are exact.
+// decide(): the rules the policy must hold, every defect row, mask dtypes, the cost
+// order, and calls and plans that are exact.
 #include <doctest/doctest.h>
+
+#include <masklens/call_args.hpp>
 
 #include <algorithm>
 #include <cstdint>
@@ -9,8 +12,11 @@
 #include "support/mask_gen.hpp"
 
 using namespace masklens;
+using masklens::testing::call_is_exact;
+using masklens::testing::h200;
 using masklens::testing::plan_is_exact;
 using masklens::testing::seed_call;
+using masklens::testing::with_every_family;
 
 namespace {
 
@@ -18,13 +24,9 @@ MaskStructure structure(std::int64_t batch, std::int64_t q_len, std::int64_t k_l
   return make_structure(kind, batch, q_len, k_len);
 }
 
-bool arg_is(const Args& args, const std::string& name, const ArgValue& v) {
-  const ArgValue* a = find_arg(args, name);
-  return a && *a == v;
-}
-
 bool drops_mask_as_plain_causal(const Policy& p) {
-  return p.plan.empty() && arg_is(p.args, "attn_mask", std::string("drop")) && arg_is(p.args, "is_causal", true);
+  const SdpaArgs* a = p.call.get<SdpaArgs>();
+  return !p.is_plan() && p.call.mask == MaskUse::drop && a && a->is_causal;
 }
 
 bool rejected(const Policy& p, Backend b, const std::string& needle = "") {
@@ -32,8 +34,36 @@ bool rejected(const Policy& p, Backend b, const std::string& needle = "") {
     return r.backend == b && r.reason().find(needle) != std::string::npos;
   });
 }
-bool has_hazard(const Policy& p, const std::string& kind) {
+bool has_hazard(const Policy& p, HazardKind kind) {
   return std::any_of(p.hazards.begin(), p.hazards.end(), [&](const Hazard& h) { return h.kind == kind; });
+}
+
+// A policy that computes the structure: an exact plan, an exact native call, or the dense mask kept.
+bool computes(const MaskStructure& s, const Policy& p) {
+  if (p.is_plan()) return plan_is_exact(s, p);
+  if (p.call.mask == MaskUse::keep) return true;
+  return call_is_exact(s, p.call);
+}
+
+template <class T>
+const T& args_of(const Policy& p) {
+  const T* a = p.call.get<T>();
+  REQUIRE(a != nullptr);
+  return *a;
+}
+
+// The call `b` makes for `s` natively (the question alone must give the same answer).
+Call native_call(Backend b, const MaskStructure& s, const CallContext& c = {seed_call(), with_every_family()}) {
+  Call out;
+  REQUIRE(info(b).native(s, c, &out));
+  CHECK(info(b).native(s, c, nullptr));
+  return out;
+}
+
+const ArgValue& arg(const CallArgs& a, std::string_view name) {
+  const ArgValue* v = find_arg(a.args, name);
+  REQUIRE_MESSAGE(v != nullptr, "no argument " << name);
+  return *v;
 }
 
 }  // namespace
@@ -44,7 +74,7 @@ TEST_CASE("the seed case: 69632^2 dense bool causal, bf16, d256, sm90, torch 2.1
   auto p = decide(structure(1, 69632, 69632, StructureKind::causal), seed_call());
   REQUIRE(p.ok());
   CHECK(drops_mask_as_plain_causal(*p));
-  CHECK((p->backend == Backend::sdpa_cudnn || p->backend == Backend::sdpa_flash));
+  CHECK(p->backend() == Backend::sdpa_cudnn);  // measured fastest for is_causal on the H200
   // Every backend is either chosen or rejected with a reason and a source.
   CHECK(p->rejected.size() + 1 == std::size(kAllBackends));
   for (const Rejection& r : p->rejected) {
@@ -84,31 +114,56 @@ TEST_CASE("the same shape with other structures is never plain is_causal") {
       auto p = decide(s, c);
       REQUIRE(p.ok());
       CHECK_FALSE(drops_mask_as_plain_causal(*p));
-      if (!p->plan.empty()) CHECK(plan_is_exact(s, *p));
-      else CHECK(arg_is(p->args, "attn_mask", std::string("keep")));
-      CHECK(p->backend != Backend::sdpa_efficient);  // Q*K > 2^32 with a dense mask
+      CHECK(computes(s, *p));
+      CHECK(p->backend() != Backend::sdpa_efficient);  // Q*K > 2^32 with a dense mask
     }
   }
 }
 
-TEST_CASE("plans are exact for every generated structure") {
+TEST_CASE("every policy computes its structure: plans and native calls are exact") {
   testing::Rng rng(testing::test_seed(99));
-  int plans = 0;
-  for (int i = 0; i < 400; ++i) {
+  int plans = 0, natives = 0;
+  for (int i = 0; i < 600; ++i) {
     const std::int64_t q = testing::uniform(rng, 1, 40);
     const std::int64_t k = testing::coin(rng) ? q : testing::uniform(rng, 1, 40);
     MaskStructure s = testing::random_structure(rng, testing::uniform(rng, 1, 3), q, k);
-    AttentionCall c = seed_call();
     DecideOptions o;
     o.max_plan_calls = 1000;
-    auto p = decide(s, c, o);
+    AttentionCall c = seed_call();
+    c.heads = 1 << 16;  // work, not per-call overhead, decides: plans compete with the dense mask
+    auto p = decide(s, c, testing::coin(rng) ? h200() : with_every_family(), o);
     REQUIRE(p.ok());
-    if (p->plan.empty()) continue;
-    ++plans;
     INFO(describe(s));
-    CHECK(plan_is_exact(s, *p));
+    CHECK(computes(s, *p));
+    plans += p->is_plan();
+    natives += !p->is_plan() && p->call.mask != MaskUse::keep;
   }
-  CHECK(plans > 100);
+  CHECK(plans > 50);
+  CHECK(natives > 100);
+}
+
+TEST_CASE("every native form of every backend is exact on generated structures") {
+  testing::Rng rng(testing::test_seed(7));
+  const CallContext context{seed_call(), with_every_family()};
+  std::vector<int> used(std::size(kAllBackends), 0);
+  for (int i = 0; i < 1500; ++i) {
+    const std::int64_t q = testing::uniform(rng, 1, 24);
+    const std::int64_t k = testing::coin(rng) ? q : testing::uniform(rng, 1, 24);
+    const MaskStructure s = testing::random_structure(rng, testing::uniform(rng, 1, 3), q, k);
+    if (s.kind == StructureKind::arbitrary) continue;
+    for (const BackendInfo& b : backends::kRegistry) {
+      Call c;
+      if (!b.native(s, context, &c)) continue;
+      INFO(b.name << " on " << describe(s));
+      CHECK(c.backend == b.id);
+      CHECK(call_is_exact(s, c));
+      ++used[static_cast<std::size_t>(b.id)];
+    }
+  }
+  for (const BackendInfo& b : backends::kRegistry) {
+    INFO(b.name);
+    CHECK(used[static_cast<std::size_t>(b.id)] > 0);  // the property reached every backend
+  }
 }
 
 TEST_CASE("efficient never gets a dense mask once Lq * round_up(Lk, 16) >= 2^32") {
@@ -119,31 +174,25 @@ TEST_CASE("efficient never gets a dense mask once Lq * round_up(Lk, 16) >= 2^32"
     c.training = false;
     auto p = decide(s, c);
     REQUIRE(p.ok());
-    CHECK(p->backend != Backend::sdpa_efficient);
+    CHECK(p->backend() != Backend::sdpa_efficient);
     CHECK(rejected(*p, Backend::sdpa_efficient, "efficient_mask_offset_32bit"));
   }
   // Below the bound efficient with a mask is fine.
-  auto small = decide(structure(1, 65535, 65536, StructureKind::arbitrary), [] {
-    AttentionCall c = seed_call();
-    c.training = false;
-    c.available = kFamilyTorch;
-    return c;
-  }());
+  AttentionCall c = seed_call();
+  c.training = false;
+  auto small = decide(structure(1, 65535, 65536, StructureKind::arbitrary), c);
   REQUIRE(small.ok());
   CHECK_FALSE(rejected(*small, Backend::sdpa_efficient, "efficient_mask_offset_32bit"));
 }
 
-TEST_CASE("long queries, short padded keys: a named correct backend") {
+TEST_CASE("long queries, short padded keys: a correct call") {
   auto s = structure(2, 69632, 1024, StructureKind::full);
   s.kv_valid = {{0, 1024}, {0, 700}};
   auto p = decide(s, seed_call());
   REQUIRE(p.ok());
-  if (p->plan.empty()) {
-    CHECK((p->backend == Backend::sdpa_efficient || p->backend == Backend::sdpa_cudnn));
-  } else {
-    CHECK(plan_is_exact(s, *p));
-    for (const PlanStep& step : p->plan) CHECK(step.backend != Backend::zeros);
-  }
+  CHECK(computes(s, *p));
+  CHECK(p->backend() != Backend::sdpa_efficient);  // 69632 * 1024 < 2^32, but training above 46344 with a mask
+  for (const PlanStep& step : p->plan) CHECK(step.call.backend != Backend::zeros);
 }
 
 TEST_CASE("fully masked rows: hazard listed, cuDNN never gets them with a mask") {
@@ -153,38 +202,78 @@ TEST_CASE("fully masked rows: hazard listed, cuDNN never gets them with a mask")
   c.training = false;
   auto p = decide(s, c);
   REQUIRE(p.ok());
-  CHECK(has_hazard(*p, "empty_rows"));
-  CHECK(p->backend != Backend::sdpa_cudnn);
+  CHECK(has_hazard(*p, HazardKind::empty_rows));
+  CHECK(p->backend() != Backend::sdpa_cudnn);
   CHECK(rejected(*p, Backend::sdpa_cudnn, "cudnn_empty_rows_mean_of_v"));
-  CHECK((p->backend == Backend::sdpa_efficient || p->backend == Backend::sdpa_math));
+  CHECK(p->backend() == Backend::sdpa_efficient);  // cheaper than math
   // Rows masked only by finite values are what the dense math computes: kept, not a cuDNN defect.
   s.finite_masked_rows = 12;
   auto q = decide(s, c);
   REQUIRE(q.ok());
-  CHECK(has_hazard(*q, "finite_masked_rows"));
+  CHECK(has_hazard(*q, HazardKind::finite_masked_rows));
   CHECK_FALSE(rejected(*q, Backend::sdpa_cudnn, "cudnn_empty_rows_mean_of_v"));
 }
 
 TEST_CASE("left padding leaves empty rows: the plan writes zeros for them") {
-  auto s = structure(1, 256, 256, StructureKind::causal);
-  s.kv_valid = {{40, 256}};
+  auto s = structure(1, 4096, 4096, StructureKind::causal);
+  s.kv_valid = {{40, 4096}};
   s.empty_rows = 40;
   auto p = decide(s, seed_call());
   REQUIRE(p.ok());
-  REQUIRE_FALSE(p->plan.empty());
+  REQUIRE(p->is_plan());
   CHECK(plan_is_exact(s, *p));
-  CHECK(p->plan.front().backend == Backend::zeros);
+  CHECK(p->plan.front().call.backend == Backend::zeros);
 }
 
-TEST_CASE("an fp32 mask with bf16 inputs never goes to cuDNN") {
-  auto s = structure(1, 2048, 2048, StructureKind::arbitrary);
+TEST_CASE("mask dtypes: every (mask, query) pair gets a call torch accepts") {
+  // validate_sdpa_input takes bool, fp32 or the query's dtype; efficient needs the query's
+  // dtype for a float mask; cuDNN misreads any other float dtype (pytorch#191612).
+  const ElementType masks[] = {ElementType::boolean, ElementType::uint8,    ElementType::int8,
+                               ElementType::float16, ElementType::bfloat16, ElementType::float32};
+  for (DType q : {DType::float16, DType::bfloat16, DType::float32}) {
+    for (ElementType m : masks) {
+      for (bool bias : {false, true}) {
+        if (bias && !is_additive(m)) continue;
+        AttentionCall c = seed_call();
+        c.training = false;
+        c.head_dim = 128;
+        c.dtype = q;
+        c.mask_dtype = m;
+        auto s = structure(1, 2048, 2048, StructureKind::arbitrary);
+        s.bias = bias;
+        auto p = decide(s, c);
+        REQUIRE(p.ok());
+        INFO(to_string(q) << " query, " << to_string(m) << " mask, bias " << bias << " -> " << to_string(p->backend()));
+        REQUIRE(p->call.mask == MaskUse::keep);
+        const ElementType passed = p->call.mask_cast.value_or(m);
+        // Accepted by validate_sdpa_input.
+        CHECK((passed == ElementType::boolean || passed == ElementType::float32 || passed == c.query_element()));
+        // Efficient and cuDNN get a float mask only in the query's dtype.
+        if (p->backend() == Backend::sdpa_efficient || p->backend() == Backend::sdpa_cudnn)
+          CHECK((passed == ElementType::boolean || passed == c.query_element()));
+        // Integer masks become bool, never a float (their values are not additive).
+        if (!is_additive(m)) CHECK(passed == ElementType::boolean);
+        CHECK(has_hazard(*p, HazardKind::mask_cast) == (bias && passed != m));
+      }
+    }
+  }
+}
+
+TEST_CASE("an ALiBi-like fp32 bias with bf16 inputs: kept and cast, never the raising call") {
+  auto s = structure(1, 2048, 2048, StructureKind::causal);
+  s.bias = true;
   AttentionCall c = seed_call();
   c.training = false;
   c.mask_dtype = ElementType::float32;
   auto p = decide(s, c);
   REQUIRE(p.ok());
-  CHECK(p->backend != Backend::sdpa_cudnn);
-  CHECK(rejected(*p, Backend::sdpa_cudnn, "cudnn_fp32_mask_reinterpreted"));
+  CHECK(p->call.mask == MaskUse::keep);
+  CHECK(p->call.mask_cast == ElementType::bfloat16);
+  CHECK(has_hazard(*p, HazardKind::bias));
+  CHECK(has_hazard(*p, HazardKind::mask_cast));
+  // Without the cast, cuDNN's defect would strike: it is the cast that makes cuDNN correct.
+  CHECK(first_defect({Backend::sdpa_cudnn, Usage::dense_mask, c, h200(), s, ElementType::float32}) != nullptr);
+  CHECK(first_defect({Backend::sdpa_cudnn, Usage::dense_mask, c, h200(), s, ElementType::bfloat16}) == nullptr);
 }
 
 TEST_CASE("decode: no mask without padding; a correct path with left padding") {
@@ -192,22 +281,25 @@ TEST_CASE("decode: no mask without padding; a correct path with left padding") {
   c.training = false;
   auto full = decide(structure(4, 1, 3000, StructureKind::full), c);
   REQUIRE(full.ok());
-  CHECK(arg_is(full->args, "attn_mask", std::string("drop")));
-  CHECK(full->plan.empty());
+  CHECK(full->call.mask == MaskUse::drop);
+  CHECK_FALSE(full->is_plan());
   auto s = structure(3, 1, 3000, StructureKind::full);
   s.kv_valid = {{0, 3000}, {100, 3000}, {2000, 3000}};
   auto padded = decide(s, c);
   REQUIRE(padded.ok());
-  const bool one_masked_call = arg_is(padded->args, "attn_mask", std::string("drop")) && padded->plan.empty();
-  CHECK_FALSE(one_masked_call);
-  if (!padded->plan.empty()) CHECK(plan_is_exact(s, *padded));
-  // With flash-attn installed, varlen takes it in one call.
-  c.available |= kFamilyFlashAttn;
-  c.flash_attn = version(2, 8, 3);
-  auto varlen = decide(s, c);
-  REQUIRE(varlen.ok());
-  CHECK(varlen->backend == Backend::flash_attn_varlen);
-  CHECK(arg_is(varlen->args, "cu_seqlens_k", std::vector<std::int64_t>{0, 3000, 5900, 6900}));
+  CHECK(computes(s, *padded));
+  CHECK_FALSE((padded->call.mask == MaskUse::drop && !padded->is_plan() && padded->call.get<SdpaArgs>()));
+  // torch's varlen_attn takes it in one call, keys gathered per batch.
+  CHECK(padded->backend() == Backend::torch_varlen);
+  CHECK(args_of<VarlenArgs>(*padded).cu_seqlens_k() == std::vector<std::int64_t>{0, 3000, 5900, 6900});
+  // With flash-attn 3 installed, its varlen kernel is cheaper still.
+  Environment e = h200();
+  e.available |= kFamilyFlashAttn3;
+  e.flash_attn3 = version(3, 0);
+  auto fa3 = decide(s, c, e);
+  REQUIRE(fa3.ok());
+  CHECK(fa3->backend() == Backend::flash_attn3_varlen);
+  CHECK(call_is_exact(s, fa3->call));
 }
 
 TEST_CASE("bias masks are always kept; refused head dims and dtypes are never chosen") {
@@ -215,22 +307,22 @@ TEST_CASE("bias masks are always kept; refused head dims and dtypes are never ch
   s.bias = true;
   auto p = decide(s, seed_call());
   REQUIRE(p.ok());
-  CHECK(arg_is(p->args, "attn_mask", std::string("keep")));
-  CHECK(has_hazard(*p, "bias"));
+  CHECK(p->call.mask == MaskUse::keep);
+  CHECK(has_hazard(*p, HazardKind::bias));
 
   AttentionCall big = seed_call();
   big.head_dim = 512;
   auto q = decide(structure(1, 1024, 1024, StructureKind::causal), big);
   REQUIRE(q.ok());
-  CHECK(q->backend != Backend::sdpa_flash);
-  CHECK(q->backend != Backend::sdpa_cudnn);
+  CHECK(q->backend() != Backend::sdpa_flash);
+  CHECK(q->backend() != Backend::sdpa_cudnn);
   CHECK(rejected(*q, Backend::sdpa_flash, "head_dim <= 256"));
 
   AttentionCall fp32 = seed_call();
   fp32.dtype = DType::float32;
   auto r = decide(structure(1, 1024, 1024, StructureKind::causal), fp32);
   REQUIRE(r.ok());
-  CHECK((r->backend == Backend::sdpa_efficient || r->backend == Backend::sdpa_math));
+  CHECK(r->backend() == Backend::sdpa_efficient);
 }
 
 TEST_CASE("GQA: enable_gqa where the kernel has it, an expand hazard where not") {
@@ -239,33 +331,91 @@ TEST_CASE("GQA: enable_gqa where the kernel has it, an expand hazard where not")
   c.kv_heads = 8;
   auto p = decide(structure(1, 4096, 4096, StructureKind::causal), c);
   REQUIRE(p.ok());
-  CHECK(arg_is(p->args, "enable_gqa", true));
-  c.dtype = DType::float32;  // only efficient / math remain
+  CHECK(args_of<SdpaArgs>(*p).enable_gqa);
+  CHECK_FALSE(has_hazard(*p, HazardKind::gqa_expand));
+  c.dtype = DType::float32;  // only efficient / math remain: efficient lacks enable_gqa
   c.head_dim = 64;
   auto q = decide(structure(1, 4096, 4096, StructureKind::causal), c);
   REQUIRE(q.ok());
-  if (q->backend == Backend::sdpa_efficient) CHECK(has_hazard(*q, "gqa_expand"));
+  REQUIRE(q->backend() == Backend::sdpa_efficient);
+  CHECK_FALSE(args_of<SdpaArgs>(*q).enable_gqa);
+  CHECK(has_hazard(*q, HazardKind::gqa_expand));
 }
 
-TEST_CASE("bottom-right causal goes to CausalBias lower-right, flash-attn when installed") {
+TEST_CASE("bottom-right causal goes to CausalBias lower-right, flash-attn 3 when installed") {
   auto s = structure(1, 512, 4096, StructureKind::causal);
   s.alignment = Alignment::bottom_right;
   auto p = decide(s, seed_call());
   REQUIRE(p.ok());
-  CHECK(p->backend == Backend::sdpa_causal_lower_right);
-  AttentionCall c = seed_call();
-  c.available |= kFamilyFlashAttn3;
-  c.flash_attn3 = version(3, 0);
-  auto q = decide(s, c);
+  CHECK(p->backend() == Backend::sdpa_causal_lower_right);
+  CHECK(p->call.mask == MaskUse::replace);
+  CHECK(args_of<SdpaArgs>(*p).causal_lower_right);
+  Environment e = h200();
+  e.available |= kFamilyFlashAttn3;
+  e.flash_attn3 = version(3, 0);
+  auto q = decide(s, seed_call(), e);
   REQUIRE(q.ok());
-  CHECK(q->backend == Backend::flash_attn3);
-  CHECK(arg_is(q->args, "causal", true));
+  CHECK(q->backend() == Backend::flash_attn3);
+  CHECK(args_of<KernelArgs>(*q).causal);
+  CHECK(call_is_exact(s, q->call));
+}
+
+TEST_CASE("the cost order follows the H200 measurements (bench/README.md)") {
+  // 1 x 4 x 69632 x 128, bf16, forward and backward, torch only.
+  AttentionCall c = seed_call();
+  c.head_dim = 128;
+  const std::int64_t L = 69632;
+  // A 4096 window: varlen_attn (7.1 ms measured) over the dense mask (127.0 ms).
+  auto window = structure(1, L, L, StructureKind::sliding_window);
+  window.window = 4096;
+  auto w = decide(window, c);
+  REQUIRE(w.ok());
+  CHECK(w->backend() == Backend::torch_varlen);
+  CHECK(args_of<VarlenArgs>(*w).window_left == 4095);
+  CHECK(w->cost_ms == doctest::Approx(7.1).epsilon(0.15));
+  // With FlexAttention offered, compiled flex (5.3 ms measured) is cheaper still.
+  Environment flex = h200();
+  flex.available |= kFamilyFlex;
+  auto wf = decide(window, c, flex);
+  REQUIRE(wf.ok());
+  CHECK(wf->backend() == Backend::flex_attention);
+  // Three packed documents: three is_causal calls on cuDNN (11.8 ms) over varlen_attn (19.9 ms).
+  auto docs = structure(1, L, L, StructureKind::causal);
+  docs.segments = {{0, 23210, 46421, L}};
+  auto d = decide(docs, c);
+  REQUIRE(d.ok());
+  REQUIRE(d->is_plan());
+  CHECK(d->plan.size() == 3);
+  CHECK(d->backend() == Backend::sdpa_cudnn);
+  CHECK(d->cost_ms == doctest::Approx(11.8).epsilon(0.15));
+  CHECK(rejected(*d, Backend::torch_varlen, "slower"));
+  CHECK(plan_is_exact(docs, *d));
+}
+
+TEST_CASE("rejections say what the backend lacks, in words that fit") {
+  auto packed = structure(1, 4096, 4096, StructureKind::causal);
+  packed.segments = {{0, 1000, 4096}};
+  auto p = decide(packed, seed_call());
+  REQUIRE(p.ok());
+  // It is the documents flash cannot express, not causal.
+  CHECK(rejected(*p, Backend::sdpa_flash, "causal with packed documents (segments)"));
+  // A plan of one call is "1 call".
+  auto br = structure(1, 100, 400, StructureKind::full);
+  br.kv_valid = {{0, 300}};
+  Environment torch_only = h200();
+  AttentionCall c = seed_call();
+  c.dtype = DType::float32;  // no varlen, no cuDNN: a plan competes with the dense mask
+  auto q = decide(br, c, torch_only);
+  REQUIRE(q.ok());
+  for (const Rejection& r : q->rejected) CHECK(r.reason().find("1 calls") == std::string::npos);
 }
 
 TEST_CASE("each defect strikes at its boundary and not below") {
   const MaskStructure plain_s = structure(1, 1024, 1024, StructureKind::arbitrary);
-  const auto hits = [](Backend b, Usage u, const AttentionCall& c, const MaskStructure& s, std::string_view id) {
-    for (const Defect* d : defects_for({b, u, c, s}))
+  Environment env = h200();
+  const auto hits = [&](Backend b, Usage u, const AttentionCall& c, const MaskStructure& s, std::string_view id,
+                        std::optional<ElementType> passed = std::nullopt) {
+    for (const Defect* d : defects_for({b, u, c, env, s, passed}))
       if (d->id == id) return true;
     return false;
   };
@@ -278,6 +428,9 @@ TEST_CASE("each defect strikes at its boundary and not below") {
   c.k_len = 65537;  // rounds up to 65552: 65535 * 65552 >= 2^32
   CHECK(hits(Backend::sdpa_efficient, Usage::dense_mask, c, plain_s, "efficient_mask_offset_32bit"));
   CHECK_FALSE(hits(Backend::sdpa_efficient, Usage::native, c, plain_s, "efficient_mask_offset_32bit"));
+  // Lengths near INT64_MAX neither overflow nor miss.
+  c.q_len = c.k_len = std::int64_t{1} << 62;
+  CHECK(hits(Backend::sdpa_efficient, Usage::dense_mask, c, plain_s, "efficient_mask_offset_32bit"));
   // efficient_dropout_offset_32bit
   c.q_len = c.k_len = 70000; c.dropout = 0.1;
   CHECK(hits(Backend::sdpa_efficient, Usage::native, c, plain_s, "efficient_dropout_offset_32bit"));
@@ -293,98 +446,129 @@ TEST_CASE("each defect strikes at its boundary and not below") {
   empty.empty_rows = 1;
   CHECK(hits(Backend::sdpa_cudnn, Usage::dense_mask, c, empty, "cudnn_empty_rows_mean_of_v"));
   CHECK_FALSE(hits(Backend::sdpa_cudnn, Usage::dense_mask, c, plain_s, "cudnn_empty_rows_mean_of_v"));
-  // cudnn_fp32_mask_reinterpreted
-  c.mask_dtype = ElementType::float32;
-  CHECK(hits(Backend::sdpa_cudnn, Usage::dense_mask, c, plain_s, "cudnn_fp32_mask_reinterpreted"));
-  c.mask_dtype = ElementType::boolean;
-  CHECK_FALSE(hits(Backend::sdpa_cudnn, Usage::dense_mask, c, plain_s, "cudnn_fp32_mask_reinterpreted"));
+  // cudnn_fp32_mask_reinterpreted: the type the mask is passed as.
+  CHECK(hits(Backend::sdpa_cudnn, Usage::dense_mask, c, plain_s, "cudnn_fp32_mask_reinterpreted", ElementType::float32));
+  CHECK_FALSE(hits(Backend::sdpa_cudnn, Usage::dense_mask, c, plain_s, "cudnn_fp32_mask_reinterpreted", ElementType::boolean));
   // cudnn_q_not_multiple_of_128: only up to cuDNN 9.15.0.
   c.q_len = 1000;
-  c.cudnn = version(9, 15, 0);
+  env.cudnn = version(9, 15, 0);
   CHECK(hits(Backend::sdpa_cudnn, Usage::native, c, plain_s, "cudnn_q_not_multiple_of_128"));
-  c.cudnn = version(9, 15, 1);
+  env.cudnn = version(9, 15, 1);
   CHECK_FALSE(hits(Backend::sdpa_cudnn, Usage::native, c, plain_s, "cudnn_q_not_multiple_of_128"));
   // cudnn_b200_few_kv_heads
-  c.sm = 100; c.heads = 32; c.kv_heads = 4;
+  env.sm = 100; c.heads = 32; c.kv_heads = 4;
   CHECK(hits(Backend::sdpa_cudnn, Usage::native, c, plain_s, "cudnn_b200_few_kv_heads"));
   c.kv_heads = 8;
   CHECK_FALSE(hits(Backend::sdpa_cudnn, Usage::native, c, plain_s, "cudnn_b200_few_kv_heads"));
   // cudnn_mask_nan_grad_q
-  c.sm = 90; c.training = true; c.q_len = c.k_len = 4096 + 64;
+  env.sm = 90; c.training = true; c.q_len = c.k_len = 4096 + 64;
   CHECK(hits(Backend::sdpa_cudnn, Usage::dense_mask, c, plain_s, "cudnn_mask_nan_grad_q"));
   c.q_len = c.k_len = 4096;
   CHECK_FALSE(hits(Backend::sdpa_cudnn, Usage::dense_mask, c, plain_s, "cudnn_mask_nan_grad_q"));
 }
 
-TEST_CASE("versions parse and compare; bad calls are errors") {
+TEST_CASE("versions parse and compare; bad calls and environments are errors naming the field") {
   CHECK(*Version::parse("2.11") == version(2, 11));
   CHECK(*Version::parse("2.14.0.dev20260612") == version(2, 14, 0));
   CHECK(version(9, 15, 1) > version(9, 15, 0));
   CHECK_FALSE(Version::parse("x2").ok());
+  const auto message = [](const AttentionCall& c, const Environment& e = h200()) {
+    auto p = decide(structure(1, 8, 8, StructureKind::causal), c, e);
+    REQUIRE_FALSE(p.ok());
+    CHECK(p.status().code() == ErrorCode::invalid_argument);
+    return p.status().message();
+  };
   AttentionCall c = seed_call();
   c.kv_heads = 3;
-  auto p = decide(structure(1, 8, 8, StructureKind::causal), c);
-  REQUIRE_FALSE(p.ok());
-  CHECK(p.status().message().find("multiple of kv_heads") != std::string::npos);
+  CHECK(message(c).find("multiple of call.kv_heads") != std::string::npos);
+  c = seed_call();
+  c.head_dim = 0;
+  CHECK(message(c).find("call.head_dim must be >= 1") != std::string::npos);
+  c = seed_call();
+  c.head_dim_v = -3;
+  CHECK(message(c).find("call.head_dim_v") != std::string::npos);
+  c = seed_call();
+  c.dropout = 1.5;
+  CHECK(message(c).find("call.dropout") != std::string::npos);
+  Environment e = h200();
+  e.sm = -5;
+  CHECK(message(seed_call(), e).find("environment.sm") != std::string::npos);
 }
 
-}  // TEST_SUITE
-
 TEST_CASE("native arguments in each backend's own names and conventions") {
-  auto args_of = [](Backend b, const MaskStructure& s) {
-    Args a;
-    REQUIRE(detail::native_args(b, s, &a));
-    CHECK(detail::native_args(b, s));  // the question alone gives the same answer
-    return a;
-  };
   using V = std::vector<std::int64_t>;
+  const auto tensor = [](V v) { return ArgValue(IndexTensor{std::move(v)}); };
   // Packed documents with a sliding window: flash-attn varlen, window (W - 1, 0) inside documents.
   auto docs = structure(2, 100, 100, StructureKind::sliding_window);
   docs.window = 8;
   docs.segments = {{0, 30, 100}, {0, 100}};
-  Args fa = args_of(Backend::flash_attn_varlen, docs);
-  CHECK(arg_is(fa, "cu_seqlens_q", V{0, 30, 100, 200}));
-  CHECK(arg_is(fa, "cu_seqlens_k", V{0, 30, 100, 200}));
-  CHECK(arg_is(fa, "max_seqlen_q", std::int64_t{100}));
-  CHECK(arg_is(fa, "window_size", V{7, 0}));
-  CHECK(arg_is(fa, "causal", true));
-  CHECK_FALSE(detail::native_args(Backend::flash_attn, docs));  // the dense kernel has no documents
-  CHECK_FALSE(detail::native_args(Backend::xformers, docs));    // no block-diagonal local mask here
+  const CallArgs fa = backend_args(native_call(Backend::flash_attn_varlen, docs), 2, 100, 100);
+  CHECK(arg(fa, "cu_seqlens_q") == tensor({0, 30, 100, 200}));
+  CHECK(arg(fa, "cu_seqlens_k") == tensor({0, 30, 100, 200}));
+  CHECK(arg(fa, "max_seqlen_q") == ArgValue(std::int64_t{100}));
+  CHECK(arg(fa, "window_size") == ArgValue(IntPair{7, 0}));
+  CHECK(arg(fa, "causal") == ArgValue(true));
+  const CallContext everything{seed_call(), with_every_family()};
+  CHECK_FALSE(info(Backend::flash_attn).native(docs, everything, nullptr));  // the dense kernel has no documents
+  CHECK_FALSE(info(Backend::xformers).native(docs, everything, nullptr));    // no block-diagonal local mask here
+  // The same through torch's own varlen_attn.
+  const CallArgs tv = backend_args(native_call(Backend::torch_varlen, docs), 2, 100, 100);
+  CHECK(arg(tv, "cu_seq_q") == tensor({0, 30, 100, 200}));
+  CHECK(arg(tv, "max_k") == ArgValue(std::int64_t{100}));
+  CHECK(arg(tv, "window_size") == ArgValue(IntPair{7, 0}));
   // Chunked: flash-attn 3 attention_chunk; the varlen forms cut documents at each chunk.
   auto chunked = structure(1, 100, 100, StructureKind::chunked);
   chunked.chunk = 40;
-  CHECK(arg_is(args_of(Backend::flash_attn3, chunked), "attention_chunk", std::int64_t{40}));
-  CHECK_FALSE(detail::native_args(Backend::flash_attn, chunked));
-  CHECK(arg_is(args_of(Backend::flash_attn3_varlen, chunked), "cu_seqlens_q", V{0, 40, 80, 100}));
-  // Packed causal documents: xformers seqlens, TE thd, FlashInfer indptr, cuDNN ragged offsets.
+  CHECK(arg(backend_args(native_call(Backend::flash_attn3, chunked), 1, 100, 100), "attention_chunk") ==
+        ArgValue(std::int64_t{40}));
+  CHECK_FALSE(info(Backend::flash_attn).native(chunked, everything, nullptr));
+  CHECK(arg(backend_args(native_call(Backend::flash_attn3_varlen, chunked), 1, 100, 100), "cu_seqlens_q") ==
+        tensor({0, 40, 80, 100}));
+  // Packed causal documents: xformers block-diagonal, TE thd, FlashInfer indptr, cuDNN seq lens.
   auto packed = structure(2, 100, 100, StructureKind::causal);
   packed.segments = {{0, 30, 100}, {0, 100}};
-  Args xf = args_of(Backend::xformers, packed);
-  CHECK(arg_is(xf, "attn_bias", std::string("BlockDiagonalCausalMask.from_seqlens")));
-  CHECK(arg_is(xf, "seqlens", V{30, 70, 100}));
-  Args te = args_of(Backend::transformer_engine, packed);
-  CHECK(arg_is(te, "qkv_format", std::string("thd")));
-  CHECK(arg_is(te, "attn_mask_type", std::string("padding_causal")));
-  CHECK(arg_is(te, "cu_seqlens_kv", V{0, 30, 100, 200}));
-  CHECK(arg_is(args_of(Backend::flashinfer, packed), "kv_indptr", V{0, 30, 100, 200}));
-  CHECK(arg_is(args_of(Backend::cudnn_frontend, packed), "ragged_offsets", V{0, 30, 100, 200}));
+  const CallArgs xf = backend_args(native_call(Backend::xformers, packed), 2, 100, 100);
+  CHECK(xf.mask_object == "BlockDiagonalCausalMask.from_seqlens");
+  CHECK(find_arg(xf.mask_object_args, "q_seqlen") != nullptr);
+  CHECK(*find_arg(xf.mask_object_args, "q_seqlen") == tensor({30, 70, 100}));
+  const CallArgs te = backend_args(native_call(Backend::transformer_engine, packed), 2, 100, 100);
+  CHECK(arg(te, "qkv_format") == ArgValue(std::string_view("thd")));
+  CHECK(arg(te, "attn_mask_type") == ArgValue(std::string_view("padding_causal")));
+  CHECK(arg(te, "cu_seqlens_kv") == tensor({0, 30, 100, 200}));
+  CHECK(arg(backend_args(native_call(Backend::flashinfer, packed), 2, 100, 100), "kv_indptr") ==
+        tensor({0, 30, 100, 200}));
+  CHECK(arg(backend_args(native_call(Backend::cudnn_frontend, packed), 2, 100, 100), "seq_len_kv") ==
+        tensor({30, 70, 100}));
   // Bottom-right causal Q < K: TE and cuDNN frontend name the alignment; torch uses CausalBias.
   auto br = structure(1, 16, 64, StructureKind::causal);
   br.alignment = Alignment::bottom_right;
-  CHECK(arg_is(args_of(Backend::transformer_engine, br), "attn_mask_type", std::string("causal_bottom_right")));
-  CHECK(arg_is(args_of(Backend::cudnn_frontend, br), "diagonal_alignment", std::string("BOTTOM_RIGHT")));
-  CHECK(arg_is(args_of(Backend::xformers, br), "attn_bias", std::string("LowerTriangularFromBottomRightMask")));
-  CHECK(arg_is(args_of(Backend::sdpa_causal_lower_right, br), "attn_mask_object",
-               std::string("torch.nn.attention.bias.causal_lower_right(16, 64)")));
-  CHECK_FALSE(detail::native_args(Backend::sdpa_flash, br));
+  CHECK(arg(backend_args(native_call(Backend::transformer_engine, br), 1, 16, 64), "attn_mask_type") ==
+        ArgValue(std::string_view("causal_bottom_right")));
+  CHECK(arg(backend_args(native_call(Backend::cudnn_frontend, br), 1, 16, 64), "diagonal_alignment") ==
+        ArgValue(Identifier{"cudnn.diagonal_alignment.BOTTOM_RIGHT"}));
+  CHECK(backend_args(native_call(Backend::xformers, br), 1, 16, 64).mask_object == "LowerTriangularFromBottomRightMask");
+  const CallArgs lr = backend_args(native_call(Backend::sdpa_causal_lower_right, br), 1, 16, 64);
+  CHECK(lr.mask_object == "causal_lower_right");
+  CHECK(*find_arg(lr.mask_object_args, "seq_len_q") == ArgValue(std::int64_t{16}));
+  CHECK_FALSE(info(Backend::sdpa_flash).native(br, everything, nullptr));
+  // A window: cuDNN's left bound counts the diagonal (W), flash-attn's does not (W - 1).
+  auto window = structure(1, 64, 64, StructureKind::sliding_window);
+  window.window = 16;
+  CHECK(arg(backend_args(native_call(Backend::cudnn_frontend, window), 1, 64, 64), "diagonal_band_left_bound") ==
+        ArgValue(std::int64_t{16}));
+  CHECK(arg(backend_args(native_call(Backend::flash_attn, window), 1, 64, 64), "window_size") == ArgValue(IntPair{15, 0}));
+  CHECK(backend_args(native_call(Backend::xformers, window), 1, 64, 64).mask_object == "LocalAttentionFromBottomRightMask");
   // Right-padded keys of a full attention: cuDNN seq_len_kv, flash-attn gathers the valid keys.
   auto padded = structure(2, 8, 64, StructureKind::full);
   padded.kv_valid = {{0, 64}, {0, 40}};
-  CHECK(arg_is(args_of(Backend::cudnn_frontend, padded), "seq_len_kv", V{64, 40}));
-  CHECK(arg_is(args_of(Backend::flash_attn_varlen, padded), "cu_seqlens_k", V{0, 64, 104}));
-  padded.kv_valid = {{0, 64}, {10, 64}};  // left padding: no seq_len_kv form
-  CHECK_FALSE(detail::native_args(Backend::cudnn_frontend, padded));
-  CHECK(arg_is(args_of(Backend::flashinfer, padded), "k_gather_starts", V{0, 10}));
+  CHECK(arg(backend_args(native_call(Backend::cudnn_frontend, padded), 2, 8, 64), "seq_len_kv") == tensor({64, 40}));
+  CHECK(arg(backend_args(native_call(Backend::flash_attn_varlen, padded), 2, 8, 64), "cu_seqlens_k") ==
+        tensor({0, 64, 104}));
+  padded.kv_valid = {{0, 64}, {10, 64}};  // left padding: no seq_len_kv form, a gather for varlen
+  CHECK_FALSE(info(Backend::cudnn_frontend).native(padded, everything, nullptr));
+  const Call gathered = native_call(Backend::flashinfer, padded);
+  CHECK(gathered.get<VarlenArgs>()->sequences[1].k == KeyRange{10, 64});
+  CHECK(call_is_exact(padded, gathered));
 }
 
 TEST_CASE("efficient head-dim alignment: 4 for fp32, 8 for fp16/bf16 (as torch 2.11 checks it)") {
@@ -392,7 +576,7 @@ TEST_CASE("efficient head-dim alignment: 4 for fp32, 8 for fp16/bf16 (as torch 2
     AttentionCall c = seed_call();
     c.dtype = dtype;
     c.head_dim = head_dim;
-    return detail::refusals(Backend::sdpa_efficient, c).any();
+    return refusals(Backend::sdpa_efficient, {c, h200()}).any();
   };
   CHECK_FALSE(refused(DType::float32, 60));
   CHECK(refused(DType::float32, 62));
@@ -400,3 +584,16 @@ TEST_CASE("efficient head-dim alignment: 4 for fp32, 8 for fp16/bf16 (as torch 2
   CHECK_FALSE(refused(DType::bfloat16, 64));
   CHECK(refused(DType::float16, 100));
 }
+
+TEST_CASE("the registry names every backend once, and names round-trip") {
+  for (Backend b : kAllBackends) {
+    INFO(to_string(b));
+    CHECK(info(b).id == b);
+    CHECK(backend_named(to_string(b)) == b);
+    CHECK(static_cast<bool>(info(b).native));
+  }
+  CHECK(backend_named("zeros") == Backend::zeros);
+  CHECK_FALSE(backend_named("torch.sdpa.nope").has_value());
+}
+
+}  // TEST_SUITE

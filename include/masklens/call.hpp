@@ -1,6 +1,6 @@
-// AttentionCall: everything about the attention call at hand that decides which
-// backend is correct and fastest — dtypes, head dims, lengths, GQA, training, the
-// GPU's architecture and the library versions installed.
+// AttentionCall and Environment: everything that decides which backend is correct and
+// fastest besides the mask — the call (dtypes, head dims, lengths, GQA, training) and
+// where it runs (the GPU's architecture, the library versions installed).
 #pragma once
 
 #include <cstdint>
@@ -66,9 +66,12 @@ enum BackendFamily : std::uint32_t {
   kFamilyFlashInfer = 1u << 6,
   kFamilyCudnnFrontend = 1u << 7,
 };
+inline constexpr std::uint32_t kEveryFamily = 0xffu;
 
+// The attention call at hand: what the model asks for. Where it runs (GPU, library
+// versions) is the Environment; decide() takes both.
 struct AttentionCall {
-  DType dtype = DType::bfloat16;
+  DType dtype = DType::bfloat16;  // q/k/v
   std::int64_t head_dim = 128;    // q/k head dim
   std::int64_t head_dim_v = 0;    // 0 = head_dim
   std::int64_t batch = 1;
@@ -79,18 +82,56 @@ struct AttentionCall {
   bool training = false;          // a backward pass follows
   double dropout = 0.0;
   bool deterministic = false;     // torch.use_deterministic_algorithms
-  int sm = 90;                    // compute capability, major * 10 + minor
-  Version torch = version(2, 11);
-  Version cudnn = version(9, 19);
-  Version flash_attn{}, flash_attn3{}, xformers{}, transformer_engine{}, flashinfer{}, cudnn_frontend{};
-  std::uint32_t available = kFamilyTorch;
-  // The dense mask's element type, when one would be passed as attn_mask (#191612).
+  // The dense mask's element type, when one would be passed as attn_mask: torch's
+  // kernels treat mask dtypes differently (docs/backends.md, "Mask dtypes").
   std::optional<ElementType> mask_dtype;
 
   [[nodiscard]] std::int64_t value_head_dim() const noexcept { return head_dim_v ? head_dim_v : head_dim; }
   [[nodiscard]] std::int64_t key_heads() const noexcept { return kv_heads ? kv_heads : heads; }
   [[nodiscard]] bool gqa() const noexcept { return key_heads() != heads; }
+
+  // The element type of q/k/v, in the mask's vocabulary (what a float mask is cast to).
+  [[nodiscard]] ElementType query_element() const noexcept {
+    return dtype == DType::float16 ? ElementType::float16
+           : dtype == DType::bfloat16 ? ElementType::bfloat16 : ElementType::float32;
+  }
+
+  // Every field inside its domain; the first violation, named.
+  [[nodiscard]] Status validate() const {
+    const auto bad = [](std::string what) { return Status(ErrorCode::invalid_argument, std::move(what)); };
+    if (head_dim < 1) return bad("call.head_dim must be >= 1, got " + std::to_string(head_dim));
+    if (head_dim_v < 0) return bad("call.head_dim_v must be >= 1 (or 0 for head_dim), got " + std::to_string(head_dim_v));
+    if (batch < 1) return bad("call.batch must be >= 1, got " + std::to_string(batch));
+    if (heads < 1) return bad("call.heads must be >= 1, got " + std::to_string(heads));
+    if (kv_heads < 0) return bad("call.kv_heads must be >= 1 (or 0 for heads), got " + std::to_string(kv_heads));
+    if (heads % key_heads() != 0)
+      return bad("call.heads (" + std::to_string(heads) + ") must be a multiple of call.kv_heads (" +
+                 std::to_string(key_heads()) + ")");
+    if (q_len < 0 || k_len < 0) return bad("call.q_len and call.k_len must be >= 0 (0 = the structure's)");
+    if (!(dropout >= 0.0 && dropout < 1.0)) return bad("call.dropout must be in [0, 1)");
+    return {};
+  }
+};
+
+// Where the call runs: the GPU and what is installed. The defaults describe an H200
+// with torch 2.11 (cuDNN 9.19) and nothing else.
+struct Environment {
+  int sm = 90;  // compute capability, major * 10 + minor
+  Version torch = version(2, 11);
+  Version cudnn = version(9, 19);
+  Version flash_attn{}, flash_attn3{}, xformers{}, transformer_engine{}, flashinfer{}, cudnn_frontend{};
+  std::uint32_t available = kFamilyTorch;
+
   [[nodiscard]] bool has(BackendFamily f) const noexcept { return (available & f) != 0; }
+
+  [[nodiscard]] Status validate() const {
+    if (sm < 10 || sm > 1000)
+      return Status(ErrorCode::invalid_argument,
+                    "environment.sm must be a compute capability major*10+minor (e.g. 80, 90), got " + std::to_string(sm));
+    if ((available & ~kEveryFamily) != 0)
+      return Status(ErrorCode::invalid_argument, "environment.available has unknown family bits");
+    return {};
+  }
 };
 
 }  // namespace masklens

@@ -5,11 +5,12 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string_view>
 #include <vector>
 
-#include "backends/backend.hpp"
+#include "backend_call.hpp"
 #include "call.hpp"
 #include "structure.hpp"
 
@@ -27,7 +28,9 @@ struct DefectContext {
   Backend backend;
   Usage usage;
   const AttentionCall& call;
+  const Environment& env;
   const MaskStructure& structure;
+  std::optional<ElementType> mask_dtype;  // dense_mask: the type the kept mask is passed as (after mask_cast)
 };
 
 struct Defect {
@@ -41,7 +44,11 @@ struct Defect {
 
 namespace detail {
 constexpr std::int64_t kTwo32 = std::int64_t{1} << 32;
-constexpr std::int64_t round_up(std::int64_t v, std::int64_t m) { return (v + m - 1) / m * m; }
+constexpr std::int64_t round_up(std::int64_t v, std::int64_t m) { return v > INT64_MAX - m ? INT64_MAX : (v + m - 1) / m * m; }
+// a * b >= bound for non-negative a, b, without overflowing.
+constexpr bool product_at_least(std::int64_t a, std::int64_t b, std::int64_t bound) {
+  return a > 0 && b >= (bound + a - 1) / a;
+}
 }  // namespace detail
 
 inline constexpr Defect kDefects[] = {
@@ -52,13 +59,13 @@ inline constexpr Defect kDefects[] = {
      "0.76 at 69632)",
      [](const DefectContext& c) {
        return c.usage == Usage::dense_mask &&
-              c.call.q_len * detail::round_up(c.call.k_len, 16) >= detail::kTwo32;
+              detail::product_at_least(c.call.q_len, detail::round_up(c.call.k_len, 16), detail::kTwo32);
      }},
     {"efficient_dropout_offset_32bit", Backend::sdpa_efficient, Effect::silently_wrong,
      "dropout_p > 0 and Lq * Lk > 2^32: the dropout RNG offset overflows, forward and backward masks diverge",
      "pytorch#187227 (no release verified to carry the fix)",
      [](const DefectContext& c) {
-       return c.call.dropout > 0 && c.call.q_len * c.call.k_len > detail::kTwo32;
+       return c.call.dropout > 0 && detail::product_at_least(c.call.q_len, c.call.k_len, detail::kTwo32 + 1);
      }},
     {"efficient_backward_mask_46344", Backend::sdpa_efficient, Effect::fails,
      "backward with attn_mask and a length above 46344 raises",
@@ -69,7 +76,7 @@ inline constexpr Defect kDefects[] = {
     {"cudnn_empty_rows_mean_of_v", Backend::sdpa_cudnn, Effect::silently_wrong,
      "attn_mask with fully masked query rows: bool masks are filled with -65504, so those rows return the mean of V "
      "instead of 0",
-     "this project's measurement on torch 2.11 / cuDNN 9.19 (BACKGROUND.md)",
+     "measured on an H200, torch 2.11 / cuDNN 9.19, 2026-12 (docs/backends.md, Measurements)",
      [](const DefectContext& c) {
        return c.usage == Usage::dense_mask && c.structure.empty_rows > c.structure.finite_masked_rows;
      }},
@@ -77,17 +84,16 @@ inline constexpr Defect kDefects[] = {
      "an fp32 attn_mask with fp16/bf16 q/k/v is reinterpreted without an error",
      "pytorch#191612, reproduced on 2.11",
      [](const DefectContext& c) {
-       return c.usage == Usage::dense_mask && c.call.mask_dtype == ElementType::float32 &&
-              c.call.dtype != DType::float32;
+       return c.usage == Usage::dense_mask && c.mask_dtype == ElementType::float32 && c.call.dtype != DType::float32;
      }},
     {"cudnn_q_not_multiple_of_128", Backend::sdpa_cudnn, Effect::fails,
      "cuDNN <= 9.15.0 and a query length not a multiple of 128: memory errors with CUDA graphs / side streams",
      "pytorch#169849 (torch moves cuDNN first only when cuDNN > 9.15.0)",
-     [](const DefectContext& c) { return c.call.cudnn <= version(9, 15, 0) && c.call.q_len % 128 != 0; }},
+     [](const DefectContext& c) { return c.env.cudnn <= version(9, 15, 0) && c.call.q_len % 128 != 0; }},
     {"cudnn_b200_few_kv_heads", Backend::sdpa_cudnn, Effect::silently_wrong,
      "B200 (sm100) with kv_heads < 8: corrupt output in long generation",
      "pytorch#193893 (open; still on 2.13 / cuDNN 9.20)",
-     [](const DefectContext& c) { return c.call.sm >= 100 && c.call.sm < 110 && c.call.key_heads() < 8; }},
+     [](const DefectContext& c) { return c.env.sm >= 100 && c.env.sm < 110 && c.call.key_heads() < 8; }},
     {"cudnn_mask_nan_grad_q", Backend::sdpa_cudnn, Effect::silently_wrong,
      "training with an explicit attn_mask (even all-True) and a length % 128 == 64: NaN in grad_q when a row's "
      "logsumexp is below about -88.7",

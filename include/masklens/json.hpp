@@ -1,26 +1,78 @@
 // Optional JSON support (needs nlohmann-json; the core headers never include this):
-// the CLI's --json contract, schema 1 (docs/json.md).
+// the CLI's --json contract, schema 2 (docs/json.md).
 #pragma once
 
 #include <nlohmann/json.hpp>
 
 #include <string>
 
+#include "call_args.hpp"
 #include "policy.hpp"
 #include "status.hpp"
 #include "structure.hpp"
 
 namespace masklens {
 
-inline constexpr int kJsonSchema = 1;
+inline constexpr int kJsonSchema = 2;
 
 inline nlohmann::json to_json(const ArgValue& v) {
-  return std::visit([](const auto& x) { return nlohmann::json(x); }, v);
+  return std::visit(
+      [](const auto& x) -> nlohmann::json {
+        using T = std::decay_t<decltype(x)>;
+        if constexpr (std::is_same_v<T, IntPair>) return nlohmann::json::array({x.first, x.second});
+        else if constexpr (std::is_same_v<T, IndexTensor>) return nlohmann::json(x.values);
+        else if constexpr (std::is_same_v<T, Identifier>) return nlohmann::json(std::string(x.text));
+        else if constexpr (std::is_same_v<T, std::string_view>) return nlohmann::json(std::string(x));
+        else return nlohmann::json(x);
+      },
+      v);
 }
 
-inline nlohmann::json to_json(const Args& args) {
+inline nlohmann::json to_json(const std::vector<NamedArg>& args) {
   nlohmann::json j = nlohmann::json::object();
-  for (const Arg& a : args) j[std::string(a.name)] = to_json(a.value);
+  for (const NamedArg& a : args) j[std::string(a.name)] = to_json(a.value);
+  return j;
+}
+
+// The typed call's fields, as a binding reads them.
+inline nlohmann::json typed_call_json(const Call& c) {
+  return std::visit(
+      [](const auto& a) -> nlohmann::json {
+        using T = std::decay_t<decltype(a)>;
+        if constexpr (std::is_same_v<T, SdpaArgs>) {
+          return {{"type", "sdpa"}, {"kernel", std::string(to_string(a.kernel))}, {"is_causal", a.is_causal},
+                  {"causal_lower_right", a.causal_lower_right}, {"enable_gqa", a.enable_gqa}};
+        } else if constexpr (std::is_same_v<T, KernelArgs>) {
+          return {{"type", "kernel"}, {"causal", a.causal}, {"alignment", std::string(to_string(a.alignment))},
+                  {"window_left", a.window_left}, {"window_right", a.window_right}, {"chunk", a.chunk}};
+        } else if constexpr (std::is_same_v<T, VarlenArgs>) {
+          nlohmann::json seqs = nlohmann::json::array();
+          for (const Sequence& q : a.sequences) seqs.push_back({q.batch, q.q.start, q.q.end, q.k.start, q.k.end});
+          return {{"type", "varlen"}, {"sequences", std::move(seqs)}, {"packed", a.packed}, {"causal", a.causal},
+                  {"window_left", a.window_left}, {"window_right", a.window_right}};
+        } else if constexpr (std::is_same_v<T, FlexArgs>) {
+          return {{"type", "flex"}, {"block", {a.block_q, a.block_k}}, {"mask_mod_reads_mask", a.mask_mod_reads_mask}};
+        } else {
+          return {{"type", "zeros"}};
+        }
+      },
+      c.args);
+}
+
+// One call: backend, what happens to the mask, the typed call and its own arguments.
+inline nlohmann::json to_json(const Call& c, std::int64_t batch, std::int64_t q_len, std::int64_t k_len) {
+  const CallArgs rendered = backend_args(c, batch, q_len, k_len);
+  nlohmann::json j;
+  j["backend"] = std::string(to_string(c.backend));
+  j["mask"] = std::string(to_string(c.mask));
+  j["mask_cast"] = c.mask_cast ? nlohmann::json(std::string(to_string(*c.mask_cast))) : nlohmann::json(nullptr);
+  j["mask_form"] = std::string(to_string(c.mask_form));
+  j["call"] = typed_call_json(c);
+  j["args"] = to_json(rendered.args);
+  j["mask_object"] = rendered.mask_object.empty()
+                         ? nlohmann::json(nullptr)
+                         : nlohmann::json{{"name", std::string(rendered.mask_object)},
+                                          {"args", to_json(rendered.mask_object_args)}};
   return j;
 }
 
@@ -48,20 +100,20 @@ inline nlohmann::json to_json(const MaskStructure& s) {
   return j;
 }
 
-inline nlohmann::json to_json(const Policy& p) {
-  nlohmann::json j;
-  j["backend"] = std::string(to_string(p.backend));
-  j["args"] = to_json(p.args);
+inline nlohmann::json to_json(const Policy& p, const MaskStructure& s) {
+  nlohmann::json j = to_json(p.call, s.batch, s.q_len, s.k_len);
+  j["cost_ms"] = p.cost_ms;
   if (p.plan.empty()) {
     j["plan"] = nullptr;
   } else {
     j["plan"] = nlohmann::json::array();
-    for (const PlanStep& st : p.plan)
-      j["plan"].push_back({{"backend", std::string(to_string(st.backend))},
-                           {"args", to_json(st.args)},
-                           {"batch", st.batch},
-                           {"q_range", {st.q_range.start, st.q_range.end}},
-                           {"k_range", {st.k_range.start, st.k_range.end}}});
+    for (const PlanStep& st : p.plan) {
+      nlohmann::json step = to_json(st.call, 1, st.q_range.end - st.q_range.start, st.k_range.end - st.k_range.start);
+      step["batch"] = st.batch;
+      step["q_range"] = {st.q_range.start, st.q_range.end};
+      step["k_range"] = {st.k_range.start, st.k_range.end};
+      j["plan"].push_back(std::move(step));
+    }
   }
   j["rejected"] = nlohmann::json::array();
   for (const Rejection& r : p.rejected) {
@@ -74,10 +126,11 @@ inline nlohmann::json to_json(const Policy& p) {
       r.refusals.for_each([&](const Rule& rule) { x["rules"].push_back(std::string(rule.name)); });
     }
     if (r.kind == RejectionKind::defect) x["defect"] = std::string(r.defect->id);
+    if (r.kind == RejectionKind::slower) x["cost_ms"] = r.cost_ms;
     j["rejected"].push_back(std::move(x));
   }
   j["hazards"] = nlohmann::json::array();
-  for (const Hazard& h : p.hazards) j["hazards"].push_back({{"kind", h.kind}, {"detail", h.detail}});
+  for (const Hazard& h : p.hazards) j["hazards"].push_back({{"kind", std::string(to_string(h.kind))}, {"detail", h.detail}});
   return j;
 }
 
@@ -87,7 +140,7 @@ inline nlohmann::json to_json(const MaskStructure& s, const Policy* policy) {
   j["schema"] = kJsonSchema;
   j["shape"] = {s.batch, s.heads, s.q_len, s.k_len};
   j["structure"] = to_json(s);
-  j["policy"] = policy ? to_json(*policy) : nlohmann::json(nullptr);
+  j["policy"] = policy ? to_json(*policy, s) : nlohmann::json(nullptr);
   return j;
 }
 

@@ -13,6 +13,8 @@
 #include "describe.hpp"
 #include "render.hpp"
 #include "call.hpp"
+#include "backend_call.hpp"
+#include "cost.hpp"
 #include "defects.hpp"
 #include "plan.hpp"
 #include "policy.hpp"

@@ -1,28 +1,30 @@
-// decide(structure, call, options) -> Policy: the backend and arguments that compute
-// this mask correctly and fastest for this call, or an exact plan of several calls,
+// decide(structure, call, environment, options) -> Policy: the backend and typed call
+// that compute this mask correctly and fastest, or an exact plan of several calls,
 // with every rejected backend, its reason and source, and the hazards that remain.
 //
-// Order of preference: a backend that takes the structure natively with the mask
-// dropped (cost_rank order); else an exact plan of unmasked calls within
-// max_plan_calls; else the dense mask on a backend that is correct for it.
+// The steps (docs/policy.md), one function each:
+//   1. check the inputs (the structure, the call, the environment);
+//   2. judge every backend: unavailable, refused by a rule, a defect, inexpressible,
+//      or a candidate way to run the mask (natively, or with the dense mask kept and
+//      cast as its rules require) with its estimated cost (cost.hpp);
+//   3. where no backend runs the structure natively, an exact plan of unmasked torch
+//      calls (plan.hpp), costed the same way;
+//   4. choose the cheapest candidate and build its call;
+//   5. list the rest as rejections and the hazards that stay with the call.
 #pragma once
 
 #include <algorithm>
 #include <array>
+#include <cstdio>
 #include <iterator>
 #include <optional>
 #include <string>
 #include <vector>
 
-#include "backends/backend.hpp"
-#include "backends/cudnn_frontend.hpp"
-#include "backends/flash_attn.hpp"
-#include "backends/flashinfer.hpp"
-#include "backends/flex_attention.hpp"
-#include "backends/torch_sdpa.hpp"
-#include "backends/transformer_engine.hpp"
-#include "backends/xformers.hpp"
+#include "backend_call.hpp"
+#include "backends/registry.hpp"
 #include "call.hpp"
+#include "cost.hpp"
 #include "defects.hpp"
 #include "plan.hpp"
 #include "status.hpp"
@@ -31,18 +33,17 @@
 namespace masklens {
 
 struct PlanStep {
-  Backend backend = Backend::sdpa_math;
-  Args args;
+  Call call;
   std::int64_t batch = 0;
-  KeyRange q_range, k_range;
+  KeyRange q_range, k_range;  // the step reads q[batch, :, q_range] and k/v[batch, :, k_range]
 };
 
 enum class RejectionKind : std::uint8_t {
-  unavailable,    // its family is not in AttentionCall::available
+  unavailable,    // its family is not in Environment::available
   refused,        // a capability rule refuses the call
   defect,         // a known defect makes every way it could run wrong or failing
   inexpressible,  // cannot run this structure natively and takes no dense mask
-  slower,         // correct, but the chosen call is cheaper
+  slower,         // correct, but the chosen call costs less
 };
 
 constexpr std::string_view to_string(RejectionKind k) noexcept {
@@ -61,174 +62,290 @@ constexpr std::string_view to_string(RejectionKind k) noexcept {
 struct Rejection {
   Backend backend = Backend::sdpa_math;
   RejectionKind kind = RejectionKind::unavailable;
-  std::string_view source;          // where the rule, defect or cost order comes from
+  std::string_view source;          // where the rule, defect or cost figure comes from
   Refusals refusals;                // refused: the rules that refuse
-  AttentionCall call;               // refused: the call their reasons quote
+  CallContext context;              // refused: the call their reasons quote
   const Defect* defect = nullptr;   // defect
   Usage usage = Usage::native;      // slower: the way it would have run
-  int cost = 0, chosen_cost = 0;    // slower
+  double cost_ms = 0, chosen_cost_ms = 0;  // slower: estimated milliseconds (cost.hpp)
   std::int64_t plan_calls = 0;      // slower, usage plan_step
   StructureKind structure = StructureKind::arbitrary;  // inexpressible
+  bool segments = false, kv_valid = false;              // inexpressible: the structure's modifiers
 
   [[nodiscard]] std::string reason() const {
     switch (kind) {
-      case RejectionKind::unavailable: return "not available (its family is not in AttentionCall::available)";
-      case RejectionKind::refused: return refusals.text(call);
+      case RejectionKind::unavailable: return "not available (its family is not in Environment::available)";
+      case RejectionKind::refused: return refusals.text(context);
       case RejectionKind::defect:
         return std::string(defect->effect == Effect::silently_wrong ? "silently wrong: " : "fails: ") +
                std::string(defect->condition) + " [" + std::string(defect->id) + "]";
-      case RejectionKind::inexpressible:
-        return backend == Backend::sdpa_flash
-                   ? "takes no attn_mask, and cannot express " + std::string(to_string(structure)) + " natively"
-                   : "cannot express this structure natively and takes no dense mask";
+      case RejectionKind::inexpressible: {
+        std::string what(to_string(structure));
+        if (segments) what += " with packed documents (segments)";
+        if (kv_valid) what += segments ? " and padding (kv_valid)" : " with padding (kv_valid)";
+        return (info(backend).dense ? "cannot express " : "takes no dense mask and cannot express ") + what +
+               " natively";
+      }
       case RejectionKind::slower: {
         const char* how = usage == Usage::native ? "natively" : usage == Usage::dense_mask ? "with the dense mask"
-                                                                                          : "in a plan";
+                                                                                          : "as a plan";
         std::string text = std::string("correct ") + how;
-        if (usage == Usage::plan_step) text += " of " + std::to_string(plan_calls) + " calls";
-        return text + " but slower (cost " + std::to_string(cost) + " vs " + std::to_string(chosen_cost) + ")";
+        if (usage == Usage::plan_step)
+          text += " of " + std::to_string(plan_calls) + (plan_calls == 1 ? " call" : " calls");
+        return text + " but slower (estimated " + format_ms(cost_ms) + " vs " + format_ms(chosen_cost_ms) + ")";
       }
     }
     return {};
   }
+
+ private:
+  static std::string format_ms(double ms) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, ms < 1 ? "%.3f ms" : ms < 100 ? "%.1f ms" : "%.0f ms", ms);
+    return buf;
+  }
 };
 
+enum class HazardKind : std::uint8_t { empty_rows, finite_masked_rows, bias, gqa_expand, mask_cast, plan };
+
+constexpr std::string_view to_string(HazardKind k) noexcept {
+  switch (k) {
+    case HazardKind::empty_rows: return "empty_rows";
+    case HazardKind::finite_masked_rows: return "finite_masked_rows";
+    case HazardKind::bias: return "bias";
+    case HazardKind::gqa_expand: return "gqa_expand";
+    case HazardKind::mask_cast: return "mask_cast";
+    case HazardKind::plan: return "plan";
+  }
+  return "unknown";
+}
+
 struct Hazard {
-  std::string kind;  // empty_rows | finite_masked_rows | bias | gqa_expand | plan
+  HazardKind kind;
   std::string detail;
 };
 
 struct Policy {
-  Backend backend = Backend::sdpa_math;
-  Args args;                     // attn_mask: drop | keep | replace, and the backend's own arguments
+  Call call;                     // the one call; for a plan, its main step's backend with the mask dropped
   std::vector<PlanStep> plan;    // empty = one call
   std::vector<Rejection> rejected;
   std::vector<Hazard> hazards;
+  double cost_ms = 0;            // the chosen call's estimated cost (cost.hpp)
+
+  [[nodiscard]] bool is_plan() const noexcept { return !plan.empty(); }
+  [[nodiscard]] Backend backend() const noexcept { return call.backend; }
 };
 
 struct DecideOptions {
-  // A plan beats the dense mask only while it stays this short (calls over all batches).
+  // A plan is considered only while it stays this short (calls over all batches).
   std::int64_t max_plan_calls = 64;
 };
 
-// The cost order of the ways to run a mask: native < plan < dense mask.
-inline constexpr int kPlanPenalty = 3;
-inline constexpr int kDensePenalty = 10;
-
 namespace detail {
 
-// The capability rules of a backend, in the order they are checked.
-inline std::span<const Rule> rules(Backend b) noexcept {
-  switch (family(b)) {
-    case kFamilyTorch: return backends::torch_sdpa::rules(b);
-    case kFamilyFlashAttn:
-    case kFamilyFlashAttn3: return backends::flash_attn::rules(b);
-    case kFamilyFlex: return backends::flex_attention::kRules;
-    case kFamilyXformers: return backends::xformers::kRules;
-    case kFamilyTransformerEngine: return backends::transformer_engine::kRules;
-    case kFamilyFlashInfer: return backends::flashinfer::kRules;
-    case kFamilyCudnnFrontend: return backends::cudnn_frontend::kRules;
-  }
-  return {};
-}
-
-// Every table fits the Refusals bit set.
-static_assert(std::size(backends::torch_sdpa::kCausalLowerRightRules) <= kMaxRules &&
-              std::size(backends::torch_sdpa::kCudnnRules) <= kMaxRules &&
-              std::size(backends::flash_attn::kFa2Rules) <= kMaxRules &&
-              std::size(backends::flash_attn::kFa3Rules) <= kMaxRules &&
-              std::size(backends::flex_attention::kRules) <= kMaxRules &&
-              std::size(backends::xformers::kRules) <= kMaxRules &&
-              std::size(backends::transformer_engine::kRules) <= kMaxRules &&
-              std::size(backends::flashinfer::kRules) <= kMaxRules &&
-              std::size(backends::cudnn_frontend::kRules) <= kMaxRules);
-
-inline Refusals refusals(Backend b, const AttentionCall& c) noexcept {
-  return family(b) == kFamilyTorch ? backends::torch_sdpa::refusals(b, c) : check_rules(rules(b), c);
-}
-
-// Whether `b` computes `s` with the mask dropped; its arguments into `out` when given.
-inline bool native_args(Backend b, const MaskStructure& s, Args* out = nullptr) {
-  switch (family(b)) {
-    case kFamilyTorch: return backends::torch_sdpa::native_args(b, s, out);
-    case kFamilyFlashAttn:
-    case kFamilyFlashAttn3: return backends::flash_attn::native_args(b, s, out);
-    case kFamilyFlex:
-      if (s.kind == StructureKind::arbitrary) return false;  // reads the dense mask: see dense_args
-      return emit(out, [&] { return backends::flex_attention::args(s); });
-    case kFamilyXformers: return backends::xformers::native_args(s, out);
-    case kFamilyTransformerEngine: return backends::transformer_engine::native_args(s, out);
-    case kFamilyFlashInfer: return backends::flashinfer::native_args(s, out);
-    case kFamilyCudnnFrontend: return backends::cudnn_frontend::native_args(s, out);
-  }
-  return false;
-}
-
-// Dense-mask forms: SDPA's attn_mask, flex reading the tensor in its mask_mod,
-// xformers / cuDNN frontend bias tensors, TE "arbitrary", FlashInfer custom masks.
-inline bool dense_args(Backend b, const MaskStructure& s, Args* out = nullptr) {
-  if (backends::torch_sdpa::accepts_dense_mask(b))
-    return emit(out, [] { return Args{{"attn_mask", "keep"}, {"is_causal", false}}; });
-  switch (b) {
-    case Backend::flex_attention:
-      return emit(out, [&] {
-        MaskStructure arbitrary = s;
-        arbitrary.kind = StructureKind::arbitrary;
-        return backends::flex_attention::args(arbitrary);
-      });
-    case Backend::xformers: return emit(out, [] { return Args{{"attn_mask", "keep"}, {"attn_bias", "tensor"}}; });
-    case Backend::transformer_engine:
-      return emit(out, [] {
-        return Args{{"attn_mask", "keep"}, {"attn_mask_type", "arbitrary"},
-                    {"mask_polarity", "true = masked out (invert torch's bool mask)"}};
-      });
-    case Backend::flashinfer:
-      return emit(out, [] {
-        return Args{{"attn_mask", "keep"}, {"mask_mode", "custom"}, {"custom_mask", "packbits(mask, bitorder='little')"}};
-      });
-    case Backend::cudnn_frontend: return emit(out, [] { return Args{{"attn_mask", "keep"}, {"bias", "mask"}}; });
-    default: return false;
-  }
-}
-
-// A way to run the mask: its arguments are built only for the one chosen.
+// A way to run the mask, its call not yet built (only the chosen one is).
 struct Candidate {
-  Backend backend;
-  Usage usage;
-  int score;
+  Backend backend = Backend::sdpa_math;
+  Usage usage = Usage::native;
+  double cost_ms = 0;
+  std::optional<ElementType> mask_cast;
 };
 
-// The best torch SDPA call for one unmasked plan step on a slice of the call.
-inline std::optional<PlanStep> plan_step(const RowRun& run, const AttentionCall& call, const MaskStructure& s) {
+// The mask must stay whenever dropping it would change the result.
+inline bool must_keep_mask(const MaskStructure& s) noexcept {
+  return s.kind == StructureKind::arbitrary || s.bias || s.finite_masked_rows > 0;
+}
+
+inline double call_cost(Backend b, Usage usage, double pairs, const CallContext& c) noexcept {
+  const CostRates r = cost_rates(b, c.env.sm);
+  return kCallOverheadMs + (usage == Usage::dense_mask ? r.dense : r.native) * work_units(pairs, c.call);
+}
+
+// The kept mask's rules: the cast they ask for, or false when one refuses outright.
+inline bool kept_mask_cast(const BackendInfo& b, const CallContext& c, std::optional<ElementType>& cast,
+                           Refusals& refused) noexcept {
+  const Refusals mask_rules = check_rules(b.rules, c, RuleScope::kept_mask);
+  refused = Refusals{b.rules};
+  mask_rules.for_each([&](const Rule& r) {
+    if (r.fix == MaskFix::cast_to_bool) cast = ElementType::boolean;
+    else if (r.fix == MaskFix::cast_to_query_dtype) cast = c.call.query_element();
+    else refused.refused |= std::uint64_t{1} << static_cast<std::size_t>(&r - b.rules.data());
+  });
+  return !refused.any();
+}
+
+// Step 2: one backend becomes a candidate, or a rejection.
+inline std::optional<Candidate> judge(const BackendInfo& b, const MaskStructure& s, const CallContext& c,
+                                      Rejection& no) {
+  no.backend = b.id;
+  if (!c.env.has(b.family)) {
+    no.kind = RejectionKind::unavailable;
+    no.source = "Environment::available";
+    return std::nullopt;
+  }
+  if (const Refusals why = refusals(b.id, c); why.any()) {
+    no.kind = RejectionKind::refused;
+    no.refusals = why;
+    no.context = c;
+    no.source = why.source();
+    return std::nullopt;
+  }
+  const Defect* lost = nullptr;
+  if (!must_keep_mask(s) && b.native && b.native(s, c, nullptr)) {
+    lost = first_defect({b.id, Usage::native, c.call, c.env, s, std::nullopt});
+    if (!lost) {
+      // The math kernel computes every pair whatever the mask.
+      const double pairs = b.id == Backend::sdpa_math ? static_cast<double>(s.batch) * static_cast<double>(s.q_len) *
+                                                            static_cast<double>(s.k_len)
+                                                      : attended_pairs(s);
+      return Candidate{b.id, Usage::native, call_cost(b.id, Usage::native, pairs, c), std::nullopt};
+    }
+  }
+  if (b.dense && b.dense(s, c, nullptr)) {
+    std::optional<ElementType> cast;
+    Refusals mask_refusals;
+    if (!kept_mask_cast(b, c, cast, mask_refusals)) {
+      if (!lost) {
+        no.kind = RejectionKind::refused;
+        no.refusals = mask_refusals;
+        no.context = c;
+        no.source = mask_refusals.source();
+        return std::nullopt;
+      }
+    } else {
+      const std::optional<ElementType> passed = cast ? cast : c.call.mask_dtype;
+      if (const Defect* d = first_defect({b.id, Usage::dense_mask, c.call, c.env, s, passed})) {
+        lost = lost ? lost : d;
+      } else {
+        const double full = static_cast<double>(s.batch) * static_cast<double>(s.q_len) * static_cast<double>(s.k_len);
+        return Candidate{b.id, Usage::dense_mask, call_cost(b.id, Usage::dense_mask, full, c), cast};
+      }
+    }
+  }
+  if (lost) {
+    no.kind = RejectionKind::defect;
+    no.defect = lost;
+    no.source = lost->source;
+  } else {
+    no.kind = RejectionKind::inexpressible;
+    no.structure = s.kind;
+    no.segments = s.has_segments();
+    no.kv_valid = s.has_kv_valid();
+    no.source = "docs/backends.md (support matrix)";
+  }
+  return std::nullopt;
+}
+
+// The torch kernels a plan step may use, in the order ties are broken.
+inline constexpr Backend kPlanKernels[] = {Backend::sdpa_cudnn, Backend::sdpa_flash, Backend::sdpa_causal_lower_right,
+                                           Backend::sdpa_efficient, Backend::sdpa_math};
+
+// The cheapest unmasked torch call for one run of a plan, with its cost.
+inline std::optional<PlanStep> plan_step(const RowRun& run, const CallContext& c, const MaskStructure& s,
+                                         double& cost_ms) {
   PlanStep step;
   step.batch = run.batch;
   step.q_range = run.q_range;
   step.k_range = run.k_range;
   if (run.kind == RunKind::zeros) {
-    step.backend = Backend::zeros;
-    step.args = {{"output", std::string("zeros")}};
+    step.call.backend = Backend::zeros;
+    cost_ms = kCallOverheadMs;
     return step;
   }
-  AttentionCall sub = call;
-  sub.batch = 1;
-  sub.q_len = run.q_range.end - run.q_range.start;
-  sub.k_len = run.k_range.end - run.k_range.start;
-  MaskStructure slice;
-  slice.q_len = sub.q_len;
-  slice.k_len = sub.k_len;
-  slice.kind = run.kind == RunKind::full ? StructureKind::full : StructureKind::causal;
-  slice.alignment = Alignment::bottom_right;
+  CallContext sub = c;
+  sub.call.batch = 1;
+  sub.call.q_len = run.q_range.end - run.q_range.start;
+  sub.call.k_len = run.k_range.end - run.k_range.start;
+  const MaskStructure slice = make_structure(run.kind == RunKind::full ? StructureKind::full : StructureKind::causal, 1,
+                                             sub.call.q_len, sub.call.k_len, Alignment::bottom_right);
   std::optional<Backend> best;
-  for (Backend b : {Backend::sdpa_cudnn, Backend::sdpa_flash, Backend::sdpa_causal_lower_right,
-                    Backend::sdpa_efficient, Backend::sdpa_math}) {
-    if (refusals(b, sub).any() || first_defect({b, Usage::plan_step, sub, s})) continue;
-    if (!backends::torch_sdpa::native_args(b, slice)) continue;
-    if (!best || cost_rank(b) < cost_rank(*best)) best = b;
+  double best_cost = 0;
+  for (Backend b : kPlanKernels) {
+    const BackendInfo& i = info(b);
+    if (refusals(b, sub).any() || !i.native(slice, sub, nullptr) ||
+        first_defect({b, Usage::plan_step, sub.call, sub.env, s, std::nullopt}))
+      continue;
+    const double pairs = b == Backend::sdpa_math ? static_cast<double>(sub.call.q_len) * static_cast<double>(sub.call.k_len)
+                                                 : attended_pairs(slice);
+    const double cost = call_cost(b, Usage::native, pairs, sub);
+    if (!best || cost < best_cost) best = b, best_cost = cost;
   }
   if (!best) return std::nullopt;
-  step.backend = *best;
-  backends::torch_sdpa::native_args(*best, slice, &step.args);
+  info(*best).native(slice, sub, &step.call);
+  cost_ms = best_cost;
   return step;
+}
+
+// Whether a plan could cost less than the best candidate: it computes at least the
+// attended pairs at the cheapest capable torch kernel's rate, in at least one call.
+// Building a plan allocates, so decisions a plan cannot win skip it.
+inline bool plan_may_beat(const MaskStructure& s, const CallContext& c, const Candidate* candidates,
+                          std::size_t n) noexcept {
+  double best = 0;
+  for (std::size_t i = 0; i < n; ++i) best = i == 0 ? candidates[i].cost_ms : std::min(best, candidates[i].cost_ms);
+  double rate = -1;
+  for (Backend b : kPlanKernels)
+    if (!refusals(b, c).any() && (rate < 0 || cost_rates(b, c.env.sm).native < rate)) rate = cost_rates(b, c.env.sm).native;
+  return rate >= 0 && kCallOverheadMs + rate * work_units(attended_pairs(s), c.call) < best;
+}
+
+// Step 3: an exact plan of unmasked torch calls; `note` says why there is none.
+inline std::optional<Candidate> find_plan(const MaskStructure& s, const CallContext& c, const DecideOptions& options,
+                                          std::vector<PlanStep>& steps, std::string& note) {
+  std::optional<std::vector<RowRun>> runs = decompose_rows(s, options.max_plan_calls);
+  if (!runs) {
+    note = "an exact plan needs more than max_plan_calls (" + std::to_string(options.max_plan_calls) + ") calls";
+    return std::nullopt;
+  }
+  steps.reserve(runs->size());
+  double total = 0;
+  for (const RowRun& run : *runs) {
+    double cost = 0;
+    std::optional<PlanStep> step = plan_step(run, c, s, cost);
+    if (!step) {
+      steps.clear();
+      note = "a plan step has no capable torch kernel";
+      return std::nullopt;
+    }
+    total += cost;
+    steps.push_back(std::move(*step));
+  }
+  if (steps.empty()) return std::nullopt;
+  const auto main = std::find_if(steps.begin(), steps.end(),
+                                 [](const PlanStep& p) { return p.call.backend != Backend::zeros; });
+  return Candidate{main == steps.end() ? Backend::zeros : main->call.backend, Usage::plan_step, total, std::nullopt};
+}
+
+// Step 5: the hazards that stay with the chosen call.
+inline void add_hazards(Policy& policy, const MaskStructure& s, const CallContext& c, const Candidate& chosen) {
+  const std::int64_t hard_empty = s.empty_rows - s.finite_masked_rows;
+  if (hard_empty > 0)
+    policy.hazards.push_back({HazardKind::empty_rows,
+                              std::to_string(hard_empty) +
+                                  " query rows attend to nothing: the result for them is 0 here (math, efficient, flex, "
+                                  "plan zeros); cuDNN with a mask returns the mean of V"});
+  if (s.finite_masked_rows > 0)
+    policy.hazards.push_back({HazardKind::finite_masked_rows,
+                              std::to_string(s.finite_masked_rows) +
+                                  " rows are masked only by finite values: dense softmax attends uniformly over them, "
+                                  "so the mask is kept"});
+  if (s.bias) policy.hazards.push_back({HazardKind::bias, "the additive mask carries bias values: it is kept"});
+  if (chosen.mask_cast && c.call.mask_dtype && is_additive(*c.call.mask_dtype) && is_additive(*chosen.mask_cast) &&
+      s.bias)
+    policy.hazards.push_back({HazardKind::mask_cast, "the mask is cast from " +
+                                                         std::string(to_string(*c.call.mask_dtype)) + " to " +
+                                                         std::string(to_string(*chosen.mask_cast)) +
+                                                         ": its bias values are rounded to that type"});
+  const SdpaArgs* sdpa = policy.call.get<SdpaArgs>();
+  const bool expands = (sdpa && !sdpa->enable_gqa) ||
+                       (!policy.plan.empty() && std::any_of(policy.plan.begin(), policy.plan.end(), [](const PlanStep& p) {
+                         const SdpaArgs* a = p.call.get<SdpaArgs>();
+                         return a && !a->enable_gqa;
+                       }));
+  if (c.call.gqa() && expands)
+    policy.hazards.push_back({HazardKind::gqa_expand, "kv_heads " + std::to_string(c.call.key_heads()) + " < heads " +
+                                                          std::to_string(c.call.heads) +
+                                                          ": expand K and V (repeat_interleave) before the call"});
 }
 
 }  // namespace detail
@@ -241,123 +358,77 @@ inline AttentionCall effective_call(const MaskStructure& structure, AttentionCal
   return call;
 }
 
-inline Result<Policy> decide(const MaskStructure& structure, const AttentionCall& call_in, const DecideOptions& options = {}) {
-  if (structure.q_len < 1 || structure.k_len < 1 || structure.batch < 1)
+// Step 1: every input inside its domain.
+inline Status check_inputs(const MaskStructure& structure, const AttentionCall& call, const Environment& env) {
+  if (structure.q_len < 1 || structure.k_len < 1 || structure.batch < 1 || structure.heads < 1)
     return error(ErrorCode::invalid_shape, "structure has an empty shape");
-  if (call_in.head_dim < 1 || call_in.heads < 1 || call_in.key_heads() < 1 || call_in.heads % call_in.key_heads() != 0)
-    return error(ErrorCode::invalid_argument, "call needs head_dim >= 1 and heads a multiple of kv_heads, got heads " +
-                                                  std::to_string(call_in.heads) + ", kv_heads " +
-                                                  std::to_string(call_in.key_heads()));
-  if (!(call_in.dropout >= 0.0 && call_in.dropout < 1.0))
-    return error(ErrorCode::invalid_argument, "dropout must be in [0, 1)");
-  return catch_alloc([&]() -> Result<Policy> {
-    const AttentionCall call = effective_call(structure, call_in);
-    const MaskStructure& s = structure;
-    // The mask must stay whenever dropping it would change the result.
-    const bool must_keep_mask = s.kind == StructureKind::arbitrary || s.bias || s.finite_masked_rows > 0;
+  if (Status s = call.validate(); !s.ok()) return s;
+  return env.validate();
+}
 
-    // Every backend either becomes a candidate (a way to run the mask, arguments not yet
-    // built) or a rejection; fixed arrays, so this loop allocates nothing.
+inline Result<Policy> decide(const MaskStructure& structure, const AttentionCall& call, const Environment& env = {},
+                             const DecideOptions& options = {}) {
+  if (Status s = check_inputs(structure, call, env); !s.ok()) return s;
+  return catch_alloc([&]() -> Result<Policy> {
+    const CallContext context{effective_call(structure, call), env};
+    const MaskStructure& s = structure;
+
+    // Step 2, in fixed arrays: this loop allocates nothing.
     constexpr std::size_t kBackends = std::size(kAllBackends);
     std::array<detail::Candidate, kBackends> candidates{};
     std::array<Rejection, kBackends> refused{};
     std::size_t n_candidates = 0, n_refused = 0;
     bool any_native = false;
-    for (Backend b : kAllBackends) {
-      Rejection& no = refused[n_refused];
-      no.backend = b;
-      if (!call.has(family(b))) {
-        no.kind = RejectionKind::unavailable;
-        no.source = "AttentionCall::available";
-        ++n_refused;
-        continue;
-      }
-      if (const Refusals why = detail::refusals(b, call); why.any()) {
-        no.kind = RejectionKind::refused;
-        no.refusals = why;
-        no.call = call;
-        no.source = why.source();
-        ++n_refused;
-        continue;
-      }
-      const Defect* lost = nullptr;
-      if (!must_keep_mask && detail::native_args(b, s)) {
-        if (!(lost = first_defect({b, Usage::native, call, s}))) {
-          candidates[n_candidates++] = {b, Usage::native, cost_rank(b)};
-          any_native = true;
-          continue;
-        }
-      }
-      if (detail::dense_args(b, s)) {
-        if (const Defect* d = first_defect({b, Usage::dense_mask, call, s})) {
-          lost = lost ? lost : d;
-        } else {
-          candidates[n_candidates++] = {b, Usage::dense_mask, cost_rank(b) + kDensePenalty};
-          continue;
-        }
-      }
-      if (lost) {
-        no.kind = RejectionKind::defect;
-        no.defect = lost;
-        no.source = lost->source;
+    for (const BackendInfo& b : backends::kRegistry) {
+      if (std::optional<detail::Candidate> c = detail::judge(b, s, context, refused[n_refused])) {
+        any_native = any_native || c->usage == Usage::native;
+        candidates[n_candidates++] = *c;
       } else {
-        no.kind = RejectionKind::inexpressible;
-        no.structure = s.kind;
-        no.source = "docs/backends.md";
+        ++n_refused;
       }
-      ++n_refused;
     }
 
-    // No single native call: an exact plan of unmasked torch calls, if short enough.
+    // Step 3.
     Policy policy;
     std::string plan_note;
     std::optional<detail::Candidate> plan;
     std::vector<PlanStep> plan_steps;
-    if (!any_native && !must_keep_mask && call.has(kFamilyTorch)) {
-      if (auto runs = decompose_rows(s, options.max_plan_calls)) {
-        plan_steps.reserve(runs->size());
-        int worst = 0;
-        for (const RowRun& run : *runs) {
-          std::optional<PlanStep> step = detail::plan_step(run, call, s);
-          if (!step) {
-            plan_steps.clear();
-            plan_note = "a plan step has no capable torch backend";
-            break;
-          }
-          worst = std::max(worst, cost_rank(step->backend));
-          plan_steps.push_back(std::move(*step));
-        }
-        if (!plan_steps.empty()) {
-          const auto main = std::find_if(plan_steps.begin(), plan_steps.end(),
-                                         [](const PlanStep& p) { return p.backend != Backend::zeros; });
-          plan = detail::Candidate{main == plan_steps.end() ? Backend::zeros : main->backend, Usage::plan_step,
-                                   worst + kPlanPenalty};
-        }
-      } else {
-        plan_note = "an exact plan needs more than max_plan_calls (" + std::to_string(options.max_plan_calls) + ") calls";
-      }
-    }
+    if (!detail::must_keep_mask(s) && context.env.has(kFamilyTorch) &&
+        (!any_native || detail::plan_may_beat(s, context, candidates.data(), n_candidates)))
+      plan = detail::find_plan(s, context, options, plan_steps, plan_note);
 
-    if (n_candidates == 0 && !plan) return error(ErrorCode::invalid_argument, "no available backend computes this mask correctly");
-    const detail::Candidate* best = std::min_element(candidates.data(), candidates.data() + n_candidates,
-                                                     [](const auto& a, const auto& b) { return a.score < b.score; });
-    if (plan && (n_candidates == 0 || plan->score < best->score)) best = &*plan;
-    policy.backend = best->backend;
-    if (best->usage == Usage::native) detail::native_args(best->backend, s, &policy.args);
-    else if (best->usage == Usage::dense_mask) detail::dense_args(best->backend, s, &policy.args);
-    else {
-      policy.args = {{"attn_mask", "drop"}};
+    // Step 4.
+    if (n_candidates == 0 && !plan)
+      return error(ErrorCode::invalid_argument, "no available backend computes this mask correctly");
+    const detail::Candidate* best =
+        std::min_element(candidates.data(), candidates.data() + n_candidates,
+                         [](const auto& a, const auto& b) { return a.cost_ms < b.cost_ms; });
+    if (plan && (n_candidates == 0 || plan->cost_ms < best->cost_ms)) best = &*plan;
+    const BackendInfo* chosen = best->usage == Usage::plan_step ? nullptr : &info(best->backend);
+    if (best->usage == Usage::native) {
+      chosen->native(s, context, &policy.call);
+    } else if (best->usage == Usage::dense_mask) {
+      chosen->dense(s, context, &policy.call);
+      policy.call.mask_cast = best->mask_cast;
+    } else {
+      policy.call.backend = best->backend;
+      policy.call.mask = MaskUse::drop;
       policy.plan = std::move(plan_steps);
     }
+    policy.cost_ms = best->cost_ms;
+
+    // Step 5.
     policy.rejected.reserve(n_candidates + (plan ? 1 : 0) + n_refused);
     auto slower = [&](const detail::Candidate& c, std::int64_t plan_calls) {
       Rejection r;
       r.backend = c.backend;
       r.kind = RejectionKind::slower;
-      r.source = "docs/backends.md (cost order)";
+      r.source = cost_rates(c.backend, context.env.sm).measured
+                     ? "bench/README.md (measured cost rates)"
+                     : "bench/README.md (cost rates estimated, not measured)";
       r.usage = c.usage;
-      r.cost = c.score;
-      r.chosen_cost = best->score;
+      r.cost_ms = c.cost_ms;
+      r.chosen_cost_ms = best->cost_ms;
       r.plan_calls = plan_calls;
       policy.rejected.push_back(std::move(r));
     };
@@ -367,29 +438,8 @@ inline Result<Policy> decide(const MaskStructure& structure, const AttentionCall
     std::move(refused.begin(), refused.begin() + static_cast<std::ptrdiff_t>(n_refused),
               std::back_inserter(policy.rejected));
     if (!plan_note.empty() && best->usage != Usage::plan_step)
-      policy.hazards.push_back({"plan", "no plan: " + plan_note});
-
-    // Hazards that stay with the chosen call.
-    const std::int64_t hard_empty = s.empty_rows - s.finite_masked_rows;
-    if (hard_empty > 0)
-      policy.hazards.push_back({"empty_rows", std::to_string(hard_empty) +
-                                                  " query rows attend to nothing: the result for them is 0 here (math, "
-                                                  "efficient, flex, plan zeros); cuDNN with a mask returns the mean of V"});
-    if (s.finite_masked_rows > 0)
-      policy.hazards.push_back({"finite_masked_rows", std::to_string(s.finite_masked_rows) +
-                                                          " rows are masked only by finite values: dense softmax attends "
-                                                          "uniformly over them, so the mask is kept"});
-    if (s.bias) policy.hazards.push_back({"bias", "the additive mask carries bias values: it is kept"});
-    const bool torch_sdpa = family(best->backend) == kFamilyTorch && best->backend != Backend::zeros;
-    if (call.gqa() && torch_sdpa) {
-      if (backends::torch_sdpa::native_gqa(best->backend, call)) {
-        policy.args.push_back({"enable_gqa", true});
-      } else {
-        policy.hazards.push_back({"gqa_expand", "kv_heads " + std::to_string(call.key_heads()) + " < heads " +
-                                                    std::to_string(call.heads) +
-                                                    ": expand K and V (repeat_interleave) before the call"});
-      }
-    }
+      policy.hazards.push_back({HazardKind::plan, "no plan: " + plan_note});
+    detail::add_hazards(policy, s, context, *best);
     return policy;
   });
 }

@@ -1,5 +1,6 @@
 """End-to-end tests of the masklens command: make a mask of every kind, inspect it
 (text and JSON checked field by field), malformed .npy files, --png output."""
+import ast
 import json
 import os
 import struct
@@ -22,6 +23,32 @@ def run(*args, ok=True):
 def check(cond, what):
     if not cond:
         failures.append(what)
+
+
+def snippets(text):
+    """The Python printed under the call line (and each plan step), dedented."""
+    blocks, current = [], None
+    for line in text.splitlines():
+        if line.startswith("call "):
+            current = []
+        elif current is not None and line.startswith("          "):
+            current.append(line[10:])
+        elif current is not None:
+            blocks.append("\n".join(current))
+            current = None
+    if current:
+        blocks.append("\n".join(current))
+    return blocks
+
+
+def check_snippets(text, what):
+    blocks = snippets(text)
+    check(blocks and all(blocks), f"{what}: no code under the call line")
+    for code in blocks:
+        try:
+            ast.parse(code)
+        except SyntaxError as e:
+            failures.append(f"{what}: printed code does not parse ({e}):\n{code}")
 
 
 def write_npy(path, header, data=b"", version=1):
@@ -54,7 +81,7 @@ with tempfile.TemporaryDirectory() as tmp:
         if p.returncode != 0:
             continue
         doc = json.loads(p.stdout)
-        check(doc["schema"] == 1, f"{make_args}: schema")
+        check(doc["schema"] == 2, f"{make_args}: schema")
         shape = [int(x) for x in make_args[make_args.index("--shape") + 1].split(",")]
         check(doc["shape"] == shape, f"{make_args}: shape {doc['shape']}")
         for key, value in expect.items():
@@ -65,6 +92,11 @@ with tempfile.TemporaryDirectory() as tmp:
         check(text.splitlines()[0].startswith("mask "), f"{make_args}: text output starts with the mask line")
         check(any(l.startswith("structure " + expect.get("kind", "causal")) for l in text.splitlines()), f"{make_args}: structure line")
         check(any(l.startswith("call ") for l in text.splitlines()), f"{make_args}: call line")
+        check_snippets(text, f"{make_args}")
+        # Every family installed: their snippets parse too.
+        check_snippets(run("inspect", path, *extra, "--available",
+                           "torch,flash_attn,flash_attn3,flex,xformers,te,flashinfer,cudnn_frontend").stdout,
+                       f"{make_args} (all families)")
         # policy from the inspect output reproduces the same policy.
         doc_path = os.path.join(tmp, f"m{i}.json")
         with open(doc_path, "w") as f:
@@ -77,8 +109,8 @@ with tempfile.TemporaryDirectory() as tmp:
     # The seed case without a mask: 69632^2 causal, d256, training.
     p = run("policy", "--structure", '{"kind": "causal"}', "--shape", "1,4,69632,69632", "--head-dim", "256", "--training", "--json")
     seed = json.loads(p.stdout)["policy"]
-    check(seed["args"] == {"attn_mask": "drop", "is_causal": True}, f"seed args {seed['args']}")
-    check(seed["backend"] in ("torch.sdpa.cudnn", "torch.sdpa.flash"), f"seed backend {seed['backend']}")
+    check(seed["mask"] == "drop" and seed["args"] == {"is_causal": True}, f"seed args {seed}")
+    check(seed["backend"] == "torch.sdpa.cudnn", f"seed backend {seed['backend']}")
 
     # The call's v head dim, determinism and the dense mask's dtype reach the rules.
     def rejection(doc, backend):
@@ -89,8 +121,9 @@ with tempfile.TemporaryDirectory() as tmp:
     check("cudnn.deterministic" in rejection(doc, "torch.sdpa.cudnn")["rules"], f"--deterministic: {doc['policy']}")
     doc = json.loads(run("policy", "--structure", '{"kind": "arbitrary"}', "--shape", "1,1,4096,4096",
                          "--mask-dtype", "fp32", "--json").stdout)
-    check(doc["policy"]["backend"] != "torch.sdpa.cudnn", "fp32 mask with bf16 inputs went to cuDNN")
-    check(rejection(doc, "torch.sdpa.cudnn").get("defect") == "cudnn_fp32_mask_reinterpreted", f"{doc['policy']}")
+    # An fp32 mask with bf16 inputs: efficient raises on it and cuDNN misreads it, so the call casts it.
+    check(doc["policy"]["backend"] in ("torch.sdpa.cudnn", "torch.sdpa.efficient"), f"fp32 mask: {doc['policy']['backend']}")
+    check(doc["policy"]["mask"] == "keep" and doc["policy"]["mask_cast"] == "bfloat16", f"fp32 mask: {doc['policy']}")
     p = run("policy", "--structure", '{"kind": "causal"}', "--shape", "1,1,8,8", "--mask-dtype", "fp64", ok=False)
     check(p.returncode == 2 and "--mask-dtype must be" in p.stderr, "bad policy --mask-dtype")
 

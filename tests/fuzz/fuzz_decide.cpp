@@ -55,10 +55,12 @@ MaskStructure structure(Bytes& in) {
   return s;
 }
 
-AttentionCall call(Bytes& in) {
+CallContext call(Bytes& in) {
   static constexpr std::int64_t kHeadDims[] = {8, 16, 60, 64, 72, 96, 128, 192, 200, 256, 264, 512};
   static constexpr int kSms[] = {75, 80, 86, 89, 90, 100, 103};
-  AttentionCall c;
+  CallContext context;
+  AttentionCall& c = context.call;
+  Environment& e = context.env;
   c.dtype = static_cast<DType>(in.next(3));
   c.head_dim = kHeadDims[in.next(std::size(kHeadDims))];
   if (in.next(4) == 0) c.head_dim_v = kHeadDims[in.next(std::size(kHeadDims))];
@@ -68,16 +70,17 @@ AttentionCall call(Bytes& in) {
   c.training = in.next(2);
   c.dropout = in.next(4) == 0 ? 0.1 : 0.0;
   c.deterministic = in.next(8) == 0;
-  c.sm = kSms[in.next(std::size(kSms))];
-  c.torch = version(2, static_cast<int>(3 + in.next(10)));
-  c.cudnn = version(9, static_cast<int>(in.next(27)));
-  c.available = in.next(256) | kFamilyTorch * in.next(2);
-  if (in.next(2)) c.flash_attn = version(2, 8);
-  if (in.next(2)) c.flash_attn3 = version(3, 0);
-  if (in.next(2)) c.xformers = version(0, 0, 33);
-  if (in.next(2)) c.transformer_engine = version(2, 8);
-  if (in.next(2)) c.flashinfer = version(0, 5);
-  if (in.next(2)) c.cudnn_frontend = version(1, 16);
+  if (in.next(3) == 0) c.mask_dtype = static_cast<ElementType>(in.next(6));
+  e.sm = kSms[in.next(std::size(kSms))];
+  e.torch = version(2, static_cast<int>(3 + in.next(10)));
+  e.cudnn = version(9, static_cast<int>(in.next(27)));
+  e.available = in.next(256) | kFamilyTorch * in.next(2);
+  if (in.next(2)) e.flash_attn = version(2, 8);
+  if (in.next(2)) e.flash_attn3 = version(3, 0);
+  if (in.next(2)) e.xformers = version(0, 0, 33);
+  if (in.next(2)) e.transformer_engine = version(2, 8);
+  if (in.next(2)) e.flashinfer = version(0, 5);
+  if (in.next(2)) e.cudnn_frontend = version(1, 16);
   if (in.next(3) == 0) c.mask_dtype = static_cast<ElementType>(in.next(6));
   return c;
 }
@@ -87,16 +90,22 @@ AttentionCall call(Bytes& in) {
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   Bytes in{data, size};
   const MaskStructure s = structure(in);
-  const AttentionCall c = call(in);
-  const Result<Policy> p = decide(s, c);
+  const CallContext c = call(in);
+  const Result<Policy> p = decide(s, c.call, c.env);
   if (!p) return 0;  // no available backend computes it: allowed, e.g. nothing installed
-  const AttentionCall effective = effective_call(s, c);
+  const CallContext effective{effective_call(s, c.call), c.env};
   const bool must_keep = s.kind == StructureKind::arbitrary || s.bias || s.finite_masked_rows > 0;
-  const ArgValue* mask = find_arg(p->args, "attn_mask");
-  if (!mask) __builtin_trap();
-  if (must_keep && *mask != ArgValue(std::string("keep"))) __builtin_trap();
+  if (must_keep && p->call.mask != MaskUse::keep) __builtin_trap();
   if (p->plan.empty()) {
-    if (!c.has(family(p->backend)) || detail::refusals(p->backend, effective).any()) __builtin_trap();
+    if (!c.env.has(family(p->backend())) || refusals(p->backend(), effective).any()) __builtin_trap();
+    // A call that drops or replaces the mask computes the structure exactly.
+    if (p->call.mask != MaskUse::keep && !masklens::testing::call_is_exact(s, p->call)) __builtin_trap();
+    // A kept mask is passed as a type its kernel takes (docs/backends.md, Mask dtypes).
+    if (p->call.mask == MaskUse::keep && c.call.mask_dtype && family(p->backend()) == kFamilyTorch) {
+      const ElementType passed = p->call.mask_cast.value_or(*c.call.mask_dtype);
+      if (passed != ElementType::boolean && passed != ElementType::float32 && passed != c.call.query_element())
+        __builtin_trap();
+    }
   } else if (!masklens::testing::plan_is_exact(s, *p)) {
     __builtin_trap();
   }
@@ -110,7 +119,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       continue;
     }
     if (!seen.insert(r.backend).second) __builtin_trap();
-    if (p->plan.empty() && r.backend == p->backend) __builtin_trap();
+    if (p->plan.empty() && r.backend == p->backend()) __builtin_trap();
   }
   if (seen.size() + (p->plan.empty() ? 1 : 0) != std::size(kAllBackends)) __builtin_trap();
   return 0;

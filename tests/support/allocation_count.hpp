@@ -20,17 +20,13 @@ inline std::atomic<long> g_allocations{0};
 inline long owned_blocks(const Policy& p) {
   auto heap = [](const auto& v) { return v.capacity() ? 1L : 0L; };
   auto string_heap = [](const std::string& s) { return s.capacity() > std::string().capacity() ? 1L : 0L; };
-  auto args_blocks = [&](const Args& args) {
-    long n = heap(args);
-    for (const Arg& a : args) {
-      if (const auto* s = std::get_if<std::string>(&a.value)) n += string_heap(*s);
-      if (const auto* v = std::get_if<std::vector<std::int64_t>>(&a.value)) n += heap(*v);
-    }
-    return n;
+  auto call_blocks = [&](const Call& c) {
+    const VarlenArgs* v = c.get<VarlenArgs>();
+    return v ? heap(v->sequences) : 0L;
   };
-  long n = args_blocks(p.args) + heap(p.plan) + heap(p.rejected) + heap(p.hazards);
-  for (const PlanStep& s : p.plan) n += args_blocks(s.args);
-  for (const Hazard& h : p.hazards) n += string_heap(h.kind) + string_heap(h.detail);
+  long n = call_blocks(p.call) + heap(p.plan) + heap(p.rejected) + heap(p.hazards);
+  for (const PlanStep& s : p.plan) n += call_blocks(s.call);
+  for (const Hazard& h : p.hazards) n += string_heap(h.detail);
   return n;
 }
 

@@ -216,24 +216,66 @@ inline std::int64_t count_empty_rows(const MaskStructure& spec, std::int64_t hea
   return n;
 }
 
+// The keys row q of batch b attends under a call that drops or replaces the mask,
+// computed from the typed call alone (the library's documented semantics of each
+// argument), for a slice of q_len x k_len. Flex calls build their mask from the
+// structure itself: `structure_row` is their answer.
+inline RowSpan call_row(const Call& c, std::int64_t b, std::int64_t q, std::int64_t q_len, std::int64_t k_len,
+                        const RowSpan& structure_row) {
+  // A band on one sequence of lq x lk rows: bottom-right (or top-left) causal, a window, a chunk.
+  const auto band = [](std::int64_t ql, std::int64_t lq, std::int64_t lk, bool causal, bool bottom_right,
+                       std::int64_t wl, std::int64_t wr, std::int64_t chunk) {
+    const std::int64_t p = ql + (bottom_right ? lk - lq : 0);
+    std::int64_t lo = 0, hi = lk - 1;
+    if (causal || wr >= 0) hi = std::min(hi, p + std::max<std::int64_t>(wr, 0));
+    if (wl >= 0) lo = std::max(lo, p - wl);
+    if (chunk > 0) {
+      if (p < 0) return RowSpan{};
+      lo = std::max(lo, p / chunk * chunk);
+    }
+    return RowSpan::interval(lo, hi);
+  };
+  if (const auto* a = c.get<SdpaArgs>()) {
+    if (a->is_causal) return RowSpan::interval(0, std::min(q, k_len - 1));
+    if (a->causal_lower_right) return RowSpan::interval(0, std::min(q + k_len - q_len, k_len - 1));
+    return RowSpan::interval(0, k_len - 1);
+  }
+  if (const auto* a = c.get<KernelArgs>())
+    return band(q, q_len, k_len, a->causal, a->alignment == Alignment::bottom_right, a->window_left,
+                a->causal ? 0 : a->window_right, a->chunk);
+  if (const auto* a = c.get<VarlenArgs>()) {
+    for (const Sequence& s : a->sequences) {
+      if (s.batch != b || q < s.q.start || q >= s.q.end) continue;
+      const RowSpan local = band(q - s.q.start, s.q.end - s.q.start, s.k.end - s.k.start, a->causal, true,
+                                 a->window_left, a->causal ? 0 : a->window_right, 0);
+      return local.empty() ? local : RowSpan::interval(local.first + s.k.start, local.last + s.k.start);
+    }
+    return RowSpan{};  // rows no sequence covers
+  }
+  if (c.get<FlexArgs>()) return structure_row;
+  return RowSpan{};  // zeros
+}
+
+// A call that drops the mask computes the structure exactly: every row of every batch.
+inline bool call_is_exact(const MaskStructure& s, const Call& c) {
+  if (c.mask == MaskUse::keep) return false;
+  for (std::int64_t b = 0; b < s.batch; ++b)
+    for (std::int64_t q = 0; q < s.q_len; ++q)
+      if (!call_row(c, b, q, s.q_len, s.k_len, s.row(b, q)).same_keys(s.row(b, q))) return false;
+  return true;
+}
+
 // A plan rendered back to row intervals equals the structure, every row covered once.
 inline bool plan_is_exact(const MaskStructure& s, const Policy& p) {
   std::vector<std::vector<int>> covered(static_cast<std::size_t>(s.batch), std::vector<int>(static_cast<std::size_t>(s.q_len), 0));
   for (const PlanStep& step : p.plan) {
     const std::int64_t q_len = step.q_range.end - step.q_range.start, k_len = step.k_range.end - step.k_range.start;
-    const ArgValue* causal = find_arg(step.args, "is_causal");
+    if (step.call.mask == MaskUse::keep) return false;
     for (std::int64_t q = step.q_range.start; q < step.q_range.end; ++q) {
       covered[static_cast<std::size_t>(step.batch)][static_cast<std::size_t>(q)]++;
-      RowSpan got;
-      if (step.backend == Backend::zeros) {
-        got = RowSpan{};
-      } else if (causal && *causal == ArgValue(true)) {  // top-left on the slice
-        got = RowSpan::interval(step.k_range.start, step.k_range.start + (q - step.q_range.start));
-      } else if (find_arg(step.args, "attn_mask_object")) {  // bottom-right on the slice
-        got = RowSpan::interval(step.k_range.start, step.k_range.start + (q - step.q_range.start) + (k_len - q_len));
-      } else {
-        got = RowSpan::interval(step.k_range.start, step.k_range.end - 1);
-      }
+      const RowSpan local = call_row(step.call, 0, q - step.q_range.start, q_len, k_len, RowSpan{});
+      const RowSpan got = local.empty() ? local
+                                        : RowSpan::interval(local.first + step.k_range.start, local.last + step.k_range.start);
       if (!got.same_keys(s.row(step.batch, q))) return false;
     }
   }

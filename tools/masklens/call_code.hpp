@@ -1,11 +1,25 @@
-// The chosen call as Python a user can paste.
+// The chosen call as Python a user can paste: valid syntax (tests/cli parses every
+// snippet), only parameters the libraries have (docs/backends.md names the versions),
+// q / k / v in SDPA's [B, H, L, D] layout and the mask as `mask`.
 #pragma once
 
 #include <string>
+#include <vector>
 
+#include <masklens/call_args.hpp>
 #include <masklens/masklens.hpp>
 
 namespace masklens::cli {
+
+// Lists longer than this print as `...` with a pointer to --json.
+inline constexpr std::size_t kMaxListed = 16;
+
+inline std::string python_list(const std::vector<std::int64_t>& v) {
+  if (v.size() > kMaxListed) return "...  # " + std::to_string(v.size()) + " values: see --json";
+  std::string out = "[";
+  for (std::size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + std::to_string(v[i]);
+  return out + "]";
+}
 
 inline std::string python_value(const ArgValue& v) {
   return std::visit(
@@ -13,60 +27,237 @@ inline std::string python_value(const ArgValue& v) {
         using T = std::decay_t<decltype(x)>;
         if constexpr (std::is_same_v<T, bool>) return x ? "True" : "False";
         else if constexpr (std::is_same_v<T, std::int64_t>) return std::to_string(x);
-        else if constexpr (std::is_same_v<T, std::string>) return x;
-        else {
-          std::string out = "[";
-          for (std::size_t i = 0; i < x.size() && i < 12; ++i) out += (i ? ", " : "") + std::to_string(x[i]);
-          if (x.size() > 12) out += ", ...";
-          return out + "]";
-        }
+        else if constexpr (std::is_same_v<T, std::string_view>) return "\"" + std::string(x) + "\"";
+        else if constexpr (std::is_same_v<T, Identifier>) return std::string(x.text);
+        else if constexpr (std::is_same_v<T, IntPair>) return "(" + std::to_string(x.first) + ", " + std::to_string(x.second) + ")";
+        else return "torch.tensor(" + python_list(x.values) + ", dtype=torch.int32, device=q.device)";
       },
       v);
 }
 
-
-// Keyword arguments except masklens' own bookkeeping.
-inline std::string kwargs(const Args& args, std::initializer_list<std::string_view> skip) {
+// ", name=value" for every argument; index tensors by the names bound before the call.
+inline std::string keywords(const std::vector<NamedArg>& args) {
   std::string out;
-  for (const Arg& a : args) {
-    if (a.name == "attn_mask" || std::find(skip.begin(), skip.end(), a.name) != skip.end()) continue;
-    out += ", " + std::string(a.name) + "=" + python_value(a.value);
-  }
+  for (const NamedArg& a : args)
+    out += ", " + std::string(a.name) + "=" +
+           (std::holds_alternative<IndexTensor>(a.value) ? std::string(a.name) : python_value(a.value));
   return out;
 }
 
-inline std::string python_call(Backend b, const Args& args) {
-  const ArgValue* mask = find_arg(args, "attn_mask");
-  const bool keep = mask && *mask == ArgValue(std::string("keep"));
-  switch (b) {
+// Binds every index-tensor argument to its own name, one line each.
+inline std::string bind_tensors(const std::vector<NamedArg>& args) {
+  std::string out;
+  for (const NamedArg& a : args)
+    if (const auto* t = std::get_if<IndexTensor>(&a.value)) {
+      if (t->values.size() > kMaxListed)
+        out += std::string(a.name) + " = torch.tensor(masklens_json[\"" + std::string(a.name) +
+               "\"], dtype=torch.int32, device=q.device)  # " + std::to_string(t->values.size()) + " values: see --json\n";
+      else
+        out += std::string(a.name) + " = " + python_value(a.value) + "\n";
+    }
+  return out;
+}
+
+// The mask as the call passes it.
+inline std::string mask_expression(const Call& c, std::optional<ElementType> mask_dtype) {
+  std::string m = "mask";
+  if (c.mask_cast) {
+    const ElementType t = *c.mask_cast;
+    m += t == ElementType::boolean    ? ".to(torch.bool)"
+         : t == ElementType::float16  ? ".to(torch.float16)"
+         : t == ElementType::bfloat16 ? ".to(torch.bfloat16)"
+                                      : ".to(torch.float32)";
+  }
+  const bool is_bool = !mask_dtype || !is_additive(*mask_dtype) || c.mask_cast == ElementType::boolean;
+  switch (c.mask_form) {
+    case MaskForm::as_given: return m;
+    case MaskForm::additive:
+      return is_bool ? "torch.zeros(" + m + ".shape, dtype=q.dtype, device=q.device).masked_fill_(~" + m +
+                           ", float(\"-inf\"))"
+                     : m + ".to(q.dtype)";
+    case MaskForm::inverted: return is_bool ? "~" + m : "(" + m + " != 0)";
+    case MaskForm::flattened: return (is_bool ? m : "(" + m + " == 0)") + "[:, 0].flatten()";
+  }
+  return m;
+}
+
+// Packs the sequences into [total, heads, dim] tensors q_packed, k_packed, v_packed.
+inline std::string pack_code(const VarlenArgs& v) {
+  std::vector<std::int64_t> qp, kp;
+  for (const Sequence& s : v.sequences) {
+    qp.insert(qp.end(), {s.batch, s.q.start, s.q.end});
+    kp.insert(kp.end(), {s.batch, s.k.start, s.k.end});
+  }
+  const auto pieces = [](const std::vector<std::int64_t>& p) {
+    if (p.size() > 3 * kMaxListed) return std::string("masklens_json[\"pieces\"]  # see --json (call.sequences)");
+    std::string out = "[";
+    for (std::size_t i = 0; i < p.size(); i += 3)
+      out += (i ? ", (" : "(") + std::to_string(p[i]) + ", " + std::to_string(p[i + 1]) + ", " +
+             std::to_string(p[i + 2]) + ")";
+    return out + "]";
+  };
+  return "q_pieces = " + pieces(qp) + "  # (batch, start, end) of each sequence\n" + "k_pieces = " + pieces(kp) +
+         "\n"
+         "q_packed = torch.cat([q[b, :, s:e].transpose(0, 1) for b, s, e in q_pieces])  # [total, heads, dim]\n"
+         "k_packed = torch.cat([k[b, :, s:e].transpose(0, 1) for b, s, e in k_pieces])\n"
+         "v_packed = torch.cat([v[b, :, s:e].transpose(0, 1) for b, s, e in k_pieces])\n";
+}
+
+inline const char* kUnpack =
+    "out = torch.zeros_like(q)\n"
+    "for (b, s, e), piece in zip(q_pieces, out_packed.split([e - s for _, s, e in q_pieces])):\n"
+    "    out[b, :, s:e] = piece.transpose(0, 1)";
+
+// `def mask_mod(...)` for flex_attention: the structure's rule from its fields, with
+// the tensors it reads bound first; a kept mask is read through `mask`.
+inline std::string python_mask_mod(const MaskStructure& s, const Call& c, std::optional<ElementType> mask_dtype) {
+  if (c.get<FlexArgs>() && c.get<FlexArgs>()->mask_mod_reads_mask) {
+    const bool is_bool = !mask_dtype || !is_additive(*mask_dtype);
+    return std::string("def mask_mod(b, h, q_idx, kv_idx):\n    return mask[b, h, q_idx, kv_idx]") +
+           (is_bool ? "" : " == 0") + "\n";
+  }
+  std::string setup;
+  const std::int64_t d = s.alignment == Alignment::bottom_right ? s.k_len - s.q_len : 0;
+  const std::string p = d ? "(q_idx + " + std::to_string(d) + ")" : std::string("q_idx");
+  std::string rule;
+  switch (s.kind) {
+    case StructureKind::full: rule = "kv_idx >= 0"; break;
+    case StructureKind::causal: rule = "kv_idx <= " + p; break;
+    case StructureKind::sliding_window:
+      rule = "(kv_idx <= " + p + ") & (" + p + " - kv_idx < " + std::to_string(s.window) + ")";
+      break;
+    case StructureKind::chunked:
+      rule = "(kv_idx <= " + p + ") & (kv_idx // " + std::to_string(s.chunk) + " == " + p + " // " +
+             std::to_string(s.chunk) + ")";
+      break;
+    case StructureKind::prefix_lm: rule = "(kv_idx <= " + p + ") | (kv_idx < " + std::to_string(s.prefix) + ")"; break;
+    case StructureKind::causal_blocks: {
+      setup += "block_id = torch.full((" + std::to_string(s.k_len) + ",), -1, dtype=torch.int32, device=q.device)\n";
+      for (std::size_t i = 0; i < s.blocks.size(); ++i)
+        setup += "block_id[" + std::to_string(s.blocks[i].start) + ":" + std::to_string(s.blocks[i].end) +
+                 "] = " + std::to_string(i) + "\n";
+      rule = "(kv_idx <= " + p + ") | ((block_id[kv_idx] >= 0) & (block_id[kv_idx] == block_id[" + p + "]))";
+      break;
+    }
+    case StructureKind::arbitrary: rule = "False"; break;
+  }
+  if (s.has_segments()) {
+    setup += "document_id = torch.zeros(" + std::to_string(s.batch) + ", " + std::to_string(s.q_len) +
+             ", dtype=torch.int32, device=q.device)\n";
+    for (std::size_t b = 0; b < s.segments.size(); ++b)
+      for (std::size_t i = 1; i + 1 < s.segments[b].size(); ++i)
+        setup += "document_id[" + std::to_string(b) + ", " + std::to_string(s.segments[b][i]) + ":] += 1\n";
+    rule = "(" + rule + ") & (document_id[b, q_idx] == document_id[b, kv_idx])";
+  }
+  if (s.has_kv_valid()) {
+    std::vector<std::int64_t> starts, ends;
+    for (const KeyRange& r : s.kv_valid) starts.push_back(r.start), ends.push_back(r.end);
+    setup += "kv_start = torch.tensor(" + python_list(starts) + ", device=q.device)\nkv_end = torch.tensor(" +
+             python_list(ends) + ", device=q.device)\n";
+    rule = "(" + rule + ") & (kv_idx >= kv_start[b]) & (kv_idx < kv_end[b])";
+  }
+  return setup + "def mask_mod(b, h, q_idx, kv_idx):\n    return " + rule + "\n";
+}
+
+// Python for one call on q, k, v (each [B, H, L, D]) into `out`.
+inline std::string python_call(const Call& c, std::int64_t batch, std::int64_t q_len, std::int64_t k_len,
+                               std::optional<ElementType> mask_dtype) {
+  const CallArgs a = backend_args(c, batch, q_len, k_len);
+  const std::string mask = mask_expression(c, mask_dtype);
+  const std::string mask_kw = c.mask == MaskUse::keep ? ", attn_mask=" + mask : "";
+  const auto* varlen = c.get<VarlenArgs>();
+  switch (c.backend) {
     case Backend::sdpa_flash:
     case Backend::sdpa_efficient:
     case Backend::sdpa_cudnn:
-    case Backend::sdpa_math: {
-      const char* kernel = b == Backend::sdpa_flash ? "FLASH_ATTENTION"
-                           : b == Backend::sdpa_efficient ? "EFFICIENT_ATTENTION"
-                           : b == Backend::sdpa_cudnn ? "CUDNN_ATTENTION" : "MATH";
-      return std::string("with sdpa_kernel(SDPBackend.") + kernel + "): out = F.scaled_dot_product_attention(q, k, v" +
-             (keep ? ", attn_mask=mask" : "") + kwargs(args, {}) + ")";
-    }
+    case Backend::sdpa_math:
+      return "with sdpa_kernel([SDPBackend." + std::string(to_string(c.get<SdpaArgs>()->kernel)) +
+             "]):\n    out = F.scaled_dot_product_attention(q, k, v" + mask_kw + keywords(a.args) + ")";
     case Backend::sdpa_causal_lower_right:
-      return "out = F.scaled_dot_product_attention(q, k, v, attn_mask=" + python_value(*find_arg(args, "attn_mask_object")) + ")";
+      return "out = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(" + std::to_string(q_len) +
+             ", " + std::to_string(k_len) + "))";
+    case Backend::torch_varlen:
+      return pack_code(*varlen) + bind_tensors(a.args) +
+             "out_packed = varlen_attn(q_packed, k_packed, v_packed, cu_seq_q, cu_seq_k, " +
+             std::to_string(varlen->max_seqlen_q()) + ", " + std::to_string(varlen->max_seqlen_k()) +
+             keywords({a.args.back()}) + ")\n" + kUnpack;
     case Backend::flex_attention:
-      return std::string("mask_mod = ") + python_value(*find_arg(args, "mask_mod")) +
-             "\nout = flex_attention(q, k, v, block_mask=" + python_value(*find_arg(args, "block_mask")) + ")";
+      return "block_mask = create_block_mask(mask_mod" + keywords(a.mask_object_args) +
+             ")\nout = flex_attention(q, k, v, block_mask=block_mask)";
     case Backend::flash_attn:
-    case Backend::flash_attn3: return "out = flash_attn_func(q, k, v" + kwargs(args, {}) + ")";
+    case Backend::flash_attn3:
+      return "out = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)" + keywords(a.args) +
+             ").transpose(1, 2)";
     case Backend::flash_attn_varlen:
-    case Backend::flash_attn3_varlen: return "out = flash_attn_varlen_func(q, k, v" + kwargs(args, {}) + ")";
-    case Backend::xformers:
-      return "out = xformers.ops.memory_efficient_attention(q, k, v, attn_bias=" +
-             (keep ? std::string("mask") : python_value(*find_arg(args, "attn_bias"))) + kwargs(args, {"attn_bias"}) + ")";
-    case Backend::transformer_engine: return "out = DotProductAttention(...)(q, k, v" + kwargs(args, {}) + ")";
-    case Backend::flashinfer: return "out = flashinfer prefill wrapper.run(q, k, v)  # plan with" + kwargs(args, {});
-    case Backend::cudnn_frontend: return "graph.sdpa(q, k, v" + kwargs(args, {}) + ")";
+    case Backend::flash_attn3_varlen: {
+      std::vector<NamedArg> rest;
+      for (const NamedArg& x : a.args)
+        if (x.name == "causal" || x.name == "window_size") rest.push_back(x);
+      return pack_code(*varlen) + bind_tensors(a.args) +
+             "out_packed = flash_attn_varlen_func(q_packed, k_packed, v_packed, cu_seqlens_q, cu_seqlens_k, " +
+             std::to_string(varlen->max_seqlen_q()) + ", " + std::to_string(varlen->max_seqlen_k()) + keywords(rest) +
+             ")\n" + kUnpack;
+    }
+    case Backend::xformers: {
+      std::string bias = c.mask == MaskUse::keep ? mask : a.mask_object.empty() ? "None" : std::string(a.mask_object);
+      if (!a.mask_object.empty()) bias += "(" + keywords(a.mask_object_args).substr(a.mask_object_args.empty() ? 0 : 2) + ")";
+      if (varlen)
+        return pack_code(*varlen) + bind_tensors(a.mask_object_args) +
+               "out_packed = xformers.ops.memory_efficient_attention(q_packed.unsqueeze(0), k_packed.unsqueeze(0), "
+               "v_packed.unsqueeze(0), attn_bias=" +
+               std::string(a.mask_object) + "(q_seqlen=q_seqlen.tolist()))[0]\n" + kUnpack;
+      return "out = xformers.ops.memory_efficient_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), "
+             "attn_bias=" +
+             bias + ").transpose(1, 2)";
+    }
+    case Backend::transformer_engine: {
+      const std::string module =
+          "attention = DotProductAttention(num_attention_heads=q.shape[1], kv_channels=q.shape[3], "
+          "num_gqa_groups=k.shape[1]" +
+          keywords(a.args) + ")\n";
+      if (varlen)
+        return pack_code(*varlen) + bind_tensors(a.args) +
+               "attention = DotProductAttention(num_attention_heads=q.shape[1], kv_channels=q.shape[3], "
+               "num_gqa_groups=k.shape[1], qkv_format=\"thd\", attn_mask_type=" +
+               python_value(*find_arg(a.args, "attn_mask_type")) +
+               ")\nout_packed = attention(q_packed, k_packed, v_packed, cu_seqlens_q=cu_seqlens_q, "
+               "cu_seqlens_kv=cu_seqlens_kv, max_seqlen_q=" +
+               std::to_string(varlen->max_seqlen_q()) + ", max_seqlen_kv=" + std::to_string(varlen->max_seqlen_k()) +
+               ").view(-1, q.shape[1], q.shape[3])\n" + kUnpack;
+      return module +
+             "out = attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), qkv_format=\"bshd\"" +
+             (c.mask == MaskUse::keep ? ", attention_mask=" + mask : std::string()) +
+             ").view(q.shape[0], q.shape[2], q.shape[1], -1).transpose(1, 2)";
+    }
+    case Backend::flashinfer: {
+      std::vector<NamedArg> rest;
+      for (const NamedArg& x : a.args)
+        if (!std::holds_alternative<IndexTensor>(x.value)) rest.push_back(x);
+      return pack_code(*varlen) + bind_tensors(a.args) +
+             "wrapper = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(torch.empty(128 << 20, dtype=torch.uint8, "
+             "device=q.device))\nwrapper.plan(qo_indptr, kv_indptr, q.shape[1], k.shape[1], q.shape[3]" +
+             (c.mask == MaskUse::keep ? ", custom_mask=" + mask : std::string()) + keywords(rest) +
+             ", q_data_type=q.dtype)\nout_packed = wrapper.run(q_packed, k_packed, v_packed)\n" + kUnpack;
+    }
+    case Backend::cudnn_frontend: {
+      std::string tensors = bind_tensors(a.args);
+      std::vector<NamedArg> rest;
+      for (const NamedArg& x : a.args)
+        if (!std::holds_alternative<IndexTensor>(x.value)) rest.push_back(x);
+      std::string seq;
+      if (varlen)
+        seq = ", seq_len_q=graph.tensor_like(seq_len_q.view(-1, 1, 1, 1)), seq_len_kv=graph.tensor_like(seq_len_kv.view(-1, 1, 1, 1))";
+      return tensors +
+             "graph = cudnn.pygraph(io_data_type=cudnn.data_type.BFLOAT16, intermediate_data_type=cudnn.data_type.FLOAT, "
+             "compute_data_type=cudnn.data_type.FLOAT)\n"
+             "o, stats = graph.sdpa(graph.tensor_like(q), graph.tensor_like(k), graph.tensor_like(v), "
+             "generate_stats=False, attn_scale=q.shape[3] ** -0.5" +
+             (c.mask == MaskUse::keep ? ", bias=graph.tensor_like(" + mask + ")" : std::string()) + keywords(rest) + seq +
+             ")";
+    }
     case Backend::zeros: return "out.zero_()";
   }
-  return "?";
+  return "pass";
 }
 
 }  // namespace masklens::cli

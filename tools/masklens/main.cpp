@@ -59,8 +59,10 @@ void add_call_options(CLI::App& app, CallOptions& o) {
   app.add_option("--cudnn-frontend-version", o.cudnn_frontend, "cudnn_frontend version")->capture_default_str()->group("Versions");
 }
 
-Result<AttentionCall> make_call(const CallOptions& o, std::optional<ElementType> mask_dtype) {
-  AttentionCall c;
+Result<CallContext> make_call(const CallOptions& o, std::optional<ElementType> mask_dtype) {
+  CallContext context;
+  AttentionCall& c = context.call;
+  Environment& e = context.env;
   if (o.dtype == "bf16" || o.dtype == "bfloat16") c.dtype = DType::bfloat16;
   else if (o.dtype == "fp16" || o.dtype == "float16") c.dtype = DType::float16;
   else if (o.dtype == "fp32" || o.dtype == "float32") c.dtype = DType::float32;
@@ -72,14 +74,14 @@ Result<AttentionCall> make_call(const CallOptions& o, std::optional<ElementType>
   c.training = o.training;
   c.deterministic = o.deterministic;
   c.dropout = o.dropout;
-  c.sm = o.sm;
+  e.sm = o.sm;
   c.mask_dtype = mask_dtype;
-  for (auto [text, into, name] : {std::tuple{&o.torch, &c.torch, "--torch"}, {&o.cudnn, &c.cudnn, "--cudnn"}}) {
+  for (auto [text, into, name] : {std::tuple{&o.torch, &e.torch, "--torch"}, {&o.cudnn, &e.cudnn, "--cudnn"}}) {
     auto v = Version::parse(*text);
     if (!v) return error(ErrorCode::invalid_argument, std::string(name) + ": " + v.status().message());
     *into = *v;
   }
-  c.available = 0;
+  e.available = 0;
   std::stringstream list(o.available);
   for (std::string item; std::getline(list, item, ',');) {
     struct Family {
@@ -89,18 +91,18 @@ Result<AttentionCall> make_call(const CallOptions& o, std::optional<ElementType>
       Version* into;
     };
     const Family families[] = {{"torch", kFamilyTorch, nullptr, nullptr},
-                               {"flash_attn", kFamilyFlashAttn, &o.flash_attn, &c.flash_attn},
-                               {"flash_attn3", kFamilyFlashAttn3, &o.flash_attn3, &c.flash_attn3},
+                               {"flash_attn", kFamilyFlashAttn, &o.flash_attn, &e.flash_attn},
+                               {"flash_attn3", kFamilyFlashAttn3, &o.flash_attn3, &e.flash_attn3},
                                {"flex", kFamilyFlex, nullptr, nullptr},
-                               {"xformers", kFamilyXformers, &o.xformers, &c.xformers},
-                               {"te", kFamilyTransformerEngine, &o.te, &c.transformer_engine},
-                               {"flashinfer", kFamilyFlashInfer, &o.flashinfer, &c.flashinfer},
-                               {"cudnn_frontend", kFamilyCudnnFrontend, &o.cudnn_frontend, &c.cudnn_frontend}};
+                               {"xformers", kFamilyXformers, &o.xformers, &e.xformers},
+                               {"te", kFamilyTransformerEngine, &o.te, &e.transformer_engine},
+                               {"flashinfer", kFamilyFlashInfer, &o.flashinfer, &e.flashinfer},
+                               {"cudnn_frontend", kFamilyCudnnFrontend, &o.cudnn_frontend, &e.cudnn_frontend}};
     bool known = false;
     for (const Family& f : families) {
       if (item != f.name) continue;
       known = true;
-      c.available |= f.family;
+      e.available |= f.family;
       if (f.version) {
         auto v = Version::parse(*f.version);
         if (!v) return error(ErrorCode::invalid_argument, std::string(f.name) + " version: " + v.status().message());
@@ -109,30 +111,43 @@ Result<AttentionCall> make_call(const CallOptions& o, std::optional<ElementType>
     }
     if (!known) return error(ErrorCode::invalid_argument, "--available: unknown family '" + item + "'");
   }
-  return c;
+  return context;
 }
 
-void print_policy(const Policy& p) {
-  const ArgValue* mask = find_arg(p.args, "attn_mask");
-  std::printf("call      %s (mask %s)\n", std::string(to_string(p.backend)).c_str(),
-              mask ? cli::python_value(*mask).c_str() : "?");
-  if (p.plan.empty()) {
-    std::printf("          %s\n", cli::python_call(p.backend, p.args).c_str());
-  } else {
-    std::printf("          a plan of %zu calls, each on q[b, :, q_range] and k/v[b, :, k_range]:\n", p.plan.size());
-    for (std::size_t i = 0; i < p.plan.size() && i < 8; ++i) {
-      const PlanStep& s = p.plan[i];
-      std::printf("          b=%lld q[%lld:%lld] k[%lld:%lld]: %s\n", static_cast<long long>(s.batch),
-                  static_cast<long long>(s.q_range.start), static_cast<long long>(s.q_range.end),
-                  static_cast<long long>(s.k_range.start), static_cast<long long>(s.k_range.end),
-                  cli::python_call(s.backend, s.args).c_str());
-    }
-    if (p.plan.size() > 8) std::printf("          ... %zu more\n", p.plan.size() - 8);
+// Indents every line of a snippet under the "call" column.
+std::string indented(const std::string& code) {
+  std::string out = "          ";
+  for (char ch : code) {
+    out += ch;
+    if (ch == '\n') out += "          ";
   }
-  for (const Hazard& h : p.hazards) std::printf("hazard    %s: %s\n", h.kind.c_str(), h.detail.c_str());
+  return out;
+}
+
+void print_policy(const Policy& p, const MaskStructure& s, std::optional<ElementType> mask_dtype) {
+  std::printf("call      %s (mask %s%s)  estimated %.2f ms\n", std::string(to_string(p.backend())).c_str(),
+              std::string(to_string(p.call.mask)).c_str(),
+              p.call.mask_cast ? (", cast to " + std::string(to_string(*p.call.mask_cast))).c_str() : "", p.cost_ms);
+  if (p.plan.empty()) {
+    if (p.backend() == Backend::flex_attention) std::printf("%s\n", indented(cli::python_mask_mod(s, p.call, mask_dtype)).c_str());
+    std::printf("%s\n", indented(cli::python_call(p.call, s.batch, s.q_len, s.k_len, mask_dtype)).c_str());
+  } else {
+    std::printf("          a plan of %zu calls, each on q[b:b+1, :, q_range] and k/v[b:b+1, :, k_range]:\n", p.plan.size());
+    for (std::size_t i = 0; i < p.plan.size() && i < 8; ++i) {
+      const PlanStep& st = p.plan[i];
+      std::printf("          # b=%lld q[%lld:%lld] k[%lld:%lld]\n%s\n", static_cast<long long>(st.batch),
+                  static_cast<long long>(st.q_range.start), static_cast<long long>(st.q_range.end),
+                  static_cast<long long>(st.k_range.start), static_cast<long long>(st.k_range.end),
+                  indented(cli::python_call(st.call, 1, st.q_range.end - st.q_range.start,
+                                            st.k_range.end - st.k_range.start, mask_dtype)).c_str());
+    }
+    if (p.plan.size() > 8) std::printf("          # ... %zu more\n", p.plan.size() - 8);
+  }
+  for (const Hazard& h : p.hazards)
+    std::printf("hazard    %s: %s\n", std::string(to_string(h.kind)).c_str(), h.detail.c_str());
   std::string unavailable;
   for (const Rejection& r : p.rejected) {
-    if (r.source == "AttentionCall::available") {
+    if (r.kind == RejectionKind::unavailable) {
       unavailable += (unavailable.empty() ? "" : ", ") + std::string(to_string(r.backend));
       continue;
     }
@@ -182,8 +197,8 @@ int inspect_file(const std::string& path, const std::string& mask_dtype, const s
   if (!verdict) return fail(verdict.status());
   auto call = make_call(call_options, view.dtype());
   if (!call) return fail(call.status());
-  call->batch = view.batch();
-  auto policy = decide(*verdict, *call);
+  call->call.batch = view.batch();
+  auto policy = decide(*verdict, call->call, call->env);
   if (!png.empty())
     if (Status s = picture::write_png(png, view, *verdict); !s.ok()) return fail(s);
   if (json) {
@@ -197,7 +212,7 @@ int inspect_file(const std::string& path, const std::string& mask_dtype, const s
   std::fputs(picture::ascii_preview(view).c_str(), stdout);
   std::printf("structure %s\n", describe(*verdict).c_str());
   if (!policy) return fail(policy.status());
-  print_policy(*policy);
+  print_policy(*policy, *verdict, view.dtype());
   return 0;
 }
 
@@ -337,13 +352,13 @@ int main(int argc, char** argv) {
     }
     auto call = make_call(call_options, dense_dtype);
     if (!call) return fail(call.status());
-    call->batch = s->batch;
-    auto p = decide(*s, *call);
+    call->call.batch = s->batch;
+    auto p = decide(*s, call->call, call->env);
     if (!p) return fail(p.status());
     if (json) std::cout << to_json(*s, &*p).dump(2) << "\n";
     else {
       std::printf("structure %s\n", describe(*s).c_str());
-      print_policy(*p);
+      print_policy(*p, *s, dense_dtype);
     }
     return 0;
   }

@@ -13,6 +13,19 @@ using namespace masklens;
 
 namespace {
 
+// Every family installed: the matrix shows what each backend can express.
+Environment testing_environment() {
+  Environment e;
+  e.available = kEveryFamily;
+  e.flash_attn = version(2, 8, 3);
+  e.flash_attn3 = version(3, 0);
+  e.xformers = version(0, 0, 33);
+  e.transformer_engine = version(2, 8);
+  e.flashinfer = version(0, 5);
+  e.cudnn_frontend = version(1, 16);
+  return e;
+}
+
 MaskStructure make(StructureKind kind, std::int64_t q, std::int64_t k, Alignment a = Alignment::top_left) {
   MaskStructure s = make_structure(kind, 2, q, k, a);
   s.window = 256;
@@ -23,11 +36,20 @@ MaskStructure make(StructureKind kind, std::int64_t q, std::int64_t k, Alignment
 }
 
 std::string cell(Backend b, const MaskStructure& s) {
-  if (detail::native_args(b, s)) return "native";
-  const bool dense = detail::dense_args(b, s);
-  if (family(b) == kFamilyTorch && b != Backend::sdpa_causal_lower_right && decompose_rows(s, 64))
-    return dense ? "plan / dense" : "plan";
+  const CallContext everything{AttentionCall{}, testing_environment()};
+  const BackendInfo& i = info(b);
+  if (i.native(s, everything, nullptr)) return "native";
+  const bool dense = i.dense && i.dense(s, everything, nullptr);
+  const bool plan_kernel = std::find(std::begin(detail::kPlanKernels), std::end(detail::kPlanKernels), b) !=
+                           std::end(detail::kPlanKernels);
+  if (plan_kernel && b != Backend::sdpa_causal_lower_right && decompose_rows(s, 64)) return dense ? "plan / dense" : "plan";
   return dense ? "dense" : "no";
+}
+
+std::string fixed(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f", v);
+  return buf;
 }
 
 std::string render() {
@@ -82,29 +104,44 @@ std::string render() {
     for (Backend b : kAllBackends) out << " " << cell(b, r.s) << " |";
     out << "\n";
   }
-  out << "\n## Cost order\n"
-         "Lower is faster when the mask is expressed natively (this project's H200 measurements:\n"
-         "fwd+bwd at 69632 tokens with `is_causal`, cuDNN 78 ms < flash 130 ms < efficient 631 ms).\n"
-         "A plan adds " << kPlanPenalty << " to its slowest step, a dense mask adds " << kDensePenalty
-      << " (measured 2.2-4x slower).\n\n| backend | rank |\n|---|---|\n";
-  for (Backend b : kAllBackends) out << "| `" << to_string(b) << "` | " << cost_rank(b) << " |\n";
+  out << "\n## Cost model\n"
+         "`decide()` picks the cheapest correct call by estimated time (`include/masklens/cost.hpp`):\n"
+         "per call " << fixed(kCallOverheadMs * 1000) << " us of overhead plus a rate times the work, in ms per 10^9 "
+         "(query, key) pairs x heads x head_dim / 128,\n"
+         "forward and backward, bf16. Native calls that skip masked tiles pay for the attended pairs; a dense\n"
+         "mask (and the math kernel) pays for every pair. A plan pays for each of its calls. Measured rates come\n"
+         "from `bench/backend_costs.py` on an H200 (bench/README.md); the others are estimates from the\n"
+         "libraries' own reports until measured.\n\n"
+         "| backend | native | dense mask | measured |\n|---|---|---|---|\n";
+  for (Backend b : kAllBackends) {
+    const CostRates r = cost_rates(b, 90);
+    out << "| `" << to_string(b) << "` | " << fixed(r.native) << " | " << (r.dense > 0 ? fixed(r.dense) : "-")
+        << " | " << (r.measured ? "yes" : "estimate") << " |\n";
+  }
   out << "\n## Capability rules\n"
          "Checked in this order for every call; each refusal is reported with its reason and source.\n"
          "`torch.sdpa.causal_lower_right` runs on flash or efficient and is refused only when both are;\n"
-         "`torch.sdpa.math` refuses nothing.\n\n| backend | rule | refuses with | source |\n|---|---|---|---|\n";
+         "rules of scope *kept mask* apply only when the dense mask is passed, and a rule with a fix makes\n"
+         "the call cast the mask (`mask_cast` in the policy) instead of refusing.\n\n"
+         "| backend | rule | scope | refuses with | source |\n|---|---|---|---|---|\n";
   std::vector<const Rule*> printed;
   for (Backend b : kAllBackends) {
-    const std::span<const Rule> table = detail::rules(b);
+    const std::span<const Rule> table = info(b).rules;
     if (b == Backend::sdpa_causal_lower_right || table.empty() ||
         std::find(printed.begin(), printed.end(), table.data()) != printed.end())
       continue;
     printed.push_back(table.data());
     std::string names;  // every backend that shares this table (flash_attn and its varlen form)
     for (Backend other : kAllBackends)
-      if (detail::rules(other).data() == table.data())
+      if (info(other).rules.data() == table.data())
         names += (names.empty() ? "`" : " / `") + std::string(to_string(other)) + "`";
-    for (const Rule& r : table)
-      out << "| " << names << " | `" << r.name << "` | " << r.text << " | " << r.source << " |\n";
+    for (const Rule& r : table) {
+      const char* scope = r.scope == RuleScope::call ? "call"
+                          : r.fix == MaskFix::cast_to_bool ? "kept mask: cast to bool"
+                          : r.fix == MaskFix::cast_to_query_dtype ? "kept mask: cast to the query's dtype"
+                                                                  : "kept mask";
+      out << "| " << names << " | `" << r.name << "` | " << scope << " | " << r.text << " | " << r.source << " |\n";
+    }
   }
   out << "\n## Known defects\n"
          "A defect applies to every version unless a release is known to carry its fix.\n\n"

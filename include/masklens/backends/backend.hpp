@@ -1,7 +1,7 @@
-// The vocabulary every backend header shares: backend names (the JSON contract's),
-// arguments as plain values, and capability rules — one small named constraint with
-// its source, run in order, every refusal collected (after PyTorch's sdp_utils
-// check_* functions, but reporting all reasons instead of stopping at the first).
+// The vocabulary every backend header shares: capability rules — one small named
+// constraint with its source, run in order, every refusal collected (after PyTorch's
+// sdp_utils check_* functions, but reporting all reasons instead of stopping at the
+// first) — and the structure facts the native forms ask.
 #pragma once
 
 #include <algorithm>
@@ -11,151 +11,49 @@
 #include <string>
 #include <string_view>
 #include <utility>
-#include <variant>
 #include <vector>
 
+#include "../backend_call.hpp"
 #include "../call.hpp"
 #include "../structure.hpp"
 
 namespace masklens {
 
-enum class Backend : std::uint8_t {
-  sdpa_flash,
-  sdpa_efficient,
-  sdpa_cudnn,
-  sdpa_math,
-  sdpa_causal_lower_right,
-  flex_attention,
-  flash_attn,
-  flash_attn_varlen,
-  flash_attn3,
-  flash_attn3_varlen,
-  xformers,
-  transformer_engine,
-  flashinfer,
-  cudnn_frontend,
-  zeros,  // a plan step that writes zeros: rows that attend to nothing
+// The call and where it runs: what every rule, native form and defect reads.
+struct CallContext {
+  AttentionCall call;
+  Environment env;
 };
-inline constexpr Backend kAllBackends[] = {
-    Backend::sdpa_flash,        Backend::sdpa_efficient,     Backend::sdpa_cudnn,   Backend::sdpa_math,
-    Backend::sdpa_causal_lower_right, Backend::flex_attention, Backend::flash_attn, Backend::flash_attn_varlen,
-    Backend::flash_attn3,       Backend::flash_attn3_varlen, Backend::xformers,     Backend::transformer_engine,
-    Backend::flashinfer,        Backend::cudnn_frontend};
 
-constexpr std::string_view to_string(Backend b) noexcept {
-  switch (b) {
-    case Backend::sdpa_flash: return "torch.sdpa.flash";
-    case Backend::sdpa_efficient: return "torch.sdpa.efficient";
-    case Backend::sdpa_cudnn: return "torch.sdpa.cudnn";
-    case Backend::sdpa_math: return "torch.sdpa.math";
-    case Backend::sdpa_causal_lower_right: return "torch.sdpa.causal_lower_right";
-    case Backend::flex_attention: return "torch.flex_attention";
-    case Backend::flash_attn: return "flash_attn";
-    case Backend::flash_attn_varlen: return "flash_attn.varlen";
-    case Backend::flash_attn3: return "flash_attn3";
-    case Backend::flash_attn3_varlen: return "flash_attn3.varlen";
-    case Backend::xformers: return "xformers";
-    case Backend::transformer_engine: return "transformer_engine";
-    case Backend::flashinfer: return "flashinfer";
-    case Backend::cudnn_frontend: return "cudnn_frontend";
-    case Backend::zeros: return "zeros";
-  }
-  return "unknown";
-}
+// What a rule is about: the call in general, or the dense mask a kept-mask call passes.
+enum class RuleScope : std::uint8_t { call, kept_mask };
 
-constexpr BackendFamily family(Backend b) noexcept {
-  switch (b) {
-    case Backend::flex_attention: return kFamilyFlex;
-    case Backend::flash_attn:
-    case Backend::flash_attn_varlen: return kFamilyFlashAttn;
-    case Backend::flash_attn3:
-    case Backend::flash_attn3_varlen: return kFamilyFlashAttn3;
-    case Backend::xformers: return kFamilyXformers;
-    case Backend::transformer_engine: return kFamilyTransformerEngine;
-    case Backend::flashinfer: return kFamilyFlashInfer;
-    case Backend::cudnn_frontend: return kFamilyCudnnFrontend;
-    default: return kFamilyTorch;
-  }
-}
-
-// Relative cost when the mask is expressed natively (lower is faster), from this
-// project's H200 measurements (BACKGROUND.md: fwd+bwd at 69632 tokens, is_causal:
-// cuDNN 78 ms < flash 130 ms < efficient 631 ms) and the backends' own reports.
-// docs/backends.md prints this table.
-constexpr int cost_rank(Backend b) noexcept {
-  switch (b) {
-    case Backend::flash_attn3:
-    case Backend::flash_attn3_varlen: return 1;
-    case Backend::sdpa_cudnn:
-    case Backend::cudnn_frontend: return 2;
-    case Backend::flash_attn:
-    case Backend::flash_attn_varlen:
-    case Backend::transformer_engine:
-    case Backend::flashinfer: return 3;
-    case Backend::sdpa_flash: return 4;
-    case Backend::sdpa_causal_lower_right:
-    case Backend::xformers: return 5;
-    case Backend::flex_attention: return 6;
-    case Backend::sdpa_efficient: return 8;
-    case Backend::sdpa_math: return 20;
-    case Backend::zeros: return 0;
-  }
-  return 99;
-}
-
-using ArgValue = std::variant<bool, std::int64_t, std::string, std::vector<std::int64_t>>;
-struct Arg {
-  std::string_view name;  // always a literal: the backend's own argument name
-  ArgValue value;
-};
-using Args = std::vector<Arg>;
-
-// Appends one argument; vectors passed as rvalues move in (an initializer list of Args
-// would copy them once more).
-inline void add(Args& args, std::string_view name, ArgValue value) { args.push_back({name, std::move(value)}); }
-
-inline void add_pairs(Args&) {}
-template <class Value, class... Rest>
-void add_pairs(Args& args, std::string_view name, Value&& value, Rest&&... rest) {
-  add(args, name, ArgValue(std::forward<Value>(value)));
-  add_pairs(args, std::forward<Rest>(rest)...);
-}
-
-// Arguments from name, value, name, value...: one allocation for the list, and vectors
-// passed as rvalues move in.
-template <class... Items>
-Args make_args(Items&&... items) {
-  static_assert(sizeof...(Items) % 2 == 0, "make_args takes name, value pairs");
-  Args args;
-  args.reserve(sizeof...(Items) / 2);
-  add_pairs(args, std::forward<Items>(items)...);
-  return args;
-}
-
-// The value of argument `name`, or null.
-inline const ArgValue* find_arg(const Args& args, std::string_view name) noexcept {
-  for (const Arg& a : args)
-    if (a.name == name) return &a.value;
-  return nullptr;
-}
+// How a kept-mask rule is satisfied without refusing the backend: the caller casts the
+// mask first (Call::mask_cast).
+enum class MaskFix : std::uint8_t { none, cast_to_query_dtype, cast_to_bool };
 
 // One capability constraint: a name, where it comes from, the test, and the reason:
-// fixed text, then ", " and what `detail` formats from the call (null: nothing).
+// fixed text, then ", " and what `detail` formats from the context (null: nothing).
 struct Rule {
   std::string_view name;
   std::string_view source;
-  bool (*refuses)(const AttentionCall&);
+  bool (*refuses)(const CallContext&);
   std::string_view text;
-  std::string (*detail)(const AttentionCall&) = nullptr;
+  std::string (*detail)(const CallContext&) = nullptr;
+  RuleScope scope = RuleScope::call;
+  MaskFix fix = MaskFix::none;  // kept_mask rules only
 };
 
 // The rule every optional library starts with: its version must be given
-// (AttentionCall's default Version means "not installed").
-template <Version AttentionCall::*kVersion>
+// (Environment's default Version means "not installed").
+template <Version Environment::*kVersion>
 constexpr Rule installed(std::string_view name, std::string_view text) {
-  return {name, "AttentionCall (library versions)", [](const AttentionCall& c) { return !(c.*kVersion).known(); },
+  return {name, "Environment (library versions)", [](const CallContext& c) { return !(c.env.*kVersion).known(); },
           text};
 }
+
+// A rule table fits Refusals' bit set.
+inline constexpr std::size_t kMaxRules = 64;
 
 // Which rules of a backend's table refuse a call: a bit per rule, no text until asked,
 // so checking every backend allocates nothing.
@@ -174,78 +72,115 @@ struct Refusals {
     return refused ? rules[static_cast<std::size_t>(std::countr_zero(refused))].source : std::string_view{};
   }
   // Every refusing rule's reason, "; "-separated, in table order.
-  [[nodiscard]] std::string text(const AttentionCall& call) const {
+  [[nodiscard]] std::string text(const CallContext& context) const {
     std::string out;
     for_each([&](const Rule& r) {
       if (!out.empty()) out += "; ";
       out += r.text;
-      if (r.detail) out += ", " + r.detail(call);
+      if (r.detail) out += ", " + r.detail(context);
     });
     return out;
   }
 };
 
-// A rule table fits Refusals' bit set.
-inline constexpr std::size_t kMaxRules = 64;
-
-// Every refusal of `rules` for `call` (tables hold at most kMaxRules: policy.hpp checks).
-inline Refusals check_rules(std::span<const Rule> rules, const AttentionCall& call) noexcept {
+// Every refusal of `rules` in `scope` (tables hold at most kMaxRules: the registry checks).
+inline Refusals check_rules(std::span<const Rule> rules, const CallContext& context,
+                            RuleScope scope = RuleScope::call) noexcept {
   Refusals r{rules};
   for (std::size_t i = 0; i < rules.size(); ++i)
-    if (rules[i].refuses(call)) r.refused |= std::uint64_t{1} << i;
+    if (rules[i].scope == scope && rules[i].refuses(context)) r.refused |= std::uint64_t{1} << i;
   return r;
 }
 
 // Native forms answer two questions with one body, so the two cannot drift apart:
 // whether a backend expresses a structure (out == nullptr: what decide() asks of every
-// backend, allocation-free) and with which arguments (asked once, for the one chosen).
+// backend, allocation-free) and with which call (asked once, for the one chosen).
 template <class Build>
-bool emit(Args* out, Build&& build) {
+bool emit(Call* out, Build&& build) {
   if (out) *out = std::forward<Build>(build)();
   return true;
+}
+
+// A call that drops the mask for `args`.
+template <class A>
+Call dropping(Backend b, A&& args, MaskUse use = MaskUse::drop) {
+  Call c;
+  c.backend = b;
+  c.mask = use;
+  c.args = std::forward<A>(args);
+  return c;
 }
 
 inline std::string num(std::int64_t v) { return std::to_string(v); }
 
 // Tests several backends' rules share.
-inline bool is_fp32(const AttentionCall& c) { return c.dtype == DType::float32; }
-inline bool before_sm80(const AttentionCall& c) { return c.sm < 80; }
+inline bool is_fp32(const CallContext& c) { return c.call.dtype == DType::float32; }
+inline bool before_sm80(const CallContext& c) { return c.env.sm < 80; }
 
 // What a refused call had, after a rule's reason: "flash needs sm80 or newer, got sm75".
-inline std::string got_head_dim(const AttentionCall& c) { return "got " + num(c.head_dim); }
-inline std::string got_sm(const AttentionCall& c) { return "got sm" + num(c.sm); }
-inline std::string not_dtype(const AttentionCall& c) { return "not " + std::string(to_string(c.dtype)); }
+inline std::string got_head_dim(const CallContext& c) { return "got " + num(c.call.head_dim); }
+inline std::string got_sm(const CallContext& c) { return "got sm" + num(c.env.sm); }
+inline std::string not_dtype(const CallContext& c) { return "not " + std::string(to_string(c.call.dtype)); }
 
 // Structure facts every backend header asks.
 inline bool plain(const MaskStructure& s) noexcept { return !s.has_kv_valid() && !s.has_segments(); }
 inline bool square(const MaskStructure& s) noexcept { return s.q_len == s.k_len; }
+// Bottom-right and top-left agree when Q == K.
+inline bool bottom_right(const MaskStructure& s) noexcept {
+  return square(s) || s.alignment == Alignment::bottom_right;
+}
 
 // flash-attn's window_size=(left, right) for HF sliding_window W: left = W - 1.
 inline std::int64_t window_left(const MaskStructure& s) noexcept { return s.window - 1; }
 
-// Token offsets of packed documents flattened over the batch: cu_seqlens.
-inline std::vector<std::int64_t> cu_seqlens(const MaskStructure& s) {
-  std::size_t n = 1;
-  for (std::int64_t b = 0; b < s.batch; ++b)
-    n += s.has_segments() ? s.segments[static_cast<std::size_t>(b)].size() - 1 : 1;
-  std::vector<std::int64_t> cu;
-  cu.reserve(n);
-  cu.push_back(0);
-  for (std::int64_t b = 0; b < s.batch; ++b) {
-    if (!s.has_segments()) {
-      cu.push_back((b + 1) * s.q_len);
-      continue;
-    }
-    const auto& seg = s.segments[static_cast<std::size_t>(b)];
-    for (std::size_t i = 1; i < seg.size(); ++i) cu.push_back(b * s.q_len + seg[i]);
-  }
-  return cu;
+// The structure's causal / window rule as a kernel's arguments (bottom-right).
+inline KernelArgs kernel_args(const MaskStructure& s) {
+  KernelArgs a;
+  a.causal = s.kind != StructureKind::full;
+  a.alignment = bottom_right(s) ? Alignment::bottom_right : Alignment::top_left;
+  if (a.causal) a.window_right = 0;
+  if (s.kind == StructureKind::sliding_window) a.window_left = window_left(s);
+  if (s.kind == StructureKind::chunked) a.chunk = s.chunk;
+  return a;
 }
 
-inline std::int64_t max_seqlen(const std::vector<std::int64_t>& cu) {
-  std::int64_t m = 0;
-  for (std::size_t i = 1; i < cu.size(); ++i) m = std::max(m, cu[i] - cu[i - 1]);
-  return m;
+// Calls f(start, end) for each document of batch b, cut further at multiples of
+// `chunk` (0: none) — chunked masks are documents of C — without a temporary list.
+template <class F>
+void for_each_document(const MaskStructure& s, std::int64_t b, std::int64_t chunk, F&& f) {
+  const std::vector<std::int64_t>* offsets = s.has_segments() ? &s.segments[static_cast<std::size_t>(b)] : nullptr;
+  std::size_t next_offset = 1;  // offsets->front() == 0
+  std::int64_t start = 0;
+  while (start < s.q_len) {
+    std::int64_t end = s.q_len;
+    if (offsets) {
+      while (next_offset < offsets->size() && (*offsets)[next_offset] <= start) ++next_offset;
+      if (next_offset < offsets->size()) end = std::min(end, (*offsets)[next_offset]);
+    }
+    if (chunk > 0) end = std::min(end, (start / chunk + 1) * chunk);
+    f(start, end);
+    start = end;
+  }
+}
+
+// The sequences of a square structure's documents (chunks, with `chunk`), over the batch.
+inline std::vector<Sequence> document_sequences(const MaskStructure& s, std::int64_t chunk = 0) {
+  std::size_t n = 0;
+  for (std::int64_t b = 0; b < s.batch; ++b) for_each_document(s, b, chunk, [&](std::int64_t, std::int64_t) { ++n; });
+  std::vector<Sequence> out;
+  out.reserve(n);
+  for (std::int64_t b = 0; b < s.batch; ++b)
+    for_each_document(s, b, chunk, [&](std::int64_t start, std::int64_t end) { out.push_back({b, {start, end}, {start, end}}); });
+  return out;
+}
+
+// One sequence per batch: all query rows against the batch's valid keys.
+inline std::vector<Sequence> padded_sequences(const MaskStructure& s) {
+  std::vector<Sequence> out;
+  out.reserve(static_cast<std::size_t>(s.batch));
+  for (std::int64_t b = 0; b < s.batch; ++b)
+    out.push_back({b, {0, s.q_len}, s.has_kv_valid() ? s.kv_valid[static_cast<std::size_t>(b)] : KeyRange{0, s.k_len}});
+  return out;
 }
 
 }  // namespace masklens

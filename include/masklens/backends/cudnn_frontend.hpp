@@ -1,9 +1,7 @@
 // cuDNN frontend SDPA graph: causal with diagonal_alignment TOP_LEFT / BOTTOM_RIGHT,
-// sliding left_bound, padding through seq_len_q / seq_len_kv, packed documents
-// through ragged offsets, additive bias tensors.
+// a sliding left bound, right padding through seq_len_q / seq_len_kv, packed
+// documents through ragged offsets, additive bias tensors.
 #pragma once
-
-#include <optional>
 
 #include "backend.hpp"
 
@@ -12,53 +10,53 @@ namespace masklens::backends::cudnn_frontend {
 inline constexpr std::string_view kDocs = "cudnn-frontend docs, SDPA operation (attributes)";
 
 inline constexpr Rule kRules[] = {
-    installed<&AttentionCall::cudnn_frontend>("cudnn_frontend.installed", "cudnn_frontend version not given"),
-    {"cudnn_frontend.dtype", kDocs, is_fp32,
-     "cuDNN SDPA needs fp16 or bf16"},
-    {"cudnn_frontend.sm", kDocs, before_sm80, "cuDNN SDPA needs sm80 or newer",
-     got_sm},
-    {"cudnn_frontend.head_dim", kDocs, [](const AttentionCall& c) { return c.head_dim % 8 != 0 || c.head_dim > 256; },
+    installed<&Environment::cudnn_frontend>("cudnn_frontend.installed", "cudnn_frontend version not given"),
+    {"cudnn_frontend.dtype", kDocs, is_fp32, "cuDNN SDPA needs fp16 or bf16"},
+    {"cudnn_frontend.sm", kDocs, before_sm80, "cuDNN SDPA needs sm80 or newer", got_sm},
+    {"cudnn_frontend.head_dim", kDocs,
+     [](const CallContext& c) { return c.call.head_dim % 8 != 0 || c.call.head_dim > 256; },
      "cuDNN SDPA needs head_dim divisible by 8 and <= 256", got_head_dim},
 };
 
-inline bool native_args(const MaskStructure& s, Args* out = nullptr) {
-  const char* align = !square(s) && s.alignment == Alignment::bottom_right ? "BOTTOM_RIGHT" : "TOP_LEFT";
+inline bool native(const MaskStructure& s, const CallContext&, Call* out) {
   if (s.has_kv_valid()) {
-    // Right padding of keys with a full base: seq_len_kv per batch.
+    // Right padding of keys with a full base: seq_len_kv per batch, padded layout.
     if (s.kind != StructureKind::full || s.has_segments()) return false;
     for (const KeyRange& r : s.kv_valid)
       if (r.start != 0) return false;
     return emit(out, [&] {
-      std::vector<std::int64_t> lens;
-      lens.reserve(s.kv_valid.size());
-      for (const KeyRange& r : s.kv_valid) lens.push_back(r.end);
-      return make_args("attn_mask", "drop",
-                       "padding_mask", true,
-                       "seq_len_kv", std::move(lens),
-                       "seq_len_q", std::vector<std::int64_t>(static_cast<std::size_t>(s.batch), s.q_len));
+      VarlenArgs a;
+      a.sequences = padded_sequences(s);
+      a.packed = false;
+      return dropping(Backend::cudnn_frontend, std::move(a));
     });
   }
   if (s.has_segments()) {
     if (s.kind != StructureKind::causal && s.kind != StructureKind::full) return false;
     return emit(out, [&] {
-      return make_args("attn_mask", "drop",
-                       "causal_mask", s.kind == StructureKind::causal,
-                       "ragged_offsets", cu_seqlens(s));
+      VarlenArgs a;
+      a.sequences = document_sequences(s);
+      a.causal = s.kind == StructureKind::causal;
+      if (a.causal) a.window_right = 0;
+      return dropping(Backend::cudnn_frontend, std::move(a));
     });
   }
-  switch (s.kind) {
-    case StructureKind::full: return emit(out, [] { return Args{{"attn_mask", "drop"}}; });
-    case StructureKind::causal:
-      return emit(out, [&] {
-        return Args{{"attn_mask", "drop"}, {"diagonal_alignment", align}, {"right_bound", std::int64_t{0}}};
-      });
-    case StructureKind::sliding_window:
-      return emit(out, [&] {
-        return Args{{"attn_mask", "drop"}, {"diagonal_alignment", align}, {"right_bound", std::int64_t{0}},
-                    {"left_bound", s.window}};
-      });
-    default: return false;
-  }
+  if (s.kind != StructureKind::full && s.kind != StructureKind::causal && s.kind != StructureKind::sliding_window)
+    return false;
+  return emit(out, [&] {
+    KernelArgs a = kernel_args(s);
+    a.alignment = square(s) ? Alignment::top_left : s.alignment;
+    return dropping(Backend::cudnn_frontend, a);
+  });
+}
+
+// The mask as an additive bias tensor.
+inline bool dense(const MaskStructure&, const CallContext&, Call* out) {
+  return emit(out, [] {
+    Call c = dropping(Backend::cudnn_frontend, KernelArgs{}, MaskUse::keep);
+    c.mask_form = MaskForm::additive;
+    return c;
+  });
 }
 
 }  // namespace masklens::backends::cudnn_frontend

@@ -1,8 +1,6 @@
-// FlashInfer prefill (inference only): MaskMode causal (bottom-right) or custom
-// (bit-packed little-endian), window_left, ragged batches through qo/kv indptr.
+// FlashInfer prefill (inference only): causal (bottom-right) or a custom mask
+// (bool, true = attend), window_left, ragged batches through qo/kv indptr.
 #pragma once
-
-#include <optional>
 
 #include "backend.hpp"
 
@@ -11,57 +9,56 @@ namespace masklens::backends::flashinfer {
 inline constexpr std::string_view kDocs = "flashinfer docs, BatchPrefillWithRaggedKVCacheWrapper";
 
 inline constexpr Rule kRules[] = {
-    installed<&AttentionCall::flashinfer>("flashinfer.installed", "flashinfer version not given"),
-    {"flashinfer.inference", kDocs, [](const AttentionCall& c) { return c.training; }, "FlashInfer has no backward pass"},
-    {"flashinfer.dtype", kDocs, is_fp32,
-     "FlashInfer needs fp16 or bf16"},
-    {"flashinfer.sm", kDocs, before_sm80, "FlashInfer needs sm80 or newer here",
-     got_sm},
+    installed<&Environment::flashinfer>("flashinfer.installed", "flashinfer version not given"),
+    {"flashinfer.inference", kDocs, [](const CallContext& c) { return c.call.training; },
+     "FlashInfer has no backward pass"},
+    {"flashinfer.dtype", kDocs, is_fp32, "FlashInfer needs fp16 or bf16"},
+    {"flashinfer.sm", kDocs, before_sm80, "FlashInfer needs sm80 or newer here", got_sm},
 };
 
-inline bool native_args(const MaskStructure& s, Args* out = nullptr) {
-  const bool br = square(s) || s.alignment == Alignment::bottom_right;
+// Ragged batches (documents, padded keys) and causal / windowed single sequences.
+inline bool native(const MaskStructure& s, const CallContext&, Call* out) {
+  VarlenArgs a;
   if (s.has_kv_valid()) {
     if (s.kind != StructureKind::full || s.has_segments()) return false;
     return emit(out, [&] {
-      std::vector<std::int64_t> qo, kv, starts;
-      qo.reserve(s.kv_valid.size() + 1);
-      kv.reserve(s.kv_valid.size() + 1);
-      starts.reserve(s.kv_valid.size());
-      qo.push_back(0);
-      kv.push_back(0);
-      for (const KeyRange& r : s.kv_valid) {
-        qo.push_back(qo.back() + s.q_len);
-        kv.push_back(kv.back() + r.end - r.start);
-        starts.push_back(r.start);
-      }
-      return make_args("attn_mask", "drop",
-                       "causal", false,
-                       "qo_indptr", std::move(qo),
-                       "kv_indptr", std::move(kv),
-                       "k_gather_starts", std::move(starts));
+      a.sequences = padded_sequences(s);
+      return dropping(Backend::flashinfer, std::move(a));
     });
   }
   if (s.has_segments()) {
     if (s.kind != StructureKind::causal && s.kind != StructureKind::full) return false;
     return emit(out, [&] {
-      std::vector<std::int64_t> cu = cu_seqlens(s);
-      return make_args("attn_mask", "drop",
-                       "causal", s.kind == StructureKind::causal,
-                       "qo_indptr", cu,
-                       "kv_indptr", std::move(cu));
+      a.sequences = document_sequences(s);
+      a.causal = s.kind == StructureKind::causal;
+      if (a.causal) a.window_right = 0;
+      return dropping(Backend::flashinfer, std::move(a));
     });
   }
-  switch (s.kind) {
-    case StructureKind::full: return emit(out, [] { return Args{{"attn_mask", "drop"}, {"causal", false}}; });
-    case StructureKind::causal:
-      if (!br) return false;
-      return emit(out, [] { return Args{{"attn_mask", "drop"}, {"causal", true}}; });
-    case StructureKind::sliding_window:
-      if (!br) return false;
-      return emit(out, [&] { return Args{{"attn_mask", "drop"}, {"causal", true}, {"window_left", window_left(s)}}; });
-    default: return false;
-  }
+  if (s.kind != StructureKind::full && s.kind != StructureKind::causal && s.kind != StructureKind::sliding_window)
+    return false;
+  if (s.kind != StructureKind::full && !bottom_right(s)) return false;
+  return emit(out, [&] {
+    a.sequences = padded_sequences(s);
+    a.causal = s.kind != StructureKind::full;
+    if (a.causal) a.window_right = 0;
+    if (s.kind == StructureKind::sliding_window) a.window_left = window_left(s);
+    return dropping(Backend::flashinfer, std::move(a));
+  });
+}
+
+// custom_mask: the bool mask flattened (plan() packs it; a pre-packed mask is misread for
+// batches of several requests, flashinfer-ai/flashinfer#2201).
+inline bool dense(const MaskStructure& s, const CallContext&, Call* out) {
+  if (s.bias) return false;
+  return emit(out, [&] {
+    VarlenArgs a;  // one request per batch: every query row against every key
+    a.sequences.reserve(static_cast<std::size_t>(s.batch));
+    for (std::int64_t b = 0; b < s.batch; ++b) a.sequences.push_back({b, {0, s.q_len}, {0, s.k_len}});
+    Call c = dropping(Backend::flashinfer, std::move(a), MaskUse::keep);
+    c.mask_form = MaskForm::flattened;
+    return c;
+  });
 }
 
 }  // namespace masklens::backends::flashinfer

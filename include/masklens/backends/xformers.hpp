@@ -1,8 +1,7 @@
-// xformers.ops.memory_efficient_attention with its attn_bias classes.
+// xformers.ops.memory_efficient_attention with its attn_bias classes
+// (xformers.ops.fmha.attn_bias): LowerTriangularMask[FromBottomRight],
+// LocalAttentionFromBottomRightMask, BlockDiagonal[Causal]Mask.from_seqlens.
 #pragma once
-
-#include <numeric>
-#include <optional>
 
 #include "backend.hpp"
 
@@ -11,43 +10,38 @@ namespace masklens::backends::xformers {
 inline constexpr std::string_view kDocs = "xformers docs, xformers.ops.fmha.attn_bias";
 
 inline constexpr Rule kRules[] = {
-    installed<&AttentionCall::xformers>("xformers.installed", "xformers version not given"),
-    {"xformers.sm", kDocs, [](const AttentionCall& c) { return c.sm < 50; }, "xformers needs sm50 or newer", got_sm},
+    installed<&Environment::xformers>("xformers.installed", "xformers version not given"),
+    {"xformers.sm", kDocs, [](const CallContext& c) { return c.env.sm < 50; }, "xformers needs sm50 or newer", got_sm},
 };
 
-inline bool native_args(const MaskStructure& s, Args* out = nullptr) {
-  const bool br = square(s) || s.alignment == Alignment::bottom_right;
+inline bool native(const MaskStructure& s, const CallContext&, Call* out) {
   if (s.has_segments() && !s.has_kv_valid() && (s.kind == StructureKind::causal || s.kind == StructureKind::full)) {
     return emit(out, [&] {
-      // Document lengths over the flattened batch: the differences of cu_seqlens.
-      std::vector<std::int64_t> lens = cu_seqlens(s);
-      std::adjacent_difference(lens.begin(), lens.end(), lens.begin());
-      lens.erase(lens.begin());
-      return make_args("attn_mask", "replace",
-                       "attn_bias", s.kind == StructureKind::causal ? "BlockDiagonalCausalMask.from_seqlens"
-                                                          : "BlockDiagonalMask.from_seqlens",
-                       "seqlens", std::move(lens));
+      VarlenArgs a;
+      a.sequences = document_sequences(s);
+      a.causal = s.kind == StructureKind::causal;
+      if (a.causal) a.window_right = 0;
+      return dropping(Backend::xformers, std::move(a), MaskUse::replace);
     });
   }
   if (!plain(s)) return false;
-  switch (s.kind) {
-    case StructureKind::full: return emit(out, [] { return Args{{"attn_mask", "drop"}, {"attn_bias", "None"}}; });
-    case StructureKind::causal:
-      return emit(out, [&] {
-        return Args{{"attn_mask", "replace"},
-                    {"attn_bias", square(s) || s.alignment == Alignment::top_left ? "LowerTriangularMask"
-                                                                                  : "LowerTriangularFromBottomRightMask"}};
-      });
-    case StructureKind::sliding_window:
-      if (!br) return false;
-      return emit(out, [&] {
-        return Args{{"attn_mask", "replace"},
-                    {"attn_bias", "LocalAttentionFromBottomRightMask"},
-                    {"window_left", window_left(s)},
-                    {"window_right", std::int64_t{0}}};
-      });
-    default: return false;
-  }
+  if (s.kind == StructureKind::sliding_window && !bottom_right(s)) return false;
+  if (s.kind != StructureKind::full && s.kind != StructureKind::causal && s.kind != StructureKind::sliding_window)
+    return false;
+  return emit(out, [&] {
+    KernelArgs a = kernel_args(s);
+    a.alignment = square(s) ? Alignment::top_left : s.alignment;
+    return dropping(Backend::xformers, a, s.kind == StructureKind::full ? MaskUse::drop : MaskUse::replace);
+  });
+}
+
+// attn_bias as a tensor: an additive bias of the query's dtype.
+inline bool dense(const MaskStructure&, const CallContext&, Call* out) {
+  return emit(out, [] {
+    Call c = dropping(Backend::xformers, KernelArgs{}, MaskUse::keep);
+    c.mask_form = MaskForm::additive;
+    return c;
+  });
 }
 
 }  // namespace masklens::backends::xformers

@@ -1,0 +1,134 @@
+// The cost model decide() ranks correct calls with: time = per-call overhead + rate x
+// work, where work is the (query, key) pairs a kernel computes, times heads and
+// head_dim / 128, in units of 10^9. A kernel that skips masked tiles (causal, windows,
+// varlen, block-sparse) computes the attended pairs; one that reads a dense mask, or
+// the math kernel, computes every pair.
+//
+// Rates are milliseconds per unit, forward and backward, bf16, measured on an H200
+// (sm90) with torch 2.11 / cuDNN 9.19 by bench/backend_costs.py (figures and method in
+// bench/README.md). Libraries that machine lacks carry estimates, marked as such. Other
+// architectures use the sm90 ratios until measured there: only the ranking matters.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <string_view>
+
+#include "backend_call.hpp"
+#include "call.hpp"
+#include "structure.hpp"
+
+namespace masklens {
+
+struct CostRates {
+  double native = 0;  // ms per unit of attended work, the mask dropped or replaced
+  double dense = 0;   // ms per unit of full work, the dense mask kept (0: takes none)
+  bool measured = false;
+};
+
+// Milliseconds a call costs before any work: launch, slicing, packing.
+inline constexpr double kCallOverheadMs = 0.03;
+
+// The rates of `b` on architecture `sm` (see the header comment for their source).
+constexpr CostRates cost_rates(Backend b, int /*sm*/) noexcept {
+  switch (b) {
+    case Backend::sdpa_cudnn: return {3.9, 7.3, true};
+    case Backend::sdpa_flash: return {6.5, 0, true};
+    case Backend::sdpa_efficient: return {32, 31, true};
+    case Backend::sdpa_math: return {60, 60, true};  // computes every pair either way
+    case Backend::sdpa_causal_lower_right: return {6.5, 0, true};
+    case Backend::torch_varlen: return {6.2, 0, true};
+    case Backend::flex_attention: return {4.6, 8.0, true};
+    case Backend::flash_attn:
+    case Backend::flash_attn_varlen: return {6.5, 0, false};  // flash-attn 2: as torch's flash kernel
+    case Backend::flash_attn3:
+    case Backend::flash_attn3_varlen: return {3.5, 0, false};
+    case Backend::transformer_engine:
+    case Backend::cudnn_frontend: return {3.9, 7.3, false};  // cuDNN's fused attention inside
+    case Backend::flashinfer: return {6.5, 8.0, false};
+    case Backend::xformers: return {6.5, 31, false};
+    case Backend::zeros: return {0, 0, true};
+  }
+  return {};
+}
+
+namespace detail {
+
+// Sum over rows t = 0..n-1 of clamp(t + first, 0, cap): the pairs of a causal band whose
+// row t attends min(t + first, cap) keys.
+inline double clamped_ramp(std::int64_t n, std::int64_t first, std::int64_t cap) noexcept {
+  if (n <= 0 || cap <= 0) return 0;
+  // Rows with t + first <= 0 attend nothing; rows with t + first >= cap attend cap.
+  const std::int64_t t0 = std::clamp<std::int64_t>(-first + 1, 0, n);        // first row with a key
+  const std::int64_t t1 = std::clamp<std::int64_t>(cap - first, t0, n);      // first row at the cap
+  const double ramp_rows = static_cast<double>(t1 - t0);
+  const double ramp = ramp_rows * (static_cast<double>(t0 + first) + static_cast<double>(t1 - 1 + first)) / 2;
+  return ramp + static_cast<double>(n - t1) * static_cast<double>(cap);
+}
+
+// Attended pairs of one square document of length n under the structure's base rule.
+inline double document_pairs(const MaskStructure& s, std::int64_t n) noexcept {
+  switch (s.kind) {
+    case StructureKind::full: return static_cast<double>(n) * static_cast<double>(n);
+    case StructureKind::sliding_window: return clamped_ramp(n, 1, std::min(s.window, n));
+    case StructureKind::chunked: {
+      const std::int64_t c = std::max<std::int64_t>(1, std::min(s.chunk, n));
+      return static_cast<double>(n / c) * clamped_ramp(c, 1, c) + clamped_ramp(n % c, 1, c);
+    }
+    default: return clamped_ramp(n, 1, n);  // causal, and the causal part of the others
+  }
+}
+
+}  // namespace detail
+
+// Attended (query, key) pairs of the structure over its batch, per head: exact for the
+// base kinds on one sequence, an estimate with modifiers (documents summed, kv_valid
+// scaling by its share of keys). O(batch + documents), no allocation.
+inline double attended_pairs(const MaskStructure& s) noexcept {
+  const double q = static_cast<double>(s.q_len), k = static_cast<double>(s.k_len);
+  double per_batch = 0;
+  const std::int64_t d = s.key_position(0);
+  switch (s.kind) {
+    case StructureKind::full:
+    case StructureKind::arbitrary: per_batch = q * k; break;
+    case StructureKind::sliding_window: per_batch = detail::clamped_ramp(s.q_len, d + 1, std::min(s.window, s.k_len)); break;
+    case StructureKind::chunked:
+      per_batch = q * static_cast<double>(std::min(s.chunk, s.k_len) + 1) / 2;
+      break;
+    case StructureKind::prefix_lm: {
+      const double p = static_cast<double>(std::min(s.prefix, s.k_len));
+      per_batch = detail::clamped_ramp(s.q_len, d + 1, s.k_len) + p * p / 2;
+      break;
+    }
+    case StructureKind::causal_blocks: {
+      per_batch = detail::clamped_ramp(s.q_len, d + 1, s.k_len);
+      for (const KeyRange& r : s.blocks) per_batch += static_cast<double>(r.end - r.start) * static_cast<double>(r.end - r.start) / 2;
+      break;
+    }
+    case StructureKind::causal: per_batch = detail::clamped_ramp(s.q_len, d + 1, s.k_len); break;
+  }
+  if (!s.has_segments() && !s.has_kv_valid()) return per_batch * static_cast<double>(s.batch);
+  double total = 0;
+  for (std::int64_t b = 0; b < s.batch; ++b) {
+    double pairs = per_batch;
+    if (s.has_segments() && s.kind != StructureKind::arbitrary) {
+      pairs = 0;
+      const auto& seg = s.segments[static_cast<std::size_t>(b)];
+      for (std::size_t i = 1; i < seg.size(); ++i) pairs += detail::document_pairs(s, seg[i] - seg[i - 1]);
+    }
+    if (s.has_kv_valid()) {
+      const KeyRange& kv = s.kv_valid[static_cast<std::size_t>(b)];
+      pairs *= static_cast<double>(kv.end - kv.start) / k;
+    }
+    total += pairs;
+  }
+  return total;
+}
+
+// Work units of `pairs` (query, key) pairs for the call: heads and head_dim / 128 scale them.
+inline double work_units(double pairs, const AttentionCall& call) noexcept {
+  const double width = static_cast<double>(call.head_dim + call.value_head_dim()) / 256.0;
+  return pairs * static_cast<double>(call.heads) * width / 1e9;
+}
+
+}  // namespace masklens
