@@ -7,8 +7,11 @@
    torch accepts is reported (a conservative rule).
 2. Decisions run: masks built in torch from their definitions (causal, windows, chunks,
    prefix, VLM blocks, packed documents, padding, decode, arbitrary) are inspected by
-   the masklens command, and the call it chooses (one call or a plan of slices) is run
-   with torch and compared with the math kernel on the dense mask (rows with no key: 0).
+   the masklens command, and the call it chooses (one call, a plan of slices, torch's
+   varlen_attn, compiled flex_attention) is run with torch and compared with the math
+   kernel on the dense mask in fp32 (rows with no key: 0).
+3. Mask dtypes: every (mask dtype x query dtype) pair, with and without bias values:
+   the chosen call (its mask cast included) must not raise and must match the reference.
 
 usage: check_torch.py MASKLENS [--json OUT]
 """
@@ -25,6 +28,7 @@ try:
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.attention.bias import causal_lower_right
+    import inspect as pyinspect
 except ImportError as e:  # CI has no torch: skipped, not passed
     print(f"skipped: {e}")
     sys.exit(77)
@@ -151,73 +155,196 @@ def masks():
 KERNELS = {"torch.sdpa.flash": [SDPBackend.FLASH_ATTENTION], "torch.sdpa.efficient": [SDPBackend.EFFICIENT_ATTENTION],
            "torch.sdpa.cudnn": [SDPBackend.CUDNN_ATTENTION], "torch.sdpa.math": [SDPBackend.MATH],
            "torch.sdpa.causal_lower_right": [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]}
+TORCH_TYPES = {"bool": torch.bool, "float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
-def one_call(backend, args, q, k, v, mask):
+def passed_mask(call, mask):
+    """The mask as the call passes it: mask_cast applied."""
+    return mask.to(TORCH_TYPES[call["mask_cast"]]) if call.get("mask_cast") else mask
+
+
+def run_varlen(call, q, k, v):
+    from torch.nn.attention.varlen import varlen_attn
+    seqs = call["call"]["sequences"]
+    qp = torch.cat([q[b, :, s:e].transpose(0, 1) for b, s, e, _, _ in seqs])
+    kp = torch.cat([k[b, :, s:e].transpose(0, 1) for b, _, _, s, e in seqs])
+    vp = torch.cat([v[b, :, s:e].transpose(0, 1) for b, _, _, s, e in seqs])
+    a = call["args"]
+    cu_q = torch.tensor(a["cu_seq_q"], dtype=torch.int32, device=DEV)
+    cu_k = torch.tensor(a["cu_seq_k"], dtype=torch.int32, device=DEV)
+    params = pyinspect.signature(varlen_attn).parameters
+    kwargs = {}
+    if "window_size" in params:
+        kwargs["window_size"] = tuple(a["window_size"])
+    elif call["call"]["window_left"] >= 0:
+        raise RuntimeError("this torch's varlen_attn has no window_size")
+    if "is_causal" in params:  # older signature: causal as a flag
+        kwargs["is_causal"] = call["call"]["causal"]
+    outp = varlen_attn(qp, kp, vp, cu_q, cu_k, a["max_q"], a["max_k"], **kwargs)
+    out = torch.zeros_like(q)
+    pieces = outp.split([e - s for _, s, e, _, _ in seqs])
+    for (b, s, e, _, _), piece in zip(seqs, pieces):
+        out[b, :, s:e] = piece.transpose(0, 1)
+    return out
+
+
+FLEX = {}
+
+
+def run_flex(call, structure, q, k, v, mask):
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    B, H, Q, K = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
+    if call["call"]["mask_mod_reads_mask"]:
+        m = mask if mask.dtype == torch.bool else mask == 0
+        def mask_mod(b, h, qi, ki):
+            return m[b, 0, qi, ki]
+    else:  # the structure's rule from its fields
+        d = K - Q if structure.get("alignment") == "bottom_right" else 0
+        kind = structure["kind"]
+        blocks = torch.full((K,), -1, device=DEV, dtype=torch.int32)
+        for n, (s, e) in enumerate(structure.get("blocks") or []):
+            blocks[s:e] = n
+        docs = None
+        if structure.get("segments"):
+            docs = torch.stack([torch.bucketize(torch.arange(Q, device=DEV), torch.tensor(seg[1:-1], device=DEV), right=True)
+                                for seg in structure["segments"]])
+        kv = torch.tensor(structure["kv_valid"], device=DEV) if structure.get("kv_valid") else None
+        W, C, P = structure.get("window", 0), structure.get("chunk", 1), structure.get("prefix", 0)
+        def mask_mod(b, h, qi, ki):
+            p = qi + d
+            if kind == "full":
+                ok = ki >= 0
+            elif kind == "causal":
+                ok = ki <= p
+            elif kind == "sliding_window":
+                ok = (ki <= p) & (p - ki < W)
+            elif kind == "chunked":
+                ok = (ki <= p) & (ki // C == p // C)
+            elif kind == "prefix_lm":
+                ok = (ki <= p) | (ki < P)
+            else:
+                ok = (ki <= p) | ((blocks[ki] >= 0) & (blocks[ki] == blocks[p]))
+            if docs is not None:
+                ok = ok & (docs[b, qi] == docs[b, ki])
+            if kv is not None:
+                ok = ok & (ki >= kv[b, 0]) & (ki < kv[b, 1])
+            return ok
+    bq, bk = call["call"]["block"]
+    block_mask = create_block_mask(mask_mod, B, None, Q, K, device=DEV, BLOCK_SIZE=(bq, bk))
+    fn = FLEX.setdefault("fn", torch.compile(flex_attention, dynamic=False))
+    return fn(q, k, v, block_mask=block_mask)
+
+
+def one_call(call, q, k, v, mask, structure=None):
+    backend = call["backend"]
+    if backend == "torch.varlen_attn":
+        return run_varlen(call, q, k, v)
+    if backend == "torch.flex_attention":
+        return run_flex(call, structure, q, k, v, mask)
     if backend not in KERNELS:
         raise RuntimeError(f"no runner for {backend}")
-    how = args["attn_mask"]
     attn_mask = None
-    if how == "keep":
-        attn_mask = mask
-    elif how == "replace":
-        attn_mask = causal_lower_right(q.shape[-2], k.shape[-2])
+    if call["mask"] == "keep":
+        attn_mask = passed_mask(call, mask)
+    elif call["mask"] == "replace":
+        obj = call["mask_object"]["args"]
+        attn_mask = causal_lower_right(obj["seq_len_q"], obj["seq_len_kv"])
+    sdpa = call["call"]
     with sdpa_kernel(KERNELS[backend]):
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=bool(args.get("is_causal")),
-                                              enable_gqa=bool(args.get("enable_gqa")))
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=sdpa["is_causal"],
+                                              enable_gqa=sdpa["enable_gqa"])
 
 
-def run_policy(policy, q, k, v, mask):
+def run_policy(policy, structure, q, k, v, mask):
     if not policy["plan"]:
-        return one_call(policy["backend"], policy["args"], q, k, v, mask)
+        return one_call(policy, q, k, v, mask, structure)
     out = torch.zeros_like(q)
     for step in policy["plan"]:
         if step["backend"] == "zeros":
             continue
         b, (qs, qe), (ks, ke) = step["batch"], step["q_range"], step["k_range"]
-        out[b:b + 1, :, qs:qe] = one_call(step["backend"], step["args"], q[b:b + 1, :, qs:qe],
-                                          k[b:b + 1, :, ks:ke], v[b:b + 1, :, ks:ke], None)
+        out[b:b + 1, :, qs:qe] = one_call(step, q[b:b + 1, :, qs:qe], k[b:b + 1, :, ks:ke], v[b:b + 1, :, ks:ke], None)
     return out
 
 
 def reference(q, k, v, mask):
+    """fp32 math on the mask as given; rows that attend to nothing are 0."""
+    attends = mask if mask.dtype == torch.bool else (mask > -1000) if mask.is_floating_point() else mask != 0
+    m = mask.float() if mask.is_floating_point() else attends
     with sdpa_kernel([SDPBackend.MATH]):
-        out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask)
-    return torch.where(mask.any(-1, keepdim=True), out, torch.zeros_like(out))
+        out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=m)
+    return torch.where(attends.any(-1, keepdim=True), out, torch.zeros_like(out))
+
+
+def run_and_compare(name, dtype, path, mask, extra, tolerance, available="torch"):
+    heads, head_dim = 4, 128
+    B, _, Q, K = mask.shape
+    doc = masklens("inspect", path, "--json", *extra, *call_options(dtype, head_dim, heads), "--available", available)
+    policy, structure = doc["policy"], doc["structure"]
+    q = torch.randn(B, heads, Q, head_dim, device=DEV, dtype=DTYPES[dtype])
+    k = torch.randn(B, heads, K, head_dim, device=DEV, dtype=DTYPES[dtype])
+    v = torch.randn(B, heads, K, head_dim, device=DEV, dtype=DTYPES[dtype])
+    want = reference(q, k, v, mask)
+    try:
+        got = run_policy(policy, structure, q, k, v, mask).float()
+        err = (got - want).abs().max().item()
+    except Exception as e:  # any raise is a failure: the policy named a call that does not run
+        err = float("inf")
+        failures.append(f"run {name} {dtype}: {policy['backend']} raised: {type(e).__name__}: {e}")
+    row = {"mask": name, "dtype": dtype, "available": available, "structure": structure["kind"],
+           "backend": policy["backend"], "mask_use": policy["mask"], "mask_cast": policy["mask_cast"],
+           "plan_calls": len(policy["plan"] or []), "max_abs_err": err}
+    report["runs"].append(row)
+    print(f"{name:34s} {dtype:4s} {structure['kind']:14s} -> {policy['backend']:30s} "
+          f"{'plan of %d' % row['plan_calls'] if row['plan_calls'] else 'mask ' + policy['mask']:11s} "
+          f"cast {policy['mask_cast'] or '-':8s} max|err| {err:.2e}")
+    if not err < tolerance:
+        failures.append(f"run {name} {dtype}: max |err| {err} with {policy['backend']} {policy['args']}")
 
 
 def check_runs(tmp):
     torch.manual_seed(0)
-    heads, head_dim = 4, 128
     for name, mask in masks():
-        B, _, Q, K = mask.shape
         path = os.path.join(tmp, "mask.npy")
         np.save(path, mask.cpu().numpy())
         for dtype in ("bf16", "fp16"):
-            doc = masklens("inspect", path, "--json", *call_options(dtype, head_dim, heads))
-            policy, structure = doc["policy"], doc["structure"]
-            q = torch.randn(B, heads, Q, head_dim, device=DEV, dtype=DTYPES[dtype])
-            k = torch.randn(B, heads, K, head_dim, device=DEV, dtype=DTYPES[dtype])
-            v = torch.randn(B, heads, K, head_dim, device=DEV, dtype=DTYPES[dtype])
-            want = reference(q, k, v, mask)
-            try:
-                got = run_policy(policy, q, k, v, mask).float()
-                err = (got - want).abs().max().item()
-            except RuntimeError as e:
-                err = float("inf")
-                failures.append(f"run {name} {dtype}: {policy['backend']} raised: {e}")
-            row = {"mask": name, "dtype": dtype, "structure": structure["kind"], "backend": policy["backend"],
-                   "args": policy["args"], "plan_calls": len(policy["plan"] or []), "max_abs_err": err}
-            report["runs"].append(row)
-            print(f"{name:34s} {dtype} {structure['kind']:14s} -> {policy['backend']:30s} "
-                  f"{'plan of %d' % row['plan_calls'] if row['plan_calls'] else 'one call':11s} max|err| {err:.2e}")
-            if not err < 2e-2:
-                failures.append(f"run {name} {dtype}: max |err| {err} with {policy['backend']} {policy['args']}")
+            run_and_compare(name, dtype, path, mask, [], 2e-2)
+        if name in ("sliding window 128", "VLM blocks", "packed documents", "arbitrary"):
+            run_and_compare(name, "bf16", path, mask, [], 2e-2, available="torch,flex")
+
+
+def check_mask_dtypes(tmp):
+    """Every (mask dtype, query dtype) pair, with and without bias values (ALiBi-like)."""
+    torch.manual_seed(1)
+    L = 512
+    i, j = rows_cols(L, L)
+    causal = (j <= i)[None, None].expand(2, 1, L, L)
+    alibi = torch.where(causal, -(i - j).float() / 64, torch.tensor(float("-inf"), device=DEV))
+    masks = {"bool": causal, "uint8": causal.to(torch.uint8), "int8": causal.to(torch.int8)}
+    for name, t in (("fp16", torch.float16), ("bf16", torch.bfloat16), ("fp32", torch.float32)):
+        masks[name] = torch.where(causal, 0.0, float("-inf")).to(t)
+        masks[name + " bias"] = alibi.to(t)
+    g = torch.Generator(device=DEV).manual_seed(3)
+    arbitrary = torch.rand(2, 1, L, L, device=DEV, generator=g) < 0.6
+    arbitrary[..., 0] = True  # no empty rows
+    masks["fp32 arbitrary bias"] = torch.where(arbitrary, -(i - j).abs().float() / 64, float("-inf"))
+    for name, m in masks.items():
+        path = os.path.join(tmp, "mask.npy")
+        extra = []
+        if m.dtype == torch.bfloat16:  # numpy has no bf16: stored as its bits, read with --mask-dtype
+            np.save(path, m.view(torch.uint16).cpu().numpy())
+            extra = ["--mask-dtype", "bf16"]
+        else:
+            np.save(path, m.cpu().numpy())
+        for dtype in ("bf16", "fp16", "fp32"):
+            # The reference reads the mask as given; bias values cast to a half type round.
+            run_and_compare(f"mask {name}", dtype, path, m, extra, 3e-2)
 
 
 check_rules()
 with tempfile.TemporaryDirectory() as tmp:
     check_runs(tmp)
+    check_mask_dtypes(tmp)
 agree = sum(r["torch"] == r["masklens"] for r in report["rules"])
 print(f"rules: {agree}/{len(report['rules'])} agree with torch; {len(notes)} conservative")
 for n in notes[:40]:
