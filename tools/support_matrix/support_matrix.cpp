@@ -143,6 +143,32 @@ std::string render() {
       out << "| " << names << " | `" << r.name << "` | " << scope << " | " << r.text << " | " << r.source << " |\n";
     }
   }
+  out << "\n## Mask dtypes\n"
+         "What a kept mask may be, per torch kernel (torch 2.11): `validate_sdpa_input` accepts a bool mask,\n"
+         "an fp32 mask or one of the query's dtype and raises on anything else (integer masks, bf16 with fp16\n"
+         "queries); the efficient kernel raises \"invalid dtype for bias - should match query's dtype\" on an\n"
+         "fp32 mask with half queries; cuDNN accepts that mask and misreads it (pytorch#191612). The\n"
+         "*kept mask* rules above turn each case into a cast the call makes (`mask_cast`), so no chosen call\n"
+         "raises; `tests/torch/check_torch.py` runs every (mask dtype x query dtype) pair on a GPU.\n"
+         "\n## Library versions\n"
+         "The arguments and printed Python follow: torch 2.11 (`F.scaled_dot_product_attention`,\n"
+         "`torch.nn.attention.varlen.varlen_attn`, `flex_attention`), flash-attn 2.8 and its Hopper\n"
+         "`flash_attn_interface` (3.0), xformers 0.0.33, TransformerEngine 2.8, FlashInfer 0.5, cudnn-frontend\n"
+         "1.16. Window conventions: flash-attn, torch varlen, TransformerEngine `window_size=(W-1, 0)` and\n"
+         "FlashInfer `window_left=W-1` for a window of W keys counting the diagonal; cuDNN's\n"
+         "`diagonal_band_left_bound=W`.\n"
+         "\n## Measurements\n"
+         "Figures the rules, defects and cost rates cite, measured on one H200 (driver 580.159.04) with torch\n"
+         "2.11.0+cu130 and cuDNN 9.19.0, December 2026 (bench/README.md has the runs):\n\n"
+         "| measurement | figure |\n|---|---|\n"
+         "| cuDNN attention with head_dim 256 on sm90 | accepted (sdp_utils' newest source asks cuDNN > 9.22) |\n"
+         "| cuDNN with a mask, rows with no allowed key | mean of V (max abs 0.5) where efficient and math give 0 |\n"
+         "| efficient with a dense mask, Lq > 65536 | relative error 0.23 at 65552, 0.76 at 69632; exact at <= 65536 |\n"
+         "| efficient with an fp32 mask and bf16/fp16 queries | raises \"invalid dtype for bias\" |\n"
+         "| 1x4x69632 d256 bf16 fwd+bwd, dense bool causal mask, default dispatch (cuDNN) | 316.6 ms |\n"
+         "| same, `is_causal=True`: cuDNN / flash / efficient | 78 / 130 / 631 ms |\n"
+         "| 1x4x69632 d128 bf16 fwd+bwd, 4096 window: dense mask / `varlen_attn` / compiled flex | 127.0 / 7.1 / 5.3 ms |\n"
+         "| same, three packed documents: dense mask / three `is_causal` calls / `varlen_attn` | 125.8 / 11.8 / 19.9 ms |\n";
   out << "\n## Known defects\n"
          "A defect applies to every version unless a release is known to carry its fix.\n\n"
          "| id | backend | effect | when | source |\n|---|---|---|---|---|\n";
