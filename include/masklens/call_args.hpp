@@ -104,6 +104,7 @@ inline CallArgs backend_args(const Call& call, std::int64_t batch, std::int64_t 
     case Backend::sdpa_causal_lower_right:
       out.mask_object = "causal_lower_right";
       out.mask_object_args = {{"seq_len_q", q_len}, {"seq_len_kv", k_len}};
+      if (sdpa->enable_gqa) out.args.push_back({"enable_gqa", true});
       break;
     case Backend::torch_varlen:
       detail::add_varlen_lengths(out, *varlen, "cu_seq_q", "cu_seq_k", "max_q", "max_k");

@@ -5,9 +5,11 @@
 // the math kernel, computes every pair.
 //
 // Rates are milliseconds per unit, forward and backward, bf16, measured on an H200
-// (sm90) with torch 2.11 / cuDNN 9.19 by bench/backend_costs.py (figures and method in
-// bench/README.md). Libraries that machine lacks carry estimates, marked as such. Other
-// architectures use the sm90 ratios until measured there: only the ranking matters.
+// (sm90) with torch 2.11 / cuDNN 9.19 by bench/backend_costs.py on 2026-12-03 (1 x 4 x
+// 16384 x 128; the windowed and varlen rates from its 69632-token runs, where they
+// matter; bench/README.md). Libraries that machine lacks carry estimates, marked as
+// such. Other architectures use the sm90 ratios until measured there: only the ranking
+// matters.
 #pragma once
 
 #include <algorithm>
@@ -32,21 +34,23 @@ inline constexpr double kCallOverheadMs = 0.03;
 // The rates of `b` on architecture `sm` (see the header comment for their source).
 constexpr CostRates cost_rates(Backend b, int /*sm*/) noexcept {
   switch (b) {
-    case Backend::sdpa_cudnn: return {3.9, 7.3, true};
-    case Backend::sdpa_flash: return {6.5, 0, true};
-    case Backend::sdpa_efficient: return {32, 31, true};
-    case Backend::sdpa_math: return {60, 60, true};  // computes every pair either way
-    case Backend::sdpa_causal_lower_right: return {6.5, 0, true};
-    case Backend::torch_varlen: return {6.2, 0, true};
-    case Backend::flex_attention: return {4.6, 8.0, true};
+    case Backend::sdpa_cudnn: return {3.6, 6.4, true};
+    case Backend::sdpa_flash: return {6.8, 0, true};
+    case Backend::sdpa_efficient: return {15.2, 15.4, true};
+    case Backend::sdpa_math: return {51.7, 51.6, true};  // computes every pair either way
+    case Backend::sdpa_causal_lower_right: return {6.8, 0, true};  // flash inside (efficient where flash refuses)
+    case Backend::torch_varlen: return {6.6, 0, true};
+    // Compiled flex: block-sparse over the BlockMask; reading a dense mask, it is charged
+    // every pair at its attended rate (it skips only tiles the mask leaves empty).
+    case Backend::flex_attention: return {4.9, 5.7, true};
     case Backend::flash_attn:
-    case Backend::flash_attn_varlen: return {6.5, 0, false};  // flash-attn 2: as torch's flash kernel
+    case Backend::flash_attn_varlen: return {6.8, 0, false};  // flash-attn 2: as torch's flash kernel
     case Backend::flash_attn3:
-    case Backend::flash_attn3_varlen: return {3.5, 0, false};
+    case Backend::flash_attn3_varlen: return {3.3, 0, false};
     case Backend::transformer_engine:
-    case Backend::cudnn_frontend: return {3.9, 7.3, false};  // cuDNN's fused attention inside
-    case Backend::flashinfer: return {6.5, 8.0, false};
-    case Backend::xformers: return {6.5, 31, false};
+    case Backend::cudnn_frontend: return {3.6, 6.4, false};  // cuDNN's fused attention inside
+    case Backend::flashinfer: return {6.8, 6.8, false};
+    case Backend::xformers: return {6.8, 15.4, false};
     case Backend::zeros: return {0, 0, true};
   }
   return {};

@@ -175,7 +175,7 @@ inline std::string python_call(const Call& c, std::int64_t batch, std::int64_t q
              "]):\n    out = F.scaled_dot_product_attention(q, k, v" + mask_kw + keywords(a.args) + ")";
     case Backend::sdpa_causal_lower_right:
       return "out = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(" + std::to_string(q_len) +
-             ", " + std::to_string(k_len) + "))";
+             ", " + std::to_string(k_len) + ")" + keywords(a.args) + ")";
     case Backend::torch_varlen:
       return pack_code(*varlen) + bind_tensors(a.args) +
              "out_packed = varlen_attn(q_packed, k_packed, v_packed, cu_seq_q, cu_seq_k, " +

@@ -167,13 +167,15 @@ bool dense(const MaskStructure&, const CallContext& c, Call* out) {
   return emit(out, [&] { return dropping(b, sdpa(kKernel, c), MaskUse::keep); });
 }
 
-// Bottom-right causal with Q != K: attn_mask = causal_lower_right(Q, K).
-inline bool causal_lower_right_native(const MaskStructure& s, const CallContext&, Call* out) {
+// Bottom-right causal with Q != K: attn_mask = causal_lower_right(Q, K). CausalBias
+// dispatches to flash, else efficient, passing enable_gqa on (torch/nn/attention/bias.py).
+inline bool causal_lower_right_native(const MaskStructure& s, const CallContext& c, Call* out) {
   if (!plain(s) || s.kind != StructureKind::causal || s.alignment != Alignment::bottom_right || square(s)) return false;
   return emit(out, [&] {
     SdpaArgs a;
     a.kernel = SdpaKernel::any;
     a.causal_lower_right = true;
+    a.enable_gqa = c.call.gqa() && c.env.torch >= version(2, 5);
     return dropping(Backend::sdpa_causal_lower_right, a, MaskUse::replace);
   });
 }

@@ -1,6 +1,8 @@
-// torch.nn.attention.varlen.varlen_attn (torch >= 2.10): packed variable-length
-// attention on flash inside, with window_size=(left, right) — packed documents,
-// chunks, sliding windows and padded keys without flash-attn installed.
+// torch.nn.attention.varlen.varlen_attn: packed variable-length attention on torch's
+// own flash kernel, with window_size=(left, right) — packed documents, chunks, sliding
+// windows and padded keys without flash-attn installed. torch 2.10 shipped it with an
+// is_causal flag instead; 2.11 takes window_size (causal is (-1, 0)), causal aligned
+// bottom-right within each sequence, GQA through fewer key heads, autograd included.
 #pragma once
 
 #include "backend.hpp"
@@ -10,13 +12,15 @@ namespace masklens::backends::torch_varlen {
 inline constexpr std::string_view kSource = "pytorch torch/nn/attention/varlen.py";
 
 inline constexpr Rule kRules[] = {
-    {"varlen.torch_2_10", kSource, [](const CallContext& c) { return c.env.torch < version(2, 10); },
-     "varlen_attn ships with torch >= 2.10", [](const CallContext& c) { return "got " + c.env.torch.to_string(); }},
+    {"varlen.torch_2_11", kSource, [](const CallContext& c) { return c.env.torch < version(2, 11); },
+     "varlen_attn with window_size needs torch >= 2.11", [](const CallContext& c) { return "got " + c.env.torch.to_string(); }},
     {"varlen.dtype", kSource, is_fp32, "varlen_attn needs fp16 or bf16", not_dtype},
     {"varlen.sm", kSource, before_sm80, "varlen_attn's flash kernels need sm80 or newer", got_sm},
     {"varlen.head_dim", kSource,
-     [](const CallContext& c) { return c.call.head_dim > 256 || c.call.value_head_dim() != c.call.head_dim; },
-     "varlen_attn needs equal head dims <= 256", got_head_dim},
+     [](const CallContext& c) {
+       return c.call.head_dim > 256 || c.call.head_dim % 8 != 0 || c.call.value_head_dim() != c.call.head_dim;
+     },
+     "varlen_attn needs equal head dims, multiples of 8, <= 256 (its flash kernel pads nothing)", got_head_dim},
     {"varlen.dropout", kSource, [](const CallContext& c) { return c.call.dropout > 0; },
      "varlen_attn takes no dropout"},
 };
