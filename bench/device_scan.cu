@@ -2,12 +2,16 @@
 // plain vectorised read of the same bytes (the ceiling): 65536^2 bool causal (4 GiB),
 // the same mask broadcast over 8 batches with stride 0, and 32768^2 bf16 additive
 // (2 GiB). CUDA events, median of N. Writes a JSON line per case to argv[1] if given.
-#include <masklens/cuda/scan.cuh>
+// nvcc for its own kernels (the plain read, the fills); the scanner comes from
+// masklens_cuda_dep as any program gets it.
+#include <cuda_runtime.h>
+#include <masklens/cuda/scan.hpp>
 #include <masklens/masklens.hpp>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -23,6 +27,10 @@ namespace {
       std::exit(1);                                                                     \
     }                                                                                   \
   } while (0)
+
+// The program owns the CUDA error state (every call before is checked and exits on
+// failure), so peeking after a <<<>>> launch reads this launch's error.
+#define CHECK_LAUNCH() CHECK_CUDA(cudaPeekAtLastError())
 
 __global__ void plain_read(const uint4* p, std::int64_t n, unsigned* out) {
   unsigned acc = 0;
@@ -57,6 +65,7 @@ float median_ms(int reps, F&& launch) {
   CHECK_CUDA(cudaEventCreate(&a));
   CHECK_CUDA(cudaEventCreate(&b));
   launch();  // warm-up
+  CHECK_LAUNCH();
   std::vector<float> t;
   for (int i = 0; i < reps; ++i) {
     CHECK_CUDA(cudaEventRecord(a));
@@ -67,6 +76,8 @@ float median_ms(int reps, F&& launch) {
     CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
     t.push_back(ms);
   }
+  CHECK_CUDA(cudaEventDestroy(a));
+  CHECK_CUDA(cudaEventDestroy(b));
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
 }
@@ -78,7 +89,8 @@ void run_case(const char* name, const MaskView& view, double bytes_read, float r
   const std::int64_t rows = gpu::span_rows(view);
   CHECK_CUDA(cudaMalloc(&d_rows, rows * sizeof(RowSpan)));
   std::size_t temp_bytes = 0;
-  (void)gpu::scan_spans(nullptr, temp_bytes, view, nullptr);
+  if (Status s = gpu::scan_spans(nullptr, temp_bytes, view, nullptr); !s.ok())
+    std::fprintf(stderr, "%s\n", s.to_string().c_str()), std::exit(1);
   void* temp = nullptr;
   CHECK_CUDA(cudaMalloc(&temp, temp_bytes));
   const float scan_ms = median_ms(reps, [&] {
@@ -106,7 +118,10 @@ void run_case(const char* name, const MaskView& view, double bytes_read, float r
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc > 1) json = std::fopen(argv[1], "w");
+  if (argc > 1 && (json = std::fopen(argv[1], "w")) == nullptr) {
+    std::fprintf(stderr, "cannot write %s\n", argv[1]);
+    return 1;
+  }
   const int reps = 20;
   unsigned* sink = nullptr;
   CHECK_CUDA(cudaMalloc(&sink, sizeof(unsigned)));
@@ -120,6 +135,7 @@ int main(int argc, char** argv) {
     std::uint8_t* m = nullptr;
     CHECK_CUDA(cudaMalloc(&m, L * L));
     fill_causal_bool<<<8192, 256>>>(m, L);
+    CHECK_LAUNCH();
     const double bytes = static_cast<double>(L) * L;
     const float read_ms = median_ms(reps, [&] {
       plain_read<<<read_grid, 256>>>(reinterpret_cast<const uint4*>(m), L * L / 16, sink);
@@ -136,6 +152,7 @@ int main(int argc, char** argv) {
     std::uint16_t* m = nullptr;
     CHECK_CUDA(cudaMalloc(&m, L * L * 2));
     fill_causal_bf16<<<8192, 256>>>(m, L);
+    CHECK_LAUNCH();
     const double bytes = static_cast<double>(L) * L * 2;
     const float read_ms = median_ms(reps, [&] {
       plain_read<<<read_grid, 256>>>(reinterpret_cast<const uint4*>(m), L * L * 2 / 16, sink);
@@ -145,6 +162,10 @@ int main(int argc, char** argv) {
     run_case("bf16 32768^2 additive causal (2 GiB)", *view, bytes, read_ms, reps);
     CHECK_CUDA(cudaFree(m));
   }
-  if (json) std::fclose(json);
+  CHECK_CUDA(cudaFree(sink));
+  if (json && std::fclose(json) != 0) {
+    std::fprintf(stderr, "writing %s failed\n", argv[1]);
+    return 1;
+  }
   return 0;
 }

@@ -4,10 +4,13 @@
 
 #include <sys/mman.h>
 
+#include <cerrno>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "support/mask_gen.hpp"
@@ -270,14 +273,23 @@ TEST_CASE("stride-0 slices are scanned once; counts cover every logical slice") 
 
 TEST_CASE("64-bit indexing: Q x K beyond 2^32 through a stride-0 query dimension") {
   // One row of 8200 keys read for 2^19 + 3 rows: Q*K = 4.3e9 elements, 8 KiB of memory.
-  const std::int64_t q_len = (std::int64_t{1} << 19) + 3, k_len = 8200;
+  constexpr std::int64_t q_len = (std::int64_t{1} << 19) + 3, k_len = 8200;
+  static_assert(q_len * k_len > (std::int64_t{1} << 32), "the case must cross 32-bit element indexing");
   std::vector<std::uint8_t> row(static_cast<std::size_t>(k_len), 1);
   row[0] = 0;
   const std::int64_t shape[] = {q_len, k_len}, strides[] = {0, 1};
   auto v = MaskView::make(row.data(), ElementType::boolean, shape, strides);
   REQUIRE(v.ok());
-  CHECK(v->q_len() * v->k_len() > (std::int64_t{1} << 32));
-  auto s = inspect(*v, ScanOptions{0});
+  auto t = scan(*v, ScanOptions{0});
+  REQUIRE(t.ok());
+  REQUIRE(t->rows.size() == static_cast<std::size_t>(q_len));
+  // Rows past element 2^32 (the last one, and the first one there) read the same row.
+  const std::int64_t first_past = ((std::int64_t{1} << 32) + k_len - 1) / k_len;
+  for (const std::int64_t q : {std::int64_t{0}, first_past, q_len - 1}) {
+    INFO("row " << q);
+    CHECK(t->rows[static_cast<std::size_t>(q)].same_keys(RowSpan::interval(1, k_len - 1)));
+  }
+  auto s = classify(*t);
   REQUIRE(s.ok());
   CHECK(s->kind == StructureKind::full);
   REQUIRE(s->has_kv_valid());
@@ -287,20 +299,26 @@ TEST_CASE("64-bit indexing: Q x K beyond 2^32 through a stride-0 query dimension
   auto big = MaskView::make(row.data(), ElementType::boolean, big_shape, big_strides);
   REQUIRE(big.ok());
   CHECK(big->offset(0, 0, q_len - 1, k_len - 1) == (q_len - 1) * k_len + k_len - 1);
-  CHECK(big->offset(0, 0, q_len - 1, k_len - 1) > (std::int64_t{1} << 32));
+  CHECK(big->extent_bytes() == q_len * k_len);
 }
 
 TEST_CASE("64-bit indexing: strides beyond 2^31 over a sparse mapping") {
   // 7 GiB of address space, untouched pages cost nothing: rows sit 2^31 + 8 and
   // 2^32 + 24 bytes apart, so any 32-bit offset arithmetic would read the wrong row.
-  const std::size_t span = std::size_t{7} << 30;  // the last row ends at 2^32 + 2^31 + 4128
+  constexpr std::size_t span = std::size_t{7} << 30;  // the last row ends at 2^32 + 2^31 + 4128
+  constexpr std::int64_t k_len = 4096, row_stride = (std::int64_t{1} << 31) + 8,
+                         batch_stride = (std::int64_t{1} << 32) + 24;
+  static_assert(row_stride > (std::int64_t{1} << 31) && batch_stride > (std::int64_t{1} << 32),
+                "the strides must cross 32-bit byte offsets");
+  static_assert(batch_stride + row_stride + k_len <= static_cast<std::int64_t>(span));
+  // A 64-bit Linux reserves this much address space unless `ulimit -v` caps it; a run
+  // where it cannot must say so as a failure, not pass without having read a byte.
   void* base = mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (base == MAP_FAILED) {
-    MESSAGE("no 7 GiB of address space here; not run");
-    return;
-  }
+  const std::string why = base == MAP_FAILED ? std::strerror(errno) : "";
+  REQUIRE_MESSAGE(base != MAP_FAILED,
+                  "mmap of 7 GiB of address space (MAP_NORESERVE) failed: " << why << " (is `ulimit -v` set?)");
+  const std::unique_ptr<void, void (*)(void*)> unmap(base, [](void* p) { munmap(p, span); });
   auto* bytes = static_cast<std::uint8_t*>(base);
-  const std::int64_t k_len = 4096, row_stride = (std::int64_t{1} << 31) + 8, batch_stride = (std::int64_t{1} << 32) + 24;
   // Two batches of causal 2 x 4096 rows ([q, k] <= q + 4094: bottom-right causal), batch 1 keys from 100.
   for (std::int64_t b = 0; b < 2; ++b)
     for (std::int64_t q = 0; q < 2; ++q)
@@ -309,14 +327,20 @@ TEST_CASE("64-bit indexing: strides beyond 2^31 over a sparse mapping") {
   const std::int64_t shape[] = {2, 1, 2, k_len}, strides[] = {batch_stride, 0, row_stride, 1};
   auto view = MaskView::make(bytes, ElementType::boolean, shape, strides);
   REQUIRE(view.ok());
-  CHECK(view->stride(kQuery) > (std::int64_t{1} << 31));
-  auto s = inspect(*view, ScanOptions{2});
+  auto t = scan(*view, ScanOptions{2});
+  REQUIRE(t.ok());
+  REQUIRE(t->rows.size() == 4);
+  // Each row read at its own 64-bit offset: a wrapped offset lands on zeroed pages.
+  CHECK(t->slice(0, 0)[0].same_keys(RowSpan::interval(0, k_len - 2)));
+  CHECK(t->slice(0, 0)[1].same_keys(RowSpan::interval(0, k_len - 1)));
+  CHECK(t->slice(1, 0)[0].same_keys(RowSpan::interval(100, k_len - 2)));
+  CHECK(t->slice(1, 0)[1].same_keys(RowSpan::interval(100, k_len - 1)));
+  auto s = classify(*t);
   REQUIRE(s.ok());
   CHECK(s->kind == StructureKind::causal);
   CHECK(s->alignment == Alignment::bottom_right);
   REQUIRE(s->has_kv_valid());
   CHECK(s->kv_valid[1] == KeyRange{100, k_len});
-  munmap(base, span);
 }
 
 }  // TEST_SUITE

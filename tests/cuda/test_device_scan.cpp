@@ -1,20 +1,100 @@
 // The device scanner against the host scanner (the oracle) on generated and mutated
-// masks of every kind, type, layout and alignment, and on masks past 2^32 elements.
+// masks of every kind, type, layout and alignment, and on masks past 2^32 elements;
+// and its contract: two-phase on the caller's stream with no synchronisation inside
+// (it records into a CUDA graph), the caller's pending CUDA error neither cleared nor
+// taken for its own. Plain C++: the CUDA runtime API and masklens/cuda/scan.hpp.
 #include <doctest/doctest.h>
 
+#include <cuda_runtime_api.h>
+#include <masklens/cuda/scan.hpp>
+
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "../support/mask_gen.hpp"
-#include "device_harness.hpp"
 
 using namespace masklens;
 using namespace masklens::testing;
+
+namespace {
+
+// The test's own CUDA calls, each checked where it is made.
+#define REQUIRE_CUDA(call)                                                            \
+  do {                                                                                \
+    const cudaError_t e_ = (call);                                                    \
+    REQUIRE_MESSAGE(e_ == cudaSuccess, #call << ": " << std::string(cudaGetErrorName(e_))); \
+  } while (0)
+
+// Device memory the test owns; freeing it is checked too.
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(std::size_t bytes) { REQUIRE_CUDA(cudaMalloc(&p_, bytes)); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() {
+    if (p_) CHECK(cudaFree(p_) == cudaSuccess);
+  }
+  template <class T = std::uint8_t>
+  T* get() const {
+    return static_cast<T*>(p_);
+  }
+
+ private:
+  void* p_ = nullptr;
+};
+
+// A host view's bytes copied into `buffer` (data() is its lowest address: strides are
+// non-negative) and the same view over the copy.
+MaskView to_device(const MaskView& host, const DeviceBuffer& buffer) {
+  REQUIRE_CUDA(cudaMemcpy(buffer.get(), host.data(), static_cast<std::size_t>(host.extent_bytes()),
+                          cudaMemcpyHostToDevice));
+  // A pageable copy may still be in flight when cudaMemcpy returns; streams that do not
+  // order after the legacy stream (non-blocking ones) must not see it half done.
+  REQUIRE_CUDA(cudaDeviceSynchronize());
+  auto view = MaskView::make(buffer.get(), host.dtype(), host.shape(), host.strides(), host.encoding());
+  REQUIRE(view.ok());
+  return *view;
+}
+
+// A bool [L, L] causal mask on the device (L*L may exceed 2^32), built in host chunks
+// of rows so that no L*L host buffer is needed.
+void fill_causal(std::uint8_t* d_mask, std::int64_t L) {
+  const std::int64_t chunk = 1024;
+  std::vector<std::uint8_t> rows(static_cast<std::size_t>(chunk * L));
+  for (std::int64_t q0 = 0; q0 < L; q0 += chunk) {
+    const std::int64_t n = std::min(chunk, L - q0);
+    for (std::int64_t i = 0; i < n; ++i) {
+      std::uint8_t* row = rows.data() + i * L;
+      std::memset(row, 1, static_cast<std::size_t>(q0 + i + 1));
+      std::memset(row + q0 + i + 1, 0, static_cast<std::size_t>(L - (q0 + i + 1)));
+    }
+    REQUIRE_CUDA(cudaMemcpy(d_mask + q0 * L, rows.data(), static_cast<std::size_t>(n * L), cudaMemcpyHostToDevice));
+  }
+}
+
+void set_element(std::uint8_t* d_mask, std::int64_t L, std::int64_t q, std::int64_t k, std::uint8_t v) {
+  REQUIRE_CUDA(cudaMemcpy(d_mask + q * L + k, &v, 1, cudaMemcpyHostToDevice));
+}
+
+void require_same_spans(const SpanTable& host, const SpanTable& device) {
+  REQUIRE(host.rows.size() == device.rows.size());
+  for (std::size_t r = 0; r < host.rows.size(); ++r) {
+    INFO("row " << r);
+    REQUIRE(host.rows[r].count == device.rows[r].count);
+    REQUIRE(host.rows[r].same_keys(device.rows[r]));
+    REQUIRE(host.rows[r].flags == device.rows[r].flags);
+  }
+}
+
+}  // namespace
 
 TEST_SUITE("cuda") {
 
@@ -48,7 +128,7 @@ TEST_CASE("device spans equal host spans on generated and mutated masks") {
     }
     const std::int64_t offset = esize * uniform(rng, 0, 16 / esize);
     auto host = scan(dense.view);
-    auto device = gpu::scan_copy_on_device(dense.view, offset);
+    auto device = gpu::scan_host_mask(dense.view, offset);
     INFO(dense.describe << " offset " << offset);
     REQUIRE(host.ok());
     REQUIRE_MESSAGE(device.ok(), device.status().to_string());
@@ -89,7 +169,7 @@ TEST_CASE("every 16-bit pattern and sampled fp32 patterns classify alike on host
       auto view = MaskView::contiguous(data, dtype, shape, enc);
       REQUIRE(view.ok());
       auto host = scan(*view);
-      auto device = gpu::scan_copy_on_device(*view, 0);
+      auto device = gpu::scan_host_mask(*view);
       INFO(to_string(dtype) << " threshold " << threshold);
       REQUIRE(host.ok());
       REQUIRE(device.ok());
@@ -140,7 +220,7 @@ TEST_CASE("0 / -inf vectors: any other value among them is seen, in every lane")
       const std::int64_t shape[] = {q_len, k_len};
       auto view = MaskView::contiguous(data, c.dtype, shape);
       REQUIRE(view.ok());
-      return std::pair{scan(*view), gpu::scan_copy_on_device(*view, 0)};
+      return std::pair{scan(*view), gpu::scan_host_mask(*view)};
     };
     INFO(to_string(c.dtype));
     for (int trial = 0; trial < 20; ++trial) {
@@ -160,41 +240,149 @@ TEST_CASE("0 / -inf vectors: any other value among them is seen, in every lane")
       CHECK_FALSE(host.ok());
       REQUIRE_FALSE(device.ok());
       CHECK(device.status().code() == ErrorCode::invalid_value);
-      CHECK(device.status().message().find("row [0, 0, " + std::to_string(row) + "]") != std::string::npos);
+      // The mask is on the host: the element is named, as the host scanner names it.
+      CHECK(device.status().message() == host.status().message());
+      CHECK(device.status().message().find("element [0, 0, " + std::to_string(row) + ", ") != std::string::npos);
     }
   }
 }
 
-TEST_CASE("NaN in a device mask is an error naming the row") {
+TEST_CASE("NaN in a mask: a host mask names the element, a device mask the row, the two-phase spans flag it") {
   std::vector<float> m(4 * 300, 0.0f);
   m[2 * 300 + 7] = std::numeric_limits<float>::quiet_NaN();
   const std::int64_t shape[] = {4, 300};
   auto v = MaskView::contiguous(m.data(), ElementType::float32, shape);
-  auto device = gpu::scan_copy_on_device(*v, 0);
-  REQUIRE_FALSE(device.ok());
-  CHECK(device.status().code() == ErrorCode::invalid_value);
-  CHECK(device.status().message().find("row [0, 0, 2]") != std::string::npos);
+  REQUIRE(v.ok());
+  auto from_host = gpu::scan_host_mask(*v);
+  REQUIRE_FALSE(from_host.ok());
+  CHECK(from_host.status().code() == ErrorCode::invalid_value);
+  CHECK(from_host.status().message().find("mask element [0, 0, 2, 7]") != std::string::npos);
+
+  DeviceBuffer buffer(m.size() * sizeof(float));
+  const MaskView on_device = to_device(*v, buffer);
+  auto from_device = gpu::scan(on_device);
+  REQUIRE_FALSE(from_device.ok());
+  CHECK(from_device.status().code() == ErrorCode::invalid_value);
+  CHECK(from_device.status().message().find("mask row [0, 0, 2]") != std::string::npos);
+  auto structure = gpu::inspect(on_device);
+  REQUIRE_FALSE(structure.ok());
+  CHECK(structure.status().code() == ErrorCode::invalid_value);
+
+  std::size_t temp_bytes = 0;
+  REQUIRE(gpu::scan_spans(nullptr, temp_bytes, on_device, nullptr).ok());
+  DeviceBuffer temp(temp_bytes), rows(4 * sizeof(RowSpan));
+  REQUIRE(gpu::scan_spans(temp.get(), temp_bytes, on_device, rows.get<RowSpan>()).ok());
+  std::vector<RowSpan> spans(4);
+  REQUIRE_CUDA(cudaMemcpy(spans.data(), rows.get(), 4 * sizeof(RowSpan), cudaMemcpyDeviceToHost));
+  for (int r = 0; r < 4; ++r) CHECK(static_cast<bool>(spans[static_cast<std::size_t>(r)].flags & kRowInvalid) == (r == 2));
+}
+
+TEST_CASE("two-phase on the caller's stream equals the host scanner, and records into a CUDA graph") {
+  Rng rng(test_seed(407));
+  MaskStructure spec = random_structure(rng, 2, 300, 2500);
+  DenseMask dense = render(spec, 3, ElementType::bfloat16, Polarity::true_attends, Layout::contiguous, rng);
+  auto host = scan(dense.view);
+  REQUIRE(host.ok());
+  DeviceBuffer mask(static_cast<std::size_t>(dense.view.extent_bytes()));
+  const MaskView view = to_device(dense.view, mask);
+  auto table = SpanTable::for_view(view);
+  REQUIRE(table.ok());
+  const std::size_t row_bytes = table->rows.size() * sizeof(RowSpan);
+  REQUIRE(static_cast<std::int64_t>(table->rows.size()) == gpu::span_rows(view));
+
+  cudaStream_t stream = nullptr;
+  REQUIRE_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  std::size_t temp_bytes = 0;
+  REQUIRE(gpu::scan_spans(nullptr, temp_bytes, view, nullptr, stream).ok());
+  DeviceBuffer temp(temp_bytes), rows(row_bytes);
+
+  SUBCASE("enqueued, then the caller synchronises once") {
+    REQUIRE(gpu::scan_spans(temp.get(), temp_bytes, view, rows.get<RowSpan>(), stream).ok());
+    REQUIRE_CUDA(cudaMemcpyAsync(table->rows.data(), rows.get(), row_bytes, cudaMemcpyDeviceToHost, stream));
+    REQUIRE_CUDA(cudaStreamSynchronize(stream));
+    require_same_spans(*host, *table);
+  }
+  SUBCASE("captured: a synchronisation inside would invalidate the capture") {
+    REQUIRE_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    const Status st = gpu::scan_spans(temp.get(), temp_bytes, view, rows.get<RowSpan>(), stream);
+    cudaGraph_t graph = nullptr;
+    const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
+    REQUIRE_MESSAGE(st.ok(), st.to_string());
+    REQUIRE_MESSAGE(ended == cudaSuccess, std::string(cudaGetErrorName(ended)));
+    cudaGraphExec_t exec = nullptr;
+    REQUIRE_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+    REQUIRE_CUDA(cudaMemsetAsync(rows.get(), 0xff, row_bytes, stream));  // the graph, not a leftover, writes them
+    REQUIRE_CUDA(cudaGraphLaunch(exec, stream));
+    REQUIRE_CUDA(cudaMemcpyAsync(table->rows.data(), rows.get(), row_bytes, cudaMemcpyDeviceToHost, stream));
+    REQUIRE_CUDA(cudaStreamSynchronize(stream));
+    require_same_spans(*host, *table);
+    REQUIRE_CUDA(cudaGraphExecDestroy(exec));
+    REQUIRE_CUDA(cudaGraphDestroy(graph));
+  }
+  SUBCASE("the convenience scan on the same stream") {
+    auto device = gpu::scan(view, stream);
+    REQUIRE_MESSAGE(device.ok(), device.status().to_string());
+    require_same_spans(*host, *device);
+    auto structure = gpu::inspect(view, stream);
+    REQUIRE(structure.ok());
+    auto expected = classify(*host);
+    REQUIRE(expected.ok());
+    CHECK(describe(*structure) == describe(*expected));
+  }
+  REQUIRE_CUDA(cudaStreamDestroy(stream));
+}
+
+TEST_CASE("a CUDA error pending from the caller's own work is neither cleared nor taken for the scan's") {
+  std::vector<std::uint8_t> m(64 * 64);
+  for (std::size_t i = 0; i < m.size(); ++i) m[i] = i % 64 <= i / 64;
+  const std::int64_t shape[] = {64, 64};
+  auto v = MaskView::contiguous(m.data(), ElementType::boolean, shape);
+  REQUIRE(v.ok());
+  DeviceBuffer buffer(m.size());
+  const MaskView on_device = to_device(*v, buffer);
+  // The caller's failed allocation leaves cudaErrorMemoryAllocation as the last error.
+  void* huge = nullptr;
+  REQUIRE(cudaMalloc(&huge, std::size_t{1} << 62) == cudaErrorMemoryAllocation);
+  REQUIRE(cudaPeekAtLastError() == cudaErrorMemoryAllocation);
+  auto device = gpu::scan(on_device);
+  auto from_host = gpu::scan_host_mask(*v);
+  const cudaError_t still = cudaGetLastError();  // the test is the caller: it clears its own error
+  CHECK_MESSAGE(device.ok(), device.status().to_string());
+  CHECK_MESSAGE(from_host.ok(), from_host.status().to_string());
+  CHECK(still == cudaErrorMemoryAllocation);
+  if (device.ok()) {
+    auto s = classify(*device);
+    REQUIRE(s.ok());
+    CHECK(s->kind == StructureKind::causal);
+  }
 }
 
 TEST_CASE("69632^2 bool causal on the device (Q*K > 2^32): causal; one flipped element is not") {
   const std::int64_t L = 69632;
-  auto t = gpu::scan_device_causal(L, -1, -1);
+  DeviceBuffer mask(static_cast<std::size_t>(L * L));
+  auto* d = mask.get();
+  fill_causal(d, L);
+  const std::int64_t shape[] = {L, L};
+  auto view = MaskView::contiguous(d, ElementType::boolean, shape);
+  REQUIRE(view.ok());
+  auto t = gpu::scan(*view);
   REQUIRE_MESSAGE(t.ok(), t.status().to_string());
   auto s = classify(*t);
   REQUIRE(s.ok());
   CHECK(s->kind == StructureKind::causal);
   CHECK_FALSE(s->has_kv_valid());
   // Far past 2^32: the last row, a key in the middle.
-  auto flipped = gpu::scan_device_causal(L, L - 1, L / 2);
+  set_element(d, L, L - 1, L / 2, 0);
+  auto flipped = gpu::scan(*view);
   REQUIRE(flipped.ok());
   auto f = classify(*flipped);
   REQUIRE(f.ok());
   CHECK(f->kind == StructureKind::arbitrary);
-  CHECK(flipped->rows[L - 1].count == L - 1);
+  CHECK(flipped->rows[static_cast<std::size_t>(L - 1)].count == L - 1);
+  set_element(d, L, L - 1, L / 2, 1);
   // A future key in the first row.
-  auto future = gpu::scan_device_causal(L, 0, L - 1);
-  REQUIRE(future.ok());
-  auto g = classify(*future);
+  set_element(d, L, 0, L - 1, 1);
+  auto g = gpu::inspect(*view);
   REQUIRE(g.ok());
   CHECK(g->kind != StructureKind::causal);
 }

@@ -4,6 +4,7 @@
 //   masklens make KIND --shape B,H,Q,K [params] -o FILE.npy
 //   masklens samples DIR            writes a sample mask of every structure and inspects each
 #include <CLI/CLI.hpp>
+#include <masklens/cuda/scan.hpp>
 #include <masklens/json.hpp>
 #include <masklens/masklens.hpp>
 
@@ -16,7 +17,6 @@
 #include <vector>
 
 #include "call_code.hpp"
-#include "gpu_scan.hpp"
 #include "npy.hpp"
 #include "png.hpp"
 
@@ -191,7 +191,7 @@ int inspect_file(const std::string& path, const std::string& mask_dtype, const s
   const MaskView& view = file->view;
   Result<SpanTable> spans = error(ErrorCode::invalid_argument, "--device must be cpu or cuda, got " + device);
   if (device == "cpu") spans = scan(view, ScanOptions{0});
-  else if (device == "cuda") spans = cli::scan_on_gpu(view);
+  else if (device == "cuda") spans = gpu::scan_host_mask(view);
   if (!spans) return fail(spans.status());
   auto verdict = classify(*spans);
   if (!verdict) return fail(verdict.status());

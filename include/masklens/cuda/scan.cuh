@@ -1,15 +1,14 @@
-// masklens::gpu — the device scanner: MaskView (device memory) -> RowSpans in one pass
-// at memory bandwidth. Same result as the host scanner (scan.hpp) for every element
-// type, polarity, shape and stride the view accepts; the classification rules stay in
-// classify.hpp. CUB conventions: a two-phase call (null temp storage -> bytes needed,
-// then run), the stream last, every CUDA call checked, no synchronisation inside.
+// masklens::gpu — the device scanner's kernels: MaskView (device memory) -> RowSpans in
+// one pass at memory bandwidth. Same result as the host scanner (scan.hpp) for every
+// element type, polarity, shape and stride the view accepts; the classification rules
+// stay in classify.hpp. nvcc only. The entry points are declared for any compiler in
+// scan.hpp and defined in scan.cu, the one translation unit that launches these.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstddef>
 #include <cstdint>
-#include <string>
 #include <type_traits>
 
 #include <cub/block/block_reduce.cuh>
@@ -19,8 +18,7 @@
 #include "../element.hpp"
 #include "../mask_view.hpp"
 #include "../row_span.hpp"
-#include "../span_table.hpp"
-#include "../status.hpp"
+#include "scan.hpp"
 
 namespace masklens::gpu {
 
@@ -34,10 +32,8 @@ struct ScanParams {
   std::int64_t q_len;
   std::int64_t k_len;
   std::int64_t rows;  // distinct slices x q_len
-  ElementType dtype;
-  Polarity polarity;
-  float masked_threshold;
-  AdditiveBits bits;
+  Polarity polarity;  // 1-byte masks
+  AdditiveBits bits;  // 2- and 4-byte masks: the threshold and specials as bit patterns
 };
 
 struct MergeSpans {
@@ -248,128 +244,54 @@ __global__ void __launch_bounds__(256) scan_rows_warp(ScanParams s, RowSpan* out
   }
 }
 
-inline Status check(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return {};
-  return error(ErrorCode::device_error, std::string(what) + ": " + cudaGetErrorString(e));
-}
-
-}  // namespace detail
-
-// RowSpans the output must hold for `view`: one per row of each distinct slice, laid
-// out as SpanTable::rows (stride-0 batch / head dimensions are scanned once).
-inline std::int64_t span_rows(const MaskView& view) noexcept {
-  const std::int64_t slices = (view.stride(kBatch) == 0 ? 1 : view.batch()) *
-                              (view.stride(kHeads) == 0 ? 1 : view.heads());
-  return slices * view.q_len();
-}
-
-// Scans a view of device memory into d_rows (span_rows(view) RowSpans, device memory)
-// on `stream`. Two-phase: with d_temp_storage == nullptr only temp_storage_bytes is
-// set. No temporary storage is needed today; the call asks for 1 byte (CUB's habit)
-// so that a null pointer always means "size query". Never synchronises.
-inline Status scan_spans(void* d_temp_storage, std::size_t& temp_storage_bytes, const MaskView& view,
-                         RowSpan* d_rows, cudaStream_t stream = nullptr) {
-  if (d_temp_storage == nullptr) {
-    temp_storage_bytes = 1;
-    return {};
-  }
-  if (view.data() == nullptr) return error(ErrorCode::invalid_argument, "view is empty (data is null)");
-  if (d_rows == nullptr) return error(ErrorCode::invalid_argument, "d_rows is null");
-  if (reinterpret_cast<std::uintptr_t>(d_rows) % alignof(RowSpan) != 0)
-    return error(ErrorCode::misaligned_pointer, "d_rows is not aligned to RowSpan");
-  detail::ScanParams s{};
+// The kernel's parameters for a view (validated by MaskView::make): byte strides, the
+// distinct slices only, the additive threshold as bits computed by the host's decoders.
+inline ScanParams scan_params(const MaskView& view) noexcept {
+  ScanParams s{};
   s.data = static_cast<const std::uint8_t*>(view.data());
   for (int d = 0; d < kMaxDims; ++d) s.stride_bytes[d] = view.stride(d) * element_size(view.dtype());
   s.distinct_heads = view.stride(kHeads) == 0 ? 1 : view.heads();
   s.q_len = view.q_len();
   s.k_len = view.k_len();
   s.rows = span_rows(view);
-  s.dtype = view.dtype();
   s.polarity = view.encoding().polarity;
-  s.masked_threshold = view.encoding().masked_threshold;
   s.bits = additive_bits(view.dtype(), view.encoding().masked_threshold);
+  return s;
+}
 
+// Enqueues the scan of `view` (device memory, validated by MaskView::make) into d_rows
+// on `stream` and returns the launch's own status. cudaLaunchKernelEx returns it
+// directly, so the caller's "last error" is neither read (a stale error of theirs is
+// not taken for ours, as cudaPeekAtLastError after <<<>>> would) nor cleared (as
+// cudaGetLastError would).
+inline cudaError_t launch_scan(const MaskView& view, RowSpan* d_rows, cudaStream_t stream) {
+  const ScanParams s = scan_params(view);
+  const std::int64_t esize = element_size(view.dtype());
+  // A block per row from 2 KiB, a warp per shorter row: enough threads to keep 16-byte
+  // loads in flight without idling on short rows.
+  const bool long_rows = view.k_len() * esize >= 2048;
   // Enough blocks to fill the device several times over; rows beyond loop.
   constexpr std::int64_t kMaxGrid = 1 << 20;
-  const bool long_rows = view.k_len() * element_size(view.dtype()) >= 2048;
-  const auto launch = [&](auto esize) {
-    constexpr int kEsize = decltype(esize)::value;
+  cudaLaunchConfig_t config{};
+  config.blockDim = dim3(256);
+  config.stream = stream;
+  const auto launch = [&](auto esize_constant) -> cudaError_t {
+    constexpr int kEsize = decltype(esize_constant)::value;
     if (long_rows) {
-      const auto grid = static_cast<unsigned>(s.rows < kMaxGrid ? s.rows : kMaxGrid);
-      detail::scan_rows_block<256, kEsize><<<grid, 256, 0, stream>>>(s, d_rows);
-    } else {
-      const std::int64_t blocks = (s.rows + 7) / 8;
-      const auto grid = static_cast<unsigned>(blocks < kMaxGrid ? blocks : kMaxGrid);
-      detail::scan_rows_warp<kEsize><<<grid, 256, 0, stream>>>(s, d_rows);
+      config.gridDim = dim3(static_cast<unsigned>(s.rows < kMaxGrid ? s.rows : kMaxGrid));
+      return cudaLaunchKernelEx(&config, scan_rows_block<256, kEsize>, s, d_rows);
     }
+    const std::int64_t blocks = (s.rows + 7) / 8;
+    config.gridDim = dim3(static_cast<unsigned>(blocks < kMaxGrid ? blocks : kMaxGrid));
+    return cudaLaunchKernelEx(&config, scan_rows_warp<kEsize>, s, d_rows);
   };
-  switch (element_size(view.dtype())) {
-    case 1: launch(std::integral_constant<int, 1>{}); break;
-    case 2: launch(std::integral_constant<int, 2>{}); break;
-    default: launch(std::integral_constant<int, 4>{}); break;
+  switch (esize) {
+    case 1: return launch(std::integral_constant<int, 1>{});
+    case 2: return launch(std::integral_constant<int, 2>{});
+    default: return launch(std::integral_constant<int, 4>{});
   }
-  return detail::check(cudaGetLastError(), "launching the scan kernel");
 }
 
-// Convenience for callers that want the SpanTable on the host: allocates on the stream,
-// scans, copies the O(rows) table back, and synchronises the stream once.
-inline Result<SpanTable> scan(const MaskView& device_view, cudaStream_t stream = nullptr) {
-  Result<SpanTable> made = SpanTable::for_view(device_view);
-  if (!made) return made.status();
-  SpanTable& table = made.value();
-  const std::size_t bytes = table.rows.size() * sizeof(RowSpan);
-  std::size_t temp_bytes = 0;
-  if (Status st = scan_spans(nullptr, temp_bytes, device_view, nullptr, stream); !st.ok()) return st;
-  void* temp = nullptr;
-  RowSpan* d_rows = nullptr;
-  if (Status st = detail::check(cudaMallocAsync(&temp, temp_bytes, stream), "allocating temp storage"); !st.ok())
-    return st;
-  Status st = detail::check(cudaMallocAsync(reinterpret_cast<void**>(&d_rows), bytes, stream), "allocating spans");
-  if (st.ok()) st = scan_spans(temp, temp_bytes, device_view, d_rows, stream);
-  if (st.ok())
-    st = detail::check(cudaMemcpyAsync(table.rows.data(), d_rows, bytes, cudaMemcpyDeviceToHost, stream),
-                       "copying spans to the host");
-  if (d_rows) (void)cudaFreeAsync(d_rows, stream);
-  (void)cudaFreeAsync(temp, stream);
-  const Status synced = detail::check(cudaStreamSynchronize(stream), "synchronising the stream");
-  if (!st.ok()) return st;
-  if (!synced.ok()) return synced;
-  for (std::size_t r = 0; r < table.rows.size(); ++r)
-    if (table.rows[r].flags & kRowInvalid) {
-      const auto slice = static_cast<std::int64_t>(r) / table.q_len;
-      return error(ErrorCode::invalid_value,
-                   "mask row [" + std::to_string(slice / table.distinct_heads) + ", " +
-                       std::to_string(slice % table.distinct_heads) + ", " +
-                       std::to_string(static_cast<std::int64_t>(r) % table.q_len) +
-                       "] holds NaN or +inf; an additive mask holds 0, a bias, or -inf / a value <= the threshold");
-    }
-  return made;
-}
-
-// Scans a mask held in host memory on the GPU: copies the bytes the view spans to the
-// device (offset_bytes past an aligned allocation, a multiple of the element size),
-// scans the same view there, synchronises once, frees.
-inline Result<SpanTable> scan_host_mask(const MaskView& host_view, std::int64_t offset_bytes = 0,
-                                        cudaStream_t stream = nullptr) {
-  if (host_view.data() == nullptr) return error(ErrorCode::invalid_argument, "view is empty (data is null)");
-  if (offset_bytes < 0 || offset_bytes % element_size(host_view.dtype()) != 0)
-    return error(ErrorCode::misaligned_pointer, "offset_bytes must be a non-negative multiple of the element size");
-  const auto bytes = static_cast<std::size_t>(host_view.extent_bytes());
-  std::uint8_t* base = nullptr;
-  if (Status st = detail::check(cudaMalloc(&base, bytes + static_cast<std::size_t>(offset_bytes)), "allocating the mask");
-      !st.ok())
-    return st;
-  const Status copied = detail::check(
-      cudaMemcpyAsync(base + offset_bytes, host_view.data(), bytes, cudaMemcpyHostToDevice, stream),
-      "copying the mask to the device");
-  auto view = MaskView::make(base + offset_bytes, host_view.dtype(), host_view.shape(), host_view.strides(),
-                             host_view.encoding());
-  Result<SpanTable> out = !copied.ok() ? Result<SpanTable>(copied)
-                          : view       ? scan(*view, stream)
-                                       : Result<SpanTable>(view.status());
-  (void)cudaStreamSynchronize(stream);
-  (void)cudaFree(base);
-  return out;
-}
+}  // namespace detail
 
 }  // namespace masklens::gpu

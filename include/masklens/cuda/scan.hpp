@@ -1,0 +1,77 @@
+// masklens::gpu — the device scanner's entry points, declared for any C++20 compiler:
+// a g++ or clang translation unit (a framework's C++, a Python binding) includes this
+// header and needs neither nvcc nor the CUDA headers. The kernels are in scan.cuh; the
+// definitions are compiled once, with nvcc, from scan.cu (Meson: masklens_cuda_dep).
+// Where no CUDA is built, scan_none.cpp defines the same functions and each returns
+// device_error "masklens was built without CUDA", so callers compile either way.
+//
+// CUB conventions: two-phase temporary storage, the stream last, every CUDA call
+// checked and returned as a Status naming the call. scan_spans() never synchronises;
+// the convenience calls (scan, scan_host_mask, inspect) synchronise their stream once.
+// None reads or clears the CUDA "last error", which belongs to the caller.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "../classify.hpp"
+#include "../mask_view.hpp"
+#include "../row_span.hpp"
+#include "../span_table.hpp"
+#include "../status.hpp"
+#include "../structure.hpp"
+
+// cudaStream_t is `CUstream_st*` (driver_types.h). Declaring the struct lets this header
+// name a stream without cuda_runtime.h, and a caller's cudaStream_t passes unchanged.
+struct CUstream_st;
+
+namespace masklens::gpu {
+
+using Stream = CUstream_st*;  // nullptr: the legacy default stream
+
+// False in a build without CUDA (scan_none.cpp), where every call below returns
+// device_error.
+[[nodiscard]] bool built_with_cuda() noexcept;
+
+// How many CUDA devices this process sees; device_error naming cudaGetDeviceCount when
+// none can be used (no driver, no device) or when built without CUDA.
+[[nodiscard]] Result<int> device_count();
+
+// RowSpans the output must hold for `view`: one per row of each distinct slice, laid
+// out as SpanTable::rows (stride-0 batch / head dimensions are scanned once).
+[[nodiscard]] inline std::int64_t span_rows(const MaskView& view) noexcept {
+  const std::int64_t slices = (view.stride(kBatch) == 0 ? 1 : view.batch()) *
+                              (view.stride(kHeads) == 0 ? 1 : view.heads());
+  return slices * view.q_len();
+}
+
+// Scans a view of device memory into d_rows (span_rows(view) RowSpans, device memory)
+// on `stream`. Two-phase: with d_temp_storage == nullptr only temp_storage_bytes is
+// set (no CUDA call is made). No temporary storage is needed today; the call asks for
+// 1 byte (CUB's habit) so that a null pointer always means "size query". Enqueues the
+// kernel and returns: the spans are in d_rows once the stream reaches that point. A row
+// holding NaN / +inf carries kRowInvalid (row_span.hpp), for the caller to reject.
+[[nodiscard]] Status scan_spans(void* d_temp_storage, std::size_t& temp_storage_bytes, const MaskView& device_view,
+                                RowSpan* d_rows, Stream stream = nullptr);
+
+// The SpanTable of a view of device memory, on the host: allocates on the stream
+// (cudaMallocAsync), scans, copies the O(rows) table back, frees, synchronises the
+// stream once. A row holding NaN / +inf is invalid_value naming the row.
+[[nodiscard]] Result<SpanTable> scan(const MaskView& device_view, Stream stream = nullptr);
+
+// Scans a mask held in host memory on the GPU: copies the bytes the view spans to the
+// device, `offset_bytes` past a 256-byte boundary (a multiple of the element size; the
+// tests use it to exercise unaligned rows), scans the same view there, synchronises
+// once, frees. A NaN / +inf is invalid_value naming the element, as the host scanner
+// says it.
+[[nodiscard]] Result<SpanTable> scan_host_mask(const MaskView& host_view, std::int64_t offset_bytes = 0,
+                                               Stream stream = nullptr);
+
+// A view of device memory to its structure in one call: scan() then classify().
+[[nodiscard]] inline Result<MaskStructure> inspect(const MaskView& device_view, Stream stream = nullptr) {
+  Result<SpanTable> table = scan(device_view, stream);
+  if (!table) return table.status();
+  return classify(*table);
+}
+
+}  // namespace masklens::gpu

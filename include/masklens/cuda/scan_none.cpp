@@ -1,0 +1,35 @@
+// The device scanner's entry points (scan.hpp) in a build without CUDA: the same
+// functions, each a clear device_error, so a program that offers a GPU scan compiles
+// and links either way and says why it cannot scan there. Meson builds this file into
+// masklens_cuda_dep when nvcc is not found or -Dcuda=disabled.
+#include "scan.hpp"
+
+namespace masklens::gpu {
+
+namespace {
+
+Status without_cuda() {
+  return error(ErrorCode::device_error,
+               "masklens was built without CUDA (configure with -Dcuda=enabled where nvcc is found)");
+}
+
+}  // namespace
+
+bool built_with_cuda() noexcept { return false; }
+
+Result<int> device_count() { return without_cuda(); }
+
+Status scan_spans(void* d_temp_storage, std::size_t& temp_storage_bytes, const MaskView&, RowSpan*, Stream) {
+  // The size query needs no device, as in the CUDA build.
+  if (d_temp_storage == nullptr) {
+    temp_storage_bytes = 1;
+    return {};
+  }
+  return without_cuda();
+}
+
+Result<SpanTable> scan(const MaskView&, Stream) { return without_cuda(); }
+
+Result<SpanTable> scan_host_mask(const MaskView&, std::int64_t, Stream) { return without_cuda(); }
+
+}  // namespace masklens::gpu
