@@ -69,13 +69,14 @@ int main() {
   if (good) {
     auto verdict = masklens::classify(*table);
     masklens::AttentionCall call;
-    call.available = masklens::kFamilyTorch | masklens::kFamilyFlashAttn;
-    call.flash_attn = masklens::version(2, 8, 3);
-    auto policy = verdict ? masklens::decide(*verdict, call) : masklens::Result<masklens::Policy>(verdict.status());
+    masklens::Environment env;  // an H200 with torch 2.11 and flash-attn 2.8.3
+    env.available = masklens::kFamilyTorch | masklens::kFamilyFlashAttn;
+    env.flash_attn = masklens::version(2, 8, 3);
+    auto policy = verdict ? masklens::decide(*verdict, call, env) : masklens::Result<masklens::Policy>(verdict.status());
     good = ok(policy.status(), "classify / decide");
     if (good) {
       std::printf("structure: %s\nbackend:   %s\n", masklens::describe(*verdict).c_str(),
-                  std::string(masklens::to_string(policy->backend)).c_str());
+                  std::string(masklens::to_string(policy->backend())).c_str());
       sliding = verdict->kind == masklens::StructureKind::sliding_window && verdict->window == W;
     }
   }
