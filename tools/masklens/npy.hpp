@@ -213,8 +213,8 @@ inline Status read_exactly(int fd, std::uint8_t* into, std::size_t size, std::ui
     if (got < 0 && errno == EINTR) continue;
     if (got < 0) return error(ErrorCode::io_error, "cannot read " + what + ": " + std::strerror(errno));
     if (got == 0)
-      return error(ErrorCode::parse_error, what + " ends at byte " + std::to_string(offset + done) + " of " +
-                                               std::to_string(offset + size) + ": the file shrank while being read");
+      return error(ErrorCode::parse_error,
+                   what + " ends at byte " + std::to_string(offset + done) + ": the file shrank while being read");
     done += static_cast<std::size_t>(got);
   }
   return {};
@@ -285,14 +285,14 @@ class File {
     // fstat could say it is not a regular file. Regular files ignore the flag.
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) return error(ErrorCode::io_error, "cannot open " + path + ": " + std::strerror(errno));
-    auto f = read_from(fd, path, two_byte_as, encoding);
+    auto f = read_from(fd, two_byte_as, encoding);
     ::close(fd);
     if (!f) return error(f.status().code(), path + ": " + f.status().message());
     return f;
   }
 
  private:
-  static Result<File> read_from(int fd, const std::string& path, std::optional<ElementType> two_byte_as,
+  static Result<File> read_from(int fd, std::optional<ElementType> two_byte_as,
                                 MaskEncoding encoding) {
     struct stat st {};
     if (fstat(fd, &st) != 0) return error(ErrorCode::io_error, std::string("cannot stat: ") + std::strerror(errno));
@@ -302,17 +302,17 @@ class File {
     // The fixed prefix first: it says how long the header is.
     std::uint8_t prefix[12] = {};
     const auto prefix_size = static_cast<std::size_t>(std::min<std::uint64_t>(file_size, sizeof prefix));
-    if (Status s = read_exactly(fd, prefix, prefix_size, 0, path); !s.ok()) return s;
+    if (Status s = read_exactly(fd, prefix, prefix_size, 0, "the header"); !s.ok()) return s;
     auto data_start = data_offset(prefix, prefix_size);
     if (!data_start) return data_start.status();
     if (*data_start > file_size) return error(ErrorCode::parse_error, "truncated header");
     std::vector<std::uint8_t> head(*data_start);
-    if (Status s = read_exactly(fd, head.data(), head.size(), 0, path); !s.ok()) return s;
+    if (Status s = read_exactly(fd, head.data(), head.size(), 0, "the header"); !s.ok()) return s;
     auto header = parse_header(head.data(), head.size(), file_size, two_byte_as);
     if (!header) return header.status();
     auto data = Buffer::allocate(header->data_bytes);
     if (!data) return data.status();
-    if (Status s = read_exactly_parallel(fd, data->data(), header->data_bytes, header->data_start, "its data"); !s.ok()) return s;
+    if (Status s = read_exactly_parallel(fd, data->data(), header->data_bytes, header->data_start, "the data"); !s.ok()) return s;
     File f;
     f.data_ = std::move(*data);
     if (Status s = f.adopt(*header, f.data_.data(), encoding); !s.ok()) return s;
