@@ -161,6 +161,9 @@ with tempfile.TemporaryDirectory() as tmp:
         ("no shape", "{'descr': '|b1', 'fortran_order': False, }", b"", "no 'shape'"),
         ("fortran junk", "{'descr': '|b1', 'fortran_order': Maybe, 'shape': (2, 2), }", b"\1" * 4, "neither True nor False"),
         ("truncated header", None, b"\x93NUMPY\x01\x00\xff\x00{'descr'", "truncated header"),
+        ("long header", "{'descr': '|b1', 'fortran_order': False, 'shape': (2, 2), }" + " " * (1 << 21), b"\1" * 4,
+         "longer than 1 MiB"),
+        ("long header claimed", None, b"\x93NUMPY\x02\x00\xff\xff\xff\x7f{'descr'", "longer than 1 MiB"),
     ]
     for name, header, data, message in bad:
         path = os.path.join(tmp, f"bad_{name.replace(' ', '_')}.npy")
@@ -168,7 +171,7 @@ with tempfile.TemporaryDirectory() as tmp:
             with open(path, "wb") as f:
                 f.write(data)
         else:
-            write_npy(path, header, data, version=7 if name == "version" else 1)
+            write_npy(path, header, data, version={"version": 7, "long header": 2}.get(name, 1))
         p = run("inspect", path, ok=False)
         check(p.returncode not in (0,) and p.returncode < 128, f"bad {name}: exit {p.returncode}")
         check(message in p.stderr, f"bad {name}: stderr {p.stderr.strip()!r} lacks {message!r}")
