@@ -361,7 +361,9 @@ with tempfile.TemporaryDirectory() as tmp:
           f"bad structure file names the file: {p.stderr!r}")
     p = bad_argument(["policy", "--structure", '{"kind": "diagonal"}', "--shape", "1,1,8,8"], "--structure", "bad inline kind")
     bad_argument(["policy", "--structure", "{", "--shape", "1,1,8,8"], "--structure", "inline structure not JSON")
-    bad_argument(["policy", "--structure", "[" * 100000, "--shape", "1,1,8,8"], "--structure", "deeply nested JSON")
+    p = bad_argument(["policy", "--structure", "[" * 60000 + "]" * 60000, "--shape", "1,1,8,8"], "--structure",
+                     "deeply nested JSON")
+    check("nested deeper than 16 levels" in p.stderr, f"deeply nested JSON: {p.stderr!r}")
 
     # --- .npy files that are not regular files or change while read. ---
     fifo = os.path.join(tmp, "mask.fifo")
