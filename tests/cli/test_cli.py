@@ -267,6 +267,9 @@ with tempfile.TemporaryDirectory() as tmp:
     bad_argument(["inspect", small_mask, "--mask-dtype", "fp8"], "--mask-dtype", "inspect --mask-dtype fp8")
     bad_argument(["inspect", small_mask, "--masked-threshold", "5"], "--masked-threshold", "positive threshold")
     bad_argument(["inspect", small_mask, "--masked-threshold", "nan"], "--masked-threshold", "NaN threshold")
+    p = run("inspect", small_mask, "--png", os.path.join(tmp, "no", "such", "dir.png"), ok=False)
+    check(p.returncode == 1 and "cannot write" in p.stderr and "No such file" in p.stderr and p.stdout == "",
+          f"--png into a missing folder: exit {p.returncode} {p.stderr!r}")
     out = os.path.join(tmp, "make_bad.npy")
     make_bad = [
         (["diagonal"], "KIND"),
