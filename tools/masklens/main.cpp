@@ -1,6 +1,6 @@
 // masklens — inspect and explain attention masks.
 //   masklens inspect MASK.npy [--json] [call options] [--mask-dtype bf16] [--png FILE] [--device cpu|cuda]
-//   masklens policy --structure JSON|@FILE --shape B,H,Q,K [--json] [call options]
+//   masklens policy --structure JSON|@FILE|@- --shape B,H,Q,K [--json] [call options]
 //   masklens make KIND --shape B,H,Q,K [params] -o FILE.npy
 //   masklens samples DIR            writes a sample mask of every structure and inspects each
 //   masklens --version

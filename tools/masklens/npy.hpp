@@ -7,8 +7,9 @@
 // a mapped file that another process truncates raises SIGBUS in whichever scanner
 // thread touches the lost pages, and no handler can turn that into an error without
 // undefined behaviour. A read that comes up short is an ordinary error, and once read
-// the mask cannot change under the scanner. The copy lands in huge pages where the
-// kernel offers them, so a 1 GiB mask is read at page-cache bandwidth (docs/cli.md).
+// the mask cannot change under the scanner. The price is one copy, read by several
+// threads (docs/cli.md has what it costs). No MADV_HUGEPAGE on the copy: where the
+// kernel compacts memory for it on demand, a fragmented machine stalled for seconds.
 #pragma once
 
 #include <fcntl.h>
