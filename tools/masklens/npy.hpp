@@ -5,8 +5,9 @@
 //
 // The reader copies the data into memory it owns (pread) instead of mapping the file:
 // a mapped file that another process truncates raises SIGBUS in whichever scanner
-// thread touches the lost pages, and no handler can turn that into an error without
-// undefined behaviour. A read that comes up short is an ordinary error, and once read
+// thread touches the lost pages, and a handler could only recover by remapping the page
+// (mmap is not async-signal-safe) or by longjmp out of library frames on a thread the
+// CLI does not own, both undefined behaviour. A read that comes up short is an ordinary error, and once read
 // the mask cannot change under the scanner. The price is one copy, read by several
 // threads (docs/cli.md has what it costs). No MADV_HUGEPAGE on the copy: where the
 // kernel compacts memory for it on demand, a fragmented machine stalled for seconds.
