@@ -1,4 +1,5 @@
 // libFuzzer: the .npy reader never crashes; what it accepts scans and classifies.
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -8,8 +9,16 @@
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   std::vector<std::uint64_t> aligned(size / 8 + 1);
   std::memcpy(aligned.data(), data, size);
-  auto file = masklens::npy::File::parse(reinterpret_cast<const std::uint8_t*>(aligned.data()), size,
-                                         masklens::ElementType::bfloat16);
+  const auto* bytes = reinterpret_cast<const std::uint8_t*>(aligned.data());
+
+  // File::open's path: the prefix says how long the header is, then the header alone is
+  // parsed against the file's size (the data is never in the buffer the header sits in).
+  if (auto data_start = masklens::npy::data_offset(bytes, std::min<std::size_t>(size, 12)); data_start && *data_start <= size) {
+    const std::vector<std::uint8_t> header(bytes, bytes + *data_start);
+    (void)masklens::npy::parse_header(header.data(), header.size(), size, masklens::ElementType::bfloat16);
+  }
+
+  auto file = masklens::npy::File::parse(bytes, size, masklens::ElementType::bfloat16);
   if (!file) return 0;
   // Keep the work bounded: the reader has already checked the size against the data.
   const auto& v = file->view;

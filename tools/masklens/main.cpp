@@ -1,19 +1,34 @@
 // masklens — inspect and explain attention masks.
 //   masklens inspect MASK.npy [--json] [call options] [--mask-dtype bf16] [--png FILE] [--device cpu|cuda]
-//   masklens policy --structure JSON|@FILE --shape B,H,Q,K [--json] [call options]
+//   masklens policy --structure JSON|@FILE|@- --shape B,H,Q,K [--json] [call options]
 //   masklens make KIND --shape B,H,Q,K [params] -o FILE.npy
 //   masklens samples DIR            writes a sample mask of every structure and inspects each
+//   masklens --version
+// Every bad argument is one line on stderr naming the option and exit status 2; a bad
+// input (a mask, a structure file) or a resource that runs out is exit status 1
+// (docs/cli.md, docs/errors.md).
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
 #include <masklens/cuda/scan.hpp>
 #include <masklens/json.hpp>
 #include <masklens/masklens.hpp>
 
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <string>
+#include <string_view>
+#include <tuple>
 #include <vector>
 
 #include "call_code.hpp"
@@ -26,7 +41,8 @@ namespace {
 
 struct CallOptions {
   std::string dtype = "bf16";
-  std::int64_t head_dim = 128, head_dim_v = 0, heads = 16, kv_heads = 0;
+  std::int64_t head_dim = 128, heads = 16;
+  std::optional<std::int64_t> head_dim_v, kv_heads;  // unset: the head dim, the heads
   bool training = false, deterministic = false;
   double dropout = 0;
   int sm = 90;
@@ -36,12 +52,69 @@ struct CallOptions {
               cudnn_frontend = "1.16";
 };
 
+// A number as the user would write it (1, 0.5, nan), not std::to_string's 1.000000.
+std::string format_number(double v) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%g", v);
+  return text;
+}
+
+// Checks every call option at the command line, so a bad one fails naming the option
+// before anything is read or printed. Self-contained over CallOptions: it does not
+// depend on how the library shapes the call built from them.
+Status validate_call_options(const CallOptions& o) {
+  const auto bad = [](const std::string& message) { return error(ErrorCode::invalid_argument, message); };
+  if (o.dtype != "bf16" && o.dtype != "bfloat16" && o.dtype != "fp16" && o.dtype != "float16" && o.dtype != "fp32" &&
+      o.dtype != "float32")
+    return bad("--dtype must be bf16, fp16 or fp32, got '" + o.dtype + "'");
+  if (o.head_dim < 1) return bad("--head-dim must be >= 1, got " + std::to_string(o.head_dim));
+  if (o.head_dim_v && *o.head_dim_v < 1) return bad("--head-dim-v must be >= 1, got " + std::to_string(*o.head_dim_v));
+  if (o.heads < 1) return bad("--heads must be >= 1, got " + std::to_string(o.heads));
+  if (o.kv_heads && *o.kv_heads < 1) return bad("--kv-heads must be >= 1, got " + std::to_string(*o.kv_heads));
+  if (o.kv_heads && o.heads % *o.kv_heads != 0)
+    return bad("--kv-heads must divide --heads (" + std::to_string(o.heads) + "), got " + std::to_string(*o.kv_heads));
+  if (!(o.dropout >= 0.0 && o.dropout < 1.0))  // written so that NaN fails too
+    return bad("--dropout must be in [0, 1), got " + format_number(o.dropout));
+  // Compute capabilities run from 3.0 (Kepler) to 12.x (Blackwell); a value outside is
+  // a typo, not a GPU the rules could judge.
+  if (o.sm < 30 || o.sm > 129)
+    return bad("--sm must be a compute capability major*10+minor from 30 to 129 (80 = A100, 90 = H100), got " +
+               std::to_string(o.sm));
+  const std::pair<const char*, const std::string*> versions[] = {
+      {"--torch", &o.torch},
+      {"--cudnn", &o.cudnn},
+      {"--flash-attn-version", &o.flash_attn},
+      {"--flash-attn3-version", &o.flash_attn3},
+      {"--xformers-version", &o.xformers},
+      {"--te-version", &o.te},
+      {"--flashinfer-version", &o.flashinfer},
+      {"--cudnn-frontend-version", &o.cudnn_frontend}};
+  for (const auto& [option, text] : versions)
+    if (auto v = Version::parse(*text); !v) return bad(std::string(option) + ": " + v.status().message());
+  static constexpr std::string_view kFamilies[] = {"torch", "flash_attn", "flash_attn3", "flex", "xformers",
+                                                   "te", "flashinfer", "cudnn_frontend"};
+  // Split by hand: getline would drop a trailing empty name ("torch,").
+  for (std::size_t start = 0;;) {
+    const std::size_t comma = std::min(o.available.find(',', start), o.available.size());
+    const std::string item = o.available.substr(start, comma - start);
+    if (item.empty()) return bad("--available: empty family name in '" + o.available + "'");
+    if (std::find(std::begin(kFamilies), std::end(kFamilies), item) == std::end(kFamilies))
+      return bad("--available: unknown family '" + item +
+                 "' (torch, flash_attn, flash_attn3, flex, xformers, te, flashinfer, cudnn_frontend)");
+    if (comma == o.available.size()) break;
+    start = comma + 1;
+  }
+  return {};
+}
+
 void add_call_options(CLI::App& app, CallOptions& o) {
   app.add_option("--dtype", o.dtype, "q/k/v dtype: bf16, fp16, fp32")->capture_default_str()->group("Call");
   app.add_option("--head-dim", o.head_dim, "head dim of q/k (and v)")->capture_default_str()->group("Call");
-  app.add_option("--head-dim-v", o.head_dim_v, "head dim of v (default: head dim)")->group("Call");
+  app.add_option_function<std::int64_t>("--head-dim-v", [&o](const std::int64_t& v) { o.head_dim_v = v; },
+                                        "head dim of v (default: head dim)")->group("Call");
   app.add_option("--heads", o.heads, "query heads")->capture_default_str()->group("Call");
-  app.add_option("--kv-heads", o.kv_heads, "key/value heads (default: heads)")->group("Call");
+  app.add_option_function<std::int64_t>("--kv-heads", [&o](const std::int64_t& v) { o.kv_heads = v; },
+                                        "key/value heads (default: heads)")->group("Call");
   app.add_flag("--training", o.training, "a backward pass follows")->group("Call");
   app.add_flag("--deterministic", o.deterministic, "torch.use_deterministic_algorithms(True)")->group("Call");
   app.add_option("--dropout", o.dropout, "dropout probability")->capture_default_str()->group("Call");
@@ -68,9 +141,9 @@ Result<CallContext> make_call(const CallOptions& o, std::optional<ElementType> m
   else if (o.dtype == "fp32" || o.dtype == "float32") c.dtype = DType::float32;
   else return error(ErrorCode::invalid_argument, "--dtype must be bf16, fp16 or fp32, got " + o.dtype);
   c.head_dim = o.head_dim;
-  c.head_dim_v = o.head_dim_v;
+  c.head_dim_v = o.head_dim_v.value_or(0);
   c.heads = o.heads;
-  c.kv_heads = o.kv_heads;
+  c.kv_heads = o.kv_heads.value_or(0);
   c.training = o.training;
   c.deterministic = o.deterministic;
   c.dropout = o.dropout;
@@ -161,6 +234,8 @@ int fail(const Status& s) {
   return s.code() == ErrorCode::invalid_argument ? 2 : 1;
 }
 
+int bad_argument(const std::string& message) { return fail(error(ErrorCode::invalid_argument, message)); }
+
 Result<std::vector<std::int64_t>> parse_shape(const std::string& text) {
   std::vector<std::int64_t> shape;
   std::stringstream in(text);
@@ -174,8 +249,20 @@ Result<std::vector<std::int64_t>> parse_shape(const std::string& text) {
       return error(ErrorCode::invalid_argument, "--shape wants B,H,Q,K with integers >= 1, got '" + text + "'");
     }
   }
-  if (shape.size() != 4) return error(ErrorCode::invalid_argument, "--shape wants four numbers B,H,Q,K, got '" + text + "'");
+  if (shape.size() != 4 || text.back() == ',')
+    return error(ErrorCode::invalid_argument, "--shape wants four numbers B,H,Q,K, got '" + text + "'");
   return shape;
+}
+
+// inspect's own options, checked before the mask is read.
+Status validate_inspect_options(const std::string& mask_dtype, const std::string& device, double threshold) {
+  if (!mask_dtype.empty() && mask_dtype != "bf16" && mask_dtype != "fp16")
+    return error(ErrorCode::invalid_argument, "--mask-dtype must be bf16 or fp16, got '" + mask_dtype + "'");
+  if (device != "cpu" && device != "cuda")
+    return error(ErrorCode::invalid_argument, "--device must be cpu or cuda, got '" + device + "'");
+  if (!(std::isfinite(threshold) && threshold < 0))
+    return error(ErrorCode::invalid_argument, "--masked-threshold must be finite and negative, got " + format_number(threshold));
+  return {};
 }
 
 int inspect_file(const std::string& path, const std::string& mask_dtype, const std::string& png, const std::string& device,
@@ -216,67 +303,197 @@ int inspect_file(const std::string& path, const std::string& mask_dtype, const s
   return 0;
 }
 
+// A structure is a few kilobytes even with per-batch lists for a large batch; reading
+// more than this from @FILE (or stdin) means the file is something else (/dev/zero, a
+// mask), so the read stops instead of filling memory.
+constexpr std::size_t kMaxStructureBytes = std::size_t{64} << 20;
+
+// The text of --structure @FILE (@- is stdin), at most kMaxStructureBytes. Pipes and
+// process substitution (@<(jq ...)) are read like files, under the same cap.
+Result<std::string> read_structure_file(const std::string& name) {
+  const bool from_stdin = name == "-";
+  const int fd = from_stdin ? STDIN_FILENO : ::open(name.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return error(ErrorCode::io_error, "cannot open " + name + ": " + std::strerror(errno));
+  struct stat st {};
+  const bool directory = fstat(fd, &st) == 0 && S_ISDIR(st.st_mode);
+  std::string text;
+  Status status;
+  if (directory) status = error(ErrorCode::io_error, name + " is a directory");
+  char chunk[1 << 16];
+  while (status.ok()) {
+    const ssize_t got = ::read(fd, chunk, sizeof chunk);
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) status = error(ErrorCode::io_error, "cannot read " + name + ": " + std::strerror(errno));
+    else if (got == 0) break;
+    else if (text.size() + static_cast<std::size_t>(got) > kMaxStructureBytes)
+      status = error(ErrorCode::parse_error, name + " holds more than 64 MiB, which is no structure");
+    else text.append(chunk, static_cast<std::size_t>(got));
+  }
+  if (!from_stdin) ::close(fd);
+  if (!status.ok()) return status;
+  return text;
+}
+
+// A structure JSON nested deeper than this is not one (the deepest, segments, is 3); the
+// parser drops what lies deeper, so "[[[[..." costs no memory per level.
+constexpr int kMaxStructureDepth = 16;
+
+Result<nlohmann::json> parse_structure_json(const std::string& text) {
+  bool too_deep = false;
+  const nlohmann::json::parser_callback_t keep = [&too_deep](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
+    if (depth > kMaxStructureDepth) too_deep = true;
+    return depth <= kMaxStructureDepth;
+  };
+  nlohmann::json j = nlohmann::json::parse(text, keep, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return error(ErrorCode::parse_error, "not valid JSON");
+  if (too_deep) return error(ErrorCode::parse_error, "JSON nested deeper than " + std::to_string(kMaxStructureDepth) + " levels");
+  return j;
+}
+
 // Shape and parameters of `make`.
 struct MakeOptions {
   std::string kind, shape = "1,1,256,256", output, dtype = "bool", alignment = "top_left", segments, kv_valid, blocks;
-  std::int64_t window = 0, chunk = 0, prefix = 0;
+  std::optional<std::int64_t> window, chunk, prefix;
 };
 
+// The library names a structure's fields (structure.kv_valid); for make they are the
+// options that set them.
+std::string with_make_option_names(const std::string& message) {
+  static const std::pair<std::string_view, std::string_view> names[] = {
+      {"structure.kind", "KIND"},          {"structure.alignment", "--alignment"}, {"structure.window", "--window"},
+      {"structure.chunk", "--chunk"},      {"structure.prefix", "--prefix"},       {"structure.blocks", "--blocks"},
+      {"structure.kv_valid", "--kv-valid"}, {"structure.segments", "--segments"}};
+  for (const auto& [field, option] : names)
+    if (message.starts_with(field)) return std::string(option) + message.substr(field.size());
+  return message;
+}
+
+// Every error of make is about its command line: exit status 2, naming the option.
 Result<MaskStructure> structure_from(const MakeOptions& m) {
   auto shape = parse_shape(m.shape);
   if (!shape) return shape.status();
   nlohmann::json j;
   j["kind"] = m.kind;
   j["alignment"] = m.alignment;
-  if (m.window) j["window"] = m.window;
-  if (m.chunk) j["chunk"] = m.chunk;
-  if (m.prefix) j["prefix"] = m.prefix;
-  try {
-    if (!m.blocks.empty()) j["blocks"] = nlohmann::json::parse(m.blocks);
-    if (!m.segments.empty()) j["segments"] = nlohmann::json::parse(m.segments);
-    if (!m.kv_valid.empty()) j["kv_valid"] = nlohmann::json::parse(m.kv_valid);
-  } catch (const nlohmann::json::exception& e) {
-    return error(ErrorCode::parse_error, std::string("--blocks/--segments/--kv-valid want JSON: ") + e.what());
+  if (m.window) j["window"] = *m.window;
+  if (m.chunk) j["chunk"] = *m.chunk;
+  if (m.prefix) j["prefix"] = *m.prefix;
+  for (const auto& [option, text, key] : {std::tuple{"--blocks", &m.blocks, "blocks"},
+                                          {"--segments", &m.segments, "segments"},
+                                          {"--kv-valid", &m.kv_valid, "kv_valid"}}) {
+    if (text->empty()) continue;
+    j[key] = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+    if (j[key].is_discarded()) return error(ErrorCode::invalid_argument, std::string(option) + " wants JSON, got '" + *text + "'");
   }
   const auto& s = *shape;
-  return structure_from_json(j, s[0], s[1], s[2], s[3]);
+  auto structure = structure_from_json(j, s[0], s[1], s[2], s[3]);
+  if (!structure) return error(ErrorCode::invalid_argument, with_make_option_names(structure.status().message()));
+  // A parameter the kind does not use would be silently dropped: say so instead.
+  for (const auto& [given, option, kind] : {std::tuple{m.window.has_value(), "--window", StructureKind::sliding_window},
+                                            {m.chunk.has_value(), "--chunk", StructureKind::chunked},
+                                            {m.prefix.has_value(), "--prefix", StructureKind::prefix_lm},
+                                            {!m.blocks.empty(), "--blocks", StructureKind::causal_blocks}})
+    if (given && structure->kind != kind)
+      return error(ErrorCode::invalid_argument, std::string(option) + " applies to " + std::string(to_string(kind)) +
+                                                    ", not " + m.kind);
+  if (structure->kind == StructureKind::arbitrary)
+    return error(ErrorCode::invalid_argument, "make cannot draw an arbitrary mask");
+  return structure;
 }
 
+// How make stores an element that attends and one that is masked (little-endian).
+struct MakeEncoding {
+  std::string_view descr;
+  std::vector<std::uint8_t> attend, masked;
+};
+
+Result<MakeEncoding> make_encoding(const std::string& dtype) {
+  if (dtype == "bool") return MakeEncoding{"|b1", {1}, {0}};
+  if (dtype == "bf16") return MakeEncoding{"<u2", {0, 0}, {0x7f, 0xff}};               // 0, bf16 lowest (-3.39e38)
+  if (dtype == "fp32") return MakeEncoding{"<f4", {0, 0, 0, 0}, {0, 0, 0x80, 0xff}};  // 0, -inf
+  return error(ErrorCode::invalid_argument, "--mask-dtype for make must be bool, bf16 or fp32, got '" + dtype + "'");
+}
+
+// Refuses up front a mask the output's file system cannot hold, rather than failing
+// after writing gigabytes. A device or pipe (-o /dev/stdout) takes what it takes.
+Status check_room(const std::string& path, std::uint64_t bytes) {
+  struct stat st {};
+  std::uint64_t freed = 0;
+  if (::stat(path.c_str(), &st) == 0) {
+    if (!S_ISREG(st.st_mode)) return {};
+    freed = static_cast<std::uint64_t>(st.st_blocks) * 512;  // overwriting the file frees what it holds
+  }
+  std::string folder = std::filesystem::path(path).parent_path().string();
+  if (folder.empty()) folder = ".";
+  struct statvfs fs {};
+  if (statvfs(folder.c_str(), &fs) != 0) return {};  // the open that follows names what is wrong
+  const std::uint64_t blocks = fs.f_bavail, block = fs.f_frsize ? fs.f_frsize : fs.f_bsize;
+  const std::uint64_t available = blocks > UINT64_MAX / std::max<std::uint64_t>(block, 1) ? UINT64_MAX : blocks * block;
+  if (bytes > available && bytes - available > freed)
+    return error(ErrorCode::io_error, path + " would take " + std::to_string(bytes) + " bytes; its file system has " +
+                                          std::to_string(available) + " free");
+  return {};
+}
+
+// Writes the mask row by row as it is rendered, so memory stays a few blocks whatever
+// the shape; the heads are written out (a real [B, H, Q, K] file), not broadcast.
 Status write_mask(const std::string& path, const MaskStructure& s, const std::string& dtype) {
-  if (s.kind == StructureKind::arbitrary) return error(ErrorCode::invalid_argument, "make cannot draw an arbitrary mask");
-  auto attend = render_dense(s);
-  if (!attend) return attend.status();
-  // [B, Q, K] rendered; heads broadcast by writing them out.
+  auto encoding = make_encoding(dtype);
+  if (!encoding) return encoding.status();
+  const auto esize = static_cast<std::int64_t>(encoding->attend.size());
+  std::int64_t elements = s.batch;
+  for (std::int64_t d : {s.heads, s.q_len, s.k_len, esize}) {
+    if (elements > INT64_MAX / d)
+      return error(ErrorCode::invalid_argument, "--shape: the mask would take more than 2^63 bytes");
+    elements *= d;
+  }
+  const auto bytes = static_cast<std::uint64_t>(elements);
+  if (Status room = check_room(path, bytes); !room.ok()) return room;
   const std::vector<std::int64_t> shape{s.batch, s.heads, s.q_len, s.k_len};
-  const std::size_t slice = static_cast<std::size_t>(s.q_len * s.k_len);
-  std::vector<std::uint8_t> bytes;
-  const auto emit = [&](auto value_of, std::size_t esize) {
-    bytes.resize(static_cast<std::size_t>(s.batch * s.heads) * slice * esize);
-    std::uint8_t* out = bytes.data();
-    for (std::int64_t b = 0; b < s.batch; ++b)
-      for (std::int64_t h = 0; h < s.heads; ++h)
-        for (std::size_t i = 0; i < slice; ++i, out += esize) value_of((*attend)[static_cast<std::size_t>(b) * slice + i], out);
+  auto writer = npy::Writer::create(path, encoding->descr, shape);
+  if (!writer) return writer.status();
+  // A block of each value, repeated for runs longer than it.
+  const std::int64_t block_elements = std::min<std::int64_t>(s.k_len, std::int64_t{1} << 16);
+  std::vector<std::uint8_t> attend_block, masked_block;
+  for (std::int64_t i = 0; i < block_elements; ++i) {
+    attend_block.insert(attend_block.end(), encoding->attend.begin(), encoding->attend.end());
+    masked_block.insert(masked_block.end(), encoding->masked.begin(), encoding->masked.end());
+  }
+  const auto run = [&](const std::vector<std::uint8_t>& block, std::int64_t count) -> Status {
+    for (; count > 0; count -= block_elements)
+      if (Status st = writer->append(block.data(), static_cast<std::size_t>(std::min(count, block_elements) * esize)); !st.ok())
+        return st;
+    return {};
   };
-  if (dtype == "bool") {
-    emit([](std::uint8_t a, std::uint8_t* o) { *o = a; }, 1);
-    return npy::write(path, "|b1", shape, bytes.data(), bytes.size());
-  }
-  if (dtype == "bf16") {
-    emit([](std::uint8_t a, std::uint8_t* o) { const std::uint16_t v = a ? 0 : 0xFF7F; std::memcpy(o, &v, 2); }, 2);
-    return npy::write(path, "<u2", shape, bytes.data(), bytes.size());
-  }
-  if (dtype == "fp32") {
-    emit([](std::uint8_t a, std::uint8_t* o) { const float v = a ? 0.0f : -INFINITY; std::memcpy(o, &v, 4); }, 4);
-    return npy::write(path, "<f4", shape, bytes.data(), bytes.size());
-  }
-  return error(ErrorCode::invalid_argument, "--mask-dtype for make must be bool, bf16 or fp32, got " + dtype);
+  for (std::int64_t b = 0; b < s.batch; ++b)
+    for (std::int64_t h = 0; h < s.heads; ++h)
+      for (std::int64_t q = 0; q < s.q_len; ++q) {
+        const RowSpan r = s.row(b, q);
+        const std::int64_t first = r.empty() ? s.k_len : r.first, last = r.empty() ? s.k_len - 1 : r.last;
+        Status st = run(masked_block, first);
+        if (st.ok()) st = run(attend_block, last - first + 1);
+        if (st.ok()) st = run(masked_block, s.k_len - 1 - last);
+        if (!st.ok()) return st;
+      }
+  return writer->finish();
 }
 
-}  // namespace
+constexpr const char* kCommands = "inspect, policy, make, samples";
 
-int main(int argc, char** argv) {
+// CLI11's own errors as one line (its usual answer adds a help hint on a second line and
+// exits 104-109): the message, naming the option, and how to get help.
+int usage_error(const CLI::App& app, const CLI::ParseError& e) {
+  std::string command = "masklens";
+  for (const CLI::App* sub : app.get_subcommands()) command += " " + sub->get_name();
+  std::string message = e.what();
+  std::replace(message.begin(), message.end(), '\n', ' ');
+  return bad_argument(message + " (see " + command + " --help)");
+}
+
+int run_command(int argc, char** argv) {
   CLI::App app{"masklens: prove what an attention mask is and name the backend that computes it"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", "masklens " MASKLENS_VERSION_STRING);
   CallOptions call_options;
 
   std::string path, mask_dtype, png, device = "cpu";
@@ -293,7 +510,8 @@ int main(int argc, char** argv) {
 
   std::string structure_text, shape_text;
   auto* policy_cmd = app.add_subcommand("policy", "the policy for a known structure, without a mask");
-  policy_cmd->add_option("--structure", structure_text, "structure JSON, or @FILE (a structure or a whole inspect output)")->required();
+  policy_cmd->add_option("--structure", structure_text,
+                         "structure JSON, or @FILE (a structure or a whole inspect output; @- reads stdin)")->required();
   policy_cmd->add_option("--shape", shape_text, "B,H,Q,K")->required();
   policy_cmd->add_flag("--json", json, "the JSON contract (docs/json.md)");
   std::string policy_mask_dtype;
@@ -308,9 +526,9 @@ int main(int argc, char** argv) {
   make_cmd->add_option("-o,--output", make.output, "output .npy")->required();
   make_cmd->add_option("--mask-dtype", make.dtype, "bool, bf16 (additive, stored as <u2) or fp32 (additive)")->capture_default_str();
   make_cmd->add_option("--alignment", make.alignment, "top_left or bottom_right")->capture_default_str();
-  make_cmd->add_option("--window", make.window, "sliding window W");
-  make_cmd->add_option("--chunk", make.chunk, "chunk C");
-  make_cmd->add_option("--prefix", make.prefix, "prefix P");
+  make_cmd->add_option_function<std::int64_t>("--window", [&make](const std::int64_t& v) { make.window = v; }, "sliding window W");
+  make_cmd->add_option_function<std::int64_t>("--chunk", [&make](const std::int64_t& v) { make.chunk = v; }, "chunk C");
+  make_cmd->add_option_function<std::int64_t>("--prefix", [&make](const std::int64_t& v) { make.prefix = v; }, "prefix P");
   make_cmd->add_option("--blocks", make.blocks, "JSON [[start, end], ...]");
   make_cmd->add_option("--segments", make.segments, "JSON per batch [[0, e1, ..., Q], ...]");
   make_cmd->add_option("--kv-valid", make.kv_valid, "JSON per batch [[start, end], ...]");
@@ -320,25 +538,33 @@ int main(int argc, char** argv) {
   samples_cmd->add_option("dir", samples_dir, "output folder")->required();
   add_call_options(*samples_cmd, call_options);
 
-  CLI11_PARSE(app, argc, argv);
+  // CLI11 answers a missing or unknown command with "A subcommand is required".
+  if (argc < 2) return bad_argument(std::string("a command is required; commands: ") + kCommands);
+  const auto commands = app.get_subcommands([](const CLI::App*) { return true; });
+  const auto is_command = [&](const std::string& name) {
+    return std::any_of(commands.begin(), commands.end(), [&](const CLI::App* c) { return c->get_name() == name; });
+  };
+  if (const std::string first = argv[1]; !first.starts_with("-") && !is_command(first))
+    return bad_argument("unknown command '" + first + "'; commands: " + kCommands);
+  else if (first.starts_with("-") && first != "-h" && first != "--help" && first != "--version")
+    return bad_argument("unknown option '" + first + "' before the command; commands: " + kCommands);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) return app.exit(e);  // --help, --version
+    return usage_error(app, e);
+  }
 
-  if (*inspect_cmd) return inspect_file(path, mask_dtype, png, device, threshold, json, call_options);
+  if (*inspect_cmd) {
+    if (Status s = validate_call_options(call_options); !s.ok()) return fail(s);
+    if (Status s = validate_inspect_options(mask_dtype, device, threshold); !s.ok()) return fail(s);
+    return inspect_file(path, mask_dtype, png, device, threshold, json, call_options);
+  }
 
   if (*policy_cmd) {
+    if (Status s = validate_call_options(call_options); !s.ok()) return fail(s);
     auto shape = parse_shape(shape_text);
     if (!shape) return fail(shape.status());
-    std::string text = structure_text;
-    if (!text.empty() && text[0] == '@') {
-      std::ifstream f(text.substr(1));
-      if (!f) return fail(error(ErrorCode::io_error, "cannot read " + text.substr(1)));
-      std::stringstream buf;
-      buf << f.rdbuf();
-      text = buf.str();
-    }
-    nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
-    if (j.is_discarded()) return fail(error(ErrorCode::parse_error, "--structure is not valid JSON"));
-    auto s = structure_from_json(j, (*shape)[0], (*shape)[1], (*shape)[2], (*shape)[3]);
-    if (!s) return fail(s.status());
     std::optional<ElementType> dense_dtype;
     if (!policy_mask_dtype.empty()) {
       const std::pair<const char*, ElementType> names[] = {
@@ -350,6 +576,23 @@ int main(int argc, char** argv) {
         return fail(error(ErrorCode::invalid_argument,
                           "--mask-dtype must be bool, uint8, int8, fp16, bf16 or fp32, got " + policy_mask_dtype));
     }
+    // An inline structure is part of the command line (exit 2 naming --structure); one
+    // read from @FILE is an input file (exit 1 naming the file).
+    const bool from_file = structure_text.starts_with("@");
+    const std::string source = from_file ? structure_text.substr(1) : "--structure";
+    const auto bad_structure = [&](const Status& s) {
+      return fail(error(from_file ? s.code() : ErrorCode::invalid_argument, source + ": " + s.message()));
+    };
+    std::string text = structure_text;
+    if (from_file) {
+      auto read = read_structure_file(source);
+      if (!read) return fail(read.status());
+      text = std::move(*read);
+    }
+    auto j = parse_structure_json(text);
+    if (!j) return bad_structure(j.status());
+    auto s = structure_from_json(*j, (*shape)[0], (*shape)[1], (*shape)[2], (*shape)[3]);
+    if (!s) return bad_structure(s.status());
     auto call = make_call(call_options, dense_dtype);
     if (!call) return fail(call.status());
     call->call.batch = s->batch;
@@ -364,6 +607,7 @@ int main(int argc, char** argv) {
   }
 
   if (*make_cmd) {
+    if (auto encoding = make_encoding(make.dtype); !encoding) return fail(encoding.status());
     auto s = structure_from(make);
     if (!s) return fail(s.status());
     if (Status st = write_mask(make.output, *s, make.dtype); !st.ok()) return fail(st);
@@ -372,6 +616,7 @@ int main(int argc, char** argv) {
   }
 
   if (*samples_cmd) {
+    if (Status s = validate_call_options(call_options); !s.ok()) return fail(s);
     std::error_code ec;
     std::filesystem::create_directories(samples_dir, ec);
     if (ec) return fail(error(ErrorCode::io_error, "cannot create " + samples_dir + ": " + ec.message()));
@@ -417,4 +662,21 @@ int main(int argc, char** argv) {
     return failures ? 1 : 0;
   }
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // The library returns allocation failures as a Status; this catches what the CLI's
+  // own containers (and CLI11, nlohmann-json) throw, so no input ends in an abort.
+  try {
+    return run_command(argc, argv);
+  } catch (const std::bad_alloc&) {
+    return fail(error(ErrorCode::out_of_memory, "out of memory"));
+  } catch (const std::length_error&) {
+    return fail(error(ErrorCode::out_of_memory, "a container grew past its largest size"));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "masklens: internal error: %s\n", e.what());
+    return 1;
+  }
 }

@@ -1,7 +1,16 @@
 // .npy files: a strict reader (format versions 1-3; |b1 |u1 |i1 <f2 <f4, and 2-byte
-// <u2 / <V2 / |V2 read as bf16 when asked), memory-mapped so a 4 GiB mask is not
-// copied, and a writer for the masks `masklens make` produces. Every malformed or
-// truncated file is an error naming what is wrong.
+// <u2 / <V2 / |V2 read as bf16 when asked) and a streaming writer for the masks
+// `masklens make` produces. Every malformed or truncated file is an error naming what
+// is wrong.
+//
+// The reader copies the data into memory it owns (pread) instead of mapping the file:
+// a mapped file that another process truncates raises SIGBUS in whichever scanner
+// thread touches the lost pages, and a handler could only recover by remapping the page
+// (mmap is not async-signal-safe) or by longjmp out of library frames on a thread the
+// CLI does not own, both undefined behaviour. A read that comes up short is an ordinary error, and once read
+// the mask cannot change under the scanner. The price is one copy, read by several
+// threads (docs/cli.md has what it costs). No MADV_HUGEPAGE on the copy: where the
+// kernel compacts memory for it on demand, a fragmented machine stalled for seconds.
 #pragma once
 
 #include <fcntl.h>
@@ -9,212 +18,382 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
+#include <system_error>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include <masklens/masklens.hpp>
 
 namespace masklens::npy {
 
-// An open .npy file: the view of its data (valid while the file lives).
-class File {
+// numpy itself refuses headers over 10000 bytes unless told otherwise; 1 MiB leaves room
+// for any real header and keeps a hostile one from being read into memory.
+inline constexpr std::size_t kMaxHeaderBytes = std::size_t{1} << 20;
+
+// Page-aligned memory of its own (an anonymous mapping): the data of a File.
+class Buffer {
  public:
-  File() = default;
-  File(const File&) = delete;
-  File& operator=(const File&) = delete;
-  File(File&& o) noexcept { *this = std::move(o); }
-  File& operator=(File&& o) noexcept {
-    std::swap(map_, o.map_);
+  Buffer() = default;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  Buffer(Buffer&& o) noexcept : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+  Buffer& operator=(Buffer&& o) noexcept {
+    std::swap(data_, o.data_);
     std::swap(size_, o.size_);
-    std::swap(copy_, o.copy_);
-    view = o.view;
-    shape = std::move(o.shape);
-    descr = std::move(o.descr);
     return *this;
   }
-  ~File() {
-    if (map_) munmap(map_, size_);
+  ~Buffer() {
+    if (data_) munmap(data_, size_);
   }
 
+  static Result<Buffer> allocate(std::size_t bytes) {
+    Buffer b;
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+      return error(ErrorCode::out_of_memory, "cannot hold the mask's " + std::to_string(bytes) + " bytes in memory: " +
+                                                 std::strerror(errno));
+    b.data_ = p;
+    b.size_ = bytes;
+    return b;
+  }
+
+  [[nodiscard]] std::uint8_t* data() const noexcept { return static_cast<std::uint8_t*>(data_); }
+
+ private:
+  void* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+// What a header declares: the element type, the shape and where the data starts.
+struct Header {
+  std::string descr;
+  ElementType dtype = ElementType::boolean;
+  std::vector<std::int64_t> shape;
+  std::vector<std::int64_t> strides;  // in elements
+  std::size_t data_start = 0;         // bytes from the start of the file
+  std::uint64_t data_bytes = 0;       // what the shape needs
+};
+
+// Where the data starts, from the magic, version and header length; `bytes` holds the
+// first `size` bytes of the file (at least 12 where the file has them).
+inline Result<std::size_t> data_offset(const std::uint8_t* bytes, std::size_t size) {
+  static constexpr char kMagic[] = "\x93NUMPY";
+  if (size < 10 || std::memcmp(bytes, kMagic, 6) != 0) return error(ErrorCode::parse_error, "not an .npy file (bad magic)");
+  const int major = bytes[6];
+  std::size_t header_len = 0, header_start = 0;
+  if (major == 1) {
+    header_len = bytes[8] | (static_cast<std::size_t>(bytes[9]) << 8);
+    header_start = 10;
+  } else if (major == 2 || major == 3) {
+    if (size < 12) return error(ErrorCode::parse_error, "truncated header");
+    header_len = bytes[8] | (static_cast<std::size_t>(bytes[9]) << 8) | (static_cast<std::size_t>(bytes[10]) << 16) |
+                 (static_cast<std::size_t>(bytes[11]) << 24);
+    header_start = 12;
+  } else {
+    return error(ErrorCode::parse_error, "unsupported .npy format version " + std::to_string(major));
+  }
+  if (header_len > kMaxHeaderBytes)
+    return error(ErrorCode::parse_error, "header of " + std::to_string(header_len) + " bytes is longer than 1 MiB");
+  return header_start + header_len;
+}
+
+namespace detail {
+
+// The string after 'key': '...' in a Python dict literal.
+inline std::optional<std::string_view> quoted_value(std::string_view header, std::string_view key) {
+  const std::string pattern = "'" + std::string(key) + "'";
+  const auto at = header.find(pattern);
+  if (at == std::string_view::npos) return std::nullopt;
+  const auto open = header.find('\'', at + pattern.size());
+  if (open == std::string_view::npos) return std::nullopt;
+  const auto close = header.find('\'', open + 1);
+  if (close == std::string_view::npos) return std::nullopt;
+  return header.substr(open + 1, close - open - 1);
+}
+
+}  // namespace detail
+
+// Parses the header held in the first `size` bytes of a file of `file_size` bytes and
+// checks that the file holds the data the header declares.
+inline Result<Header> parse_header(const std::uint8_t* bytes, std::size_t size, std::uint64_t file_size,
+                                   std::optional<ElementType> two_byte_as) {
+  auto data_start = data_offset(bytes, size);
+  if (!data_start) return data_start.status();
+  if (*data_start > size) return error(ErrorCode::parse_error, "truncated header");
+  Header h;
+  h.data_start = *data_start;
+  const std::size_t header_start = bytes[6] == 1 ? 10 : 12;
+  const std::string_view header(reinterpret_cast<const char*>(bytes + header_start), h.data_start - header_start);
+
+  auto descr_text = detail::quoted_value(header, "descr");
+  if (!descr_text) return error(ErrorCode::parse_error, "header has no 'descr'");
+  h.descr = std::string(*descr_text);
+  const std::string& descr = h.descr;
+  if (descr == "|b1") h.dtype = ElementType::boolean;
+  else if (descr == "|u1") h.dtype = ElementType::uint8;
+  else if (descr == "|i1") h.dtype = ElementType::int8;
+  else if (descr == "<f2") h.dtype = ElementType::float16;
+  else if (descr == "<f4") h.dtype = ElementType::float32;
+  else if (descr == "<u2" || descr == "<V2" || descr == "|V2") {
+    if (!two_byte_as) return error(ErrorCode::unsupported_dtype, "2-byte descr '" + descr + "' needs --mask-dtype bf16");
+    h.dtype = *two_byte_as;
+  } else {
+    return error(ErrorCode::unsupported_dtype, "descr '" + descr + "' is not a mask type (|b1 |u1 |i1 <f2 <f4, bf16 as <u2)");
+  }
+  const auto fortran_pos = header.find("'fortran_order'");
+  if (fortran_pos == std::string_view::npos) return error(ErrorCode::parse_error, "header has no 'fortran_order'");
+  const auto after = header.substr(fortran_pos + 15);
+  const auto value_at = after.find_first_not_of(": ");
+  bool fortran;
+  if (value_at != std::string_view::npos && after.substr(value_at, 4) == "True") fortran = true;
+  else if (value_at != std::string_view::npos && after.substr(value_at, 5) == "False") fortran = false;
+  else return error(ErrorCode::parse_error, "'fortran_order' is neither True nor False");
+
+  const auto shape_pos = header.find("'shape'");
+  if (shape_pos == std::string_view::npos) return error(ErrorCode::parse_error, "header has no 'shape'");
+  const auto open_paren = header.find('(', shape_pos), close_paren = header.find(')', shape_pos);
+  if (open_paren == std::string_view::npos || close_paren == std::string_view::npos || close_paren < open_paren)
+    return error(ErrorCode::parse_error, "'shape' is not a tuple");
+  std::string_view dims = header.substr(open_paren + 1, close_paren - open_paren - 1);
+  while (!dims.empty()) {
+    const auto start = dims.find_first_not_of(", ");
+    if (start == std::string_view::npos) break;
+    dims.remove_prefix(start);
+    std::int64_t v = 0;
+    std::size_t n = 0;
+    while (n < dims.size() && dims[n] >= '0' && dims[n] <= '9') {
+      if (v > (INT64_MAX - 9) / 10) return error(ErrorCode::invalid_shape, "a dimension in 'shape' overflows 64 bits");
+      v = v * 10 + (dims[n++] - '0');
+    }
+    if (n == 0) return error(ErrorCode::parse_error, "'shape' holds something other than integers");
+    h.shape.push_back(v);
+    dims.remove_prefix(n);
+  }
+  if (h.shape.empty() || h.shape.size() > 4)
+    return error(ErrorCode::invalid_shape, "a mask has 1 to 4 dims, the file has " + std::to_string(h.shape.size()));
+
+  const std::int64_t esize = element_size(h.dtype);
+  std::int64_t count = 1;
+  for (std::int64_t d : h.shape) {
+    if (d < 1) return error(ErrorCode::invalid_shape, "every dimension must be >= 1");
+    if (count > INT64_MAX / d / esize) return error(ErrorCode::invalid_shape, "declared shape overflows 64 bits");
+    count *= d;
+  }
+  h.data_bytes = static_cast<std::uint64_t>(count * esize);
+  const std::uint64_t available = file_size - h.data_start;
+  if (h.data_bytes > available)
+    return error(ErrorCode::parse_error, "header lies about size: shape needs " + std::to_string(h.data_bytes) +
+                                             " data bytes, the file has " + std::to_string(available));
+  h.strides.resize(h.shape.size());
+  std::int64_t running = 1;
+  if (fortran) {
+    for (std::size_t i = 0; i < h.shape.size(); ++i) h.strides[i] = running, running *= h.shape[i];
+  } else {
+    for (std::size_t i = h.shape.size(); i-- > 0;) h.strides[i] = running, running *= h.shape[i];
+  }
+  return h;
+}
+
+// Reads exactly `size` bytes at `offset`; a file that ends sooner has shrunk since its
+// size was checked (another process truncated it), which is an error, not a crash.
+inline Status read_exactly(int fd, std::uint8_t* into, std::size_t size, std::uint64_t offset, const std::string& what) {
+  // Linux moves at most ~2 GiB per call.
+  constexpr std::size_t kMaxCall = std::size_t{1} << 30;
+  std::size_t done = 0;
+  while (done < size) {
+    const ssize_t got = ::pread(fd, into + done, std::min(size - done, kMaxCall), static_cast<off_t>(offset + done));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) return error(ErrorCode::io_error, "cannot read " + what + ": " + std::strerror(errno));
+    if (got == 0)
+      return error(ErrorCode::parse_error,
+                   what + " ends at byte " + std::to_string(offset + done) + ": the file shrank while being read");
+    done += static_cast<std::size_t>(got);
+  }
+  return {};
+}
+
+// read_exactly in parallel slices: copying from the page cache and faulting in the
+// destination is CPU work, about 4 GB/s for one core, so a large mask is read by as many
+// threads as the scanner will use.
+inline Status read_exactly_parallel(int fd, std::uint8_t* into, std::size_t size, std::uint64_t offset,
+                                    const std::string& what) {
+  constexpr std::size_t kMinSlice = std::size_t{64} << 20, kMaxThreads = 16;
+  const std::size_t threads =
+      std::min({size / kMinSlice, static_cast<std::size_t>(std::max(1u, std::thread::hardware_concurrency())), kMaxThreads});
+  if (threads <= 1) return read_exactly(fd, into, size, offset, what);
+  const std::size_t per = (size / threads + 4095) / 4096 * 4096;  // whole pages: no two threads fault one page
+  Status results[kMaxThreads];
+  Status spawn = catch_alloc([&]() -> Status {
+    std::vector<std::jthread> pool;
+    pool.reserve(threads);
+    for (std::size_t t = 0; t < threads; ++t) {
+      const std::size_t begin = std::min(size, t * per), end = t + 1 == threads ? size : std::min(size, begin + per);
+      const auto read_slice = [&, t, begin, end] {
+        results[t] = read_exactly(fd, into + begin, end - begin, offset + begin, what);
+      };
+      try {
+        pool.emplace_back(read_slice);
+      } catch (const std::system_error&) {
+        read_slice();  // no thread to be had: read the slice here
+      }
+    }
+    return {};
+  });
+  if (!spawn.ok()) return spawn;
+  for (std::size_t t = 0; t < threads; ++t)
+    if (!results[t].ok()) return results[t];
+  return {};
+}
+
+// An open .npy file: the view of its data, which the File owns.
+class File {
+ public:
   MaskView view;
   std::vector<std::int64_t> shape;
   std::string descr;
 
   // Parses a header + data held in memory (the fuzzer's entry point); `bytes` must
-  // outlive the File.
+  // outlive the File unless the data had to be copied to align it.
   static Result<File> parse(const std::uint8_t* bytes, std::size_t size, std::optional<ElementType> two_byte_as,
                             MaskEncoding encoding = {}) {
+    auto header = parse_header(bytes, size, size, two_byte_as);
+    if (!header) return header.status();
     File f;
-    if (Status s = f.parse_into(bytes, size, two_byte_as, encoding); !s.ok()) return s;
+    const std::uint8_t* data = bytes + header->data_start;
+    if (reinterpret_cast<std::uintptr_t>(data) % static_cast<std::uintptr_t>(element_size(header->dtype)) != 0) {
+      // A hand-made header may leave the data unaligned: copy it once.
+      auto copy = Buffer::allocate(header->data_bytes);
+      if (!copy) return copy.status();
+      std::memcpy(copy->data(), data, header->data_bytes);
+      f.data_ = std::move(*copy);
+      data = f.data_.data();
+    }
+    if (Status s = f.adopt(*header, data, encoding); !s.ok()) return s;
     return f;
   }
 
   static Result<File> open(const std::string& path, std::optional<ElementType> two_byte_as, MaskEncoding encoding = {}) {
-    const int fd = ::open(path.c_str(), O_RDONLY);
+    // O_NONBLOCK: opening a FIFO with no writer would otherwise wait forever before
+    // fstat could say it is not a regular file. Regular files ignore the flag.
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) return error(ErrorCode::io_error, "cannot open " + path + ": " + std::strerror(errno));
-    struct stat st {};
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-      ::close(fd);
-      return error(ErrorCode::io_error, path + " is not a regular file");
-    }
-    File f;
-    f.size_ = static_cast<std::size_t>(st.st_size);
-    if (f.size_ == 0) {
-      ::close(fd);
-      return error(ErrorCode::parse_error, path + ": empty file, not .npy");
-    }
-    void* map = mmap(nullptr, f.size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    auto f = read_from(fd, two_byte_as, encoding);
     ::close(fd);
-    if (map == MAP_FAILED) return error(ErrorCode::io_error, "cannot map " + path + ": " + std::strerror(errno));
-    f.map_ = map;
-    if (Status s = f.parse_into(static_cast<const std::uint8_t*>(map), f.size_, two_byte_as, encoding); !s.ok())
-      return error(s.code(), path + ": " + s.message());
+    if (!f) return error(f.status().code(), path + ": " + f.status().message());
     return f;
   }
 
  private:
-  Status parse_into(const std::uint8_t* bytes, std::size_t size, std::optional<ElementType> two_byte_as,
-                    MaskEncoding encoding) {
-    static constexpr char kMagic[] = "\x93NUMPY";
-    if (size < 10 || std::memcmp(bytes, kMagic, 6) != 0) return error(ErrorCode::parse_error, "not an .npy file (bad magic)");
-    const int major = bytes[6];
-    std::size_t header_len = 0, header_start = 0;
-    if (major == 1) {
-      header_len = bytes[8] | (static_cast<std::size_t>(bytes[9]) << 8);
-      header_start = 10;
-    } else if (major == 2 || major == 3) {
-      if (size < 12) return error(ErrorCode::parse_error, "truncated header");
-      header_len = bytes[8] | (static_cast<std::size_t>(bytes[9]) << 8) | (static_cast<std::size_t>(bytes[10]) << 16) |
-                   (static_cast<std::size_t>(bytes[11]) << 24);
-      header_start = 12;
-    } else {
-      return error(ErrorCode::parse_error, "unsupported .npy format version " + std::to_string(major));
-    }
-    if (header_len > size - header_start) return error(ErrorCode::parse_error, "truncated header");
-    const std::string_view header(reinterpret_cast<const char*>(bytes + header_start), header_len);
+  static Result<File> read_from(int fd, std::optional<ElementType> two_byte_as,
+                                MaskEncoding encoding) {
+    struct stat st {};
+    if (fstat(fd, &st) != 0) return error(ErrorCode::io_error, std::string("cannot stat: ") + std::strerror(errno));
+    if (!S_ISREG(st.st_mode)) return error(ErrorCode::io_error, "not a regular file");
+    const auto file_size = static_cast<std::uint64_t>(st.st_size);
+    if (file_size == 0) return error(ErrorCode::parse_error, "empty file, not .npy");
+    // The fixed prefix first: it says how long the header is.
+    std::uint8_t prefix[12] = {};
+    const auto prefix_size = static_cast<std::size_t>(std::min<std::uint64_t>(file_size, sizeof prefix));
+    if (Status s = read_exactly(fd, prefix, prefix_size, 0, "the header"); !s.ok()) return s;
+    auto data_start = data_offset(prefix, prefix_size);
+    if (!data_start) return data_start.status();
+    if (*data_start > file_size) return error(ErrorCode::parse_error, "truncated header");
+    std::vector<std::uint8_t> head(*data_start);
+    if (Status s = read_exactly(fd, head.data(), head.size(), 0, "the header"); !s.ok()) return s;
+    auto header = parse_header(head.data(), head.size(), file_size, two_byte_as);
+    if (!header) return header.status();
+    auto data = Buffer::allocate(header->data_bytes);
+    if (!data) return data.status();
+    if (Status s = read_exactly_parallel(fd, data->data(), header->data_bytes, header->data_start, "the data"); !s.ok()) return s;
+    File f;
+    f.data_ = std::move(*data);
+    if (Status s = f.adopt(*header, f.data_.data(), encoding); !s.ok()) return s;
+    return f;
+  }
 
-    auto descr_text = quoted_value(header, "descr");
-    if (!descr_text) return error(ErrorCode::parse_error, "header has no 'descr'");
-    descr = std::string(*descr_text);
-    ElementType dtype;
-    if (descr == "|b1") dtype = ElementType::boolean;
-    else if (descr == "|u1") dtype = ElementType::uint8;
-    else if (descr == "|i1") dtype = ElementType::int8;
-    else if (descr == "<f2") dtype = ElementType::float16;
-    else if (descr == "<f4") dtype = ElementType::float32;
-    else if (descr == "<u2" || descr == "<V2" || descr == "|V2") {
-      if (!two_byte_as) return error(ErrorCode::unsupported_dtype, "2-byte descr '" + descr + "' needs --mask-dtype bf16");
-      dtype = *two_byte_as;
-    } else {
-      return error(ErrorCode::unsupported_dtype, "descr '" + descr + "' is not a mask type (|b1 |u1 |i1 <f2 <f4, bf16 as <u2)");
-    }
-    const auto fortran_pos = header.find("'fortran_order'");
-    if (fortran_pos == std::string_view::npos) return error(ErrorCode::parse_error, "header has no 'fortran_order'");
-    const auto after = header.substr(fortran_pos + 15);
-    const auto value_at = after.find_first_not_of(": ");
-    bool fortran;
-    if (value_at != std::string_view::npos && after.substr(value_at, 4) == "True") fortran = true;
-    else if (value_at != std::string_view::npos && after.substr(value_at, 5) == "False") fortran = false;
-    else return error(ErrorCode::parse_error, "'fortran_order' is neither True nor False");
-
-    const auto shape_pos = header.find("'shape'");
-    if (shape_pos == std::string_view::npos) return error(ErrorCode::parse_error, "header has no 'shape'");
-    const auto open_paren = header.find('(', shape_pos), close_paren = header.find(')', shape_pos);
-    if (open_paren == std::string_view::npos || close_paren == std::string_view::npos || close_paren < open_paren)
-      return error(ErrorCode::parse_error, "'shape' is not a tuple");
-    shape.clear();
-    std::string_view dims = header.substr(open_paren + 1, close_paren - open_paren - 1);
-    while (!dims.empty()) {
-      const auto start = dims.find_first_not_of(", ");
-      if (start == std::string_view::npos) break;
-      dims.remove_prefix(start);
-      std::int64_t v = 0;
-      std::size_t n = 0;
-      while (n < dims.size() && dims[n] >= '0' && dims[n] <= '9') {
-        if (v > (INT64_MAX - 9) / 10) return error(ErrorCode::invalid_shape, "a dimension in 'shape' overflows 64 bits");
-        v = v * 10 + (dims[n++] - '0');
-      }
-      if (n == 0) return error(ErrorCode::parse_error, "'shape' holds something other than integers");
-      shape.push_back(v);
-      dims.remove_prefix(n);
-    }
-    if (shape.empty() || shape.size() > 4)
-      return error(ErrorCode::invalid_shape, "a mask has 1 to 4 dims, the file has " + std::to_string(shape.size()));
-
-    const std::size_t data_start = header_start + header_len;
-    const std::int64_t esize = element_size(dtype);
-    std::int64_t count = 1;
-    for (std::int64_t d : shape) {
-      if (d < 1) return error(ErrorCode::invalid_shape, "every dimension must be >= 1");
-      if (count > INT64_MAX / d / esize) return error(ErrorCode::invalid_shape, "declared shape overflows 64 bits");
-      count *= d;
-    }
-    const auto need = static_cast<std::uint64_t>(count * esize);
-    if (need > size - data_start)
-      return error(ErrorCode::parse_error, "header lies about size: shape needs " + std::to_string(need) +
-                                               " data bytes, the file has " + std::to_string(size - data_start));
-    const std::uint8_t* data = bytes + data_start;
-    if (reinterpret_cast<std::uintptr_t>(data) % static_cast<std::uintptr_t>(esize) != 0) {
-      // A hand-made header may leave the data unaligned: copy it once.
-      copy_ = std::make_unique<std::uint64_t[]>(need / 8 + 1);
-      std::memcpy(copy_.get(), data, need);
-      data = reinterpret_cast<const std::uint8_t*>(copy_.get());
-    }
-    std::vector<std::int64_t> strides(shape.size());
-    std::int64_t running = 1;
-    if (fortran) {
-      for (std::size_t i = 0; i < shape.size(); ++i) strides[i] = running, running *= shape[i];
-    } else {
-      for (std::size_t i = shape.size(); i-- > 0;) strides[i] = running, running *= shape[i];
-    }
-    auto v = MaskView::make(data, dtype, shape, strides, encoding);
+  Status adopt(Header& header, const std::uint8_t* data, MaskEncoding encoding) {
+    auto v = MaskView::make(data, header.dtype, header.shape, header.strides, encoding);
     if (!v) return v.status();
     view = *v;
+    shape = std::move(header.shape);
+    descr = std::move(header.descr);
     return {};
   }
 
-  // The string after 'key': '...' in a Python dict literal.
-  static std::optional<std::string_view> quoted_value(std::string_view header, std::string_view key) {
-    const std::string pattern = "'" + std::string(key) + "'";
-    const auto at = header.find(pattern);
-    if (at == std::string_view::npos) return std::nullopt;
-    const auto open = header.find('\'', at + pattern.size());
-    if (open == std::string_view::npos) return std::nullopt;
-    const auto close = header.find('\'', open + 1);
-    if (close == std::string_view::npos) return std::nullopt;
-    return header.substr(open + 1, close - open - 1);
-  }
-
-  void* map_ = nullptr;
-  std::size_t size_ = 0;
-  std::unique_ptr<std::uint64_t[]> copy_;
+  Buffer data_;
 };
 
-// Writes a C-order .npy (format 1.0, header padded to 64 bytes).
-inline Status write(const std::string& path, std::string_view descr, const std::vector<std::int64_t>& shape,
-                    const void* data, std::size_t bytes) {
-  std::string dims;
-  for (std::int64_t d : shape) dims += std::to_string(d) + ", ";
-  if (shape.size() > 1) dims.resize(dims.size() - 1);
-  std::string header = "{'descr': '" + std::string(descr) + "', 'fortran_order': False, 'shape': (" + dims + "), }";
-  const std::size_t total = 10 + header.size() + 1;
-  header.append((64 - total % 64) % 64, ' ');
-  header.push_back('\n');
-  if (header.size() > 65535) return error(ErrorCode::invalid_shape, "shape too long for an .npy 1.0 header");
-  std::FILE* f = std::fopen(path.c_str(), "wb");
-  if (!f) return error(ErrorCode::io_error, "cannot write " + path + ": " + std::strerror(errno));
-  const unsigned char prefix[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, static_cast<unsigned char>(header.size() & 0xff),
-                                    static_cast<unsigned char>(header.size() >> 8)};
-  const bool ok = std::fwrite(prefix, 1, 10, f) == 10 && std::fwrite(header.data(), 1, header.size(), f) == header.size() &&
-                  std::fwrite(data, 1, bytes, f) == bytes;
-  if (std::fclose(f) != 0 || !ok) return error(ErrorCode::io_error, "short write to " + path);
-  return {};
-}
+// Writes a C-order .npy (format 1.0, header padded to 64 bytes) as it is produced, so a
+// mask of any size needs no buffer of its size. A Writer that is not finished (an
+// error on the way) removes what it wrote when that is a regular file.
+class Writer {
+ public:
+  Writer(const Writer&) = delete;
+  Writer& operator=(const Writer&) = delete;
+  Writer(Writer&& o) noexcept
+      : file_(std::exchange(o.file_, nullptr)), path_(std::move(o.path_)), remove_on_failure_(o.remove_on_failure_) {}
+  Writer& operator=(Writer&&) = delete;
+  ~Writer() {
+    if (!file_) return;
+    std::fclose(file_);
+    if (remove_on_failure_) std::remove(path_.c_str());
+  }
+
+  static Result<Writer> create(const std::string& path, std::string_view descr, std::span<const std::int64_t> shape) {
+    std::string dims;
+    for (std::int64_t d : shape) dims += std::to_string(d) + ", ";
+    if (shape.size() > 1) dims.resize(dims.size() - 1);
+    std::string header = "{'descr': '" + std::string(descr) + "', 'fortran_order': False, 'shape': (" + dims + "), }";
+    const std::size_t total = 10 + header.size() + 1;
+    header.append((64 - total % 64) % 64, ' ');
+    header.push_back('\n');
+    if (header.size() > 65535) return error(ErrorCode::invalid_shape, "shape too long for an .npy 1.0 header");
+    std::FILE* f = std::fopen(path.c_str(), "wb");
+    if (!f) return error(ErrorCode::io_error, "cannot write " + path + ": " + std::strerror(errno));
+    struct stat st {};
+    Writer w(f, path, fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode));
+    // Rows may be a few bytes each: a large buffer keeps them from costing a call each.
+    (void)std::setvbuf(f, nullptr, _IOFBF, std::size_t{1} << 20);
+    const unsigned char prefix[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, static_cast<unsigned char>(header.size() & 0xff),
+                                      static_cast<unsigned char>(header.size() >> 8)};
+    if (Status s = w.append(prefix, sizeof prefix); !s.ok()) return s;
+    if (Status s = w.append(header.data(), header.size()); !s.ok()) return s;
+    return w;
+  }
+
+  Status append(const void* data, std::size_t bytes) {
+    if (std::fwrite(data, 1, bytes, file_) != bytes)
+      return error(ErrorCode::io_error, "cannot write " + path_ + ": " + std::strerror(errno));
+    return {};
+  }
+
+  // Flushes and closes; the file is complete only when this succeeds.
+  Status finish() {
+    const bool flushed = std::fflush(file_) == 0;
+    const int flush_errno = errno;
+    const bool closed = std::fclose(std::exchange(file_, nullptr)) == 0;
+    if (flushed && closed) return {};
+    if (remove_on_failure_) std::remove(path_.c_str());
+    return error(ErrorCode::io_error, "cannot write " + path_ + ": " + std::strerror(flushed ? errno : flush_errno));
+  }
+
+ private:
+  Writer(std::FILE* f, std::string path, bool remove_on_failure)
+      : file_(f), path_(std::move(path)), remove_on_failure_(remove_on_failure) {}
+
+  std::FILE* file_ = nullptr;
+  std::string path_;
+  bool remove_on_failure_ = false;
+};
 
 }  // namespace masklens::npy

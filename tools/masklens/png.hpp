@@ -6,8 +6,10 @@
 #include <png.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -66,7 +68,7 @@ inline Status write_png(const std::string& path, const MaskView& v, const MaskSt
     for (std::size_t i = 1; i + 1 < s.segments[0].size(); ++i) mark_column(s.segments[0][i]);
 
   std::FILE* f = std::fopen(path.c_str(), "wb");
-  if (!f) return error(ErrorCode::io_error, "cannot write " + path);
+  if (!f) return error(ErrorCode::io_error, "cannot write " + path + ": " + std::strerror(errno));
   png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, nullptr, nullptr, nullptr);
   png_infop info = png ? png_create_info_struct(png) : nullptr;
   if (!png || !info || setjmp(png_jmpbuf(png))) {
