@@ -9,12 +9,15 @@ median of several runs after a warm-up.
 usage: python3 bench/backend_costs.py [--json OUT] [--quick]
 """
 import json
-import statistics
+import os
 import sys
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_baselines import median_ms  # noqa: E402  (one timing loop for every bench script)
 
 DEV = "cuda"
 QUICK = "--quick" in sys.argv
@@ -24,18 +27,9 @@ H, D, DT = 4, 128, torch.bfloat16
 
 def timed(fn, reps=5, warm=2):
     """Median milliseconds of fn() (forward + backward), after warm-up."""
-    for _ in range(warm):
+    for _ in range(warm - 1):  # median_ms warms up once more itself
         fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return median_ms(fn, reps)
 
 
 def qkv(L, B=1):

@@ -34,7 +34,7 @@ double median_ns(F&& f, int reps = 2000) {
 
 int main() {
   const Environment torch_only = testing::h200();
-  const Environment everything = testing::with_every_family(torch_only);
+  const Environment everything = with_every_family(torch_only);
   Environment unversioned = torch_only;  // every family available, none installed: all refuse
   unversioned.available = kEveryFamily;
 

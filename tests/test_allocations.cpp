@@ -44,11 +44,11 @@ TEST_CASE("single-call decisions allocate only what the result holds") {
   bias.bias = true;
 
   CHECK(extra_allocations(causal, testing::h200()) == 0);
-  CHECK(extra_allocations(causal, testing::with_every_family()) == 0);
+  CHECK(extra_allocations(causal, with_every_family()) == 0);
   CHECK(extra_allocations(causal, unversioned) == 0);
-  CHECK(extra_allocations(docs, testing::with_every_family()) == 0);
-  CHECK(extra_allocations(decode, testing::with_every_family()) == 0);
-  CHECK(extra_allocations(window, testing::with_every_family()) == 0);
+  CHECK(extra_allocations(docs, with_every_family()) == 0);
+  CHECK(extra_allocations(decode, with_every_family()) == 0);
+  CHECK(extra_allocations(window, with_every_family()) == 0);
   CHECK(extra_allocations(bias, testing::h200()) == 0);
 }
 

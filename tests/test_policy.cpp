@@ -16,7 +16,6 @@ using masklens::testing::call_is_exact;
 using masklens::testing::h200;
 using masklens::testing::plan_is_exact;
 using masklens::testing::seed_call;
-using masklens::testing::with_every_family;
 
 namespace {
 

@@ -134,4 +134,17 @@ struct Environment {
   }
 };
 
+// `e` with every backend family installed, at the versions docs/backends.md names (the
+// CLI's defaults): what the support matrix and the tests ask "can it" of.
+inline Environment with_every_family(Environment e = {}) {
+  e.available = kEveryFamily;
+  e.flash_attn = version(2, 8, 3);
+  e.flash_attn3 = version(3, 0);
+  e.xformers = version(0, 0, 33);
+  e.transformer_engine = version(2, 8);
+  e.flashinfer = version(0, 5);
+  e.cudnn_frontend = version(1, 16);
+  return e;
+}
+
 }  // namespace masklens

@@ -24,16 +24,4 @@ inline Environment h200() {
   return e;
 }
 
-// `e` with every backend family installed, at the versions the CLI assumes by default.
-inline Environment with_every_family(Environment e = h200()) {
-  e.available = kEveryFamily;
-  e.flash_attn = version(2, 8, 3);
-  e.flash_attn3 = version(3, 0);
-  e.xformers = version(0, 0, 33);
-  e.transformer_engine = version(2, 8);
-  e.flashinfer = version(0, 5);
-  e.cudnn_frontend = version(1, 16);
-  return e;
-}
-
 }  // namespace masklens::testing

@@ -13,19 +13,6 @@ using namespace masklens;
 
 namespace {
 
-// Every family installed: the matrix shows what each backend can express.
-Environment testing_environment() {
-  Environment e;
-  e.available = kEveryFamily;
-  e.flash_attn = version(2, 8, 3);
-  e.flash_attn3 = version(3, 0);
-  e.xformers = version(0, 0, 33);
-  e.transformer_engine = version(2, 8);
-  e.flashinfer = version(0, 5);
-  e.cudnn_frontend = version(1, 16);
-  return e;
-}
-
 MaskStructure make(StructureKind kind, std::int64_t q, std::int64_t k, Alignment a = Alignment::top_left) {
   MaskStructure s = make_structure(kind, 2, q, k, a);
   s.window = 256;
@@ -36,7 +23,7 @@ MaskStructure make(StructureKind kind, std::int64_t q, std::int64_t k, Alignment
 }
 
 std::string cell(Backend b, const MaskStructure& s) {
-  const CallContext everything{AttentionCall{}, testing_environment()};
+  const CallContext everything{AttentionCall{}, with_every_family()};
   const BackendInfo& i = info(b);
   if (i.native(s, everything, nullptr)) return "native";
   const bool dense = i.dense && i.dense(s, everything, nullptr);

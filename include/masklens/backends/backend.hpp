@@ -183,4 +183,44 @@ inline std::vector<Sequence> padded_sequences(const MaskStructure& s) {
   return out;
 }
 
+// Packed documents (or chunks, with `chunk`) of a square structure: one sequence per
+// document, the structure's causal / window rule inside each.
+inline VarlenArgs document_varlen(const MaskStructure& s, std::int64_t chunk = 0) {
+  VarlenArgs a;
+  a.sequences = document_sequences(s, chunk);
+  a.causal = s.kind != StructureKind::full;
+  if (a.causal) a.window_right = 0;
+  if (s.kind == StructureKind::sliding_window) a.window_left = window_left(s);
+  return a;
+}
+
+// Padded keys of a full (cross-)attention: each batch's valid keys, gathered.
+inline VarlenArgs padded_varlen(const MaskStructure& s) {
+  VarlenArgs a;
+  a.sequences = padded_sequences(s);
+  return a;
+}
+
+// The varlen kernels' common forms (torch varlen_attn, flash-attn varlen): padded keys
+// of a full structure, and the documents or chunks of a square causal, windowed or full
+// one.
+inline bool varlen_form(Backend b, const MaskStructure& s, Call* out) {
+  if (s.has_kv_valid()) {
+    if (s.kind != StructureKind::full || s.has_segments()) return false;
+    return emit(out, [&] { return dropping(b, padded_varlen(s)); });
+  }
+  if (!square(s)) return false;
+  const bool chunked = s.kind == StructureKind::chunked;
+  if (s.kind != StructureKind::full && s.kind != StructureKind::causal && s.kind != StructureKind::sliding_window &&
+      !chunked)
+    return false;
+  return emit(out, [&] { return dropping(b, document_varlen(s, chunked ? s.chunk : 0)); });
+}
+
+// Packed causal or full documents (the block-diagonal forms of xformers, TE thd,
+// FlashInfer and cuDNN ragged offsets).
+inline bool causal_documents(const MaskStructure& s) noexcept {
+  return s.has_segments() && !s.has_kv_valid() && (s.kind == StructureKind::causal || s.kind == StructureKind::full);
+}
+
 }  // namespace masklens

@@ -25,21 +25,14 @@ inline bool native(const MaskStructure& s, const CallContext&, Call* out) {
     for (const KeyRange& r : s.kv_valid)
       if (r.start != 0) return false;
     return emit(out, [&] {
-      VarlenArgs a;
-      a.sequences = padded_sequences(s);
+      VarlenArgs a = padded_varlen(s);
       a.packed = false;
       return dropping(Backend::cudnn_frontend, std::move(a));
     });
   }
   if (s.has_segments()) {
-    if (s.kind != StructureKind::causal && s.kind != StructureKind::full) return false;
-    return emit(out, [&] {
-      VarlenArgs a;
-      a.sequences = document_sequences(s);
-      a.causal = s.kind == StructureKind::causal;
-      if (a.causal) a.window_right = 0;
-      return dropping(Backend::cudnn_frontend, std::move(a));
-    });
+    if (!causal_documents(s)) return false;
+    return emit(out, [&] { return dropping(Backend::cudnn_frontend, document_varlen(s)); });
   }
   if (s.kind != StructureKind::full && s.kind != StructureKind::causal && s.kind != StructureKind::sliding_window)
     return false;

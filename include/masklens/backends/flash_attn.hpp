@@ -48,29 +48,12 @@ bool native(const MaskStructure& s, const CallContext&, Call* out) {
 }
 
 // flash_attn_varlen_func: packed documents and chunks (causal or windowed within each),
-// and the padded keys of a full (cross-)attention, gathered per batch.
+// and the padded keys of a full (cross-)attention, gathered per batch. A plain
+// structure is the dense kernel's: the varlen form adds only packing.
 template <Backend kBackend>
 bool varlen_native(const MaskStructure& s, const CallContext&, Call* out) {
-  VarlenArgs a;
-  if (s.has_kv_valid()) {
-    if (s.kind != StructureKind::full || s.has_segments()) return false;
-    return emit(out, [&] {
-      a.sequences = padded_sequences(s);
-      return dropping(kBackend, std::move(a));
-    });
-  }
-  const bool chunked = s.kind == StructureKind::chunked;
-  if (!(s.has_segments() || chunked) || !square(s)) return false;
-  if (s.kind != StructureKind::full && s.kind != StructureKind::causal && s.kind != StructureKind::sliding_window &&
-      !chunked)
-    return false;
-  return emit(out, [&] {
-    a.sequences = document_sequences(s, chunked ? s.chunk : 0);
-    a.causal = s.kind != StructureKind::full;
-    if (a.causal) a.window_right = 0;
-    if (s.kind == StructureKind::sliding_window) a.window_left = window_left(s);
-    return dropping(kBackend, std::move(a));
-  });
+  if (plain(s) && s.kind != StructureKind::chunked) return false;
+  return varlen_form(kBackend, s, out);
 }
 
 }  // namespace masklens::backends::flash_attn

@@ -18,28 +18,19 @@ inline constexpr Rule kRules[] = {
 
 // Ragged batches (documents, padded keys) and causal / windowed single sequences.
 inline bool native(const MaskStructure& s, const CallContext&, Call* out) {
-  VarlenArgs a;
   if (s.has_kv_valid()) {
     if (s.kind != StructureKind::full || s.has_segments()) return false;
-    return emit(out, [&] {
-      a.sequences = padded_sequences(s);
-      return dropping(Backend::flashinfer, std::move(a));
-    });
+    return emit(out, [&] { return dropping(Backend::flashinfer, padded_varlen(s)); });
   }
   if (s.has_segments()) {
-    if (s.kind != StructureKind::causal && s.kind != StructureKind::full) return false;
-    return emit(out, [&] {
-      a.sequences = document_sequences(s);
-      a.causal = s.kind == StructureKind::causal;
-      if (a.causal) a.window_right = 0;
-      return dropping(Backend::flashinfer, std::move(a));
-    });
+    if (!causal_documents(s)) return false;
+    return emit(out, [&] { return dropping(Backend::flashinfer, document_varlen(s)); });
   }
   if (s.kind != StructureKind::full && s.kind != StructureKind::causal && s.kind != StructureKind::sliding_window)
     return false;
   if (s.kind != StructureKind::full && !bottom_right(s)) return false;
   return emit(out, [&] {
-    a.sequences = padded_sequences(s);
+    VarlenArgs a = padded_varlen(s);
     a.causal = s.kind != StructureKind::full;
     if (a.causal) a.window_right = 0;
     if (s.kind == StructureKind::sliding_window) a.window_left = window_left(s);

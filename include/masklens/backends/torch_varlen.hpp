@@ -27,26 +27,7 @@ inline constexpr Rule kRules[] = {
 
 // Documents, chunks and windows of a square structure; padded keys of a full one.
 inline bool native(const MaskStructure& s, const CallContext&, Call* out) {
-  VarlenArgs a;
-  if (s.has_kv_valid()) {
-    if (s.kind != StructureKind::full || s.has_segments()) return false;
-    return emit(out, [&] {
-      a.sequences = padded_sequences(s);
-      return dropping(Backend::torch_varlen, std::move(a));
-    });
-  }
-  if (!square(s)) return false;
-  const bool chunked = s.kind == StructureKind::chunked;
-  if (s.kind != StructureKind::full && s.kind != StructureKind::causal && s.kind != StructureKind::sliding_window &&
-      !chunked)
-    return false;
-  return emit(out, [&] {
-    a.sequences = document_sequences(s, chunked ? s.chunk : 0);
-    a.causal = s.kind != StructureKind::full;
-    if (a.causal) a.window_right = 0;
-    if (s.kind == StructureKind::sliding_window) a.window_left = window_left(s);
-    return dropping(Backend::torch_varlen, std::move(a));
-  });
+  return varlen_form(Backend::torch_varlen, s, out);
 }
 
 }  // namespace masklens::backends::torch_varlen

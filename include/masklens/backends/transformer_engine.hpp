@@ -18,14 +18,8 @@ inline constexpr Rule kRules[] = {
 inline bool native(const MaskStructure& s, const CallContext&, Call* out) {
   if (s.has_kv_valid()) return false;
   if (s.has_segments()) {
-    if (s.kind != StructureKind::causal && s.kind != StructureKind::full) return false;
-    return emit(out, [&] {
-      VarlenArgs a;
-      a.sequences = document_sequences(s);
-      a.causal = s.kind == StructureKind::causal;
-      if (a.causal) a.window_right = 0;
-      return dropping(Backend::transformer_engine, std::move(a));
-    });
+    if (!causal_documents(s)) return false;
+    return emit(out, [&] { return dropping(Backend::transformer_engine, document_varlen(s)); });
   }
   if (s.kind != StructureKind::full && s.kind != StructureKind::causal && s.kind != StructureKind::sliding_window)
     return false;

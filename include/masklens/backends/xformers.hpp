@@ -15,15 +15,8 @@ inline constexpr Rule kRules[] = {
 };
 
 inline bool native(const MaskStructure& s, const CallContext&, Call* out) {
-  if (s.has_segments() && !s.has_kv_valid() && (s.kind == StructureKind::causal || s.kind == StructureKind::full)) {
-    return emit(out, [&] {
-      VarlenArgs a;
-      a.sequences = document_sequences(s);
-      a.causal = s.kind == StructureKind::causal;
-      if (a.causal) a.window_right = 0;
-      return dropping(Backend::xformers, std::move(a), MaskUse::replace);
-    });
-  }
+  if (causal_documents(s))
+    return emit(out, [&] { return dropping(Backend::xformers, document_varlen(s), MaskUse::replace); });
   if (!plain(s)) return false;
   if (s.kind == StructureKind::sliding_window && !bottom_right(s)) return false;
   if (s.kind != StructureKind::full && s.kind != StructureKind::causal && s.kind != StructureKind::sliding_window)
