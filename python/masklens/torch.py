@@ -50,11 +50,10 @@ def _check(query, key, value, attn_mask):
     K = key.shape[2]
     if attn_mask.dim() > 4 or attn_mask.dim() < 1:
         raise RuntimeError(f"masklens: attn_mask must have 1 to 4 dims, got shape {tuple(attn_mask.shape)}")
-    try:
-        shape = torch.broadcast_shapes(tuple(attn_mask.shape), (B, H, Q, K))
-    except RuntimeError:
-        shape = None
-    if shape != (B, H, Q, K):
+    # torch.broadcast_shapes costs ~0.15 ms a call; this is the same rule for a mask that
+    # must broadcast to the output's shape (trailing dims aligned, 1 broadcasts).
+    target = (B, H, Q, K)[4 - attn_mask.dim():]
+    if not all(m == t or m == 1 for m, t in zip(attn_mask.shape, target)):
         raise RuntimeError(f"masklens: attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to "
                            f"(batch, heads, q_len, k_len) = {(B, H, Q, K)}")
 
