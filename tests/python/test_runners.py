@@ -131,6 +131,7 @@ def test_flex_mask_mod_from_structure(name):
     assert torch.equal(dense, mask.expand(B, 1, Q, K))
 
 
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 def test_flex_runs_eager_on_cpu():
     pytest.importorskip("torch.nn.attention.flex_attention")
     mask = MASKS["sliding window 16"]
