@@ -156,3 +156,17 @@ def test_each_new_decision_is_logged_once(caplog):
         sdpa(q, k, v, attn_mask=mask.clone())
     lines = [r.getMessage() for r in caplog.records if "sliding_window" in r.getMessage()]
     assert len(lines) == 1 and "->" in lines[0]
+
+
+def test_torch_compile_keeps_the_decision_out_of_the_graph():
+    """Under torch.compile the drop-in is torch's own call with the mask: no scan, no
+    host work traced into the graph, the same result."""
+    import torch._dynamo
+    torch._dynamo.reset()
+    q, k, v = qkv(2, 4, L, L, grad=False)
+    mask = causal_mask().clone()
+    f = torch.compile(lambda q, k, v, m: sdpa(q, k, v, attn_mask=m), backend="eager", fullgraph=True)
+    before = masklens.scan_count()
+    out = f(q, k, v, mask)
+    assert masklens.scan_count() == before
+    assert_close(out, F.scaled_dot_product_attention(q, k, v, attn_mask=mask), 1e-6)

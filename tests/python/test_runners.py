@@ -66,6 +66,9 @@ def masks():
         "bottom-right Q<K": (kj <= qi + (L - 16)).expand(2, 1, 16, L),
         "chunked 16": (c & (i // 16 == j // 16)).expand(2, 1, L, L),
         "prefix 20": (c | (j < 20)).expand(2, 1, L, L),
+        # 2-D masks: a structure of batch 1 that stands for every batch of the call.
+        "2-D packed documents": c & (docs[0][:, None] == docs[0][None, :]),
+        "2-D sliding window 16": c & (i - j < 16),
     }
 
 
@@ -76,7 +79,7 @@ MASKS = masks()
 def test_gpu_policy_runs_exactly_on_cpu(name):
     """Whatever sm90 picks (plan, varlen, sdpa with is_causal or the mask), run here."""
     mask = MASKS[name]
-    q, k, v = qkv(2, 4, mask.shape[2], mask.shape[3], dtype=torch.float32)
+    q, k, v = qkv(2, 4, mask.shape[-2], mask.shape[-1], dtype=torch.float32)
     policy, structure = gpu_policy(mask, q, k, v, dtype="bf16", training=True)
     t = tensors(policy, structure, q, k, v, mask)
     if policy.backend == "torch.varlen_attn" and not policy.is_plan:
@@ -98,7 +101,8 @@ def test_packed_documents_become_a_plan_or_varlen():
     assert policy.is_plan or policy.backend == "torch.varlen_attn"
 
 
-@pytest.mark.parametrize("name", ["sliding window 16", "packed documents", "chunked 16"])
+@pytest.mark.parametrize("name", ["sliding window 16", "packed documents", "chunked 16", "2-D packed documents",
+                                  "2-D sliding window 16"])
 def test_varlen_packing(name):
     """The varlen call's packing and unpacking, with varlen_attn's semantics on the CPU."""
     mask = MASKS[name]
@@ -125,7 +129,7 @@ def test_flex_mask_mod_from_structure(name):
     from torch.nn.attention.flex_attention import create_mask
     mask = MASKS[name]
     s = masklens.scan(mask).structure
-    B, _, Q, K = mask.shape
+    B, Q, K = 2, mask.shape[-2], mask.shape[-1]
     mod = _run.mask_mod_for(s, "cpu")
     dense = create_mask(mod, B, 1, Q, K, device="cpu")
     assert torch.equal(dense, mask.expand(B, 1, Q, K))
@@ -149,3 +153,17 @@ def test_flex_runs_eager_on_cpu():
     t = tensors(policy, s, q, k, v, mask)
     out = _run.run_flex(policy.call, t, q, k, v, compiled=False)
     assert_close(out, reference(q, k, v, mask), 1e-5)
+
+
+def test_rows_that_attend_to_nothing_come_out_zero_whatever_the_kernel(monkeypatch):
+    """A kernel that writes garbage into rows with no key (cuDNN returns the mean of V):
+    the drop-in still returns 0 there, and the rows that attend are untouched."""
+    from masklens.torch import scaled_dot_product_attention as sdpa
+    mask = MASKS["left padded causal"]
+    q, k, v = qkv(2, 4, L, L, dtype=torch.float32)
+    real = _run.run_policy
+    monkeypatch.setattr(_run, "run_policy", lambda policy, t: real(policy, t) + 7.0)
+    out = sdpa(q, k, v, attn_mask=mask)
+    assert torch.all(out[1, :, :12] == 0)  # row 1's first 12 queries attend to nothing
+    assert torch.all(out[0] != 0) and torch.all(out[1, :, 12:] != 0)
+    assert_close(out - 7.0 * (out != 0), reference(q, k, v, mask), 1e-5)
