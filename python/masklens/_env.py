@@ -1,0 +1,120 @@
+"""The Environment masklens decides for: the GPU, torch, cuDNN and the attention
+libraries that are installed, read once per device."""
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import importlib.util
+
+from ._core import Environment
+
+# The families the CLI's --available names, with the module that must import and the
+# distributions whose metadata carry the version (the first one installed wins).
+_FAMILIES = {
+    "flash_attn": ("flash_attn", ("flash-attn", "flash_attn")),
+    "flash_attn3": ("flash_attn_interface", ("flash-attn-3", "flash_attn_3", "flashattn-hopper")),
+    "xformers": ("xformers", ("xformers",)),
+    "te": ("transformer_engine", ("transformer-engine", "transformer_engine", "transformer-engine-torch")),
+    "flashinfer": ("flashinfer", ("flashinfer-python", "flashinfer")),
+    "cudnn_frontend": ("cudnn", ("nvidia-cudnn-frontend", "cudnn-frontend")),
+}
+_VERSION_FIELDS = {"flash_attn": "flash_attn", "flash_attn3": "flash_attn3", "xformers": "xformers",
+                   "te": "transformer_engine", "flashinfer": "flashinfer", "cudnn_frontend": "cudnn_frontend"}
+
+# The families whose calls masklens.torch runs itself (docs/python.md); the others are
+# reported by inspect() but never chosen by the drop-in.
+RUNNABLE = frozenset({"torch", "flex", "flash_attn"})
+
+# An sm below every GPU kernel's minimum: on the CPU only torch's math kernel (and
+# plans of it) remain, which is what runs there.
+CPU_SM = 10
+
+
+def _find(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+@functools.lru_cache(maxsize=None)
+def installed_families() -> dict[str, str]:
+    """{family: version} for the optional libraries that can be imported (metadata only:
+    importing TransformerEngine or FlashInfer takes seconds)."""
+    found = {}
+    for family, (module, dists) in _FAMILIES.items():
+        if not _find(module):
+            continue
+        version = None
+        for d in dists:
+            try:
+                version = importlib.metadata.version(d)
+                break
+            except importlib.metadata.PackageNotFoundError:
+                continue
+        found[family] = version or "0"
+    return found
+
+
+def _torch_version(torch) -> str:
+    return torch.__version__.split("+")[0]
+
+
+def _cudnn_version(torch) -> str | None:
+    try:
+        v = torch.backends.cudnn.version()
+    except Exception:  # a torch built without cuDNN
+        return None
+    if not v:
+        return None
+    return f"{v // 10000}.{v // 100 % 100}.{v % 100}" if v >= 10000 else f"{v // 1000}.{v // 100 % 10}.{v % 100}"
+
+
+@functools.lru_cache(maxsize=None)
+def _environment_for(device_type: str, index: int | None, runnable_only: bool) -> tuple:
+    import torch
+
+    fields = {"torch": _torch_version(torch), "cudnn": _cudnn_version(torch)}
+    if device_type == "cuda":
+        major, minor = torch.cuda.get_device_capability(index)
+        fields["sm"] = major * 10 + minor
+        available = {"torch"}
+        if _find("torch.nn.attention.flex_attention") and _find("triton"):
+            available.add("flex")
+        for family, version in installed_families().items():
+            if runnable_only and family not in RUNNABLE:
+                continue
+            available.add(family)
+            fields[_VERSION_FIELDS[family]] = version
+    else:
+        fields["sm"] = CPU_SM
+        available = {"torch"}
+    fields["available"] = available
+    return tuple(sorted((k, frozenset(v) if isinstance(v, set) else v) for k, v in fields.items()))
+
+
+def environment(device=None, runnable_only: bool = False, **overrides) -> Environment:
+    """The Environment of `device` (a torch.device, a tensor's device, or None for the
+    current CUDA device when there is one, else the CPU), with keyword overrides."""
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is None:
+        env = Environment()
+    else:
+        if device is None:
+            device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+        device = torch.device(device)
+        index = None
+        if device.type == "cuda":
+            index = device.index if device.index is not None else torch.cuda.current_device()
+        env = Environment()
+        for key, value in _environment_for(device.type if device.type == "cuda" else "cpu", index, runnable_only):
+            setattr(env, key, set(value) if isinstance(value, frozenset) else value)
+    for key, value in overrides.items():
+        if key == "available" and isinstance(value, str):
+            value = set(value.split(","))
+        setattr(env, key, value)
+    env.validate()
+    return env

@@ -1,0 +1,294 @@
+"""Running a Policy with torch: one typed call, or a plan of them, on [B, H, Q, D]
+tensors. Every path is differentiable; rows that attend to nothing are zeroed by the
+caller (masklens.torch) from the verdict, whatever the kernel wrote there."""
+from __future__ import annotations
+
+import functools
+import inspect as _pyinspect
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+_KERNELS = {
+    "torch.sdpa.flash": [SDPBackend.FLASH_ATTENTION],
+    "torch.sdpa.efficient": [SDPBackend.EFFICIENT_ATTENTION],
+    "torch.sdpa.cudnn": [SDPBackend.CUDNN_ATTENTION],
+    "torch.sdpa.math": [SDPBackend.MATH],
+    # CausalBias dispatches to flash or efficient itself.
+    "torch.sdpa.causal_lower_right": [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION],
+}
+_TYPES = {"bool": torch.bool, "uint8": torch.uint8, "int8": torch.int8, "float16": torch.float16,
+          "bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+class Tensors:
+    """The call's tensors and the arguments every runner shares."""
+
+    __slots__ = ("q", "k", "v", "mask", "scale", "dropout_p", "structure", "derived")
+
+    def __init__(self, q, k, v, mask, scale, dropout_p, structure, derived):
+        self.q, self.k, self.v, self.mask = q, k, v, mask
+        self.scale, self.dropout_p = scale, dropout_p
+        self.structure = structure
+        self.derived = derived  # per-mask memo (block masks, index tensors): the cache entry's
+
+
+def _expand_kv(q, k, v):
+    """K and V repeated to the query's heads (GQA the call cannot take natively)."""
+    groups = q.shape[1] // k.shape[1]
+    if groups == 1:
+        return k, v
+    return k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+
+
+def kept_mask(call, mask, query_dtype):
+    """The dense mask as the call passes it: cast, then in its form."""
+    if call.mask_cast:
+        mask = mask.to(_TYPES[call.mask_cast])
+    if call.mask_form == "additive":
+        attends = mask if mask.dtype == torch.bool else (mask != 0) if not mask.is_floating_point() else None
+        if attends is not None:
+            mask = torch.zeros((), dtype=query_dtype, device=mask.device).masked_fill(~attends, float("-inf"))
+        else:
+            mask = mask.to(query_dtype)
+    elif call.mask_form == "inverted":
+        mask = ~(mask if mask.dtype == torch.bool else mask != 0)
+    elif call.mask_form == "flattened":
+        raise NotImplementedError("masklens.torch does not run FlashInfer's flattened custom masks")
+    return mask
+
+
+def run_sdpa(call, t: Tensors, q, k, v, mask):
+    a = call.args
+    attn_mask = None
+    if call.mask == "keep":
+        attn_mask = kept_mask(call, mask, q.dtype)
+    elif call.mask == "replace":
+        from torch.nn.attention.bias import causal_lower_right
+        attn_mask = causal_lower_right(q.shape[2], k.shape[2])
+    enable_gqa = bool(a.enable_gqa) if a is not None else False
+    if q.shape[1] != k.shape[1] and not enable_gqa:
+        k, v = _expand_kv(q, k, v)
+    kwargs = {"enable_gqa": True} if enable_gqa else {}
+    is_causal = bool(a.is_causal) if a is not None else False
+
+    def go():
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=t.dropout_p,
+                                              is_causal=is_causal, scale=t.scale, **kwargs)
+
+    if q.device.type != "cuda":
+        # On the CPU only the math kernel is decided (masklens.torch's CPU environment);
+        # torch's CPU kernels are exact for every mask, so its own dispatch runs it.
+        return go()
+    with sdpa_kernel(_KERNELS[call.backend]):
+        return go()
+
+
+def _pack_index(sequences, side, device, batch):
+    """(batch index, row index) of every packed row, in packing order: side 1 = q, 3 = k."""
+    bs, rows = [], []
+    for seq in sequences:
+        b, start, end = seq[0], seq[side], seq[side + 1]
+        n = end - start
+        rows.append(torch.arange(start, end, device=device))
+        bs.append(torch.full((n,), b, device=device, dtype=torch.long))
+    if not rows:
+        empty = torch.zeros(0, dtype=torch.long, device=device)
+        return empty, empty
+    return torch.cat(bs), torch.cat(rows)
+
+
+def _broadcast_sequences(sequences, structure, batch):
+    """A structure of batch 1 describes every batch of a [1, ...] mask: repeat its
+    sequences for each batch of the call."""
+    if structure.batch == batch:
+        return list(sequences)
+    return [(b,) + tuple(s[1:]) for b in range(batch) for s in sequences]
+
+
+@functools.lru_cache(maxsize=None)
+def _varlen_params():
+    from torch.nn.attention.varlen import varlen_attn
+    return varlen_attn, frozenset(_pyinspect.signature(varlen_attn).parameters)
+
+
+def _varlen_layout(call, t: Tensors, q):
+    a = call.args
+    key = ("varlen", q.device, q.shape[0])
+    layout = t.derived.get(key)
+    if layout is None:
+        seqs = _broadcast_sequences(a.sequences, t.structure, q.shape[0])
+        qb, qi = _pack_index(seqs, 1, q.device, q.shape[0])
+        kb, ki = _pack_index(seqs, 3, q.device, q.shape[0])
+        cu_q = [0]
+        cu_k = [0]
+        for s in seqs:
+            cu_q.append(cu_q[-1] + s[2] - s[1])
+            cu_k.append(cu_k[-1] + s[4] - s[3])
+        max_q = max((s[2] - s[1] for s in seqs), default=0)
+        max_k = max((s[4] - s[3] for s in seqs), default=0)
+        layout = (qb, qi, kb, ki, torch.tensor(cu_q, dtype=torch.int32, device=q.device),
+                  torch.tensor(cu_k, dtype=torch.int32, device=q.device), max_q, max_k)
+        t.derived[key] = layout
+    return layout
+
+
+def run_varlen(call, t: Tensors, q, k, v, attend=None):
+    """Packs the sequences into [total, heads, dim], runs the varlen kernel, unpacks into a
+    zero [B, H, Q, Dv] output. `attend` replaces the kernel (tests run the packing on the
+    CPU with it)."""
+    a = call.args
+    if q.shape[1] != k.shape[1]:
+        k, v = _expand_kv(q, k, v)
+    qb, qi, kb, ki, cu_q, cu_k, max_q, max_k = _varlen_layout(call, t, q)
+    qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, L, H, D]
+    qp, kp, vp = qt[qb, qi], kt[kb, ki], vt[kb, ki]
+    if attend is not None:
+        outp = attend(qp, kp, vp, cu_q, cu_k, max_q, max_k, causal=a.causal, window=(a.window_left, a.window_right),
+                      scale=t.scale)
+    elif call.backend == "torch.varlen_attn":
+        varlen_attn, params = _varlen_params()
+        kwargs = {"scale": t.scale} if "scale" in params else {}
+        window = (a.window_left, a.window_right)
+        if "window_size" in params:
+            kwargs["window_size"] = window
+        elif a.window_left >= 0 or a.causal:
+            raise RuntimeError("masklens: this torch's varlen_attn has no window_size argument")
+        outp = varlen_attn(qp, kp, vp, cu_q, cu_k, max_q, max_k, **kwargs)
+    elif call.backend in ("flash_attn.varlen", "flash_attn3.varlen"):
+        if call.backend == "flash_attn.varlen":
+            from flash_attn import flash_attn_varlen_func
+        else:
+            from flash_attn_interface import flash_attn_varlen_func
+        kwargs = {"causal": a.causal, "softmax_scale": t.scale}
+        if a.window_left >= 0 or a.window_right >= 0:
+            kwargs["window_size"] = (a.window_left, a.window_right)
+        if call.backend == "flash_attn.varlen":
+            kwargs["dropout_p"] = t.dropout_p
+        outp = flash_attn_varlen_func(qp, kp, vp, cu_q, cu_k, max_q, max_k, **kwargs)
+        if isinstance(outp, tuple):
+            outp = outp[0]
+    else:
+        raise RuntimeError(f"masklens: no varlen runner for {call.backend}")
+    out = qt.new_zeros(q.shape[0], q.shape[2], q.shape[1], v.shape[-1])
+    out = out.index_put((qb, qi), outp)
+    return out.transpose(1, 2)
+
+
+def run_flash_attn(call, t: Tensors, q, k, v):
+    """flash-attn's fixed-length kernel: [B, L, H, D] in and out, GQA native."""
+    a = call.args
+    from flash_attn import flash_attn_func
+    kwargs = {"causal": a.causal, "softmax_scale": t.scale, "dropout_p": t.dropout_p}
+    if a.window_left >= 0:
+        kwargs["window_size"] = (a.window_left, 0)
+    out = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), **kwargs)
+    return out.transpose(1, 2)
+
+
+def mask_mod_for(structure, device, mask=None):
+    """FlexAttention's mask_mod: the structure's rule from its fields, or (for a kept
+    mask) a lookup into the dense mask."""
+    if mask is not None:
+        m = mask if mask.dtype == torch.bool else (mask > -1000) if mask.is_floating_point() else mask != 0
+        mb, mh = m.shape[0], m.shape[1]
+
+        def lookup(b, h, qi, ki):
+            return m[b if mb > 1 else 0, h if mh > 1 else 0, qi, ki]
+        return lookup
+    s = structure
+    Q, K = s.q_len, s.k_len
+    d = K - Q if s.alignment == "bottom_right" else 0
+    kind = s.kind
+    W, C, P = s.window, max(s.chunk, 1), s.prefix
+    blocks = torch.full((max(K, Q + d, 1),), -1, device=device, dtype=torch.int32)
+    for n, (start, end) in enumerate(s.blocks):
+        blocks[start:end] = n
+    docs = None
+    if s.segments is not None:
+        docs = torch.stack([torch.bucketize(torch.arange(Q, device=device), torch.tensor(seg[1:-1], device=device,
+                                                                                          dtype=torch.long), right=True)
+                            for seg in s.segments])
+    kv = torch.tensor(s.kv_valid, device=device, dtype=torch.long) if s.kv_valid is not None else None
+    one_batch = s.batch == 1
+
+    def mask_mod(b, h, qi, ki):
+        p = qi + d
+        if kind == "full":
+            ok = ki >= 0
+        elif kind == "causal":
+            ok = ki <= p
+        elif kind == "sliding_window":
+            ok = (ki <= p) & (p - ki < W)
+        elif kind == "chunked":
+            ok = (ki <= p) & (p >= 0) & (ki // C == p // C)
+        elif kind == "prefix_lm":
+            ok = (ki <= p) | (ki < P)
+        else:  # causal_blocks: p's block, when p lies in one
+            ok = (ki <= p) | ((blocks[ki] >= 0) & (blocks[ki] == blocks[p.clamp(min=0)]) & (p >= 0))
+        bb = 0 if one_batch else b
+        if docs is not None:
+            ok = ok & (docs[bb, qi] == docs[bb, ki])
+        if kv is not None:
+            ok = ok & (ki >= kv[bb, 0]) & (ki < kv[bb, 1])
+        return ok
+    return mask_mod
+
+
+_compiled_flex = None
+
+
+def run_flex(call, t: Tensors, q, k, v, compiled=True):
+    global _compiled_flex
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    a = call.args
+    B, Q, K = q.shape[0], q.shape[2], k.shape[2]
+    key = ("flex", q.device, B, a.block_q, a.block_k, a.mask_mod_reads_mask)
+    block_mask = t.derived.get(key)
+    if block_mask is None:
+        mask_mod = mask_mod_for(t.structure, q.device, t.mask if a.mask_mod_reads_mask else None)
+        block_mask = create_block_mask(mask_mod, B, None, Q, K, device=q.device, BLOCK_SIZE=(a.block_q, a.block_k))
+        t.derived[key] = block_mask
+    fn = flex_attention
+    if compiled:
+        if _compiled_flex is None:
+            _compiled_flex = torch.compile(flex_attention, dynamic=False)
+        fn = _compiled_flex
+    kwargs = {"enable_gqa": True} if q.shape[1] != k.shape[1] else {}
+    return fn(q, k, v, block_mask=block_mask, scale=t.scale, **kwargs)
+
+
+def run_call(call, t: Tensors, q, k, v, mask):
+    b = call.backend
+    if b in _KERNELS:
+        return run_sdpa(call, t, q, k, v, mask)
+    if b in ("torch.varlen_attn", "flash_attn.varlen", "flash_attn3.varlen"):
+        return run_varlen(call, t, q, k, v)
+    if b == "torch.flex_attention":
+        return run_flex(call, t, q, k, v)
+    if b == "flash_attn":
+        return run_flash_attn(call, t, q, k, v)
+    raise RuntimeError(f"masklens: masklens.torch has no runner for {b}")
+
+
+def run_plan(policy, t: Tensors):
+    """Each step on q[b, :, q_range] and k/v[b, :, k_range], written into a zero output;
+    zeros steps leave their rows 0. A structure of batch 1 stands for every batch."""
+    q, k, v = t.q, t.k, t.v
+    out = q.new_zeros(q.shape[0], q.shape[1], q.shape[2], v.shape[-1])
+    all_batches = t.structure.batch == 1 and q.shape[0] > 1
+    for step in policy.plan:
+        if step.call.backend == "zeros":
+            continue
+        (qs, qe), (ks, ke) = step.q_range, step.k_range
+        bs = slice(None) if all_batches else slice(step.batch, step.batch + 1)
+        piece = run_call(step.call, t, q[bs, :, qs:qe], k[bs, :, ks:ke], v[bs, :, ks:ke], None)
+        out[bs, :, qs:qe] = piece
+    return out
+
+
+def run_policy(policy, t: Tensors):
+    if policy.is_plan:
+        return run_plan(policy, t)
+    return run_call(policy.call, t, t.q, t.k, t.v, t.mask)

@@ -1,0 +1,164 @@
+"""masklens.torch.scaled_dot_product_attention: torch's function, with the mask proven.
+
+Same signature and result as torch.nn.functional.scaled_dot_product_attention (rows
+that attend to nothing come out 0, as torch's math kernel gives them). With a dense
+attn_mask it scans the mask once per tensor (cached, see masklens._cache), decides the
+backend for the call (masklens.decide) and runs it: the mask dropped for is_causal or
+causal_lower_right, a plan of slices, torch's varlen_attn, compiled FlexAttention,
+flash-attn where installed, or the mask kept on a kernel that is correct for it.
+
+Torch's own call runs unchanged where there is nothing to prove or no time to prove it:
+no mask, is_causal=True, tensors that are not [B, H, L, D], a query dtype masklens does
+not decide for (float64), inside torch.compile, and during CUDA graph capture.
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.nn.functional as F
+
+from . import _cache, _env, _run
+from . import _core
+from . import element_name, strict as _is_strict
+
+logger = logging.getLogger("masklens")
+
+_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
+_MASK_DTYPES = (torch.bool, torch.uint8, torch.int8, torch.float16, torch.bfloat16, torch.float32)
+_logged = set()
+
+
+def _passthrough(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+    return F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                                          is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+
+
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def _check(query, key, value, attn_mask):
+    """Torch's errors (RuntimeError) for inputs torch would refuse, with masklens's wording."""
+    if attn_mask.device != query.device:
+        raise RuntimeError(f"masklens: attn_mask is on {attn_mask.device} but query is on {query.device}; "
+                           "move the mask to the query's device")
+    if attn_mask.dtype not in _MASK_DTYPES:
+        raise RuntimeError(f"masklens: attn_mask dtype {attn_mask.dtype} is not supported: use bool (True = attend), "
+                           "uint8/int8 (non-zero = attend) or an additive float16/bfloat16/float32 mask")
+    B, H, Q = query.shape[0], query.shape[1], query.shape[2]
+    K = key.shape[2]
+    if attn_mask.dim() > 4 or attn_mask.dim() < 1:
+        raise RuntimeError(f"masklens: attn_mask must have 1 to 4 dims, got shape {tuple(attn_mask.shape)}")
+    # torch.broadcast_shapes costs ~0.15 ms a call; this is the same rule for a mask that
+    # must broadcast to the output's shape (trailing dims aligned, 1 broadcasts).
+    target = (B, H, Q, K)[4 - attn_mask.dim():]
+    if not all(m == t or m == 1 for m, t in zip(attn_mask.shape, target)):
+        raise RuntimeError(f"masklens: attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to "
+                           f"(batch, heads, q_len, k_len) = {(B, H, Q, K)}")
+
+
+def _view4(attn_mask, Q, K):
+    """The mask as 4 dims with its query and key dims broadcast to Q and K (batch and
+    heads stay as given: a structure of batch 1 describes every batch)."""
+    m = attn_mask
+    while m.dim() < 4:
+        m = m.unsqueeze(0)
+    if m.shape[2] != Q or m.shape[3] != K:
+        m = m.expand(m.shape[0], m.shape[1], Q, K)
+    return m
+
+
+def _call_key(query, key, value, attn_mask, dropout_p, training, enable_gqa):
+    return (query.dtype, query.shape, key.shape[1], key.shape[2], value.shape[-1], attn_mask.dtype, float(dropout_p),
+            training, torch.are_deterministic_algorithms_enabled(), query.device, enable_gqa)
+
+
+def _decide(entry, query, key, value, attn_mask, dropout_p, training, enable_gqa):
+    ck = _call_key(query, key, value, attn_mask, dropout_p, training, enable_gqa)
+    hit = entry.policies.get(ck)
+    if hit is not None:
+        return hit
+    call = _core.AttentionCall()
+    call.dtype = _DTYPES[query.dtype]
+    call.head_dim = query.shape[-1]
+    call.head_dim_v = value.shape[-1]
+    call.batch = query.shape[0]
+    call.heads = query.shape[1]
+    call.kv_heads = key.shape[1]
+    call.q_len = query.shape[2]
+    call.k_len = key.shape[2]
+    call.training = training
+    call.dropout = float(dropout_p)
+    call.deterministic = torch.are_deterministic_algorithms_enabled()
+    call.mask_dtype = element_name(attn_mask.dtype)
+    env = _env.environment(query.device if query.device.type == "cuda" else "cpu", runnable_only=True)
+    structure = entry.verdict.structure
+    try:
+        policy = _core.decide(structure, call, env)
+    except _core.MaskError as e:
+        if _is_strict():
+            raise RuntimeError(f"masklens (strict): no available backend computes this mask correctly: "
+                               f"{structure.describe()}: {e}") from e
+        logger.warning("masklens: %s: %s; running torch's own dispatch with the mask", structure.describe(), e)
+        policy = None
+    entry.policies[ck] = policy
+    if policy is not None:
+        what = (structure.describe(), policy.backend, policy.call.mask, policy.is_plan, query.device.type)
+        if what not in _logged:
+            _logged.add(what)
+            plan = f" as a plan of {len(policy.plan)} calls" if policy.is_plan else ""
+            why = "; ".join(f"{r.backend}: {r.reason}" for r in policy.rejected if r.kind != "unavailable")
+            logger.info("masklens: %s [%d, %d, %d, %d] -> %s (mask %s)%s, estimated %.3f ms; rejected: %s",
+                        structure.describe(), structure.batch, structure.heads, structure.q_len, structure.k_len,
+                        policy.backend, policy.call.mask, plan, policy.cost_ms, why)
+    return policy
+
+
+def _attending_rows(entry, device):
+    key = ("rows", device)
+    rows = entry.derived.get(key)
+    if rows is None:
+        rows = torch.from_numpy(entry.verdict.attending_rows()).to(device).unsqueeze(-1)  # [b, h, Q, 1]
+        entry.derived[key] = rows
+    return rows
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                                 enable_gqa=False):
+    """torch.nn.functional.scaled_dot_product_attention, running the mask as masklens
+    decides (module docstring)."""
+    if (attn_mask is None or is_causal or not isinstance(attn_mask, torch.Tensor)
+            or torch.compiler.is_compiling() or query.dim() != 4 or key.dim() != 4 or value.dim() != 4
+            or query.dtype not in _DTYPES or attn_mask.is_nested or query.is_nested or _capturing()):
+        return _passthrough(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    if key.shape[1] != query.shape[1] and not enable_gqa:
+        # torch's own error (heads must match without enable_gqa).
+        return _passthrough(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    _check(query, key, value, attn_mask)
+    Q, K = query.shape[2], key.shape[2]
+    view = _view4(attn_mask, Q, K)
+    try:
+        entry = _cache.entry_for(attn_mask, view=view)
+    except _core.MaskError as e:
+        raise RuntimeError(f"masklens: attn_mask: {e}") from None
+    training = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
+    policy = _decide(entry, query, key, value, attn_mask, dropout_p, training, enable_gqa)
+    if policy is None:
+        return _passthrough(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    structure = entry.verdict.structure
+    t = _run.Tensors(query, key, value, view, scale, dropout_p, structure, entry.derived)
+    out = _run.run_policy(policy, t)
+    if structure.empty_rows > 0:
+        out = torch.where(_attending_rows(entry, out.device), out, out.new_zeros(()))
+    return out
+
+
+def inspect(query, key, value, attn_mask, dropout_p=0.0, enable_gqa=False):
+    """The policy scaled_dot_product_attention runs for these arguments (None: torch's own
+    dispatch), and the verdict it is based on."""
+    _check(query, key, value, attn_mask)
+    view = _view4(attn_mask, query.shape[2], key.shape[2])
+    entry = _cache.entry_for(attn_mask, view=view)
+    training = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
+    return _decide(entry, query, key, value, attn_mask, dropout_p, training, enable_gqa), entry.verdict

@@ -1,0 +1,487 @@
+// masklens._core: the typed structure and policy for Python. Masks cross as DLPack
+// arrays (torch tensors, numpy arrays) without a copy; structures, calls and policies
+// cross as classes whose fields are the C++ fields, so Python drives a call from
+// values, never from JSON or source text. Enumerations cross as the names the JSON
+// contract uses (docs/json.md), so `policy.call.backend == "torch.sdpa.cudnn"`.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/set.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <masklens/call_args.hpp>
+#include <masklens/describe.hpp>
+#include <masklens/masklens.hpp>
+
+#include <array>
+#include <cstring>
+#include <memory>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <utility>
+
+namespace nb = nanobind;
+using namespace nb::literals;
+using namespace masklens;
+
+namespace {
+
+// A failed Status on its way to Python as masklens.MaskError (a RuntimeError, the type
+// torch raises for bad attention inputs); the message starts with the error code.
+struct StatusError : std::runtime_error {
+  explicit StatusError(const Status& s) : std::runtime_error(s.to_string()) {}
+};
+
+[[noreturn]] void raise(const Status& s) { throw StatusError(s); }
+
+template <class T>
+T take(Result<T> r) {
+  if (!r) raise(r.status());
+  return std::move(r).value();
+}
+
+// Names <-> enumerations, through the to_string() every enumeration has.
+template <class E, std::size_t N>
+E from_name(const std::string& name, const std::array<E, N>& all, const char* what) {
+  std::string known;
+  for (E e : all) {
+    if (to_string(e) == name) return e;
+    known += (known.empty() ? "" : ", ") + std::string(to_string(e));
+  }
+  raise(error(ErrorCode::invalid_argument, std::string(what) + " '" + name + "' is not one of: " + known));
+}
+
+constexpr std::array kKinds{StructureKind::full,      StructureKind::causal,        StructureKind::sliding_window,
+                            StructureKind::chunked,   StructureKind::prefix_lm,     StructureKind::causal_blocks,
+                            StructureKind::arbitrary};
+constexpr std::array kAlignments{Alignment::top_left, Alignment::bottom_right};
+constexpr std::array kElements{ElementType::boolean, ElementType::uint8,    ElementType::int8,
+                               ElementType::float16, ElementType::bfloat16, ElementType::float32};
+constexpr std::array kDTypes{DType::float16, DType::bfloat16, DType::float32};
+
+DType dtype_named(const std::string& name) {
+  if (name == "bfloat16") return DType::bfloat16;
+  if (name == "float16") return DType::float16;
+  if (name == "float32") return DType::float32;
+  return from_name(name, kDTypes, "dtype");
+}
+
+// The element type of a DLPack array, or unsupported_dtype naming it.
+ElementType element_of(nb::dlpack::dtype d) {
+  using C = nb::dlpack::dtype_code;
+  const auto code = static_cast<C>(d.code);
+  if (d.lanes == 1) {
+    if (code == C::Bool && d.bits == 8) return ElementType::boolean;
+    if (code == C::UInt && d.bits == 8) return ElementType::uint8;
+    if (code == C::Int && d.bits == 8) return ElementType::int8;
+    if (code == C::Float && d.bits == 16) return ElementType::float16;
+    if (code == C::Bfloat && d.bits == 16) return ElementType::bfloat16;
+    if (code == C::Float && d.bits == 32) return ElementType::float32;
+  }
+  static constexpr const char* kCodes[] = {"int", "uint", "float", "opaque", "bfloat", "complex", "bool"};
+  const std::string name = d.code < std::size(kCodes) ? kCodes[d.code] : "code " + std::to_string(d.code);
+  raise(error(ErrorCode::unsupported_dtype, "mask dtype " + name + std::to_string(d.bits) +
+                                                " is not a mask type (bool, uint8, int8, float16, bfloat16, float32)"));
+}
+
+using Range = std::pair<std::int64_t, std::int64_t>;
+Range pair_of(const KeyRange& r) { return {r.start, r.end}; }
+KeyRange range_of(const Range& r) { return {r.first, r.second}; }
+
+// The library's argument values as Python values: int pairs and index tensors as lists
+// (the JSON contract's spelling; the runner makes tensors of them on the right device).
+nb::object py_value(const ArgValue& v) {
+  return std::visit(
+      [](const auto& x) -> nb::object {
+        using T = std::decay_t<decltype(x)>;
+        if constexpr (std::is_same_v<T, IntPair>) {
+          nb::list l;
+          l.append(x.first);
+          l.append(x.second);
+          return l;
+        } else if constexpr (std::is_same_v<T, IndexTensor>) {
+          return nb::cast(x.values);
+        } else if constexpr (std::is_same_v<T, Identifier>) {
+          return nb::str(x.text.data(), x.text.size());
+        } else if constexpr (std::is_same_v<T, std::string_view>) {
+          return nb::str(x.data(), x.size());
+        } else {
+          return nb::cast(x);
+        }
+      },
+      v);
+}
+
+nb::dict py_args(const std::vector<NamedArg>& args) {
+  nb::dict d;
+  for (const NamedArg& a : args) d[nb::str(a.name.data(), a.name.size())] = py_value(a.value);
+  return d;
+}
+
+// The scan's result: the structure, and the spans it was proven from (kept for the
+// rows that attend to nothing, which an arbitrary structure cannot list).
+struct Verdict {
+  MaskStructure structure;
+  SpanTable spans;
+};
+
+constexpr std::pair<const char*, BackendFamily> kFamilies[] = {
+    {"torch", kFamilyTorch}, {"flash_attn", kFamilyFlashAttn},   {"flash_attn3", kFamilyFlashAttn3},
+    {"flex", kFamilyFlex},   {"xformers", kFamilyXformers},     {"te", kFamilyTransformerEngine},
+    {"flashinfer", kFamilyFlashInfer}, {"cudnn_frontend", kFamilyCudnnFrontend}};
+
+std::optional<std::string> version_text(const Version& v) {
+  return v.known() ? std::optional<std::string>(v.to_string()) : std::nullopt;
+}
+Version parse_version(const std::optional<std::string>& text, const char* field) {
+  if (!text) return Version{};
+  Result<Version> v = Version::parse(*text);
+  if (!v) raise(error(ErrorCode::invalid_argument, std::string("environment.") + field + ": " + v.status().message()));
+  return *v;
+}
+
+// A version field of Environment as an optional string property ("2.11", None = not installed).
+template <Version Environment::*F>
+void version_property(nb::class_<Environment>& c, const char* name) {
+  c.def_prop_rw(
+      name, [](const Environment& e) { return version_text(e.*F); },
+      [name](Environment& e, const std::optional<std::string>& v) { e.*F = parse_version(v, name); },
+      nb::arg("value").none());
+}
+
+}  // namespace
+
+NB_MODULE(_core, m) {
+  m.doc() = "masklens C++ core: scan, classify and decide on typed values";
+  m.attr("__version__") = "0.1.0";
+  m.attr("JSON_SCHEMA") = 2;
+  nb::exception<StatusError>(m, "MaskError", PyExc_RuntimeError);
+
+  // --- MaskStructure -------------------------------------------------------------------
+  nb::class_<MaskStructure>(m, "MaskStructure", "The canonical description of a mask (docs/structures.md).")
+      .def(nb::init<>())
+      .def_rw("batch", &MaskStructure::batch)
+      .def_rw("heads", &MaskStructure::heads)
+      .def_rw("q_len", &MaskStructure::q_len)
+      .def_rw("k_len", &MaskStructure::k_len)
+      .def_prop_rw(
+          "kind", [](const MaskStructure& s) { return std::string(to_string(s.kind)); },
+          [](MaskStructure& s, const std::string& v) { s.kind = from_name(v, kKinds, "structure.kind"); })
+      .def_prop_rw(
+          "alignment", [](const MaskStructure& s) { return std::string(to_string(s.alignment)); },
+          [](MaskStructure& s, const std::string& v) { s.alignment = from_name(v, kAlignments, "structure.alignment"); })
+      .def_rw("window", &MaskStructure::window)
+      .def_rw("chunk", &MaskStructure::chunk)
+      .def_rw("prefix", &MaskStructure::prefix)
+      .def_prop_rw(
+          "blocks",
+          [](const MaskStructure& s) {
+            std::vector<Range> out;
+            for (const KeyRange& r : s.blocks) out.push_back(pair_of(r));
+            return out;
+          },
+          [](MaskStructure& s, const std::vector<Range>& v) {
+            s.blocks.clear();
+            for (const Range& r : v) s.blocks.push_back(range_of(r));
+          })
+      .def_prop_rw(
+          "segments",
+          [](const MaskStructure& s) {
+            return s.has_segments() ? std::optional(s.segments) : std::nullopt;
+          },
+          [](MaskStructure& s, const std::optional<std::vector<std::vector<std::int64_t>>>& v) {
+            s.segments = v ? *v : std::vector<std::vector<std::int64_t>>{};
+          },
+          nb::arg("value").none(), "Per batch document offsets [0, e1, ..., Q], or None.")
+      .def_prop_rw(
+          "kv_valid",
+          [](const MaskStructure& s) -> std::optional<std::vector<Range>> {
+            if (!s.has_kv_valid()) return std::nullopt;
+            std::vector<Range> out;
+            for (const KeyRange& r : s.kv_valid) out.push_back(pair_of(r));
+            return out;
+          },
+          [](MaskStructure& s, const std::optional<std::vector<Range>>& v) {
+            s.kv_valid.clear();
+            if (v)
+              for (const Range& r : *v) s.kv_valid.push_back(range_of(r));
+          },
+          nb::arg("value").none(), "Per batch valid keys (start, end), or None.")
+      .def_rw("empty_rows", &MaskStructure::empty_rows)
+      .def_rw("finite_masked_rows", &MaskStructure::finite_masked_rows)
+      .def_rw("bias", &MaskStructure::bias)
+      .def("key_position", &MaskStructure::key_position, "q"_a)
+      .def(
+          "row",
+          [](const MaskStructure& s, std::int64_t b, std::int64_t q) -> std::optional<Range> {
+            if (s.kind == StructureKind::arbitrary) raise(error(ErrorCode::invalid_argument, "an arbitrary structure has no rows"));
+            if (b < 0 || b >= s.batch || q < 0 || q >= s.q_len)
+              raise(error(ErrorCode::invalid_argument, "row (" + std::to_string(b) + ", " + std::to_string(q) +
+                                                           ") is outside the structure"));
+            const RowSpan r = s.row(b, q);
+            return r.empty() ? std::nullopt : std::optional<Range>(Range{r.first, r.last + 1});
+          },
+          "b"_a, "q"_a, "Keys [start, end) row q of batch b attends, or None.")
+      .def("describe", [](const MaskStructure& s) { return describe(s); })
+      .def("__repr__", [](const MaskStructure& s) {
+        return "<MaskStructure [" + std::to_string(s.batch) + ", " + std::to_string(s.heads) + ", " +
+               std::to_string(s.q_len) + ", " + std::to_string(s.k_len) + "] " + describe(s) + ">";
+      });
+
+  nb::class_<Verdict>(m, "Verdict", "A scanned mask: its structure and which rows attend to any key.")
+      .def_ro("structure", &Verdict::structure)
+      .def(
+          "attending_rows",
+          [](const Verdict& v) {
+            // [distinct batch, distinct heads, Q]: broadcasts against [B, H, Q] as the mask did.
+            const SpanTable& t = v.spans;
+            auto* rows = new std::uint8_t[t.rows.size()];
+            for (std::size_t i = 0; i < t.rows.size(); ++i) rows[i] = t.rows[i].empty() ? 0 : 1;
+            nb::capsule owner(rows, [](void* p) noexcept { delete[] static_cast<std::uint8_t*>(p); });
+            const std::size_t shape[3] = {static_cast<std::size_t>(t.distinct_batch),
+                                          static_cast<std::size_t>(t.distinct_heads), static_cast<std::size_t>(t.q_len)};
+            return nb::ndarray<nb::numpy, bool, nb::ndim<3>>(reinterpret_cast<bool*>(rows), 3, shape, owner);
+          },
+          "Whether each row attends to any key: bool [distinct batch, distinct heads, Q].");
+
+  m.def(
+      "scan",
+      [](nb::ndarray<nb::ro, nb::device::cpu> mask, float masked_threshold, int threads) {
+        const ElementType type = element_of(mask.dtype());
+        if (mask.ndim() < 1 || mask.ndim() > 4)
+          raise(error(ErrorCode::invalid_shape, "mask must have 1 to 4 dims, got " + std::to_string(mask.ndim())));
+        std::array<std::int64_t, 4> shape{}, strides{};
+        for (std::size_t i = 0; i < mask.ndim(); ++i) {
+          shape[i] = static_cast<std::int64_t>(mask.shape(i));
+          strides[i] = mask.stride(i);
+        }
+        MaskEncoding enc;
+        enc.masked_threshold = masked_threshold;
+        const MaskView view =
+            take(MaskView::make(mask.data(), type, std::span<const std::int64_t>(shape.data(), mask.ndim()),
+                                std::span<const std::int64_t>(strides.data(), mask.ndim()), enc));
+        // Threads pay off only on large masks: spawning them costs more than a small scan.
+        const double bytes = static_cast<double>(view.q_len()) * static_cast<double>(view.k_len()) *
+                             (view.stride(kBatch) ? static_cast<double>(view.batch()) : 1.0) *
+                             (view.stride(kHeads) ? static_cast<double>(view.heads()) : 1.0) * element_size(type);
+        Verdict v;
+        {
+          nb::gil_scoped_release unlocked;
+          ScanOptions options{threads > 0 ? threads : (bytes < (8 << 20) ? 1 : 0)};
+          Result<SpanTable> spans = scan(view, options);
+          if (!spans) {
+            nb::gil_scoped_acquire locked;
+            raise(spans.status());
+          }
+          v.spans = std::move(spans).value();
+          Result<MaskStructure> s = classify(v.spans);
+          if (!s) {
+            nb::gil_scoped_acquire locked;
+            raise(s.status());
+          }
+          v.structure = std::move(s).value();
+        }
+        return v;
+      },
+      "mask"_a, "masked_threshold"_a = -1000.0f, "threads"_a = 0,
+      "Scan a host mask (a DLPack array: a torch CPU tensor or a numpy array; strides in elements, 0 broadcasts) "
+      "and classify it. Raises MaskError naming the first bad element or field.");
+
+  m.def("describe", [](const MaskStructure& s) { return describe(s); });
+
+  // --- The call and where it runs ---------------------------------------------------
+  nb::class_<AttentionCall>(m, "AttentionCall", "The attention call at hand (include/masklens/call.hpp).")
+      .def(nb::init<>())
+      .def_prop_rw(
+          "dtype", [](const AttentionCall& c) { return std::string(to_string(c.dtype)); },
+          [](AttentionCall& c, const std::string& v) { c.dtype = dtype_named(v); })
+      .def_rw("head_dim", &AttentionCall::head_dim)
+      .def_rw("head_dim_v", &AttentionCall::head_dim_v)
+      .def_rw("batch", &AttentionCall::batch)
+      .def_rw("heads", &AttentionCall::heads)
+      .def_rw("kv_heads", &AttentionCall::kv_heads)
+      .def_rw("q_len", &AttentionCall::q_len)
+      .def_rw("k_len", &AttentionCall::k_len)
+      .def_rw("training", &AttentionCall::training)
+      .def_rw("dropout", &AttentionCall::dropout)
+      .def_rw("deterministic", &AttentionCall::deterministic)
+      .def_prop_rw(
+          "mask_dtype",
+          [](const AttentionCall& c) {
+            return c.mask_dtype ? std::optional<std::string>(std::string(to_string(*c.mask_dtype))) : std::nullopt;
+          },
+          [](AttentionCall& c, const std::optional<std::string>& v) {
+            c.mask_dtype = v ? std::optional(from_name(*v, kElements, "mask_dtype")) : std::nullopt;
+          },
+          nb::arg("value").none())
+      .def("validate", [](const AttentionCall& c) {
+        if (Status s = c.validate(); !s.ok()) raise(s);
+      });
+
+  auto env = nb::class_<Environment>(m, "Environment", "Where the call runs: GPU architecture and libraries.")
+                 .def(nb::init<>())
+                 .def_rw("sm", &Environment::sm)
+                 .def_prop_rw(
+                     "available",
+                     [](const Environment& e) {
+                       std::set<std::string> out;
+                       for (const auto& [name, f] : kFamilies)
+                         if (e.has(f)) out.insert(name);
+                       return out;
+                     },
+                     [](Environment& e, const std::set<std::string>& names) {
+                       std::uint32_t bits = 0;
+                       for (const std::string& n : names) {
+                         bool known = false;
+                         for (const auto& [name, f] : kFamilies)
+                           if (n == name) bits |= f, known = true;
+                         if (!known)
+                           raise(error(ErrorCode::invalid_argument,
+                                       "environment.available: unknown family '" + n +
+                                           "' (torch, flash_attn, flash_attn3, flex, xformers, te, flashinfer, "
+                                           "cudnn_frontend)"));
+                       }
+                       e.available = bits;
+                     })
+                 .def("validate", [](const Environment& e) {
+                   if (Status s = e.validate(); !s.ok()) raise(s);
+                 });
+  version_property<&Environment::torch>(env, "torch");
+  version_property<&Environment::cudnn>(env, "cudnn");
+  version_property<&Environment::flash_attn>(env, "flash_attn");
+  version_property<&Environment::flash_attn3>(env, "flash_attn3");
+  version_property<&Environment::xformers>(env, "xformers");
+  version_property<&Environment::transformer_engine>(env, "transformer_engine");
+  version_property<&Environment::flashinfer>(env, "flashinfer");
+  version_property<&Environment::cudnn_frontend>(env, "cudnn_frontend");
+
+  // --- The typed call ---------------------------------------------------------------
+  nb::class_<SdpaArgs>(m, "SdpaArgs", "F.scaled_dot_product_attention's arguments and the kernel to force.")
+      .def_prop_ro("type", [](const SdpaArgs&) { return "sdpa"; })
+      .def_prop_ro("kernel", [](const SdpaArgs& a) { return std::string(to_string(a.kernel)); })
+      .def_ro("is_causal", &SdpaArgs::is_causal)
+      .def_ro("causal_lower_right", &SdpaArgs::causal_lower_right)
+      .def_ro("enable_gqa", &SdpaArgs::enable_gqa);
+  nb::class_<KernelArgs>(m, "KernelArgs", "A fixed-length kernel's own mask arguments (flash-attn, xformers, ...).")
+      .def_prop_ro("type", [](const KernelArgs&) { return "kernel"; })
+      .def_ro("causal", &KernelArgs::causal)
+      .def_prop_ro("alignment", [](const KernelArgs& a) { return std::string(to_string(a.alignment)); })
+      .def_ro("window_left", &KernelArgs::window_left)
+      .def_ro("window_right", &KernelArgs::window_right)
+      .def_ro("chunk", &KernelArgs::chunk);
+  nb::class_<VarlenArgs>(m, "VarlenArgs", "Variable-length attention: sequences cut from the padded tensors.")
+      .def_prop_ro("type", [](const VarlenArgs&) { return "varlen"; })
+      .def_prop_ro(
+          "sequences",
+          [](const VarlenArgs& a) {
+            std::vector<std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t>> out;
+            out.reserve(a.sequences.size());
+            for (const Sequence& s : a.sequences) out.emplace_back(s.batch, s.q.start, s.q.end, s.k.start, s.k.end);
+            return out;
+          },
+          "(batch, q_start, q_end, k_start, k_end) per sequence, in packing order.")
+      .def_ro("packed", &VarlenArgs::packed)
+      .def_ro("causal", &VarlenArgs::causal)
+      .def_ro("window_left", &VarlenArgs::window_left)
+      .def_ro("window_right", &VarlenArgs::window_right)
+      .def_prop_ro("cu_seqlens_q", &VarlenArgs::cu_seqlens_q)
+      .def_prop_ro("cu_seqlens_k", &VarlenArgs::cu_seqlens_k)
+      .def_prop_ro("max_seqlen_q", &VarlenArgs::max_seqlen_q)
+      .def_prop_ro("max_seqlen_k", &VarlenArgs::max_seqlen_k);
+  nb::class_<FlexArgs>(m, "FlexArgs", "flex_attention with a BlockMask of block_q x block_k tiles.")
+      .def_prop_ro("type", [](const FlexArgs&) { return "flex"; })
+      .def_ro("block_q", &FlexArgs::block_q)
+      .def_ro("block_k", &FlexArgs::block_k)
+      .def_ro("mask_mod_reads_mask", &FlexArgs::mask_mod_reads_mask);
+
+  nb::class_<Call>(m, "Call", "One attention call: backend, what happens to the mask, typed arguments.")
+      .def_prop_ro("backend", [](const Call& c) { return std::string(to_string(c.backend)); })
+      .def_prop_ro("mask", [](const Call& c) { return std::string(to_string(c.mask)); })
+      .def_prop_ro("mask_cast",
+                   [](const Call& c) {
+                     return c.mask_cast ? std::optional<std::string>(std::string(to_string(*c.mask_cast)))
+                                        : std::nullopt;
+                   })
+      .def_prop_ro("mask_form", [](const Call& c) { return std::string(to_string(c.mask_form)); })
+      .def_prop_ro(
+          "args",
+          [](const Call& c) -> nb::object {
+            return std::visit(
+                [](const auto& a) -> nb::object {
+                  if constexpr (std::is_same_v<std::decay_t<decltype(a)>, std::monostate>) return nb::none();
+                  else return nb::cast(a);
+                },
+                c.args);
+          },
+          "SdpaArgs, KernelArgs, VarlenArgs, FlexArgs, or None (a zeros step, a plan's summary call).")
+      .def(
+          "rendered",
+          [](const Call& c, std::int64_t batch, std::int64_t q_len, std::int64_t k_len) {
+            const CallArgs r = backend_args(c, batch, q_len, k_len);
+            nb::object object = nb::none();
+            if (!r.mask_object.empty()) {
+              nb::dict o;
+              o["name"] = nb::str(r.mask_object.data(), r.mask_object.size());
+              o["args"] = py_args(r.mask_object_args);
+              object = o;
+            }
+            return std::make_pair(py_args(r.args), object);
+          },
+          "batch"_a, "q_len"_a, "k_len"_a,
+          "(keyword arguments under the library's own names, mask object {name, args} or None).");
+
+  nb::class_<PlanStep>(m, "PlanStep", "One call of a plan on q[batch, :, q_range] and k/v[batch, :, k_range].")
+      .def_ro("call", &PlanStep::call)
+      .def_ro("batch", &PlanStep::batch)
+      .def_prop_ro("q_range", [](const PlanStep& p) { return pair_of(p.q_range); })
+      .def_prop_ro("k_range", [](const PlanStep& p) { return pair_of(p.k_range); });
+
+  nb::class_<Rejection>(m, "Rejection", "A backend not chosen: kind, reason and where the rule comes from.")
+      .def_prop_ro("backend", [](const Rejection& r) { return std::string(to_string(r.backend)); })
+      .def_prop_ro("kind", [](const Rejection& r) { return std::string(to_string(r.kind)); })
+      .def_prop_ro("reason", &Rejection::reason)
+      .def_prop_ro("source", [](const Rejection& r) { return std::string(r.source); })
+      .def_prop_ro("rules",
+                   [](const Rejection& r) {
+                     std::vector<std::string> out;
+                     if (r.kind == RejectionKind::refused)
+                       r.refusals.for_each([&](const Rule& rule) { out.emplace_back(rule.name); });
+                     return out;
+                   })
+      .def_prop_ro("defect",
+                   [](const Rejection& r) {
+                     return r.kind == RejectionKind::defect && r.defect ? std::optional<std::string>(std::string(r.defect->id))
+                                                                        : std::nullopt;
+                   })
+      .def_prop_ro("cost_ms", [](const Rejection& r) {
+        return r.kind == RejectionKind::slower ? std::optional<double>(r.cost_ms) : std::nullopt;
+      });
+
+  nb::class_<Hazard>(m, "Hazard")
+      .def_prop_ro("kind", [](const Hazard& h) { return std::string(to_string(h.kind)); })
+      .def_ro("detail", &Hazard::detail);
+
+  nb::class_<Policy>(m, "Policy", "decide()'s answer: the call (or a plan), every rejection, the hazards.")
+      .def_ro("call", &Policy::call)
+      .def_ro("plan", &Policy::plan)
+      .def_ro("rejected", &Policy::rejected)
+      .def_ro("hazards", &Policy::hazards)
+      .def_ro("cost_ms", &Policy::cost_ms)
+      .def_prop_ro("is_plan", &Policy::is_plan)
+      .def_prop_ro("backend", [](const Policy& p) { return std::string(to_string(p.call.backend)); });
+
+  m.def(
+      "decide",
+      [](const MaskStructure& s, const AttentionCall& call, const Environment& env, std::int64_t max_plan_calls) {
+        DecideOptions options;
+        options.max_plan_calls = max_plan_calls;
+        return take(decide(s, call, env, options));
+      },
+      "structure"_a, "call"_a, "environment"_a, "max_plan_calls"_a = 64,
+      "The backend and typed call that compute the structure correctly and fastest (docs/policy.md).");
+}

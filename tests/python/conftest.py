@@ -1,0 +1,25 @@
+"""pytest setup for the Python package: tests run against the installed package, or
+against a build tree when MASKLENS_PYTHONPATH names it (the Meson test does)."""
+import os
+import sys
+
+path = os.environ.get("MASKLENS_PYTHONPATH")
+if path:
+    sys.path.insert(0, path)
+
+import pytest  # noqa: E402
+
+torch = pytest.importorskip("torch")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped without one)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="no CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -1,0 +1,38 @@
+"""Masks built from their definitions, and the reference attention."""
+import torch
+import torch.nn.functional as F
+
+
+def rows_cols(q_len, k_len):
+    return torch.arange(q_len)[:, None], torch.arange(k_len)[None, :]
+
+
+def reference(q, k, v, mask, scale=None):
+    """Dense-mask SDPA on the math kernel, in float64, rows that attend to nothing 0."""
+    attends = mask if mask.dtype == torch.bool else (mask > -1000) if mask.is_floating_point() else mask != 0
+    m = mask.double() if mask.is_floating_point() else attends
+    if k.shape[1] != q.shape[1]:
+        g = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+    out = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=m, scale=scale)
+    while attends.dim() < 4:
+        attends = attends.unsqueeze(0)
+    return torch.where(attends.any(-1, keepdim=True), out, torch.zeros_like(out)).to(q.dtype)
+
+
+def qkv(B, H, Q, K, D=16, Hk=None, dtype=torch.float32, grad=True, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    Hk = Hk or H
+    make = lambda *s: torch.randn(*s, generator=g, dtype=torch.float32).to(dtype).requires_grad_(grad)
+    return make(B, H, Q, D), make(B, Hk, K, D), make(B, Hk, K, D)
+
+
+def grads(out, tensors, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(out.shape, generator=g, dtype=torch.float32).to(out.dtype)
+    return torch.autograd.grad((out * w).sum(), tensors)
+
+
+def assert_close(a, b, tol=1e-4):
+    err = (a.double() - b.double()).abs().max().item() if a.numel() else 0.0
+    assert err <= tol, f"max |err| {err} > {tol}"

@@ -1,0 +1,172 @@
+"""The verdict cache (one scan per mask tensor until it changes) and bad input (torch's
+error type, RuntimeError, with a message that names the problem)."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import masklens
+from helpers import assert_close, qkv, rows_cols
+from masklens.torch import scaled_dot_product_attention as sdpa
+
+L = 32
+
+
+def causal_mask(B=2):
+    i, j = rows_cols(L, L)
+    return (j <= i).expand(B, 1, L, L)
+
+
+def test_one_scan_per_mask_tensor():
+    mask = causal_mask().clone()
+    q, k, v = qkv(2, 4, L, L, grad=False)
+    before = masklens.scan_count()
+    for _ in range(5):
+        sdpa(q, k, v, attn_mask=mask)
+    assert masklens.scan_count() - before == 1
+
+
+def test_in_place_write_rescans_and_changes_the_verdict():
+    mask = causal_mask().clone()
+    q, k, v = qkv(2, 4, L, L, grad=False)
+    sdpa(q, k, v, attn_mask=mask)
+    before = masklens.scan_count()
+    mask[1, 0, :, :3] = False  # row 1's first keys become padding: no longer plain causal
+    out = sdpa(q, k, v, attn_mask=mask)
+    assert masklens.scan_count() - before == 1
+    assert masklens.scan(mask).structure.kv_valid == [(0, L), (3, L)]
+    ref = torch.nan_to_num(F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+    assert_close(out, ref, 1e-5)
+
+
+def test_same_shape_new_tensor_is_a_new_entry():
+    q, k, v = qkv(2, 4, L, L, grad=False)
+    a = causal_mask().clone()
+    sdpa(q, k, v, attn_mask=a)
+    b = a.clone()
+    b[0, 0, 5, 0] = False
+    before = masklens.scan_count()
+    out = sdpa(q, k, v, attn_mask=b)
+    assert masklens.scan_count() - before == 1
+    assert_close(out, torch.nan_to_num(F.scaled_dot_product_attention(q, k, v, attn_mask=b)), 1e-5)
+
+
+def test_writes_torch_cannot_see_need_forget():
+    mask = causal_mask(1).clone().contiguous()
+    assert masklens.scan(mask).structure.kind == "causal"
+    mask.numpy()[0, 0, 10, 0] = False  # through a numpy alias: _version does not move
+    assert masklens.scan(mask).structure.kind == "causal"  # the documented blind spot
+    masklens.forget(mask)
+    assert masklens.scan(mask).structure.kind == "arbitrary"
+
+
+def test_inference_mode_masks_are_kept_for_one_forward():
+    q, k, v = qkv(2, 4, L, L, grad=False)
+    with torch.inference_mode():
+        mask = causal_mask().clone()
+        before = masklens.scan_count()
+        sdpa(q, k, v, attn_mask=mask)
+        sdpa(q, k, v, attn_mask=mask)
+        assert masklens.scan_count() - before == 2  # no forward marked: every call scans
+        with masklens.forward():
+            before = masklens.scan_count()
+            for _ in range(3):
+                sdpa(q, k, v, attn_mask=mask)
+            assert masklens.scan_count() - before == 1
+        with masklens.forward():
+            before = masklens.scan_count()
+            sdpa(q, k, v, attn_mask=mask)
+            assert masklens.scan_count() - before == 1  # a new forward scans again
+
+
+def test_passthrough_cases_do_not_scan():
+    q, k, v = qkv(2, 4, L, L, grad=False)
+    before = masklens.scan_count()
+    assert_close(sdpa(q, k, v, is_causal=True), F.scaled_dot_product_attention(q, k, v, is_causal=True), 0)
+    sdpa(q, k, v)
+    sdpa(q.double(), k.double(), v.double(), attn_mask=causal_mask())  # float64: torch's own call
+    assert masklens.scan_count() == before
+
+
+def test_nan_in_a_float_mask_names_the_row():
+    mask = torch.where(causal_mask(1), 0.0, float("-inf")).clone()
+    mask[0, 0, 9, 2] = float("nan")
+    q, k, v = qkv(1, 4, L, L)
+    with pytest.raises(RuntimeError, match=r"NaN or \+inf.*|element \[0, 0, 9, 2\]") as e:
+        sdpa(q, k, v, attn_mask=mask)
+    assert "[0, 0, 9, 2]" in str(e.value)
+
+
+def test_shapes_that_do_not_broadcast():
+    q, k, v = qkv(2, 4, L, L)
+    with pytest.raises(RuntimeError, match="does not broadcast"):
+        sdpa(q, k, v, attn_mask=torch.ones(3, 1, L, L, dtype=torch.bool))
+    with pytest.raises(RuntimeError, match="does not broadcast"):
+        sdpa(q, k, v, attn_mask=torch.ones(L, L + 1, dtype=torch.bool))
+
+
+def test_mask_on_another_device():
+    q, k, v = qkv(2, 4, L, L)
+    with pytest.raises(RuntimeError, match="attn_mask is on meta but query is on cpu"):
+        sdpa(q, k, v, attn_mask=torch.ones(L, L, dtype=torch.bool, device="meta"))
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.float64, torch.int32, torch.complex64])
+def test_unsupported_mask_dtypes(dtype):
+    q, k, v = qkv(2, 4, L, L)
+    with pytest.raises(RuntimeError, match="not supported"):
+        sdpa(q, k, v, attn_mask=torch.ones(L, L).to(dtype))
+
+
+def test_gqa_without_enable_gqa_is_torchs_error():
+    q, k, v = qkv(2, 4, L, L, Hk=2)
+    with pytest.raises(RuntimeError):
+        sdpa(q, k, v, attn_mask=causal_mask())
+
+
+def test_integer_masks_are_read_as_bool():
+    q, k, v = qkv(2, 4, L, L, grad=False)
+    m = causal_mask().to(torch.uint8)
+    assert_close(sdpa(q, k, v, attn_mask=m), F.scaled_dot_product_attention(q, k, v, attn_mask=m.bool()), 1e-5)
+
+
+def test_strict_raises_where_no_backend_is_correct(monkeypatch):
+    from masklens import torch as mt
+    q, k, v = qkv(2, 4, L, L, grad=False)
+    mask = causal_mask().clone()
+
+    def refuse(*a, **kw):
+        raise masklens.MaskError("invalid_argument: no available backend computes this mask correctly")
+    monkeypatch.setattr(mt._core, "decide", refuse)
+    out = sdpa(q, k, v, attn_mask=mask)  # not strict: torch's own dispatch, same result
+    assert_close(out, F.scaled_dot_product_attention(q, k, v, attn_mask=mask), 1e-6)
+    masklens.set_strict(True)
+    try:
+        with pytest.raises(RuntimeError, match="strict"):
+            sdpa(q, k, v, attn_mask=mask.clone())
+    finally:
+        masklens.set_strict(False)
+
+
+def test_each_new_decision_is_logged_once(caplog):
+    q, k, v = qkv(2, 4, 24, 24, grad=False)
+    i, j = rows_cols(24, 24)
+    mask = ((j <= i) & (i - j < 5)).expand(2, 1, 24, 24)
+    with caplog.at_level("INFO", logger="masklens"):
+        sdpa(q, k, v, attn_mask=mask)
+        sdpa(q, k, v, attn_mask=mask.clone())
+    lines = [r.getMessage() for r in caplog.records if "sliding_window" in r.getMessage()]
+    assert len(lines) == 1 and "->" in lines[0]
+
+
+def test_torch_compile_keeps_the_decision_out_of_the_graph():
+    """Under torch.compile the drop-in is torch's own call with the mask: no scan, no
+    host work traced into the graph, the same result."""
+    import torch._dynamo
+    torch._dynamo.reset()
+    q, k, v = qkv(2, 4, L, L, grad=False)
+    mask = causal_mask().clone()
+    f = torch.compile(lambda q, k, v, m: sdpa(q, k, v, attn_mask=m), backend="eager", fullgraph=True)
+    before = masklens.scan_count()
+    out = f(q, k, v, mask)
+    assert masklens.scan_count() == before
+    assert_close(out, F.scaled_dot_product_attention(q, k, v, attn_mask=mask), 1e-6)
