@@ -25,6 +25,9 @@ struct RowSpan {
   std::int64_t last = -1;       // last attending key, -1 when none
   std::int64_t count = 0;       // attending keys
   std::uint32_t flags = 0;      // RowFlag bits
+  // Explicit padding: storing a span writes all 32 bytes, so copying spans (device to
+  // host) never reads uninitialised memory (compute-sanitizer initcheck).
+  std::uint32_t reserved = 0;
 
   MASKLENS_HOST_DEVICE constexpr bool empty() const noexcept { return count == 0; }
   MASKLENS_HOST_DEVICE constexpr bool is_interval() const noexcept {
