@@ -328,6 +328,10 @@ def check_mask_dtypes(tmp):
     arbitrary = torch.rand(2, 1, L, L, device=DEV, generator=g) < 0.6
     arbitrary[..., 0] = True  # no empty rows
     masks["fp32 arbitrary bias"] = torch.where(arbitrary, -(i - j).abs().float() / 64, float("-inf"))
+    # Kept integer and half masks (arbitrary: never dropped): cast to bool / the query's dtype.
+    masks["uint8 arbitrary"] = arbitrary.to(torch.uint8)
+    masks["int8 arbitrary"] = arbitrary.to(torch.int8)
+    masks["bf16 arbitrary"] = torch.where(arbitrary, 0.0, float("-inf")).to(torch.bfloat16)
     for name, m in masks.items():
         path = os.path.join(tmp, "mask.npy")
         extra = []
