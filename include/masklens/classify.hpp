@@ -425,11 +425,20 @@ inline MaskStructure classify_spans(const SpanTable& t) {
 
 }  // namespace detail
 
-// The simplest exact structure of the scanned mask, or `arbitrary`.
+// The simplest exact structure of the scanned mask, or `arbitrary`. A row holding NaN
+// or +inf has no meaning as a mask, whichever scanner flagged it (the two-phase device
+// scan hands its rows here unchecked): invalid_value naming the row.
 inline Result<MaskStructure> classify(const SpanTable& table) {
-  if (table.q_len < 1 || table.k_len < 1 || table.distinct_batch < 1 || table.distinct_heads < 1 ||
-      static_cast<std::int64_t>(table.rows.size()) != table.distinct_slices() * table.q_len)
-    return error(ErrorCode::invalid_argument, "span table is inconsistent with its shape");
+  if (Status malformed = table.validate(); !malformed.ok()) return malformed;
+  for (std::size_t r = 0; r < table.rows.size(); ++r) {
+    if (!(table.rows[r].flags & kRowInvalid)) continue;
+    const std::int64_t slice = static_cast<std::int64_t>(r) / table.q_len;
+    return error(ErrorCode::invalid_value,
+                 "mask row [" + std::to_string(slice / table.distinct_heads) + ", " +
+                     std::to_string(slice % table.distinct_heads) + ", " +
+                     std::to_string(static_cast<std::int64_t>(r) % table.q_len) +
+                     "] holds NaN or +inf; an additive mask holds 0, a bias, or -inf / a value <= the threshold");
+  }
   return catch_alloc([&]() -> Result<MaskStructure> { return detail::classify_spans(table); });
 }
 

@@ -242,6 +242,13 @@ inline AttentionCall effective_call(const MaskStructure& structure, AttentionCal
 }
 
 inline Result<Policy> decide(const MaskStructure& structure, const AttentionCall& call_in, const DecideOptions& options = {}) {
+  if (Status invalid = structure.validate(); !invalid.ok()) return invalid;
+  // Judge what the structure implies (its empty rows), never a count it was handed.
+  if (!spelled_out(structure)) {
+    Result<MaskStructure> explicit_structure = spell_out(structure);
+    if (!explicit_structure) return explicit_structure.status();
+    return decide(*explicit_structure, call_in, options);
+  }
   if (structure.q_len < 1 || structure.k_len < 1 || structure.batch < 1)
     return error(ErrorCode::invalid_shape, "structure has an empty shape");
   if (call_in.head_dim < 1 || call_in.heads < 1 || call_in.key_heads() < 1 || call_in.heads % call_in.key_heads() != 0)
