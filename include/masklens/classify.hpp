@@ -11,6 +11,7 @@
 #include <map>
 #include <numeric>
 #include <optional>
+#include <set>
 #include <span>
 #include <unordered_map>
 #include <vector>
@@ -169,6 +170,8 @@ struct BaseEvidence {
 inline BaseEvidence gather_evidence(const std::vector<UniqueBatch>& batches, std::int64_t d) {
   BaseEvidence ev;
   std::map<std::int64_t, std::int64_t> block_end;  // start -> largest end seen
+  std::set<std::vector<std::int64_t>> seen_starts;
+  std::set<std::int64_t> seen_ends;
   for (std::size_t i = 0; i < batches.size(); ++i) {
     std::vector<std::int64_t> starts;  // the first distinct positive row starts, in row order
     std::int64_t run_start = -1, run_last = -1;
@@ -232,14 +235,24 @@ inline BaseEvidence gather_evidence(const std::vector<UniqueBatch>& batches, std
         }
       }
     }
-    if (i < 2) {
-      if (first_empty_after_rows > 0) starts.push_back(first_empty_after_rows);
-      for (std::size_t j = 0; j < starts.size(); ++j) {
-        ev.chunks.push_back(starts[j]);
-        for (std::size_t k = 0; k < j; ++k) {
-          ev.chunks.push_back(std::gcd(starts[j], starts[k]));
-          if (starts[j] > starts[k]) ev.chunks.push_back(starts[j] - starts[k]);
-        }
+    // Every distinct batch counts: padding can hide the chunk in all batches but one
+    // (issue 11: [3,1,3,4], kv_valid [[3,4],[0,0],[0,2]] shows it only in the third).
+    // Batches with the same starts add the same candidates: each set is taken once.
+    if (first_empty_after_rows > 0) {
+      starts.push_back(first_empty_after_rows);
+      // Where rows turn empty past the valid keys is a chunk boundary, a multiple of the
+      // chunk: its divisors hold the chunk even when no single batch shows it (two
+      // batches ending at 4 and 6 show chunk 2 only together).
+      if (seen_ends.insert(first_empty_after_rows).second)
+        for (std::int64_t f = 1; f <= first_empty_after_rows / f; ++f)
+          if (first_empty_after_rows % f == 0) ev.chunks.insert(ev.chunks.end(), {f, first_empty_after_rows / f});
+    }
+    if (!seen_starts.insert(starts).second) continue;
+    for (std::size_t j = 0; j < starts.size(); ++j) {
+      ev.chunks.push_back(starts[j]);
+      for (std::size_t k = 0; k < j; ++k) {
+        ev.chunks.push_back(std::gcd(starts[j], starts[k]));
+        if (starts[j] > starts[k]) ev.chunks.push_back(starts[j] - starts[k]);
       }
     }
   }
@@ -258,6 +271,20 @@ inline BaseEvidence gather_evidence(const std::vector<UniqueBatch>& batches, std
       ev.blocks.push_back({start, end});
   }
   return ev;
+}
+
+// Whether every row lies inside its chunk of size c (first >= floor(p / c) c, p >= 0):
+// modifiers only shrink rows, so a chunk failing this cannot fit, and one O(rows) pass
+// with an early exit spares the fit of the many candidates that evidence from every
+// batch brings.
+inline bool chunk_bounds_rows(const std::vector<UniqueBatch>& batches, std::int64_t c, std::int64_t d) noexcept {
+  for (const UniqueBatch& ub : batches)
+    for (std::size_t q = 0; q < ub.rows.size(); ++q) {
+      const RowSpan& r = ub.rows[q];
+      const std::int64_t p = static_cast<std::int64_t>(q) + d;
+      if (!r.empty() && (p < 0 || r.first < p / c * c)) return false;
+    }
+  return true;
 }
 
 inline std::vector<UniqueBatch> unique_batches(const SpanTable& t) {
@@ -363,7 +390,7 @@ inline MaskStructure classify_spans(const SpanTable& t) {
           break;
         case StructureKind::chunked:
           for (std::int64_t c : ev.chunks)
-            if (c >= 1 && c <= max_p) {
+            if (c >= 1 && c <= max_p && chunk_bounds_rows(batches, c, base.key_position(0))) {
               base.chunk = c;
               consider(base);
             }
