@@ -2,6 +2,7 @@
 // element, and it is the shortest exact description (DESIGN's canonical rules).
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <vector>
@@ -454,6 +455,84 @@ TEST_CASE("chunk evidence from every distinct batch: padded chunked masks of 3 o
     ++cases;
   }
   MESSAGE(cases << " padded chunked masks classified exactly");
+}
+
+TEST_CASE("a stride-0 batch costs O(1): B = 2^40 over a 16-byte buffer") {
+  constexpr std::int64_t B = std::int64_t{1} << 40;
+  const std::int64_t shape[] = {B, 1, 4, 4}, strides[] = {0, 0, 4, 1};
+  SUBCASE("full") {
+    const std::vector<std::uint8_t> ones(16, 1);
+    auto view = MaskView::make(ones.data(), ElementType::boolean, shape, strides);
+    REQUIRE(view.ok());
+    auto verdict = inspect(*view);
+    REQUIRE(verdict.ok());
+    CHECK(verdict->kind == StructureKind::full);
+    CHECK(verdict->batch == B);
+    CHECK_FALSE(verdict->has_kv_valid());
+    CHECK(verdict->empty_rows == 0);
+    auto p = decide(*verdict, AttentionCall{});
+    REQUIRE(p.ok());
+    CHECK(p->plan.empty());
+    CHECK(*find_arg(p->args, "attn_mask") == ArgValue(std::string("drop")));
+  }
+  SUBCASE("causal with key 0 padded: one kv_valid entry for every batch") {
+    std::vector<std::uint8_t> m(16);
+    for (int q = 0; q < 4; ++q)
+      for (int k = 0; k < 4; ++k) m[static_cast<std::size_t>(q * 4 + k)] = k <= q && k >= 1;
+    auto view = MaskView::make(m.data(), ElementType::boolean, shape, strides);
+    REQUIRE(view.ok());
+    auto verdict = inspect(*view);
+    REQUIRE(verdict.ok());
+    CHECK(verdict->kind == StructureKind::causal);
+    REQUIRE(verdict->kv_valid.size() == 1);
+    CHECK(verdict->kv_valid[0] == KeyRange{1, 4});
+    CHECK(verdict->empty_rows == B);  // row 0 of every batch
+    CHECK(verdict->implied_empty_rows() == B);
+    CHECK(verdict->validate().ok());
+    CHECK(verdict->description_cost() == 2 * B);  // what it costs written out: the verdict does not depend on the layout
+    CHECK(verdict->row(B - 1, 0).empty());
+    CHECK(verdict->row(B - 1, 3).same_keys(RowSpan::interval(1, 3)));
+    // decide() writes modifiers out per batch; not 2^40 of them.
+    auto p = decide(*verdict, AttentionCall{});
+    REQUIRE_FALSE(p.ok());
+    CHECK(p.status().code() == ErrorCode::out_of_memory);
+  }
+}
+
+TEST_CASE("a broadcast batch gets one modifier entry and decides as the batch written out") {
+  Rng rng(test_seed(23));
+  for (int i = 0; i < 300; ++i) {
+    const std::int64_t q_len = uniform(rng, 1, 24), k_len = coin(rng) ? q_len : uniform(rng, 1, 24);
+    const std::int64_t batch = uniform(rng, 2, 6);
+    const MaskStructure one = random_structure(rng, 1, q_len, k_len);
+    DenseMask dense = render(repeat_batches(one, batch), 1, ElementType::boolean, Polarity::true_attends,
+                             Layout::expand, rng);
+    auto verdict = inspect(dense.view);
+    REQUIRE(verdict.ok());
+    INFO(dense.describe << "\n  spec    " << describe(one) << "\n  verdict " << describe(*verdict));
+    REQUIRE(verdict->kind != StructureKind::arbitrary);
+    CHECK(verdict->kv_valid.size() <= 1);
+    CHECK(verdict->segments.size() <= 1);
+    CHECK(renders_equal(*verdict, dense.view));
+    // The same mask materialised per batch: the same verdict, written out.
+    DenseMask copied = render(repeat_batches(one, batch), 1, ElementType::boolean, Polarity::true_attends,
+                              Layout::contiguous, rng);
+    auto written = inspect(copied.view);
+    REQUIRE(written.ok());
+    CHECK(written->kind == verdict->kind);
+    CHECK(written->description_cost() == verdict->description_cost());
+    CHECK(written->empty_rows == verdict->empty_rows);
+    auto spelled = spell_out(*verdict);
+    REQUIRE(spelled.ok());
+    CHECK(describe(*spelled) == describe(*written));
+    auto p = decide(*verdict, AttentionCall{}), q = decide(*written, AttentionCall{});
+    REQUIRE(p.ok());
+    REQUIRE(q.ok());
+    CHECK(p->backend == q->backend);
+    CHECK(std::equal(p->args.begin(), p->args.end(), q->args.begin(), q->args.end(),
+                     [](const Arg& a, const Arg& b) { return a.name == b.name && a.value == b.value; }));
+    CHECK(p->plan.size() == q->plan.size());
+  }
 }
 
 }  // TEST_SUITE

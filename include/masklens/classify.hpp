@@ -27,7 +27,9 @@ namespace detail {
 // Rows of one batch that several logical batches share (stride 0 or equal content).
 struct UniqueBatch {
   std::span<const RowSpan> rows;
-  std::vector<std::int64_t> logical;  // the logical batch indices with these rows
+  // The logical batch indices with these rows; empty when the table is broadcast over
+  // the batch and these rows stand for every batch (B may be 2^40: nothing per batch).
+  std::vector<std::int64_t> logical;
 };
 
 // The modifiers one batch needs on top of a base structure.
@@ -147,13 +149,19 @@ inline std::optional<MaskStructure> fit_structure(const MaskStructure& base, con
   s.kv_valid.clear();
   const bool any_kv = std::any_of(fits.begin(), fits.end(), [](const BatchFit& f) { return f.kv.has_value(); });
   const bool any_docs = std::any_of(fits.begin(), fits.end(), [](const BatchFit& f) { return !f.segments.empty(); });
-  if (any_kv) s.kv_valid.assign(static_cast<std::size_t>(s.batch), KeyRange{0, s.k_len});
-  if (any_docs) s.segments.assign(static_cast<std::size_t>(s.batch), std::vector<std::int64_t>{0, s.q_len});
-  for (std::size_t i = 0; i < batches.size(); ++i)
-    for (std::int64_t b : batches[i].logical) {
-      if (fits[i].kv) s.kv_valid[static_cast<std::size_t>(b)] = *fits[i].kv;
-      if (!fits[i].segments.empty()) s.segments[static_cast<std::size_t>(b)] = fits[i].segments;
-    }
+  // A table broadcast over the batch gets each modifier once, for every batch.
+  const bool every_batch = batches.size() == 1 && batches[0].logical.empty();
+  const auto entries = every_batch ? std::size_t{1} : static_cast<std::size_t>(s.batch);
+  if (any_kv) s.kv_valid.assign(entries, KeyRange{0, s.k_len});
+  if (any_docs) s.segments.assign(entries, std::vector<std::int64_t>{0, s.q_len});
+  const auto place = [&](std::size_t entry, const BatchFit& fit) {
+    if (fit.kv) s.kv_valid[entry] = *fit.kv;
+    if (!fit.segments.empty()) s.segments[entry] = fit.segments;
+  };
+  if (every_batch) place(0, fits[0]);
+  else
+    for (std::size_t i = 0; i < batches.size(); ++i)
+      for (std::int64_t b : batches[i].logical) place(static_cast<std::size_t>(b), fits[i]);
   return s;
 }
 
@@ -311,10 +319,7 @@ inline std::vector<UniqueBatch> unique_batches(const SpanTable& t) {
       out.push_back({rows, {}});
       by_hash.emplace(h, *found);
     }
-    if (t.distinct_batch == 1)
-      for (std::int64_t lb = 0; lb < t.batch; ++lb) out[*found].logical.push_back(lb);
-    else
-      out[*found].logical.push_back(b);
+    if (t.distinct_batch > 1) out[*found].logical.push_back(b);
   }
   return out;
 }

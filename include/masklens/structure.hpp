@@ -396,10 +396,15 @@ inline bool spelled_out(const MaskStructure& s) noexcept {
          (s.batch == 1 || (s.segments.size() != 1 && s.kv_valid.size() != 1));
 }
 
-// `s` with its implied empty-row count and each modifier written out per batch (a
-// modifier given once for a batch of 2^40 does not fit: out_of_memory).
+// `s` with its implied empty-row count and each modifier written out per batch.
 // Precondition: s.validate() is ok.
 inline Result<MaskStructure> spell_out(const MaskStructure& s) {
+  // Past this a modifier given once is not written out per batch (B = 2^40 would ask
+  // for terabytes): out_of_memory, as any allocation that cannot succeed.
+  constexpr std::int64_t kMaxWrittenBatches = std::int64_t{1} << 24;
+  if (s.batch > kMaxWrittenBatches && (s.segments.size() == 1 || s.kv_valid.size() == 1))
+    return error(ErrorCode::out_of_memory, "a modifier given once for " + std::to_string(s.batch) +
+                                               " batches is too large to write out per batch (at most 2^24)");
   return catch_alloc([&]() -> Result<MaskStructure> {
     MaskStructure out = s;
     out.empty_rows = s.implied_empty_rows();
