@@ -7,6 +7,7 @@
 #include <limits>
 #include <vector>
 
+#include "support/calls.hpp"
 #include "support/mask_gen.hpp"
 
 using namespace masklens;
@@ -533,6 +534,52 @@ TEST_CASE("a broadcast batch gets one modifier entry and decides as the batch wr
                      [](const Arg& a, const Arg& b) { return a.name == b.name && a.value == b.value; }));
     CHECK(p->plan.size() == q->plan.size());
   }
+}
+
+TEST_CASE("padded query rows: q_valid, and decide() never drops the mask as if they attended") {
+  // Cross-attention [2, 1, 6, 10]: the outer product of valid query rows and valid keys.
+  const std::int64_t B = 2, Q = 6, K = 10;
+  const KeyRange rows[] = {{0, 4}, {0, 6}}, keys[] = {{0, 7}, {0, 10}};
+  std::vector<std::uint8_t> m(static_cast<std::size_t>(B * Q * K));
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t q = 0; q < Q; ++q)
+      for (std::int64_t k = 0; k < K; ++k)
+        m[static_cast<std::size_t>((b * Q + q) * K + k)] =
+            rows[b].start <= q && q < rows[b].end && keys[b].start <= k && k < keys[b].end;
+  const std::int64_t shape[] = {B, 1, Q, K};
+  auto view = MaskView::contiguous(m.data(), ElementType::boolean, shape);
+  REQUIRE(view.ok());
+  auto verdict = inspect(*view);
+  REQUIRE(verdict.ok());
+  INFO(describe(*verdict));
+  CHECK(verdict->kind == StructureKind::full);
+  CHECK(verdict->q_valid == std::vector<KeyRange>{{0, 4}, {0, 6}});
+  CHECK(verdict->kv_valid == std::vector<KeyRange>{{0, 7}, {0, 10}});
+  CHECK(verdict->empty_rows == 2);
+  CHECK(verdict->implied_empty_rows() == 2);
+  CHECK(renders_equal(*verdict, *view));
+  for (const AttentionCall& call : {AttentionCall{}, with_every_family(seed_call())}) {
+    auto p = decide(*verdict, call);
+    REQUIRE(p.ok());
+    const bool kept = *find_arg(p->args, "attn_mask") == ArgValue(std::string("keep"));
+    const bool exact_plan = !p->plan.empty() && plan_is_exact(*verdict, *p);
+    CHECK((kept || exact_plan));
+  }
+  // The same with Q == K (keys padded on both sides): q_valid and kv_valid, 4 numbers,
+  // beat segments and kv_valid.
+  std::vector<std::uint8_t> square(64);
+  for (int q = 0; q < 8; ++q)
+    for (int k = 0; k < 8; ++k) square[static_cast<std::size_t>(q * 8 + k)] = q < 5 && k >= 2 && k < 6;
+  const std::int64_t square_shape[] = {8, 8};
+  auto square_view = MaskView::contiguous(square.data(), ElementType::boolean, square_shape);
+  REQUIRE(square_view.ok());
+  auto v = inspect(*square_view);
+  REQUIRE(v.ok());
+  INFO(describe(*v));
+  CHECK(v->kind == StructureKind::full);
+  CHECK(v->q_valid == std::vector<KeyRange>{{0, 5}});
+  CHECK(v->kv_valid == std::vector<KeyRange>{{2, 6}});
+  CHECK_FALSE(v->has_segments());
 }
 
 }  // TEST_SUITE

@@ -36,8 +36,10 @@ struct UniqueBatch {
 struct BatchFit {
   std::optional<KeyRange> kv;             // absent = every key valid
   std::vector<std::int64_t> segments;     // empty = one document
-  [[nodiscard]] std::int64_t cost() const noexcept {
-    return (kv ? 2 : 0) + static_cast<std::int64_t>(segments.size());
+  std::optional<KeyRange> q;              // absent = every query row valid
+  // Numbers this batch adds; a modifier other batches already list (`paid`) adds none.
+  [[nodiscard]] std::int64_t cost(bool kv_paid = false, bool q_paid = false) const noexcept {
+    return (kv && !kv_paid ? 2 : 0) + static_cast<std::int64_t>(segments.size()) + (q && !q_paid ? 2 : 0);
   }
 };
 
@@ -63,16 +65,37 @@ inline std::vector<std::int64_t> detect_documents(const MaskStructure& probe, st
     const bool starts = !here.empty() && !base_here.empty() && here.first == t && t > std::max(base_here.first, s);
     const bool ends = !before.empty() && !base_before.empty() && before.last == t - 1 &&
                       t - 1 < std::min(base_before.last, e - 1);
-    const bool edge = at_empty_edges && here.empty() != before.empty();
-    if (starts || ends || edge) bounds.push_back(t);
+    // Rows turning empty at a q_valid bound are the padding's, not a document's.
+    const bool empty_edge = here.empty() != before.empty();
+    const bool q_edge = empty_edge && probe.has_q_valid() && (t == probe.q_valid[0].start || t == probe.q_valid[0].end);
+    const bool edge = at_empty_edges && empty_edge && !q_edge;
+    // Rows next to padded query rows may sit in a document that starts or ends among
+    // them: the edge shows only as their first key, or their last key + 1.
+    const bool hidden_start = (edge || q_edge) && !here.empty() && !base_here.empty() && here.first < t &&
+                              here.first > std::max(base_here.first, s);
+    const bool hidden_end = (edge || q_edge) && !before.empty() && !base_before.empty() && before.last + 1 > t &&
+                            before.last < std::min(base_before.last, e - 1);
+    if (hidden_start) bounds.push_back(here.first);
+    else if (hidden_end) bounds.push_back(before.last + 1);
+    else if (starts || ends || edge) bounds.push_back(t);
   }
   if (bounds.size() == 1) return {};
   bounds.push_back(q_len);
+  std::sort(bounds.begin(), bounds.end());
+  bounds.erase(std::unique(bounds.begin(), bounds.end()), bounds.end());
   return bounds;
 }
 
-// The cheapest modifiers that make `probe` (a base structure with batch 1) equal `rows`.
-inline std::optional<BatchFit> fit_batch(MaskStructure& probe, std::span<const RowSpan> rows, bool allow_segments) {
+// Which modifiers a fit may use.
+struct ModifierKinds {
+  bool kv = true, segments = true, q = true;
+  [[nodiscard]] int count() const noexcept { return int{kv} + int{segments} + int{q}; }
+};
+
+// The cheapest key-side modifiers (kv_valid, segments) that make `probe` (a base
+// structure with batch 1, q_valid set or not) equal `rows`.
+inline std::optional<BatchFit> fit_keys(MaskStructure& probe, std::span<const RowSpan> rows, bool allow_segments,
+                                        bool allow_kv, bool kv_paid = false) {
   probe.segments.clear();
   probe.kv_valid.clear();
   if (rows_match(probe, rows)) return BatchFit{};
@@ -87,7 +110,9 @@ inline std::optional<BatchFit> fit_batch(MaskStructure& probe, std::span<const R
     l_max = std::max(l_max, r.last);
   }
   std::vector<KeyRange> kv_candidates;
-  if (f_first < 0) {
+  if (!allow_kv) {
+    // only the whole key range, below
+  } else if (f_first < 0) {
     kv_candidates.push_back({0, 0});  // nothing attends: no key is valid
   } else {
     for (std::int64_t s : {std::int64_t{0}, f_first, f_min})
@@ -110,7 +135,7 @@ inline std::optional<BatchFit> fit_batch(MaskStructure& probe, std::span<const R
     if (docs.empty()) continue;
     BatchFit fit;
     if (!(kv.start == 0 && kv.end == k_len)) fit.kv = kv;
-    if (best && best->cost() <= fit.cost() + static_cast<std::int64_t>(docs.size())) continue;
+    if (best && best->cost(kv_paid) <= fit.cost(kv_paid) + static_cast<std::int64_t>(docs.size())) continue;
     probe.segments.assign(1, docs);
     if (fit.kv) probe.kv_valid.assign(1, *fit.kv); else probe.kv_valid.clear();
     if (!rows_match(probe, rows)) continue;
@@ -127,35 +152,75 @@ inline std::optional<BatchFit> fit_batch(MaskStructure& probe, std::span<const R
     }
     fit.segments = docs.size() > 2 ? std::move(docs) : std::vector<std::int64_t>{};
     if (fit.segments.empty() && !fit.kv) continue;  // cannot happen: the base alone did not match
-    if (!best || fit.cost() < best->cost()) best = std::move(fit);
+    if (!best || fit.cost(kv_paid) < best->cost(kv_paid)) best = std::move(fit);
     }
   return best;
 }
 
-// Fits `base` to every unique batch; the assembled structure, or nothing if some batch does not fit.
-inline std::optional<MaskStructure> fit_structure(const MaskStructure& base, const std::vector<UniqueBatch>& batches) {
+// The cheapest modifiers of `kinds` that make `probe` (a base structure with batch 1)
+// equal `rows`. q_valid is the rows from the first that attends to the last: padded
+// query rows at either end attend nothing whatever the base says. On equal cost the
+// fit without it wins. `kv_paid`, `q_paid`: other batches list the modifier, so this
+// batch's entry costs nothing more.
+inline std::optional<BatchFit> fit_batch(MaskStructure& probe, std::span<const RowSpan> rows, ModifierKinds kinds,
+                                         bool kv_paid = false, bool q_paid = false) {
+  const std::int64_t q_cost = q_paid ? 0 : 2;
+  probe.q_valid.clear();
+  std::optional<BatchFit> best = fit_keys(probe, rows, kinds.segments, kinds.kv, kv_paid);
+  if (!kinds.q || (best && best->cost(kv_paid) <= q_cost)) return best;
+  const auto attends = [](const RowSpan& r) { return !r.empty(); };
+  const auto first = std::find_if(rows.begin(), rows.end(), attends);
+  const auto last = std::find_if(rows.rbegin(), rows.rend(), attends);
+  // Nothing attends: q_valid [0, 0) (kv_valid [0, 0) says the same, where allowed).
+  const KeyRange attending = first == rows.end() ? KeyRange{0, 0} : KeyRange{first - rows.begin(), rows.rend() - last};
+  if (attending == KeyRange{0, static_cast<std::int64_t>(rows.size())}) return best;
+  probe.q_valid.assign(1, attending);
+  std::optional<BatchFit> with_q = fit_keys(probe, rows, kinds.segments, kinds.kv, kv_paid);
+  probe.q_valid.clear();
+  if (!with_q || (best && with_q->cost(kv_paid) + q_cost >= best->cost(kv_paid))) return best;
+  with_q->q = attending;
+  return with_q;
+}
+
+// Fits `base` to every unique batch with modifiers of `kinds`; the assembled structure,
+// or nothing if some batch does not fit.
+inline std::optional<MaskStructure> fit_structure_with(const MaskStructure& base, const std::vector<UniqueBatch>& batches,
+                                                       ModifierKinds kinds) {
   MaskStructure probe = base;
   probe.batch = 1;
-  const bool allow_segments = base.q_len == base.k_len && base.q_len > 1;
   std::vector<BatchFit> fits;
   fits.reserve(batches.size());
   for (const UniqueBatch& ub : batches) {
-    std::optional<BatchFit> fit = fit_batch(probe, ub.rows, allow_segments);
+    std::optional<BatchFit> fit = fit_batch(probe, ub.rows, kinds);
     if (!fit) return std::nullopt;
     fits.push_back(std::move(*fit));
   }
+  // Once one batch lists kv_valid or q_valid every batch has an entry: the others may
+  // use theirs for free, which can save them documents.
+  const bool kv_paid = std::any_of(fits.begin(), fits.end(), [](const BatchFit& f) { return f.kv.has_value(); });
+  const bool q_paid = std::any_of(fits.begin(), fits.end(), [](const BatchFit& f) { return f.q.has_value(); });
+  if (kv_paid || q_paid)
+    for (std::size_t i = 0; i < fits.size(); ++i)
+      if (fits[i].cost(kv_paid, q_paid) > 0)
+        if (std::optional<BatchFit> fit = fit_batch(probe, batches[i].rows, kinds, kv_paid, q_paid);
+            fit && fit->cost(kv_paid, q_paid) < fits[i].cost(kv_paid, q_paid))
+          fits[i] = std::move(*fit);
   MaskStructure s = base;
   s.segments.clear();
   s.kv_valid.clear();
+  s.q_valid.clear();
   const bool any_kv = std::any_of(fits.begin(), fits.end(), [](const BatchFit& f) { return f.kv.has_value(); });
+  const bool any_q = std::any_of(fits.begin(), fits.end(), [](const BatchFit& f) { return f.q.has_value(); });
   const bool any_docs = std::any_of(fits.begin(), fits.end(), [](const BatchFit& f) { return !f.segments.empty(); });
   // A table broadcast over the batch gets each modifier once, for every batch.
   const bool every_batch = batches.size() == 1 && batches[0].logical.empty();
   const auto entries = every_batch ? std::size_t{1} : static_cast<std::size_t>(s.batch);
   if (any_kv) s.kv_valid.assign(entries, KeyRange{0, s.k_len});
   if (any_docs) s.segments.assign(entries, std::vector<std::int64_t>{0, s.q_len});
+  if (any_q) s.q_valid.assign(entries, KeyRange{0, s.q_len});
   const auto place = [&](std::size_t entry, const BatchFit& fit) {
     if (fit.kv) s.kv_valid[entry] = *fit.kv;
+    if (fit.q) s.q_valid[entry] = *fit.q;
     if (!fit.segments.empty()) s.segments[entry] = fit.segments;
   };
   if (every_batch) place(0, fits[0]);
@@ -163,6 +228,24 @@ inline std::optional<MaskStructure> fit_structure(const MaskStructure& base, con
     for (std::size_t i = 0; i < batches.size(); ++i)
       for (std::int64_t b : batches[i].logical) place(static_cast<std::size_t>(b), fits[i]);
   return s;
+}
+
+// Fits `base` to every unique batch with the fewest numbers. Each batch takes its own
+// cheapest modifiers, but a modifier one batch needs is paid by every batch (an entry
+// each), so when batches chose two or more kinds, fits restricted to fewer kinds can
+// be cheaper in all: those are tried too. (With one kind or none the per-batch choice
+// is the cheapest: no batch can do better under any set of kinds.)
+inline std::optional<MaskStructure> fit_structure(const MaskStructure& base, const std::vector<UniqueBatch>& batches) {
+  const ModifierKinds all{true, base.q_len == base.k_len && base.q_len > 1, true};
+  std::optional<MaskStructure> best = fit_structure_with(base, batches, all);
+  if (!best || int{best->has_kv_valid()} + int{best->has_segments()} + int{best->has_q_valid()} < 2) return best;
+  for (int mask = 1; mask < 8; ++mask) {
+    const ModifierKinds kinds{(mask & 1) != 0, (mask & 2) != 0 && all.segments, (mask & 4) != 0};
+    if (kinds.count() == all.count() || (mask & 2 && !all.segments)) continue;
+    std::optional<MaskStructure> fitted = fit_structure_with(base, batches, kinds);
+    if (fitted && fitted->description_cost() < best->description_cost()) best = std::move(fitted);
+  }
+  return best;
 }
 
 // Parameters the base kinds could have, read off the rows (modifiers only shrink rows,
@@ -435,6 +518,7 @@ inline MaskStructure classify_spans(const SpanTable& t) {
                 joined_pair.blocks.erase(joined_pair.blocks.begin() + static_cast<std::ptrdiff_t>(i) + 1);
                 joined_pair.segments.clear();
                 joined_pair.kv_valid.clear();
+                joined_pair.q_valid.clear();
                 std::optional<MaskStructure> fitted = fit_structure(joined_pair, batches);
                 if (fitted && fitted->description_cost() < trial.description_cost()) trial = std::move(*fitted);
                 else ++i;

@@ -36,12 +36,14 @@ inline nlohmann::json to_json(const MaskStructure& s) {
     for (const KeyRange& r : s.blocks) j["blocks"].push_back({r.start, r.end});
   }
   j["segments"] = s.has_segments() ? nlohmann::json(s.segments) : nlohmann::json(nullptr);
-  if (s.has_kv_valid()) {
-    j["kv_valid"] = nlohmann::json::array();
-    for (const KeyRange& r : s.kv_valid) j["kv_valid"].push_back({r.start, r.end});
-  } else {
-    j["kv_valid"] = nullptr;
-  }
+  const auto ranges = [](const std::vector<KeyRange>& list) {
+    if (list.empty()) return nlohmann::json(nullptr);
+    nlohmann::json out = nlohmann::json::array();
+    for (const KeyRange& r : list) out.push_back({r.start, r.end});
+    return out;
+  };
+  j["kv_valid"] = ranges(s.kv_valid);
+  j["q_valid"] = ranges(s.q_valid);
   j["empty_rows"] = s.empty_rows;
   j["finite_masked_rows"] = s.finite_masked_rows;
   j["bias"] = s.bias;
@@ -166,6 +168,11 @@ inline Result<MaskStructure> structure_from_json(const nlohmann::json& doc, std:
       auto kv = detail::ranges_from_json(j["kv_valid"], "structure.kv_valid");
       if (!kv) return kv.status();
       s.kv_valid = std::move(*kv);
+    }
+    if (j.contains("q_valid") && !j["q_valid"].is_null()) {
+      auto rows = detail::ranges_from_json(j["q_valid"], "structure.q_valid");
+      if (!rows) return rows.status();
+      s.q_valid = std::move(*rows);
     }
     if (j.contains("segments") && !j["segments"].is_null()) {
       const auto& all = j["segments"];

@@ -149,6 +149,7 @@ inline Refusals refusals(Backend b, const AttentionCall& c) noexcept {
 
 // Whether `b` computes `s` with the mask dropped; its arguments into `out` when given.
 inline bool native_args(Backend b, const MaskStructure& s, Args* out = nullptr) {
+  if (s.has_q_valid()) return false;  // no backend's native form leaves padded query rows empty yet
   switch (family(b)) {
     case kFamilyTorch: return backends::torch_sdpa::native_args(b, s, out);
     case kFamilyFlashAttn:

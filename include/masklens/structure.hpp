@@ -58,11 +58,14 @@ struct MaskStructure {
 
   // Modifiers: one entry per batch, or a single entry that holds for every batch (so a
   // mask broadcast over a batch of any size is described in O(1)); empty = absent (JSON
-  // null). Read them through segments_of(b) and kv_valid_of(b).
+  // null). Read them through segments_of(b), kv_valid_of(b) and q_valid_of(b).
   // segments[b] = {0, e1, ..., q_len}: packed documents, attention stays inside p's document (Q == K).
   std::vector<std::vector<std::int64_t>> segments;
   // kv_valid[b] = [s, e): only these keys are real (padding).
   std::vector<KeyRange> kv_valid;
+  // q_valid[b] = [s, e): only these query rows are real; the others attend nothing
+  // (padded queries: cross-attention, a decode chunk with padding).
+  std::vector<KeyRange> q_valid;
 
   // Query rows with no attending key, over all B*H slices. Every kind but arbitrary
   // implies it (implied_empty_rows()); there 0 means "not given" and any other value
@@ -73,6 +76,7 @@ struct MaskStructure {
 
   [[nodiscard]] bool has_segments() const noexcept { return !segments.empty(); }
   [[nodiscard]] bool has_kv_valid() const noexcept { return !kv_valid.empty(); }
+  [[nodiscard]] bool has_q_valid() const noexcept { return !q_valid.empty(); }
 
   // The modifiers of batch b. Preconditions: the modifier is present, 0 <= b < batch.
   [[nodiscard]] const std::vector<std::int64_t>& segments_of(std::int64_t b) const noexcept {
@@ -80,6 +84,13 @@ struct MaskStructure {
   }
   [[nodiscard]] const KeyRange& kv_valid_of(std::int64_t b) const noexcept {
     return kv_valid[kv_valid.size() == 1 ? 0 : static_cast<std::size_t>(b)];
+  }
+  [[nodiscard]] const KeyRange& q_valid_of(std::int64_t b) const noexcept {
+    return q_valid[q_valid.size() == 1 ? 0 : static_cast<std::size_t>(b)];
+  }
+  // The query rows of batch b that may attend: q_valid, or every row.
+  [[nodiscard]] KeyRange query_rows(std::int64_t b) const noexcept {
+    return has_q_valid() ? q_valid_of(b) : KeyRange{0, q_len};
   }
 
   [[nodiscard]] std::int64_t key_position(std::int64_t q) const noexcept {
@@ -130,8 +141,10 @@ struct MaskStructure {
     return {*std::prev(it), *it};
   }
 
-  // Row q of batch b: the base bounds, inside p's document and kv_valid.
+  // Row q of batch b: the base bounds, inside p's document and kv_valid; nothing outside q_valid.
   [[nodiscard]] Bounds row_bounds(std::int64_t b, std::int64_t q) const noexcept {
+    const KeyRange rows = query_rows(b);
+    if (q < rows.start || q >= rows.end) return {1, 0};
     Bounds r = base_bounds(q);
     if (has_segments()) {
       const KeyRange doc = document(b, key_position(q));
@@ -146,7 +159,8 @@ struct MaskStructure {
     return r;
   }
 
-  // Keys row q of batch b attends: the base interval, inside p's document and kv_valid.
+  // Keys row q of batch b attends: the base interval, inside p's document and kv_valid,
+  // and nothing for a row outside q_valid.
   [[nodiscard]] RowSpan row(std::int64_t b, std::int64_t q) const noexcept {
     const Bounds r = row_bounds(b, q);
     return RowSpan::interval(r.lo, r.hi);
@@ -177,12 +191,16 @@ struct MaskStructure {
       const KeyRange& kv = kv_valid_of(b);
       base = base && kv.start <= k && k < kv.end;
     }
+    if (has_q_valid()) {
+      const KeyRange& rows = q_valid_of(b);
+      base = base && rows.start <= q && q < rows.end;
+    }
     return base;
   }
 
   // How many numbers the description takes; the canonical structure is the exact one
   // with the fewest (ties: the earlier kind). window, chunk, prefix: 1; each block: 2;
-  // segments: every listed offset; kv_valid: 2 per batch. A modifier written once for
+  // segments: every listed offset; kv_valid, q_valid: 2 per batch. A modifier written once for
   // every batch costs what it would written out per batch, so how a structure is
   // written never changes which one is canonical (saturates at INT64_MAX).
   [[nodiscard]] std::int64_t description_cost() const noexcept {
@@ -201,19 +219,21 @@ struct MaskStructure {
     const std::int64_t copies_of_one = batch < 1 ? 1 : batch;  // a single entry stands for every batch
     for (const auto& s : segments) add(static_cast<std::int64_t>(s.size()), segments.size() == 1 ? copies_of_one : 1);
     add(2 * static_cast<std::int64_t>(kv_valid.size()), kv_valid.size() == 1 ? copies_of_one : 1);
+    add(2 * static_cast<std::int64_t>(q_valid.size()), q_valid.size() == 1 ? copies_of_one : 1);
     return cost;
   }
 
   // Query rows of batch b (one head) that attend no key. O(log Q) per piece of rows,
-  // never O(Q * K): rows are cut where the rules change form (documents, blocks, the
-  // prefix); inside a piece lo(q) is a maximum and hi(q) a minimum of affine functions
-  // of q, so lo - hi is convex and the rows that attend form one interval, found by
-  // binary search. Chunks are counted in closed form. Precondition: validate() is ok
-  // and kind != arbitrary.
+  // never O(Q * K): rows outside q_valid attend nothing, and the others are cut where
+  // the rules change form (documents, blocks, the prefix); inside a piece lo(q) is a
+  // maximum and hi(q) a minimum of affine functions of q, so lo - hi is convex and the
+  // rows that attend form one interval, found by binary search. Chunks are counted in
+  // closed form. Precondition: validate() is ok and kind != arbitrary.
   [[nodiscard]] std::int64_t empty_rows_in_batch(std::int64_t b) const noexcept {
-    std::int64_t empty = 0;
-    for (std::int64_t q = 0; q < q_len;) {
-      const std::int64_t end = std::min(next_piece(b, q), q_len);
+    const KeyRange rows = query_rows(b);
+    std::int64_t empty = q_len - (rows.end - rows.start);
+    for (std::int64_t q = rows.start; q < rows.end;) {
+      const std::int64_t end = std::min(next_piece(b, q), rows.end);
       empty += (end - q) - attending_rows(b, q, end);
       q = end;
     }
@@ -225,7 +245,8 @@ struct MaskStructure {
   // B*H*Q, and so the count, inside 64 bits).
   [[nodiscard]] std::int64_t implied_empty_rows() const noexcept {
     if (kind == StructureKind::arbitrary) return empty_rows;
-    if (segments.size() <= 1 && kv_valid.size() <= 1) return empty_rows_in_batch(0) * batch * heads;
+    if (segments.size() <= 1 && kv_valid.size() <= 1 && q_valid.size() <= 1)
+      return empty_rows_in_batch(0) * batch * heads;
     std::int64_t empty = 0;
     for (std::int64_t b = 0; b < batch; ++b) empty += empty_rows_in_batch(b);
     return empty * heads;
@@ -271,8 +292,8 @@ struct MaskStructure {
         prev_end = r.end;
       }
     }
-    if (kind == StructureKind::arbitrary && (has_segments() || has_kv_valid()))
-      return bad("structure.segments and structure.kv_valid modify a structured kind; arbitrary takes none");
+    if (kind == StructureKind::arbitrary && (has_segments() || has_kv_valid() || has_q_valid()))
+      return bad("structure.segments, kv_valid and q_valid modify a structured kind; arbitrary takes none");
     const auto entries = [&](const char* name, std::size_t n) -> Status {
       if (n > 1 && n != static_cast<std::size_t>(batch))
         return bad(std::string("structure.") + name + " must list one entry per batch (" + text(batch) +
@@ -285,6 +306,13 @@ struct MaskStructure {
       if (r.start < 0 || r.end < r.start || r.end > k_len)
         return bad("structure.kv_valid[" + text(static_cast<std::int64_t>(i)) + "] must satisfy 0 <= start <= end <= K (" +
                    text(k_len) + "), got " + range_text(r));
+    }
+    if (Status st = entries("q_valid", q_valid.size()); !st.ok()) return st;
+    for (std::size_t i = 0; i < q_valid.size(); ++i) {
+      const KeyRange& r = q_valid[i];
+      if (r.start < 0 || r.end < r.start || r.end > q_len)
+        return bad("structure.q_valid[" + text(static_cast<std::int64_t>(i)) + "] must satisfy 0 <= start <= end <= Q (" +
+                   text(q_len) + "), got " + range_text(r));
     }
     if (has_segments() && q_len != k_len)
       return bad("structure.segments need Q == K, got Q " + text(q_len) + ", K " + text(k_len));
@@ -393,7 +421,7 @@ inline MaskStructure make_structure(StructureKind kind, std::int64_t batch, std:
 // the one it implies, each modifier one entry per batch. Precondition: s.validate() is ok.
 inline bool spelled_out(const MaskStructure& s) noexcept {
   return s.empty_rows == s.implied_empty_rows() &&
-         (s.batch == 1 || (s.segments.size() != 1 && s.kv_valid.size() != 1));
+         (s.batch == 1 || (s.segments.size() != 1 && s.kv_valid.size() != 1 && s.q_valid.size() != 1));
 }
 
 // `s` with its implied empty-row count and each modifier written out per batch.
@@ -402,7 +430,7 @@ inline Result<MaskStructure> spell_out(const MaskStructure& s) {
   // Past this a modifier given once is not written out per batch (B = 2^40 would ask
   // for terabytes): out_of_memory, as any allocation that cannot succeed.
   constexpr std::int64_t kMaxWrittenBatches = std::int64_t{1} << 24;
-  if (s.batch > kMaxWrittenBatches && (s.segments.size() == 1 || s.kv_valid.size() == 1))
+  if (s.batch > kMaxWrittenBatches && (s.segments.size() == 1 || s.kv_valid.size() == 1 || s.q_valid.size() == 1))
     return error(ErrorCode::out_of_memory, "a modifier given once for " + std::to_string(s.batch) +
                                                " batches is too large to write out per batch (at most 2^24)");
   return catch_alloc([&]() -> Result<MaskStructure> {
@@ -411,6 +439,7 @@ inline Result<MaskStructure> spell_out(const MaskStructure& s) {
     const auto n = static_cast<std::size_t>(s.batch);
     if (s.segments.size() == 1) out.segments.assign(n, s.segments[0]);
     if (s.kv_valid.size() == 1) out.kv_valid.assign(n, s.kv_valid[0]);
+    if (s.q_valid.size() == 1) out.q_valid.assign(n, s.q_valid[0]);
     return out;
   });
 }

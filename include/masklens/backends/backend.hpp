@@ -217,7 +217,7 @@ inline std::string got_sm(const AttentionCall& c) { return "got sm" + num(c.sm);
 inline std::string not_dtype(const AttentionCall& c) { return "not " + std::string(to_string(c.dtype)); }
 
 // Structure facts every backend header asks.
-inline bool plain(const MaskStructure& s) noexcept { return !s.has_kv_valid() && !s.has_segments(); }
+inline bool plain(const MaskStructure& s) noexcept { return !s.has_kv_valid() && !s.has_segments() && !s.has_q_valid(); }
 inline bool square(const MaskStructure& s) noexcept { return s.q_len == s.k_len; }
 
 // flash-attn's window_size=(left, right) for HF sliding_window W: left = W - 1.
