@@ -2,9 +2,12 @@
 // element, and it is the shortest exact description (DESIGN's canonical rules).
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
+#include "support/calls.hpp"
 #include "support/mask_gen.hpp"
 
 using namespace masklens;
@@ -209,6 +212,375 @@ TEST_CASE("larger shapes round-trip, including 4097") {
       for (std::int64_t q = 0; q < q_len; ++q) REQUIRE(verdict->row(0, q).same_keys(spec.row(0, q)));
     }
   }
+}
+
+TEST_CASE("implied empty rows equal a row-by-row count, for every generated structure") {
+  Rng rng(test_seed(11));
+  int with_empty = 0;
+  for (int i = 0; i < 20000; ++i) {
+    const std::int64_t q_len = uniform(rng, 1, 40);
+    const std::int64_t k_len = coin(rng) ? q_len : uniform(rng, 1, 40);
+    MaskStructure s = random_structure(rng, uniform(rng, 1, 3), q_len, k_len);
+    s.heads = uniform(rng, 1, 3);
+    REQUIRE_MESSAGE(s.validate().ok(), describe(s) << ": " << s.validate().to_string());
+    // Brute force over elements, through allows() (not row(), which the count uses).
+    std::int64_t want = 0;
+    for (std::int64_t b = 0; b < s.batch; ++b)
+      for (std::int64_t q = 0; q < q_len; ++q) {
+        bool any = false;
+        for (std::int64_t k = 0; k < k_len && !any; ++k) any = s.allows(b, q, k);
+        want += any ? 0 : s.heads;
+      }
+    INFO(describe(s) << " B=" << s.batch << " H=" << s.heads << " Q=" << q_len << " K=" << k_len);
+    REQUIRE(s.implied_empty_rows() == want);
+    with_empty += want > 0;
+  }
+  MESSAGE(with_empty << " of 20000 structures have empty rows");
+  CHECK(with_empty > 2000);
+}
+
+TEST_CASE("implied empty rows cost O(pieces), not O(Q): lengths of 2^40") {
+  constexpr std::int64_t L = std::int64_t{1} << 40;
+  MaskStructure window = make_structure(StructureKind::sliding_window, 1, L, L);
+  window.window = 64;
+  window.kv_valid = {{100, L}};
+  CHECK(window.implied_empty_rows() == 100);
+  MaskStructure chunked = make_structure(StructureKind::chunked, 2, L, L);
+  chunked.chunk = 1000;
+  chunked.kv_valid = {{0, 5000}, {0, L}};  // batch 0: chunks starting at 5000 and later see no valid key
+  CHECK(chunked.implied_empty_rows() == L - 5000);
+  MaskStructure docs = make_structure(StructureKind::causal, 1, L, L);
+  docs.segments = {{0, 10, L / 2, L}};
+  docs.kv_valid = {{20, L}};  // the first document [0, 10) lies in padding
+  CHECK(docs.implied_empty_rows() == 20);
+  MaskStructure prefill = make_structure(StructureKind::causal, 1, L, 16, Alignment::top_left);
+  CHECK(prefill.implied_empty_rows() == 0);
+  MaskStructure past = make_structure(StructureKind::chunked, 1, L, 16, Alignment::bottom_right);
+  past.chunk = 4;  // rows before key position 0 attend nothing
+  CHECK(past.implied_empty_rows() == L - 16);
+}
+
+TEST_CASE("classify refuses a span table no scanner could produce") {
+  const auto table = [](std::int64_t batch, std::int64_t distinct_batch) {
+    SpanTable t;
+    t.batch = batch;
+    t.heads = 1;
+    t.q_len = 2;
+    t.k_len = 4;
+    t.distinct_batch = distinct_batch;
+    t.distinct_heads = 1;
+    t.rows.assign(static_cast<std::size_t>(distinct_batch * 2), RowSpan::interval(0, 3));
+    return t;
+  };
+  REQUIRE(classify(table(4, 4)).ok());
+  REQUIRE(classify(table(4, 1)).ok());
+  struct Bad {
+    SpanTable t;
+    ErrorCode code;
+    const char* message;
+  };
+  std::vector<Bad> cases;
+  cases.push_back({table(4, 2), ErrorCode::invalid_argument,
+                   "span table distinct_batch must be 1 (broadcast) or batch (4), got 2"});
+  SpanTable heads = table(1, 1);
+  heads.heads = 2;
+  heads.distinct_heads = 3;
+  cases.push_back({heads, ErrorCode::invalid_argument, "span table distinct_heads must be 1 (broadcast) or heads (2), got 3"});
+  SpanTable short_rows = table(2, 2);
+  short_rows.rows.pop_back();
+  cases.push_back({short_rows, ErrorCode::invalid_argument, "span table rows must hold distinct_batch * distinct_heads * q_len (4) spans, got 3"});
+  SpanTable past_k = table(2, 2);
+  past_k.rows[3] = RowSpan::interval(1, 4);
+  cases.push_back({past_k, ErrorCode::invalid_argument, "span table row [1, 0, 1] is not a span of keys in [0, K)"});
+  SpanTable overcount = table(2, 2);
+  overcount.rows[2].count = 5;
+  cases.push_back({overcount, ErrorCode::invalid_argument, "span table row [1, 0, 0] is not a span of keys"});
+  SpanTable negative = table(2, 2);
+  negative.rows[0] = RowSpan{};
+  negative.rows[0].count = -1;
+  cases.push_back({negative, ErrorCode::invalid_argument, "span table row [0, 0, 0]"});
+  SpanTable flags = table(2, 2);
+  flags.rows[1].flags = 1u << 7;
+  cases.push_back({flags, ErrorCode::invalid_argument, "flags 128"});
+  SpanTable empty = table(2, 2);
+  empty.q_len = 0;
+  cases.push_back({empty, ErrorCode::invalid_shape, "span table q_len must be >= 1, got 0"});
+  SpanTable overflow = table(1, 1);
+  overflow.batch = overflow.heads = std::int64_t{1} << 32;
+  cases.push_back({overflow, ErrorCode::invalid_shape, "overflows 64 bits"});
+  for (const Bad& c : cases) {
+    auto r = classify(c.t);
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.status().code() == c.code);
+    CHECK_MESSAGE(r.status().message().find(c.message) != std::string::npos, r.status().message());
+  }
+}
+
+TEST_CASE("a row flagged NaN or +inf is invalid_value naming the row, whichever scanner flagged it") {
+  SUBCASE("a span table built by hand") {
+    SpanTable t;
+    t.batch = 2;
+    t.heads = 2;
+    t.q_len = 3;
+    t.k_len = 3;
+    t.distinct_batch = 2;
+    t.distinct_heads = 2;
+    for (std::int64_t q = 0; q < 12; ++q) t.rows.push_back(RowSpan::interval(0, q % 3));  // causal everywhere
+    REQUIRE(classify(t).ok());
+    CHECK(classify(t)->kind == StructureKind::causal);
+    t.rows[static_cast<std::size_t>(t.slice_index(1, 0) * 3 + 2)].flags |= kRowInvalid;
+    auto r = classify(t);
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.status().code() == ErrorCode::invalid_value);
+    CHECK(r.status().message().find("mask row [1, 0, 2] holds NaN or +inf") == 0);
+  }
+  SUBCASE("rows from the host row scanner, as a two-phase scan hands them over") {
+    // fp32 causal [2, 1, 4, 4] with NaN at [1, 0, 2, 3] (a masked position).
+    std::vector<float> mask(2 * 4 * 4);
+    for (std::int64_t b = 0; b < 2; ++b)
+      for (std::int64_t q = 0; q < 4; ++q)
+        for (std::int64_t k = 0; k < 4; ++k)
+          mask[static_cast<std::size_t>((b * 4 + q) * 4 + k)] = k <= q ? 0.0f : -std::numeric_limits<float>::infinity();
+    mask[(1 * 4 + 2) * 4 + 3] = std::numeric_limits<float>::quiet_NaN();
+    const std::int64_t shape[4] = {2, 1, 4, 4};
+    auto view = MaskView::contiguous(mask.data(), ElementType::float32, shape);
+    REQUIRE(view.ok());
+    auto table = SpanTable::for_view(*view);
+    REQUIRE(table.ok());
+    const AdditiveBits bits = additive_bits(view->dtype(), view->encoding().masked_threshold);
+    for (std::int64_t b = 0; b < 2; ++b)
+      for (std::int64_t q = 0; q < 4; ++q)
+        table->rows[static_cast<std::size_t>(table->slice_index(b, 0) * 4 + q)] = detail::scan_row(*view, bits, b, 0, q);
+    CHECK((table->rows[static_cast<std::size_t>(table->slice_index(1, 0) * 4 + 2)].flags & kRowInvalid) != 0);
+    auto r = classify(*table);
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.status().code() == ErrorCode::invalid_value);
+    CHECK(r.status().message().find("mask row [1, 0, 2] holds NaN or +inf") == 0);
+    // The one-call path names the element.
+    auto whole = inspect(*view);
+    REQUIRE_FALSE(whole.ok());
+    CHECK(whole.status().code() == ErrorCode::invalid_value);
+    CHECK(whole.status().message().find("mask element [1, 0, 2, 3]") == 0);
+  }
+}
+
+TEST_CASE("decide and render refuse a malformed structure with the field and the rule") {
+  struct Bad {
+    const char* what;
+    MaskStructure s;
+    ErrorCode code;
+    const char* message;
+  };
+  std::vector<Bad> cases;
+  MaskStructure chunk0 = make_structure(StructureKind::chunked, 1, 64, 64);
+  cases.push_back({"chunk 0 (divides by zero in base_row)", chunk0, ErrorCode::invalid_argument,
+                   "structure.chunk must be in [1, 2^62] for chunked, got 0"});
+  MaskStructure short_segments = make_structure(StructureKind::causal, 4, 16, 16);
+  short_segments.segments = {{0, 8, 16}, {0, 16}};
+  cases.push_back({"segments shorter than batch (read past the heap)", short_segments, ErrorCode::invalid_argument,
+                   "structure.segments must list one entry per batch (4) or one for every batch, got 2"});
+  MaskStructure short_kv = make_structure(StructureKind::full, 3, 1, 16);
+  short_kv.kv_valid = {{0, 16}, {0, 8}};
+  cases.push_back({"kv_valid shorter than batch", short_kv, ErrorCode::invalid_argument,
+                   "structure.kv_valid must list one entry per batch (3)"});
+  MaskStructure window = make_structure(StructureKind::sliding_window, 1, 16, 16);
+  window.window = std::numeric_limits<std::int64_t>::max();
+  cases.push_back({"a window that overflows key arithmetic", window, ErrorCode::invalid_argument, "structure.window"});
+  MaskStructure blocks = make_structure(StructureKind::causal_blocks, 1, 16, 16);
+  blocks.blocks = {{4, 8}, {6, 10}};
+  cases.push_back({"overlapping blocks", blocks, ErrorCode::invalid_argument, "structure.blocks[1] [6, 10]"});
+  MaskStructure rising = make_structure(StructureKind::causal, 1, 16, 16);
+  rising.segments = {{0, 9, 3, 16}};
+  cases.push_back({"segments not rising", rising, ErrorCode::invalid_argument, "structure.segments[0] must rise strictly"});
+  MaskStructure empty_shape = make_structure(StructureKind::causal, 1, 0, 16);
+  cases.push_back({"Q = 0", empty_shape, ErrorCode::invalid_shape, "structure q_len must be in [1, 2^62], got 0"});
+  MaskStructure kind = make_structure(static_cast<StructureKind>(42), 1, 16, 16);
+  cases.push_back({"a kind out of range", kind, ErrorCode::invalid_argument, "structure.kind 42 is not a kind"});
+  MaskStructure count = make_structure(StructureKind::causal, 1, 16, 16);
+  count.empty_rows = 5;
+  cases.push_back({"an empty-row count the structure does not imply", count, ErrorCode::invalid_argument,
+                   "structure.empty_rows is 5 but the structure implies 0"});
+  MaskStructure finite = make_structure(StructureKind::arbitrary, 1, 16, 16);
+  finite.empty_rows = 2;
+  finite.finite_masked_rows = 3;
+  cases.push_back({"more finite-masked rows than empty rows", finite, ErrorCode::invalid_argument,
+                   "structure.finite_masked_rows (3) must be <= empty_rows (2)"});
+  for (const Bad& c : cases) {
+    INFO(c.what);
+    auto p = decide(c.s, AttentionCall{});
+    REQUIRE_FALSE(p.ok());
+    CHECK(p.status().code() == c.code);
+    CHECK_MESSAGE(p.status().message().find(c.message) != std::string::npos, p.status().message());
+    if (c.s.kind == StructureKind::arbitrary) continue;  // render refuses arbitrary for its own reason
+    auto dense = render_dense(c.s);
+    REQUIRE_FALSE(dense.ok());
+    CHECK(dense.status().message() == p.status().message());
+  }
+}
+
+TEST_CASE("chunk evidence from every distinct batch: padded chunked masks of 3 or more batches") {
+  // The smallest case found: bottom-right chunk 2 over [3, 1, 3, 4]; only the third
+  // batch shows where a chunk starts.
+  MaskStructure spec = make_structure(StructureKind::chunked, 3, 3, 4, Alignment::bottom_right);
+  spec.chunk = 2;
+  spec.kv_valid = {{3, 4}, {0, 0}, {0, 2}};
+  Rng rng(test_seed(17));
+  DenseMask dense = render(spec, 1, ElementType::boolean, Polarity::true_attends, Layout::contiguous, rng);
+  auto verdict = inspect(dense.view);
+  REQUIRE(verdict.ok());
+  INFO(describe(*verdict));
+  CHECK(verdict->kind == StructureKind::chunked);
+  CHECK(verdict->chunk == 2);
+  CHECK(renders_equal(*verdict, dense.view));
+  CHECK(verdict->description_cost() <= spec.description_cost());
+
+  // The family: chunked masks with padding per batch, 3 to 5 batches.
+  int cases = 0;
+  for (int i = 0; i < 20000; ++i) {
+    const std::int64_t batch = uniform(rng, 3, 5), q_len = uniform(rng, 1, 12);
+    const std::int64_t k_len = coin(rng) ? q_len : uniform(rng, 1, 12);
+    MaskStructure s = make_structure(StructureKind::chunked, batch, q_len, k_len,
+                                     coin(rng) ? Alignment::bottom_right : Alignment::top_left);
+    s.chunk = uniform(rng, 1, k_len + 1);
+    for (std::int64_t b = 0; b < batch; ++b) {
+      const std::int64_t start = uniform(rng, 0, k_len);
+      s.kv_valid.push_back({start, uniform(rng, start, k_len)});
+    }
+    DenseMask m = render(s, 1, ElementType::boolean, Polarity::true_attends, Layout::contiguous, rng);
+    auto v = inspect(m.view);
+    REQUIRE(v.ok());
+    INFO(m.describe << "\n  spec    " << describe(s) << "\n  verdict " << describe(*v));
+    REQUIRE(v->kind != StructureKind::arbitrary);
+    REQUIRE(renders_equal(*v, m.view));
+    REQUIRE(v->description_cost() <= canonical_cost_bound(s));
+    ++cases;
+  }
+  MESSAGE(cases << " padded chunked masks classified exactly");
+}
+
+TEST_CASE("a stride-0 batch costs O(1): B = 2^40 over a 16-byte buffer") {
+  constexpr std::int64_t B = std::int64_t{1} << 40;
+  const std::int64_t shape[] = {B, 1, 4, 4}, strides[] = {0, 0, 4, 1};
+  SUBCASE("full") {
+    const std::vector<std::uint8_t> ones(16, 1);
+    auto view = MaskView::make(ones.data(), ElementType::boolean, shape, strides);
+    REQUIRE(view.ok());
+    auto verdict = inspect(*view);
+    REQUIRE(verdict.ok());
+    CHECK(verdict->kind == StructureKind::full);
+    CHECK(verdict->batch == B);
+    CHECK_FALSE(verdict->has_kv_valid());
+    CHECK(verdict->empty_rows == 0);
+    auto p = decide(*verdict, AttentionCall{});
+    REQUIRE(p.ok());
+    CHECK(p->plan.empty());
+    CHECK(p->call.mask == MaskUse::drop);
+  }
+  SUBCASE("causal with key 0 padded: one kv_valid entry for every batch") {
+    std::vector<std::uint8_t> m(16);
+    for (int q = 0; q < 4; ++q)
+      for (int k = 0; k < 4; ++k) m[static_cast<std::size_t>(q * 4 + k)] = k <= q && k >= 1;
+    auto view = MaskView::make(m.data(), ElementType::boolean, shape, strides);
+    REQUIRE(view.ok());
+    auto verdict = inspect(*view);
+    REQUIRE(verdict.ok());
+    CHECK(verdict->kind == StructureKind::causal);
+    REQUIRE(verdict->kv_valid.size() == 1);
+    CHECK(verdict->kv_valid[0] == KeyRange{1, 4});
+    CHECK(verdict->empty_rows == B);  // row 0 of every batch
+    CHECK(verdict->implied_empty_rows() == B);
+    CHECK(verdict->validate().ok());
+    CHECK(verdict->description_cost() == 2 * B);  // what it costs written out: the verdict does not depend on the layout
+    CHECK(verdict->row(B - 1, 0).empty());
+    CHECK(verdict->row(B - 1, 3).same_keys(RowSpan::interval(1, 3)));
+    // decide() writes modifiers out per batch; not 2^40 of them.
+    auto p = decide(*verdict, AttentionCall{});
+    REQUIRE_FALSE(p.ok());
+    CHECK(p.status().code() == ErrorCode::out_of_memory);
+  }
+}
+
+TEST_CASE("a broadcast batch gets one modifier entry and decides as the batch written out") {
+  Rng rng(test_seed(23));
+  for (int i = 0; i < 300; ++i) {
+    const std::int64_t q_len = uniform(rng, 1, 24), k_len = coin(rng) ? q_len : uniform(rng, 1, 24);
+    const std::int64_t batch = uniform(rng, 2, 6);
+    const MaskStructure one = random_structure(rng, 1, q_len, k_len);
+    DenseMask dense = render(repeat_batches(one, batch), 1, ElementType::boolean, Polarity::true_attends,
+                             Layout::expand, rng);
+    auto verdict = inspect(dense.view);
+    REQUIRE(verdict.ok());
+    INFO(dense.describe << "\n  spec    " << describe(one) << "\n  verdict " << describe(*verdict));
+    REQUIRE(verdict->kind != StructureKind::arbitrary);
+    CHECK(verdict->kv_valid.size() <= 1);
+    CHECK(verdict->segments.size() <= 1);
+    CHECK(renders_equal(*verdict, dense.view));
+    // The same mask materialised per batch: the same verdict, written out.
+    DenseMask copied = render(repeat_batches(one, batch), 1, ElementType::boolean, Polarity::true_attends,
+                              Layout::contiguous, rng);
+    auto written = inspect(copied.view);
+    REQUIRE(written.ok());
+    CHECK(written->kind == verdict->kind);
+    CHECK(written->description_cost() == verdict->description_cost());
+    CHECK(written->empty_rows == verdict->empty_rows);
+    auto spelled = spell_out(*verdict);
+    REQUIRE(spelled.ok());
+    CHECK(describe(*spelled) == describe(*written));
+    auto p = decide(*verdict, AttentionCall{}), q = decide(*written, AttentionCall{});
+    REQUIRE(p.ok());
+    REQUIRE(q.ok());
+    CHECK(p->backend() == q->backend());
+    CHECK(p->call == q->call);
+    CHECK(p->plan.size() == q->plan.size());
+  }
+}
+
+TEST_CASE("padded query rows: q_valid, and decide() never drops the mask as if they attended (a varlen call packs the valid rows)") {
+  // Cross-attention [2, 1, 6, 10]: the outer product of valid query rows and valid keys.
+  const std::int64_t B = 2, Q = 6, K = 10;
+  const KeyRange rows[] = {{0, 4}, {0, 6}}, keys[] = {{0, 7}, {0, 10}};
+  std::vector<std::uint8_t> m(static_cast<std::size_t>(B * Q * K));
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t q = 0; q < Q; ++q)
+      for (std::int64_t k = 0; k < K; ++k)
+        m[static_cast<std::size_t>((b * Q + q) * K + k)] =
+            rows[b].start <= q && q < rows[b].end && keys[b].start <= k && k < keys[b].end;
+  const std::int64_t shape[] = {B, 1, Q, K};
+  auto view = MaskView::contiguous(m.data(), ElementType::boolean, shape);
+  REQUIRE(view.ok());
+  auto verdict = inspect(*view);
+  REQUIRE(verdict.ok());
+  INFO(describe(*verdict));
+  CHECK(verdict->kind == StructureKind::full);
+  CHECK(verdict->q_valid == std::vector<KeyRange>{{0, 4}, {0, 6}});
+  CHECK(verdict->kv_valid == std::vector<KeyRange>{{0, 7}, {0, 10}});
+  CHECK(verdict->empty_rows == 2);
+  CHECK(verdict->implied_empty_rows() == 2);
+  CHECK(renders_equal(*verdict, *view));
+  for (const Environment& env : {Environment{}, with_every_family()}) {
+    auto p = decide(*verdict, seed_call(), env);
+    REQUIRE(p.ok());
+    const bool kept = p->call.mask == MaskUse::keep;
+    const bool exact_plan = !p->plan.empty() && plan_is_exact(*verdict, *p);
+    // A varlen call packs each batch's valid rows against its valid keys (cu_seqlens_q).
+    const bool exact_call = p->plan.empty() && !kept && masklens::testing::call_is_exact(*verdict, p->call);
+    CHECK((kept || exact_plan || exact_call));
+  }
+  // The same with Q == K (keys padded on both sides): q_valid and kv_valid, 4 numbers,
+  // beat segments and kv_valid.
+  std::vector<std::uint8_t> square(64);
+  for (int q = 0; q < 8; ++q)
+    for (int k = 0; k < 8; ++k) square[static_cast<std::size_t>(q * 8 + k)] = q < 5 && k >= 2 && k < 6;
+  const std::int64_t square_shape[] = {8, 8};
+  auto square_view = MaskView::contiguous(square.data(), ElementType::boolean, square_shape);
+  REQUIRE(square_view.ok());
+  auto v = inspect(*square_view);
+  REQUIRE(v.ok());
+  INFO(describe(*v));
+  CHECK(v->kind == StructureKind::full);
+  CHECK(v->q_valid == std::vector<KeyRange>{{0, 5}});
+  CHECK(v->kv_valid == std::vector<KeyRange>{{2, 6}});
+  CHECK_FALSE(v->has_segments());
 }
 
 }  // TEST_SUITE

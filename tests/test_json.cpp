@@ -15,7 +15,8 @@ TEST_CASE("structures round-trip through JSON") {
   for (int i = 0; i < 300; ++i) {
     const std::int64_t q = testing::uniform(rng, 1, 60), k = testing::coin(rng) ? q : testing::uniform(rng, 1, 60);
     MaskStructure s = testing::random_structure(rng, testing::uniform(rng, 1, 3), q, k);
-    s.empty_rows = testing::uniform(rng, 0, 5);
+    s.empty_rows = s.implied_empty_rows();
+    s.finite_masked_rows = testing::uniform(rng, 0, s.empty_rows);
     s.bias = testing::coin(rng);
     const nlohmann::json j = to_json(s, nullptr);
     CHECK(j["schema"] == 2);
@@ -109,30 +110,101 @@ TEST_CASE("rejections say their kind, the rules that refuse and the defect") {
 TEST_CASE("malformed structures are errors naming the field") {
   struct Bad {
     const char* text;
+    ErrorCode code;  // parse_error: a value of the wrong JSON type; invalid_argument: MaskStructure::validate()
     const char* message;
   };
   const Bad cases[] = {
-      {"[]", "must be a JSON object"},
-      {"{}", "structure.kind must be a string"},
-      {R"({"kind": "diagonal"})", "'diagonal' is not a known kind"},
-      {R"({"kind": "sliding_window"})", "structure.window must be an integer >= 1"},
-      {R"({"kind": "sliding_window", "window": -3})", "structure.window"},
-      {R"({"kind": "chunked", "chunk": 0})", "structure.chunk"},
-      {R"({"kind": "causal", "alignment": "middle"})", "top_left or bottom_right"},
-      {R"({"kind": "causal_blocks", "blocks": [[5, 3]]})", "sorted, disjoint"},
-      {R"({"kind": "causal", "kv_valid": [[0, 8]]})", "one [start, end] per batch"},
-      {R"({"kind": "causal", "kv_valid": [[0, 99], [0, 8]]})", "0 <= start <= end <= K"},
-      {R"({"kind": "causal", "segments": [[0, 4, 4, 16], [0, 16]]})", "rise strictly"},
-      {R"({"kind": "causal", "empty_rows": -1})", "empty_rows"},
-      {R"({"kind": "causal", "bias": "yes"})", "structure.bias"},
+      {"[]", ErrorCode::parse_error, "must be a JSON object"},
+      {"{}", ErrorCode::parse_error, "structure.kind must be a string"},
+      {R"({"kind": "diagonal"})", ErrorCode::parse_error, "'diagonal' is not a known kind"},
+      {R"({"kind": "sliding_window"})", ErrorCode::parse_error, "structure.window must be an integer"},
+      {R"({"kind": "sliding_window", "window": 2.5})", ErrorCode::parse_error, "structure.window must be an integer"},
+      {R"({"kind": "sliding_window", "window": -3})", ErrorCode::invalid_argument,
+       "structure.window must be in [1, 2^62] for sliding_window, got -3"},
+      {R"({"kind": "chunked", "chunk": 0})", ErrorCode::invalid_argument, "structure.chunk must be in [1, 2^62]"},
+      {R"({"kind": "prefix_lm", "prefix": 4611686018427387905})", ErrorCode::invalid_argument, "structure.prefix"},
+      {R"({"kind": "causal", "alignment": "middle"})", ErrorCode::parse_error, "top_left or bottom_right"},
+      {R"({"kind": "causal_blocks", "blocks": [[5, 3]]})", ErrorCode::invalid_argument, "sorted, disjoint"},
+      {R"({"kind": "causal_blocks", "blocks": [[0, 4], [3, 8]]})", ErrorCode::invalid_argument, "structure.blocks[1]"},
+      {R"({"kind": "causal_blocks", "blocks": [[0, 17]]})", ErrorCode::invalid_argument, "inside [0, K)"},
+      {R"({"kind": "causal_blocks", "blocks": []})", ErrorCode::invalid_argument, "at least one block"},
+      {R"({"kind": "causal_blocks", "blocks": [[0, "4"]]})", ErrorCode::parse_error, "structure.blocks[0] must be [start, end]"},
+      {R"({"kind": "causal", "kv_valid": [[0, 8], [0, 8], [0, 8]]})", ErrorCode::invalid_argument,
+       "structure.kv_valid must list one entry per batch (2) or one for every batch, got 3"},
+      {R"({"kind": "causal", "kv_valid": [[0, 99], [0, 8]]})", ErrorCode::invalid_argument,
+       "structure.kv_valid[0] must satisfy 0 <= start <= end <= K (16), got [0, 99]"},
+      {R"({"kind": "causal", "kv_valid": [[-1, 4], [0, 8]]})", ErrorCode::invalid_argument, "structure.kv_valid[0]"},
+      {R"({"kind": "causal", "kv_valid": {"a": 1}})", ErrorCode::parse_error, "structure.kv_valid must be an array"},
+      {R"({"kind": "causal", "segments": [[0, 4, 4, 16], [0, 16]]})", ErrorCode::invalid_argument,
+       "structure.segments[0] must rise strictly from 0 to Q (16)"},
+      {R"({"kind": "causal", "segments": [[0, 16], [0, 16], [0, 16]]})", ErrorCode::invalid_argument,
+       "structure.segments must list one entry per batch (2)"},
+      {R"({"kind": "causal", "segments": [[0, "x"]]})", ErrorCode::parse_error, "structure.segments[0] must be an array of integers"},
+      {R"({"kind": "arbitrary", "kv_valid": [[0, 8]]})", ErrorCode::invalid_argument, "arbitrary takes none"},
+      {R"({"kind": "causal", "empty_rows": -1})", ErrorCode::invalid_argument, "structure.empty_rows"},
+      {R"({"kind": "causal", "empty_rows": 3})", ErrorCode::invalid_argument,
+       "structure.empty_rows is 3 but the structure implies 0"},
+      {R"({"kind": "causal", "kv_valid": [[4, 16]], "finite_masked_rows": 9})", ErrorCode::invalid_argument,
+       "structure.finite_masked_rows (9) must be <= empty_rows (8)"},
+      {R"({"kind": "arbitrary", "empty_rows": 33})", ErrorCode::invalid_argument, "must be <= B*H*Q (32)"},
+      {R"({"kind": "causal", "bias": "yes"})", ErrorCode::parse_error, "structure.bias"},
   };
   for (const Bad& c : cases) {
     INFO(c.text);
     auto r = structure_from_json(nlohmann::json::parse(c.text), 2, 1, 16, 16);
     REQUIRE_FALSE(r.ok());
-    CHECK(r.status().code() == ErrorCode::parse_error);
+    CHECK(r.status().code() == c.code);
     CHECK_MESSAGE(r.status().message().find(c.message) != std::string::npos, r.status().message());
   }
+  SUBCASE("segments need Q == K") {
+    auto r = structure_from_json(nlohmann::json::parse(R"({"kind": "full", "segments": [[0, 4, 8]]})"), 1, 1, 8, 9);
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.status().message() == "structure.segments need Q == K, got Q 8, K 9");
+  }
+  SUBCASE("the shape") {
+    auto r = structure_from_json(nlohmann::json::parse(R"({"kind": "causal"})"), 1, 0, 8, 8);
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.status().code() == ErrorCode::invalid_shape);
+    CHECK(r.status().message() == "structure heads must be in [1, 2^62], got 0");
+  }
+}
+
+TEST_CASE("the empty-row count is derived: left out it reads as implied, wrong it is an error") {
+  // Sliding window 64 over 512 keys, keys [100, 512) valid: rows 0..99 attend nothing.
+  const auto j = nlohmann::json::parse(R"({"kind": "sliding_window", "window": 64, "kv_valid": [[100, 512]]})");
+  auto s = structure_from_json(j, 1, 2, 512, 512);
+  REQUIRE(s.ok());
+  CHECK(s->empty_rows == 200);  // 100 rows in each of 2 heads
+  nlohmann::json given = j;
+  given["empty_rows"] = 200;
+  CHECK(structure_from_json(given, 1, 2, 512, 512).ok());
+  given["empty_rows"] = 100;
+  auto wrong = structure_from_json(given, 1, 2, 512, 512);
+  REQUIRE_FALSE(wrong.ok());
+  CHECK(wrong.status().message() == "structure.empty_rows is 100 but the structure implies 200 (give 0 to have it derived)");
+  // An arbitrary structure implies nothing: its count is taken as given.
+  auto arbitrary = structure_from_json(nlohmann::json::parse(R"({"kind": "arbitrary", "empty_rows": 7})"), 1, 1, 8, 8);
+  REQUIRE(arbitrary.ok());
+  CHECK(arbitrary->empty_rows == 7);
+}
+
+TEST_CASE("one modifier entry holds for every batch") {
+  const auto j = nlohmann::json::parse(R"({"kind": "causal", "kv_valid": [[2, 8]], "segments": [[0, 5, 8]]})");
+  auto s = structure_from_json(j, 3, 1, 8, 8);
+  REQUIRE(s.ok());
+  CHECK(s->kv_valid.size() == 1);
+  CHECK(to_json(*s)["kv_valid"] == nlohmann::json({{2, 8}}));
+  // Per batch, the same three batches.
+  auto per_batch = structure_from_json(
+      nlohmann::json::parse(R"({"kind": "causal", "kv_valid": [[2, 8], [2, 8], [2, 8]],
+                                "segments": [[0, 5, 8], [0, 5, 8], [0, 5, 8]]})"),
+      3, 1, 8, 8);
+  REQUIRE(per_batch.ok());
+  CHECK(s->description_cost() == per_batch->description_cost());
+  CHECK(s->empty_rows == 3 * 2);  // rows 0 and 1 of each batch see no valid key
+  CHECK(s->empty_rows == per_batch->empty_rows);
+  for (std::int64_t b = 0; b < 3; ++b)
+    for (std::int64_t q = 0; q < 8; ++q) CHECK(s->row(b, q).same_keys(per_batch->row(b, q)));
 }
 
 }  // TEST_SUITE

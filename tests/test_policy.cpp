@@ -595,4 +595,30 @@ TEST_CASE("the registry names every backend once, and names round-trip") {
   CHECK_FALSE(backend_named("torch.sdpa.nope").has_value());
 }
 
+TEST_CASE("decide() derives empty rows from the structure: a padded window never goes to cuDNN with its mask") {
+  // masklens policy --structure '{"kind":"sliding_window","window":64,"kv_valid":[[100,512]]}' --shape 1,1,512,512:
+  // key 100 is the first valid one, so rows 0..99 see no valid key inside their window.
+  MaskStructure s = make_structure(StructureKind::sliding_window, 1, 512, 512);
+  s.window = 64;
+  s.kv_valid = {{100, 512}};
+  REQUIRE(s.empty_rows == 0);  // not given
+  CHECK(s.implied_empty_rows() == 100);
+  AttentionCall c = seed_call();
+  c.training = false;
+  c.head_dim = 128;
+  auto p = decide(s, c);
+  REQUIRE(p.ok());
+  CHECK(rejected(*p, Backend::sdpa_cudnn, "cudnn_empty_rows_mean_of_v"));
+  CHECK_FALSE((p->backend() == Backend::sdpa_cudnn && p->call.mask == MaskUse::keep));
+  CHECK(has_hazard(*p, HazardKind::empty_rows));
+  CHECK(computes(s, *p));
+  // The same count given explicitly decides the same; a wrong one is refused.
+  s.empty_rows = 100;
+  auto given = decide(s, c);
+  REQUIRE(given.ok());
+  CHECK(given->backend() == p->backend());
+  s.empty_rows = 1;
+  CHECK(decide(s, c).status().code() == ErrorCode::invalid_argument);
+}
+
 }  // TEST_SUITE

@@ -11,6 +11,7 @@
 #include <map>
 #include <numeric>
 #include <optional>
+#include <set>
 #include <span>
 #include <unordered_map>
 #include <vector>
@@ -26,15 +27,19 @@ namespace detail {
 // Rows of one batch that several logical batches share (stride 0 or equal content).
 struct UniqueBatch {
   std::span<const RowSpan> rows;
-  std::vector<std::int64_t> logical;  // the logical batch indices with these rows
+  // The logical batch indices with these rows; empty when the table is broadcast over
+  // the batch and these rows stand for every batch (B may be 2^40: nothing per batch).
+  std::vector<std::int64_t> logical;
 };
 
 // The modifiers one batch needs on top of a base structure.
 struct BatchFit {
   std::optional<KeyRange> kv;             // absent = every key valid
   std::vector<std::int64_t> segments;     // empty = one document
-  [[nodiscard]] std::int64_t cost() const noexcept {
-    return (kv ? 2 : 0) + static_cast<std::int64_t>(segments.size());
+  std::optional<KeyRange> q;              // absent = every query row valid
+  // Numbers this batch adds; a modifier other batches already list (`paid`) adds none.
+  [[nodiscard]] std::int64_t cost(bool kv_paid = false, bool q_paid = false) const noexcept {
+    return (kv && !kv_paid ? 2 : 0) + static_cast<std::int64_t>(segments.size()) + (q && !q_paid ? 2 : 0);
   }
 };
 
@@ -60,16 +65,37 @@ inline std::vector<std::int64_t> detect_documents(const MaskStructure& probe, st
     const bool starts = !here.empty() && !base_here.empty() && here.first == t && t > std::max(base_here.first, s);
     const bool ends = !before.empty() && !base_before.empty() && before.last == t - 1 &&
                       t - 1 < std::min(base_before.last, e - 1);
-    const bool edge = at_empty_edges && here.empty() != before.empty();
-    if (starts || ends || edge) bounds.push_back(t);
+    // Rows turning empty at a q_valid bound are the padding's, not a document's.
+    const bool empty_edge = here.empty() != before.empty();
+    const bool q_edge = empty_edge && probe.has_q_valid() && (t == probe.q_valid[0].start || t == probe.q_valid[0].end);
+    const bool edge = at_empty_edges && empty_edge && !q_edge;
+    // Rows next to padded query rows may sit in a document that starts or ends among
+    // them: the edge shows only as their first key, or their last key + 1.
+    const bool hidden_start = (edge || q_edge) && !here.empty() && !base_here.empty() && here.first < t &&
+                              here.first > std::max(base_here.first, s);
+    const bool hidden_end = (edge || q_edge) && !before.empty() && !base_before.empty() && before.last + 1 > t &&
+                            before.last < std::min(base_before.last, e - 1);
+    if (hidden_start) bounds.push_back(here.first);
+    else if (hidden_end) bounds.push_back(before.last + 1);
+    else if (starts || ends || edge) bounds.push_back(t);
   }
   if (bounds.size() == 1) return {};
   bounds.push_back(q_len);
+  std::sort(bounds.begin(), bounds.end());
+  bounds.erase(std::unique(bounds.begin(), bounds.end()), bounds.end());
   return bounds;
 }
 
-// The cheapest modifiers that make `probe` (a base structure with batch 1) equal `rows`.
-inline std::optional<BatchFit> fit_batch(MaskStructure& probe, std::span<const RowSpan> rows, bool allow_segments) {
+// Which modifiers a fit may use.
+struct ModifierKinds {
+  bool kv = true, segments = true, q = true;
+  [[nodiscard]] int count() const noexcept { return int{kv} + int{segments} + int{q}; }
+};
+
+// The cheapest key-side modifiers (kv_valid, segments) that make `probe` (a base
+// structure with batch 1, q_valid set or not) equal `rows`.
+inline std::optional<BatchFit> fit_keys(MaskStructure& probe, std::span<const RowSpan> rows, bool allow_segments,
+                                        bool allow_kv, bool kv_paid = false) {
   probe.segments.clear();
   probe.kv_valid.clear();
   if (rows_match(probe, rows)) return BatchFit{};
@@ -84,7 +110,9 @@ inline std::optional<BatchFit> fit_batch(MaskStructure& probe, std::span<const R
     l_max = std::max(l_max, r.last);
   }
   std::vector<KeyRange> kv_candidates;
-  if (f_first < 0) {
+  if (!allow_kv) {
+    // only the whole key range, below
+  } else if (f_first < 0) {
     kv_candidates.push_back({0, 0});  // nothing attends: no key is valid
   } else {
     for (std::int64_t s : {std::int64_t{0}, f_first, f_min})
@@ -107,7 +135,7 @@ inline std::optional<BatchFit> fit_batch(MaskStructure& probe, std::span<const R
     if (docs.empty()) continue;
     BatchFit fit;
     if (!(kv.start == 0 && kv.end == k_len)) fit.kv = kv;
-    if (best && best->cost() <= fit.cost() + static_cast<std::int64_t>(docs.size())) continue;
+    if (best && best->cost(kv_paid) <= fit.cost(kv_paid) + static_cast<std::int64_t>(docs.size())) continue;
     probe.segments.assign(1, docs);
     if (fit.kv) probe.kv_valid.assign(1, *fit.kv); else probe.kv_valid.clear();
     if (!rows_match(probe, rows)) continue;
@@ -124,36 +152,100 @@ inline std::optional<BatchFit> fit_batch(MaskStructure& probe, std::span<const R
     }
     fit.segments = docs.size() > 2 ? std::move(docs) : std::vector<std::int64_t>{};
     if (fit.segments.empty() && !fit.kv) continue;  // cannot happen: the base alone did not match
-    if (!best || fit.cost() < best->cost()) best = std::move(fit);
+    if (!best || fit.cost(kv_paid) < best->cost(kv_paid)) best = std::move(fit);
     }
   return best;
 }
 
-// Fits `base` to every unique batch; the assembled structure, or nothing if some batch does not fit.
-inline std::optional<MaskStructure> fit_structure(const MaskStructure& base, const std::vector<UniqueBatch>& batches) {
+// The cheapest modifiers of `kinds` that make `probe` (a base structure with batch 1)
+// equal `rows`. q_valid is the rows from the first that attends to the last: padded
+// query rows at either end attend nothing whatever the base says. On equal cost the
+// fit without it wins. `kv_paid`, `q_paid`: other batches list the modifier, so this
+// batch's entry costs nothing more.
+inline std::optional<BatchFit> fit_batch(MaskStructure& probe, std::span<const RowSpan> rows, ModifierKinds kinds,
+                                         bool kv_paid = false, bool q_paid = false) {
+  const std::int64_t q_cost = q_paid ? 0 : 2;
+  probe.q_valid.clear();
+  std::optional<BatchFit> best = fit_keys(probe, rows, kinds.segments, kinds.kv, kv_paid);
+  if (!kinds.q || (best && best->cost(kv_paid) <= q_cost)) return best;
+  const auto attends = [](const RowSpan& r) { return !r.empty(); };
+  const auto first = std::find_if(rows.begin(), rows.end(), attends);
+  const auto last = std::find_if(rows.rbegin(), rows.rend(), attends);
+  // Nothing attends: q_valid [0, 0) (kv_valid [0, 0) says the same, where allowed).
+  const KeyRange attending = first == rows.end() ? KeyRange{0, 0} : KeyRange{first - rows.begin(), rows.rend() - last};
+  if (attending == KeyRange{0, static_cast<std::int64_t>(rows.size())}) return best;
+  probe.q_valid.assign(1, attending);
+  std::optional<BatchFit> with_q = fit_keys(probe, rows, kinds.segments, kinds.kv, kv_paid);
+  probe.q_valid.clear();
+  if (!with_q || (best && with_q->cost(kv_paid) + q_cost >= best->cost(kv_paid))) return best;
+  with_q->q = attending;
+  return with_q;
+}
+
+// Fits `base` to every unique batch with modifiers of `kinds`; the assembled structure,
+// or nothing if some batch does not fit.
+inline std::optional<MaskStructure> fit_structure_with(const MaskStructure& base, const std::vector<UniqueBatch>& batches,
+                                                       ModifierKinds kinds) {
   MaskStructure probe = base;
   probe.batch = 1;
-  const bool allow_segments = base.q_len == base.k_len && base.q_len > 1;
   std::vector<BatchFit> fits;
   fits.reserve(batches.size());
   for (const UniqueBatch& ub : batches) {
-    std::optional<BatchFit> fit = fit_batch(probe, ub.rows, allow_segments);
+    std::optional<BatchFit> fit = fit_batch(probe, ub.rows, kinds);
     if (!fit) return std::nullopt;
     fits.push_back(std::move(*fit));
   }
+  // Once one batch lists kv_valid or q_valid every batch has an entry: the others may
+  // use theirs for free, which can save them documents.
+  const bool kv_paid = std::any_of(fits.begin(), fits.end(), [](const BatchFit& f) { return f.kv.has_value(); });
+  const bool q_paid = std::any_of(fits.begin(), fits.end(), [](const BatchFit& f) { return f.q.has_value(); });
+  if (kv_paid || q_paid)
+    for (std::size_t i = 0; i < fits.size(); ++i)
+      if (fits[i].cost(kv_paid, q_paid) > 0)
+        if (std::optional<BatchFit> fit = fit_batch(probe, batches[i].rows, kinds, kv_paid, q_paid);
+            fit && fit->cost(kv_paid, q_paid) < fits[i].cost(kv_paid, q_paid))
+          fits[i] = std::move(*fit);
   MaskStructure s = base;
   s.segments.clear();
   s.kv_valid.clear();
+  s.q_valid.clear();
   const bool any_kv = std::any_of(fits.begin(), fits.end(), [](const BatchFit& f) { return f.kv.has_value(); });
+  const bool any_q = std::any_of(fits.begin(), fits.end(), [](const BatchFit& f) { return f.q.has_value(); });
   const bool any_docs = std::any_of(fits.begin(), fits.end(), [](const BatchFit& f) { return !f.segments.empty(); });
-  if (any_kv) s.kv_valid.assign(static_cast<std::size_t>(s.batch), KeyRange{0, s.k_len});
-  if (any_docs) s.segments.assign(static_cast<std::size_t>(s.batch), std::vector<std::int64_t>{0, s.q_len});
-  for (std::size_t i = 0; i < batches.size(); ++i)
-    for (std::int64_t b : batches[i].logical) {
-      if (fits[i].kv) s.kv_valid[static_cast<std::size_t>(b)] = *fits[i].kv;
-      if (!fits[i].segments.empty()) s.segments[static_cast<std::size_t>(b)] = fits[i].segments;
-    }
+  // A table broadcast over the batch gets each modifier once, for every batch.
+  const bool every_batch = batches.size() == 1 && batches[0].logical.empty();
+  const auto entries = every_batch ? std::size_t{1} : static_cast<std::size_t>(s.batch);
+  if (any_kv) s.kv_valid.assign(entries, KeyRange{0, s.k_len});
+  if (any_docs) s.segments.assign(entries, std::vector<std::int64_t>{0, s.q_len});
+  if (any_q) s.q_valid.assign(entries, KeyRange{0, s.q_len});
+  const auto place = [&](std::size_t entry, const BatchFit& fit) {
+    if (fit.kv) s.kv_valid[entry] = *fit.kv;
+    if (fit.q) s.q_valid[entry] = *fit.q;
+    if (!fit.segments.empty()) s.segments[entry] = fit.segments;
+  };
+  if (every_batch) place(0, fits[0]);
+  else
+    for (std::size_t i = 0; i < batches.size(); ++i)
+      for (std::int64_t b : batches[i].logical) place(static_cast<std::size_t>(b), fits[i]);
   return s;
+}
+
+// Fits `base` to every unique batch with the fewest numbers. Each batch takes its own
+// cheapest modifiers, but a modifier one batch needs is paid by every batch (an entry
+// each), so when batches chose two or more kinds, fits restricted to fewer kinds can
+// be cheaper in all: those are tried too. (With one kind or none the per-batch choice
+// is the cheapest: no batch can do better under any set of kinds.)
+inline std::optional<MaskStructure> fit_structure(const MaskStructure& base, const std::vector<UniqueBatch>& batches) {
+  const ModifierKinds all{true, base.q_len == base.k_len && base.q_len > 1, true};
+  std::optional<MaskStructure> best = fit_structure_with(base, batches, all);
+  if (!best || int{best->has_kv_valid()} + int{best->has_segments()} + int{best->has_q_valid()} < 2) return best;
+  for (int mask = 1; mask < 8; ++mask) {
+    const ModifierKinds kinds{(mask & 1) != 0, (mask & 2) != 0 && all.segments, (mask & 4) != 0};
+    if (kinds.count() == all.count() || (mask & 2 && !all.segments)) continue;
+    std::optional<MaskStructure> fitted = fit_structure_with(base, batches, kinds);
+    if (fitted && fitted->description_cost() < best->description_cost()) best = std::move(fitted);
+  }
+  return best;
 }
 
 // Parameters the base kinds could have, read off the rows (modifiers only shrink rows,
@@ -169,6 +261,8 @@ struct BaseEvidence {
 inline BaseEvidence gather_evidence(const std::vector<UniqueBatch>& batches, std::int64_t d) {
   BaseEvidence ev;
   std::map<std::int64_t, std::int64_t> block_end;  // start -> largest end seen
+  std::set<std::vector<std::int64_t>> seen_starts;
+  std::set<std::int64_t> seen_ends;
   for (std::size_t i = 0; i < batches.size(); ++i) {
     std::vector<std::int64_t> starts;  // the first distinct positive row starts, in row order
     std::int64_t run_start = -1, run_last = -1;
@@ -232,14 +326,24 @@ inline BaseEvidence gather_evidence(const std::vector<UniqueBatch>& batches, std
         }
       }
     }
-    if (i < 2) {
-      if (first_empty_after_rows > 0) starts.push_back(first_empty_after_rows);
-      for (std::size_t j = 0; j < starts.size(); ++j) {
-        ev.chunks.push_back(starts[j]);
-        for (std::size_t k = 0; k < j; ++k) {
-          ev.chunks.push_back(std::gcd(starts[j], starts[k]));
-          if (starts[j] > starts[k]) ev.chunks.push_back(starts[j] - starts[k]);
-        }
+    // Every distinct batch counts: padding can hide the chunk in all batches but one
+    // (issue 11: [3,1,3,4], kv_valid [[3,4],[0,0],[0,2]] shows it only in the third).
+    // Batches with the same starts add the same candidates: each set is taken once.
+    if (first_empty_after_rows > 0) {
+      starts.push_back(first_empty_after_rows);
+      // Where rows turn empty past the valid keys is a chunk boundary, a multiple of the
+      // chunk: its divisors hold the chunk even when no single batch shows it (two
+      // batches ending at 4 and 6 show chunk 2 only together).
+      if (seen_ends.insert(first_empty_after_rows).second)
+        for (std::int64_t f = 1; f <= first_empty_after_rows / f; ++f)
+          if (first_empty_after_rows % f == 0) ev.chunks.insert(ev.chunks.end(), {f, first_empty_after_rows / f});
+    }
+    if (!seen_starts.insert(starts).second) continue;
+    for (std::size_t j = 0; j < starts.size(); ++j) {
+      ev.chunks.push_back(starts[j]);
+      for (std::size_t k = 0; k < j; ++k) {
+        ev.chunks.push_back(std::gcd(starts[j], starts[k]));
+        if (starts[j] > starts[k]) ev.chunks.push_back(starts[j] - starts[k]);
       }
     }
   }
@@ -258,6 +362,20 @@ inline BaseEvidence gather_evidence(const std::vector<UniqueBatch>& batches, std
       ev.blocks.push_back({start, end});
   }
   return ev;
+}
+
+// Whether every row lies inside its chunk of size c (first >= floor(p / c) c, p >= 0):
+// modifiers only shrink rows, so a chunk failing this cannot fit, and one O(rows) pass
+// with an early exit spares the fit of the many candidates that evidence from every
+// batch brings.
+inline bool chunk_bounds_rows(const std::vector<UniqueBatch>& batches, std::int64_t c, std::int64_t d) noexcept {
+  for (const UniqueBatch& ub : batches)
+    for (std::size_t q = 0; q < ub.rows.size(); ++q) {
+      const RowSpan& r = ub.rows[q];
+      const std::int64_t p = static_cast<std::int64_t>(q) + d;
+      if (!r.empty() && (p < 0 || r.first < p / c * c)) return false;
+    }
+  return true;
 }
 
 inline std::vector<UniqueBatch> unique_batches(const SpanTable& t) {
@@ -284,10 +402,7 @@ inline std::vector<UniqueBatch> unique_batches(const SpanTable& t) {
       out.push_back({rows, {}});
       by_hash.emplace(h, *found);
     }
-    if (t.distinct_batch == 1)
-      for (std::int64_t lb = 0; lb < t.batch; ++lb) out[*found].logical.push_back(lb);
-    else
-      out[*found].logical.push_back(b);
+    if (t.distinct_batch > 1) out[*found].logical.push_back(b);
   }
   return out;
 }
@@ -363,7 +478,7 @@ inline MaskStructure classify_spans(const SpanTable& t) {
           break;
         case StructureKind::chunked:
           for (std::int64_t c : ev.chunks)
-            if (c >= 1 && c <= max_p) {
+            if (c >= 1 && c <= max_p && chunk_bounds_rows(batches, c, base.key_position(0))) {
               base.chunk = c;
               consider(base);
             }
@@ -403,6 +518,7 @@ inline MaskStructure classify_spans(const SpanTable& t) {
                 joined_pair.blocks.erase(joined_pair.blocks.begin() + static_cast<std::ptrdiff_t>(i) + 1);
                 joined_pair.segments.clear();
                 joined_pair.kv_valid.clear();
+                joined_pair.q_valid.clear();
                 std::optional<MaskStructure> fitted = fit_structure(joined_pair, batches);
                 if (fitted && fitted->description_cost() < trial.description_cost()) trial = std::move(*fitted);
                 else ++i;
@@ -425,11 +541,20 @@ inline MaskStructure classify_spans(const SpanTable& t) {
 
 }  // namespace detail
 
-// The simplest exact structure of the scanned mask, or `arbitrary`.
+// The simplest exact structure of the scanned mask, or `arbitrary`. A row holding NaN
+// or +inf has no meaning as a mask, whichever scanner flagged it (the two-phase device
+// scan hands its rows here unchecked): invalid_value naming the row.
 inline Result<MaskStructure> classify(const SpanTable& table) {
-  if (table.q_len < 1 || table.k_len < 1 || table.distinct_batch < 1 || table.distinct_heads < 1 ||
-      static_cast<std::int64_t>(table.rows.size()) != table.distinct_slices() * table.q_len)
-    return error(ErrorCode::invalid_argument, "span table is inconsistent with its shape");
+  if (Status malformed = table.validate(); !malformed.ok()) return malformed;
+  for (std::size_t r = 0; r < table.rows.size(); ++r) {
+    if (!(table.rows[r].flags & kRowInvalid)) continue;
+    const std::int64_t slice = static_cast<std::int64_t>(r) / table.q_len;
+    return error(ErrorCode::invalid_value,
+                 "mask row [" + std::to_string(slice / table.distinct_heads) + ", " +
+                     std::to_string(slice % table.distinct_heads) + ", " +
+                     std::to_string(static_cast<std::int64_t>(r) % table.q_len) +
+                     "] holds NaN or +inf; an additive mask holds 0, a bias, or -inf / a value <= the threshold");
+  }
   return catch_alloc([&]() -> Result<MaskStructure> { return detail::classify_spans(table); });
 }
 

@@ -111,18 +111,22 @@ inline double attended_pairs(const MaskStructure& s) noexcept {
     }
     case StructureKind::causal: per_batch = detail::clamped_ramp(s.q_len, d + 1, s.k_len); break;
   }
-  if (!s.has_segments() && !s.has_kv_valid()) return per_batch * static_cast<double>(s.batch);
+  if (!s.has_segments() && !s.has_kv_valid() && !s.has_q_valid()) return per_batch * static_cast<double>(s.batch);
   double total = 0;
   for (std::int64_t b = 0; b < s.batch; ++b) {
     double pairs = per_batch;
     if (s.has_segments() && s.kind != StructureKind::arbitrary) {
       pairs = 0;
-      const auto& seg = s.segments[static_cast<std::size_t>(b)];
+      const auto& seg = s.segments_of(b);
       for (std::size_t i = 1; i < seg.size(); ++i) pairs += detail::document_pairs(s, seg[i] - seg[i - 1]);
     }
     if (s.has_kv_valid()) {
-      const KeyRange& kv = s.kv_valid[static_cast<std::size_t>(b)];
+      const KeyRange& kv = s.kv_valid_of(b);
       pairs *= static_cast<double>(kv.end - kv.start) / k;
+    }
+    if (s.has_q_valid()) {
+      const KeyRange& rows = s.q_valid_of(b);
+      pairs *= static_cast<double>(rows.end - rows.start) / q;
     }
     total += pairs;
   }

@@ -1,5 +1,5 @@
 // describe: one human-readable line for a MaskStructure, e.g.
-// "causal top_left, kv_valid [[0,7]], segments [[0,3,10]], 2 empty rows".
+// "causal top_left, kv_valid [[0,7]], q_valid [[0,5]], segments [[0,3,10]], 2 empty rows".
 #pragma once
 
 #include <string>
@@ -34,6 +34,11 @@ inline std::string describe(const MaskStructure& s) {
   if (s.has_kv_valid()) {
     out += ", kv_valid [";
     for (std::size_t i = 0; i < s.kv_valid.size(); ++i) out.append(i ? "," : "").append(range(s.kv_valid[i]));
+    out += "]";
+  }
+  if (s.has_q_valid()) {
+    out += ", q_valid [";
+    for (std::size_t i = 0; i < s.q_valid.size(); ++i) out.append(i ? "," : "").append(range(s.q_valid[i]));
     out += "]";
   }
   if (s.has_segments()) {

@@ -88,12 +88,14 @@ inline nlohmann::json to_json(const MaskStructure& s) {
     for (const KeyRange& r : s.blocks) j["blocks"].push_back({r.start, r.end});
   }
   j["segments"] = s.has_segments() ? nlohmann::json(s.segments) : nlohmann::json(nullptr);
-  if (s.has_kv_valid()) {
-    j["kv_valid"] = nlohmann::json::array();
-    for (const KeyRange& r : s.kv_valid) j["kv_valid"].push_back({r.start, r.end});
-  } else {
-    j["kv_valid"] = nullptr;
-  }
+  const auto ranges = [](const std::vector<KeyRange>& list) {
+    if (list.empty()) return nlohmann::json(nullptr);
+    nlohmann::json out = nlohmann::json::array();
+    for (const KeyRange& r : list) out.push_back({r.start, r.end});
+    return out;
+  };
+  j["kv_valid"] = ranges(s.kv_valid);
+  j["q_valid"] = ranges(s.q_valid);
   j["empty_rows"] = s.empty_rows;
   j["finite_masked_rows"] = s.finite_masked_rows;
   j["bias"] = s.bias;
@@ -152,114 +154,113 @@ inline Result<KeyRange> range_from_json(const nlohmann::json& j, const std::stri
   return KeyRange{j[0].get<std::int64_t>(), j[1].get<std::int64_t>()};
 }
 
-inline Result<std::int64_t> positive(const nlohmann::json& j, const char* key) {
-  if (!j.contains(key) || !j[key].is_number_integer() || j[key].get<std::int64_t>() < 1)
-    return error(ErrorCode::parse_error, std::string("structure.") + key + " must be an integer >= 1");
+inline Result<std::vector<KeyRange>> ranges_from_json(const nlohmann::json& j, const std::string& where) {
+  if (!j.is_array()) return error(ErrorCode::parse_error, where + " must be an array of [start, end]");
+  std::vector<KeyRange> out;
+  for (std::size_t i = 0; i < j.size(); ++i) {
+    auto r = range_from_json(j[i], where + "[" + std::to_string(i) + "]");
+    if (!r) return r.status();
+    out.push_back(*r);
+  }
+  return out;
+}
+
+inline Result<std::int64_t> integer(const nlohmann::json& j, const char* key) {
+  if (!j.contains(key) || !j[key].is_number_integer())
+    return error(ErrorCode::parse_error, std::string("structure.") + key + " must be an integer");
   return j[key].get<std::int64_t>();
 }
 
 }  // namespace detail
 
 // Reads a structure object (or a whole inspect document, taking its "structure") for a
-// shape [B, H, Q, K], and checks that it is well formed for that shape.
+// shape [B, H, Q, K]. A value of the wrong JSON type is a parse_error; the rest is
+// MaskStructure::validate()'s (invalid_argument, or invalid_shape for the shape). The
+// empty-row count of a structured kind is derived, so a count left out reads as the
+// implied one and a wrong one is an error.
 inline Result<MaskStructure> structure_from_json(const nlohmann::json& doc, std::int64_t batch, std::int64_t heads,
                                                  std::int64_t q_len, std::int64_t k_len) {
-  if (batch < 1 || heads < 1 || q_len < 1 || k_len < 1)
-    return error(ErrorCode::invalid_shape, "shape must be four integers >= 1");
-  const nlohmann::json& j = doc.is_object() && doc.contains("structure") ? doc["structure"] : doc;
-  if (!j.is_object()) return error(ErrorCode::parse_error, "structure must be a JSON object");
-  MaskStructure s;
-  s.batch = batch;
-  s.heads = heads;
-  s.q_len = q_len;
-  s.k_len = k_len;
-  if (!j.contains("kind") || !j["kind"].is_string()) return error(ErrorCode::parse_error, "structure.kind must be a string");
-  const std::string kind = j["kind"].get<std::string>();
-  bool found = false;
-  for (StructureKind k : {StructureKind::full, StructureKind::causal, StructureKind::sliding_window, StructureKind::chunked,
-                          StructureKind::prefix_lm, StructureKind::causal_blocks, StructureKind::arbitrary})
-    if (kind == to_string(k)) s.kind = k, found = true;
-  if (!found) return error(ErrorCode::parse_error, "structure.kind '" + kind + "' is not a known kind");
-  if (j.contains("alignment") && !j["alignment"].is_null()) {
-    const auto a = j["alignment"].is_string() ? j["alignment"].get<std::string>() : std::string();
-    if (a == "top_left") s.alignment = Alignment::top_left;
-    else if (a == "bottom_right") s.alignment = Alignment::bottom_right;
-    else return error(ErrorCode::parse_error, "structure.alignment must be top_left or bottom_right");
-  }
-  if (s.kind == StructureKind::sliding_window) {
-    auto w = detail::positive(j, "window");
-    if (!w) return w.status();
-    s.window = *w;
-  }
-  if (s.kind == StructureKind::chunked) {
-    auto c = detail::positive(j, "chunk");
-    if (!c) return c.status();
-    s.chunk = *c;
-  }
-  if (s.kind == StructureKind::prefix_lm) {
-    auto p = detail::positive(j, "prefix");
-    if (!p) return p.status();
-    s.prefix = *p;
-  }
-  if (s.kind == StructureKind::causal_blocks) {
-    if (!j.contains("blocks") || !j["blocks"].is_array() || j["blocks"].empty())
-      return error(ErrorCode::parse_error, "structure.blocks must be a non-empty array of [start, end]");
-    std::int64_t prev_end = 0;
-    for (std::size_t i = 0; i < j["blocks"].size(); ++i) {
-      auto r = detail::range_from_json(j["blocks"][i], "structure.blocks[" + std::to_string(i) + "]");
-      if (!r) return r.status();
-      if (r->start < prev_end || r->end <= r->start || r->end > k_len)
-        return error(ErrorCode::parse_error, "structure.blocks must be sorted, disjoint, non-empty and inside [0, K)");
-      prev_end = r->end;
-      s.blocks.push_back(*r);
+  return catch_alloc([&]() -> Result<MaskStructure> {
+    const nlohmann::json& j = doc.is_object() && doc.contains("structure") ? doc["structure"] : doc;
+    if (!j.is_object()) return error(ErrorCode::parse_error, "structure must be a JSON object");
+    MaskStructure s;
+    s.batch = batch;
+    s.heads = heads;
+    s.q_len = q_len;
+    s.k_len = k_len;
+    if (!j.contains("kind") || !j["kind"].is_string()) return error(ErrorCode::parse_error, "structure.kind must be a string");
+    const std::string kind = j["kind"].get<std::string>();
+    bool found = false;
+    for (StructureKind k : {StructureKind::full, StructureKind::causal, StructureKind::sliding_window, StructureKind::chunked,
+                            StructureKind::prefix_lm, StructureKind::causal_blocks, StructureKind::arbitrary})
+      if (kind == to_string(k)) s.kind = k, found = true;
+    if (!found) return error(ErrorCode::parse_error, "structure.kind '" + kind + "' is not a known kind");
+    if (j.contains("alignment") && !j["alignment"].is_null()) {
+      const auto a = j["alignment"].is_string() ? j["alignment"].get<std::string>() : std::string();
+      if (a == "top_left") s.alignment = Alignment::top_left;
+      else if (a == "bottom_right") s.alignment = Alignment::bottom_right;
+      else return error(ErrorCode::parse_error, "structure.alignment must be top_left or bottom_right");
     }
-  }
-  if (j.contains("kv_valid") && !j["kv_valid"].is_null()) {
-    if (!j["kv_valid"].is_array() || static_cast<std::int64_t>(j["kv_valid"].size()) != batch)
-      return error(ErrorCode::parse_error, "structure.kv_valid must list one [start, end] per batch (" + std::to_string(batch) + ")");
-    for (std::size_t i = 0; i < j["kv_valid"].size(); ++i) {
-      auto r = detail::range_from_json(j["kv_valid"][i], "structure.kv_valid[" + std::to_string(i) + "]");
-      if (!r) return r.status();
-      if (r->start < 0 || r->end < r->start || r->end > k_len)
-        return error(ErrorCode::parse_error, "structure.kv_valid[" + std::to_string(i) + "] must satisfy 0 <= start <= end <= K");
-      s.kv_valid.push_back(*r);
+    const std::pair<StructureKind, std::pair<const char*, std::int64_t*>> parameters[] = {
+        {StructureKind::sliding_window, {"window", &s.window}},
+        {StructureKind::chunked, {"chunk", &s.chunk}},
+        {StructureKind::prefix_lm, {"prefix", &s.prefix}}};
+    for (const auto& [owner, field] : parameters) {
+      if (s.kind != owner) continue;
+      auto v = detail::integer(j, field.first);
+      if (!v) return v.status();
+      *field.second = *v;
     }
-  }
-  if (j.contains("segments") && !j["segments"].is_null()) {
-    if (q_len != k_len) return error(ErrorCode::parse_error, "structure.segments need Q == K");
-    if (!j["segments"].is_array() || static_cast<std::int64_t>(j["segments"].size()) != batch)
-      return error(ErrorCode::parse_error, "structure.segments must list one offset list per batch (" + std::to_string(batch) + ")");
-    for (std::size_t b = 0; b < j["segments"].size(); ++b) {
-      const auto& seg = j["segments"][b];
-      std::vector<std::int64_t> offsets;
-      bool ok = seg.is_array() && seg.size() >= 2;
-      for (std::size_t i = 0; ok && i < seg.size(); ++i) {
-        ok = seg[i].is_number_integer() && (i == 0 || seg[i].get<std::int64_t>() > offsets.back());
-        if (ok) offsets.push_back(seg[i].get<std::int64_t>());
+    if (s.kind == StructureKind::causal_blocks) {
+      if (!j.contains("blocks")) return error(ErrorCode::parse_error, "structure.blocks must be an array of [start, end]");
+      auto blocks = detail::ranges_from_json(j["blocks"], "structure.blocks");
+      if (!blocks) return blocks.status();
+      s.blocks = std::move(*blocks);
+    }
+    if (j.contains("kv_valid") && !j["kv_valid"].is_null()) {
+      auto kv = detail::ranges_from_json(j["kv_valid"], "structure.kv_valid");
+      if (!kv) return kv.status();
+      s.kv_valid = std::move(*kv);
+    }
+    if (j.contains("q_valid") && !j["q_valid"].is_null()) {
+      auto rows = detail::ranges_from_json(j["q_valid"], "structure.q_valid");
+      if (!rows) return rows.status();
+      s.q_valid = std::move(*rows);
+    }
+    if (j.contains("segments") && !j["segments"].is_null()) {
+      const auto& all = j["segments"];
+      if (!all.is_array()) return error(ErrorCode::parse_error, "structure.segments must be an array of offset lists");
+      for (std::size_t b = 0; b < all.size(); ++b) {
+        const auto& seg = all[b];
+        const std::string where = "structure.segments[" + std::to_string(b) + "]";
+        if (!seg.is_array()) return error(ErrorCode::parse_error, where + " must be an array of integers");
+        std::vector<std::int64_t> offsets;
+        for (const auto& o : seg) {
+          if (!o.is_number_integer()) return error(ErrorCode::parse_error, where + " must be an array of integers");
+          offsets.push_back(o.get<std::int64_t>());
+        }
+        s.segments.push_back(std::move(offsets));
       }
-      if (!ok || offsets.front() != 0 || offsets.back() != q_len)
-        return error(ErrorCode::parse_error, "structure.segments[" + std::to_string(b) +
-                                                 "] must rise strictly from 0 to Q (" + std::to_string(q_len) + ")");
-      s.segments.push_back(std::move(offsets));
     }
-  }
-  const auto count = [&](const char* key) -> Result<std::int64_t> {
-    if (!j.contains(key) || j[key].is_null()) return std::int64_t{0};
-    if (!j[key].is_number_integer() || j[key].get<std::int64_t>() < 0)
-      return error(ErrorCode::parse_error, std::string("structure.") + key + " must be an integer >= 0");
-    return j[key].get<std::int64_t>();
-  };
-  auto empty = count("empty_rows");
-  if (!empty) return empty.status();
-  s.empty_rows = *empty;
-  auto finite = count("finite_masked_rows");
-  if (!finite) return finite.status();
-  s.finite_masked_rows = *finite;
-  if (j.contains("bias") && !j["bias"].is_null()) {
-    if (!j["bias"].is_boolean()) return error(ErrorCode::parse_error, "structure.bias must be true or false");
-    s.bias = j["bias"].get<bool>();
-  }
-  return s;
+    const auto count = [&](const char* key) -> Result<std::int64_t> {
+      if (!j.contains(key) || j[key].is_null()) return std::int64_t{0};
+      if (!j[key].is_number_integer()) return error(ErrorCode::parse_error, std::string("structure.") + key + " must be an integer");
+      return j[key].get<std::int64_t>();
+    };
+    auto empty = count("empty_rows");
+    if (!empty) return empty.status();
+    s.empty_rows = *empty;
+    auto finite = count("finite_masked_rows");
+    if (!finite) return finite.status();
+    s.finite_masked_rows = *finite;
+    if (j.contains("bias") && !j["bias"].is_null()) {
+      if (!j["bias"].is_boolean()) return error(ErrorCode::parse_error, "structure.bias must be true or false");
+      s.bias = j["bias"].get<bool>();
+    }
+    if (Status invalid = s.validate(); !invalid.ok()) return invalid;
+    s.empty_rows = s.implied_empty_rows();
+    return s;
+  });
 }
 
 }  // namespace masklens

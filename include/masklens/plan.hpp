@@ -39,10 +39,10 @@ class RowBreaks {
  public:
   RowBreaks(const MaskStructure& s, std::int64_t b) : offset_(s.key_position(0)), chunk_(0) {
     const std::int64_t K = s.k_len, W = s.window;
-    // At most: 3 edges, 2 kind parameters or 2 per block, 5 kv_valid bounds, 2 per
-    // document offset; 3 points each.
+    // At most: 3 edges, 2 kind parameters or 2 per block, 5 kv_valid bounds, 2 q_valid
+    // bounds, 2 per document offset; 3 points each.
     const std::size_t offsets = s.has_segments() ? s.segments[static_cast<std::size_t>(b)].size() : 0;
-    points_.reserve(3 * (3 + std::max<std::size_t>(2, 2 * s.blocks.size()) + 5 + 2 * offsets));
+    points_.reserve(3 * (3 + std::max<std::size_t>(2, 2 * s.blocks.size()) + 5 + 2 + 2 * offsets));
     auto add = [&](std::int64_t x) { points_.insert(points_.end(), {x - 1, x, x + 1}); };
     add(0);
     add(K - 1);
@@ -61,6 +61,10 @@ class RowBreaks {
       const KeyRange& kv = s.kv_valid[static_cast<std::size_t>(b)];
       add(kv.start), add(kv.end - 1), add(kv.end);
       if (window) add(kv.start + W - 1), add(kv.end + W - 1);
+    }
+    if (s.has_q_valid()) {
+      const KeyRange& rows = s.q_valid[static_cast<std::size_t>(b)];
+      add(rows.start + offset_), add(rows.end + offset_);  // rows outside attend nothing: zeros
     }
     if (s.has_segments())
       for (std::int64_t o : s.segments[static_cast<std::size_t>(b)]) {

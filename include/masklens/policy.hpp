@@ -358,10 +358,9 @@ inline AttentionCall effective_call(const MaskStructure& structure, AttentionCal
   return call;
 }
 
-// Step 1: every input inside its domain.
+// Step 1: every input inside its domain (MaskStructure::validate names the field).
 inline Status check_inputs(const MaskStructure& structure, const AttentionCall& call, const Environment& env) {
-  if (structure.q_len < 1 || structure.k_len < 1 || structure.batch < 1 || structure.heads < 1)
-    return error(ErrorCode::invalid_shape, "structure has an empty shape");
+  if (Status s = structure.validate(); !s.ok()) return s;
   if (Status s = call.validate(); !s.ok()) return s;
   return env.validate();
 }
@@ -369,6 +368,13 @@ inline Status check_inputs(const MaskStructure& structure, const AttentionCall& 
 inline Result<Policy> decide(const MaskStructure& structure, const AttentionCall& call, const Environment& env = {},
                              const DecideOptions& options = {}) {
   if (Status s = check_inputs(structure, call, env); !s.ok()) return s;
+  // Judge what the structure implies (its empty rows, one modifier entry per batch),
+  // never a count it was handed; a copy only when the given form differs.
+  if (!spelled_out(structure)) {
+    Result<MaskStructure> explicit_structure = spell_out(structure);
+    if (!explicit_structure) return explicit_structure.status();
+    return decide(*explicit_structure, call, env, options);
+  }
   return catch_alloc([&]() -> Result<Policy> {
     const CallContext context{effective_call(structure, call), env};
     const MaskStructure& s = structure;

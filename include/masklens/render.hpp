@@ -13,8 +13,8 @@ namespace masklens {
 inline Result<std::vector<std::uint8_t>> render_dense(const MaskStructure& s) {
   if (s.kind == StructureKind::arbitrary)
     return error(ErrorCode::invalid_argument, "an arbitrary structure has no rendering");
-  if (s.batch < 1 || s.q_len < 1 || s.k_len < 1 || s.q_len > INT64_MAX / s.k_len ||
-      s.q_len * s.k_len > INT64_MAX / s.batch)
+  if (Status invalid = s.validate(); !invalid.ok()) return invalid;
+  if (s.q_len > INT64_MAX / s.k_len || s.q_len * s.k_len > INT64_MAX / s.batch)
     return error(ErrorCode::invalid_shape, "structure shape is empty or overflows");
   return catch_alloc([&]() -> Result<std::vector<std::uint8_t>> {
     std::vector<std::uint8_t> out(static_cast<std::size_t>(s.batch * s.q_len * s.k_len), 0);

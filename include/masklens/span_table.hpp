@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "mask_view.hpp"
@@ -30,6 +31,46 @@ struct SpanTable {
   }
   [[nodiscard]] std::span<RowSpan> slice_mut(std::int64_t distinct_index) noexcept {
     return {rows.data() + distinct_index * q_len, static_cast<std::size_t>(q_len)};
+  }
+
+  // Whether the table is one a scanner could have produced: a shape, distinct slices
+  // that are 1 or the whole dimension, one row per distinct slice and query row, and
+  // every row a well-formed span of keys in [0, K). invalid_shape for the shape,
+  // invalid_argument for the rest, each message naming the field and the rule.
+  [[nodiscard]] Status validate() const {
+    const auto text = [](std::int64_t v) { return std::to_string(v); };
+    const std::pair<const char*, std::int64_t> dims[] = {
+        {"batch", batch}, {"heads", heads}, {"q_len", q_len}, {"k_len", k_len}};
+    for (const auto& [name, v] : dims)
+      if (v < 1) return error(ErrorCode::invalid_shape, std::string("span table ") + name + " must be >= 1, got " + text(v));
+    if (batch > INT64_MAX / heads || batch * heads > INT64_MAX / q_len)
+      return error(ErrorCode::invalid_shape, "span table batch * heads * q_len (rows to count) overflows 64 bits");
+    if (distinct_batch != 1 && distinct_batch != batch)
+      return error(ErrorCode::invalid_argument, "span table distinct_batch must be 1 (broadcast) or batch (" +
+                                                    text(batch) + "), got " + text(distinct_batch));
+    if (distinct_heads != 1 && distinct_heads != heads)
+      return error(ErrorCode::invalid_argument, "span table distinct_heads must be 1 (broadcast) or heads (" +
+                                                    text(heads) + "), got " + text(distinct_heads));
+    // distinct_slices() * q_len <= batch * heads * q_len, which fits.
+    if (rows.size() != static_cast<std::size_t>(distinct_slices() * q_len))
+      return error(ErrorCode::invalid_argument, "span table rows must hold distinct_batch * distinct_heads * q_len (" +
+                                                    text(distinct_slices() * q_len) + ") spans, got " +
+                                                    text(static_cast<std::int64_t>(rows.size())));
+    constexpr std::uint32_t kKnownFlags = kRowBias | kRowFiniteMasked | kRowInvalid;
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      const RowSpan& r = rows[i];
+      const bool keys_ok = r.count == 0 || (0 <= r.first && r.first <= r.last && r.last < k_len &&
+                                            r.count <= r.last - r.first + 1);
+      if (!keys_ok || r.count < 0 || (r.flags & ~kKnownFlags) != 0) {
+        const std::int64_t slice = static_cast<std::int64_t>(i) / q_len;
+        return error(ErrorCode::invalid_argument,
+                     "span table row [" + text(slice / distinct_heads) + ", " + text(slice % distinct_heads) + ", " +
+                         text(static_cast<std::int64_t>(i) % q_len) + "] is not a span of keys in [0, K): first " +
+                         text(r.first) + ", last " + text(r.last) + ", count " + text(r.count) + ", flags " +
+                         text(r.flags));
+      }
+    }
+    return {};
   }
 
   // Sizes the table for a view: one slice per distinct (b, h) the strides allow.

@@ -313,7 +313,7 @@ with tempfile.TemporaryDirectory() as tmp:
         (["prefix_lm"], "--prefix"),
         (["causal_blocks", "--blocks", "[x"], "--blocks"),
         (["causal_blocks", "--blocks", "[[9, 3]]"], "--blocks"),
-        (["causal", "--shape", "2,1,8,8", "--kv-valid", "[[0, 8]]"], "--kv-valid"),
+        (["causal", "--shape", "2,1,8,8", "--kv-valid", "[[0, 8], [0, 8], [0, 8]]"], "--kv-valid"),  # 1 or B entries
         (["causal", "--segments", "[[0, 5]]", "--shape", "1,1,8,8"], "--segments"),
         (["causal", "--alignment", "middle"], "--alignment"),
         (["causal", "--mask-dtype", "int4"], "--mask-dtype"),

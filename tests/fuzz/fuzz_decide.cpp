@@ -1,7 +1,9 @@
 // libFuzzer: decide() on any structure and any call holds the policy's invariants: the
 // chosen backend is available and refuses nothing, a dropped mask is never one that
 // must stay, a plan renders back to the structure row for row, and every other backend
-// is accounted for once, with a reason and a source.
+// is accounted for once, with a reason and a source. A malformed structure (one field
+// broken at a time) is an error naming it, never a crash.
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <set>
@@ -39,20 +41,63 @@ MaskStructure structure(Bytes& in) {
     const std::int64_t start = in.next(static_cast<std::uint32_t>(s.k_len));
     s.blocks = {{start, start + 1 + in.next(static_cast<std::uint32_t>(s.k_len - start))}};
   }
-  if (s.q_len == s.k_len && s.q_len > 2 && in.next(3) == 0)
-    for (std::int64_t b = 0; b < s.batch; ++b) {
+  const bool structured = s.kind != StructureKind::arbitrary;
+  // Modifiers per batch, or one entry for every batch.
+  const std::int64_t entries = in.next(4) == 0 ? 1 : s.batch;
+  if (structured && s.q_len == s.k_len && s.q_len > 2 && in.next(3) == 0)
+    for (std::int64_t b = 0; b < entries; ++b) {
       const std::int64_t cut = 1 + in.next(static_cast<std::uint32_t>(s.q_len - 1));
       s.segments.push_back({0, cut, s.q_len});
     }
-  if (in.next(3) == 0)
-    for (std::int64_t b = 0; b < s.batch; ++b) {
+  if (structured && in.next(3) == 0)
+    for (std::int64_t b = 0; b < entries; ++b) {
       const std::int64_t start = in.next(static_cast<std::uint32_t>(s.k_len));
       s.kv_valid.push_back({start, start + 1 + in.next(static_cast<std::uint32_t>(s.k_len - start))});
     }
   s.bias = in.next(6) == 0;
-  if (in.next(4) == 0) s.empty_rows = 1 + in.next(100);
-  if (s.empty_rows && in.next(2)) s.finite_masked_rows = in.next(static_cast<std::uint32_t>(s.empty_rows + 1));
+  // Counts: an arbitrary structure's are given; a structured one implies its empty rows
+  // (given as that count, or 0 = "derive it").
+  const std::int64_t rows = s.batch * s.heads * s.q_len;
+  if (!structured && in.next(4) == 0) s.empty_rows = 1 + in.next(static_cast<std::uint32_t>(std::min<std::int64_t>(rows, 100)));
+  if (structured && in.next(2)) s.empty_rows = s.implied_empty_rows();
+  const std::int64_t empty = structured ? s.implied_empty_rows() : s.empty_rows;
+  if (empty && in.next(2)) s.finite_masked_rows = in.next(static_cast<std::uint32_t>(std::min<std::int64_t>(empty, 60000) + 1));
   return s;
+}
+
+// Breaks one field of a well-formed structure, the way a caller or a file could.
+void break_one_field(MaskStructure& s, Bytes& in) {
+  switch (in.next(16)) {
+    case 0: s.kind = StructureKind::chunked; s.chunk = -static_cast<std::int64_t>(in.next(2)); break;  // 0 divides
+    case 1: s.kind = StructureKind::sliding_window; s.window = in.next(2) ? 0 : INT64_MAX; break;
+    case 2: s.kind = StructureKind::prefix_lm; s.prefix = -1; break;
+    case 3: s.kind = StructureKind::causal_blocks; s.blocks = {{3, 5}, {4, 6}}; break;  // overlapping
+    case 4: s.kind = StructureKind::causal_blocks; s.blocks = {{0, s.k_len + 1}}; break;
+    case 5: s.kind = StructureKind::causal_blocks; s.blocks.clear(); break;
+    case 6:  // more entries than batches, and not one for all
+      s.kind = StructureKind::causal;
+      s.kv_valid.assign(static_cast<std::size_t>(s.batch + 1), KeyRange{0, s.k_len});
+      break;
+    case 7:  // fewer: reading segments[b] past the end
+      s.batch = 3 + in.next(4);
+      s.q_len = s.k_len;
+      s.kind = StructureKind::causal;
+      s.segments.assign(2, {0, s.q_len});
+      s.kv_valid.clear();
+      break;
+    case 8: s.kv_valid.assign(1, KeyRange{static_cast<std::int64_t>(in.next(3)) - 2, s.k_len + in.next(2)}); break;
+    case 9: s.kv_valid.assign(1, KeyRange{2, 1}); break;
+    case 10:  // not rising, or not ending at Q, or Q != K
+      s.kind = StructureKind::causal;
+      s.segments.assign(1, in.next(2) ? std::vector<std::int64_t>{0, 0, s.q_len} : std::vector<std::int64_t>{0, s.q_len + 1});
+      break;
+    case 11: s.kind = StructureKind::arbitrary; s.kv_valid.assign(1, KeyRange{0, s.k_len}); break;
+    case 12: s.empty_rows = s.kind == StructureKind::arbitrary ? -1 : s.implied_empty_rows() + 1 + in.next(5); break;
+    case 13: s.finite_masked_rows = s.empty_rows + 1 + in.next(5); s.kind = StructureKind::arbitrary;
+             s.segments.clear(); s.kv_valid.clear(); break;
+    case 14: (in.next(2) ? s.q_len : s.batch) = -static_cast<std::int64_t>(in.next(2)); break;
+    default: s.kind = static_cast<StructureKind>(7 + in.next(9)); break;
+  }
 }
 
 CallContext call(Bytes& in) {
@@ -89,9 +134,15 @@ CallContext call(Bytes& in) {
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   Bytes in{data, size};
-  const MaskStructure s = structure(in);
+  MaskStructure s = structure(in);
+  if (in.next(5) == 0) break_one_field(s, in);
   const CallContext c = call(in);
   const Result<Policy> p = decide(s, c.call, c.env);
+  if (const Status invalid = s.validate(); !invalid.ok()) {
+    // Refused as validate() refuses it, with a message.
+    if (p || p.status().code() != invalid.code() || p.status().message() != invalid.message()) __builtin_trap();
+    return 0;
+  }
   if (!p) return 0;  // no available backend computes it: allowed, e.g. nothing installed
   const CallContext effective{effective_call(s, c.call), c.env};
   const bool must_keep = s.kind == StructureKind::arbitrary || s.bias || s.finite_masked_rows > 0;

@@ -29,7 +29,8 @@ inline std::int64_t uniform(Rng& rng, std::int64_t lo, std::int64_t hi) {  // in
 }
 inline bool coin(Rng& rng, double p = 0.5) { return std::bernoulli_distribution(p)(rng); }
 
-// A random structure of the given shape; parameters are often not canonical.
+// A random structure of the given shape; parameters are often not canonical. Modifiers:
+// packed documents, padded keys and padded query rows, per batch.
 inline MaskStructure random_structure(Rng& rng, std::int64_t batch, std::int64_t q_len, std::int64_t k_len) {
   MaskStructure s;
   s.batch = batch;
@@ -76,6 +77,18 @@ inline MaskStructure random_structure(Rng& rng, std::int64_t batch, std::int64_t
         default: break;                                               // this batch unpadded
       }
       s.kv_valid.push_back({start, end});
+    }
+  }
+  if (coin(rng, 0.25)) {
+    for (std::int64_t b = 0; b < batch; ++b) {
+      std::int64_t start = 0, end = q_len;
+      switch (uniform(rng, 0, 3)) {
+        case 0: end = uniform(rng, 0, q_len); break;                  // padded queries at the end
+        case 1: start = uniform(rng, 0, q_len); break;                // at the start
+        case 2: start = uniform(rng, 0, q_len); end = uniform(rng, start, q_len); break;
+        default: break;                                               // this batch unpadded
+      }
+      s.q_valid.push_back({start, end});
     }
   }
   return s;
@@ -196,6 +209,7 @@ inline MaskStructure repeat_batches(MaskStructure spec, std::int64_t batch) {
   spec.batch = batch;
   if (spec.has_segments()) spec.segments.assign(static_cast<std::size_t>(batch), spec.segments[0]);
   if (spec.has_kv_valid()) spec.kv_valid.assign(static_cast<std::size_t>(batch), spec.kv_valid[0]);
+  if (spec.has_q_valid()) spec.q_valid.assign(static_cast<std::size_t>(batch), spec.q_valid[0]);
   return spec;
 }
 

@@ -365,6 +365,8 @@ std::string with_make_option_names(const std::string& message) {
       {"structure.kv_valid", "--kv-valid"}, {"structure.segments", "--segments"}};
   for (const auto& [field, option] : names)
     if (message.starts_with(field)) return std::string(option) + message.substr(field.size());
+  // Shape rules name the structure's dimensions: for make they are --shape.
+  if (message.starts_with("structure ")) return "--shape: " + message;
   return message;
 }
 

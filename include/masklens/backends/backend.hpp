@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <climits>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -123,7 +124,7 @@ inline std::string got_sm(const CallContext& c) { return "got sm" + num(c.env.sm
 inline std::string not_dtype(const CallContext& c) { return "not " + std::string(to_string(c.call.dtype)); }
 
 // Structure facts every backend header asks.
-inline bool plain(const MaskStructure& s) noexcept { return !s.has_kv_valid() && !s.has_segments(); }
+inline bool plain(const MaskStructure& s) noexcept { return !s.has_kv_valid() && !s.has_segments() && !s.has_q_valid(); }
 inline bool square(const MaskStructure& s) noexcept { return s.q_len == s.k_len; }
 // Bottom-right and top-left agree when Q == K.
 inline bool bottom_right(const MaskStructure& s) noexcept {
@@ -174,13 +175,35 @@ inline std::vector<Sequence> document_sequences(const MaskStructure& s, std::int
   return out;
 }
 
-// One sequence per batch: all query rows against the batch's valid keys.
+// One sequence per batch: the batch's valid query rows (q_valid) against its valid keys
+// (kv_valid); a batch with no valid query row has no sequence (its rows stay zeros).
 inline std::vector<Sequence> padded_sequences(const MaskStructure& s) {
   std::vector<Sequence> out;
   out.reserve(static_cast<std::size_t>(s.batch));
-  for (std::int64_t b = 0; b < s.batch; ++b)
-    out.push_back({b, {0, s.q_len}, s.has_kv_valid() ? s.kv_valid[static_cast<std::size_t>(b)] : KeyRange{0, s.k_len}});
+  for (std::int64_t b = 0; b < s.batch; ++b) {
+    const KeyRange q = s.has_q_valid() ? s.q_valid_of(b) : KeyRange{0, s.q_len};
+    if (q.end > q.start) out.push_back({b, q, s.has_kv_valid() ? s.kv_valid_of(b) : KeyRange{0, s.k_len}});
+  }
   return out;
+}
+
+// Whether every query row a padded form covers has a key: a sequence with rows but no
+// keys is left to a plan's zeros step (kernels differ on empty key sets).
+inline bool padded_rows_have_keys(const MaskStructure& s) noexcept {
+  if (!s.has_kv_valid()) return true;
+  for (std::int64_t b = 0; b < s.batch; ++b) {
+    const KeyRange q = s.has_q_valid() ? s.q_valid_of(b) : KeyRange{0, s.q_len};
+    const KeyRange& k = s.kv_valid_of(b);
+    if (q.end > q.start && k.end <= k.start) return false;
+  }
+  return true;
+}
+
+// Varlen kernels take their offsets (cu_seqlens, indptr, seq_len) as int32 tensors:
+// every token of the batch, packed, must be addressable by one.
+inline bool offsets_fit_int32(const MaskStructure& s) noexcept {
+  const std::int64_t longest = std::max(s.q_len, s.k_len);
+  return s.batch <= INT32_MAX / longest;
 }
 
 // Packed documents (or chunks, with `chunk`) of a square structure: one sequence per
@@ -205,8 +228,10 @@ inline VarlenArgs padded_varlen(const MaskStructure& s) {
 // of a full structure, and the documents or chunks of a square causal, windowed or full
 // one.
 inline bool varlen_form(Backend b, const MaskStructure& s, Call* out) {
-  if (s.has_kv_valid()) {
-    if (s.kind != StructureKind::full || s.has_segments()) return false;
+  if (!offsets_fit_int32(s)) return false;
+  if (s.has_kv_valid() || s.has_q_valid()) {
+    // Padded keys and query rows of a full (cross-)attention: the valid block per batch.
+    if (s.kind != StructureKind::full || s.has_segments() || !padded_rows_have_keys(s)) return false;
     return emit(out, [&] { return dropping(b, padded_varlen(s)); });
   }
   if (!square(s)) return false;
@@ -220,7 +245,8 @@ inline bool varlen_form(Backend b, const MaskStructure& s, Call* out) {
 // Packed causal or full documents (the block-diagonal forms of xformers, TE thd,
 // FlashInfer and cuDNN ragged offsets).
 inline bool causal_documents(const MaskStructure& s) noexcept {
-  return s.has_segments() && !s.has_kv_valid() && (s.kind == StructureKind::causal || s.kind == StructureKind::full);
+  return s.has_segments() && !s.has_kv_valid() && !s.has_q_valid() && (s.kind == StructureKind::causal || s.kind == StructureKind::full) &&
+         offsets_fit_int32(s);
 }
 
 }  // namespace masklens

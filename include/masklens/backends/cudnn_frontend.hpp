@@ -19,9 +19,10 @@ inline constexpr Rule kRules[] = {
 };
 
 inline bool native(const MaskStructure& s, const CallContext&, Call* out) {
+  if (s.has_q_valid()) return false;
   if (s.has_kv_valid()) {
     // Right padding of keys with a full base: seq_len_kv per batch, padded layout.
-    if (s.kind != StructureKind::full || s.has_segments()) return false;
+    if (s.kind != StructureKind::full || s.has_segments() || !offsets_fit_int32(s)) return false;
     for (const KeyRange& r : s.kv_valid)
       if (r.start != 0) return false;
     return emit(out, [&] {

@@ -18,8 +18,9 @@ inline constexpr Rule kRules[] = {
 
 // Ragged batches (documents, padded keys) and causal / windowed single sequences.
 inline bool native(const MaskStructure& s, const CallContext&, Call* out) {
-  if (s.has_kv_valid()) {
-    if (s.kind != StructureKind::full || s.has_segments()) return false;
+  if (!offsets_fit_int32(s)) return false;  // qo/kv indptr are int32
+  if (s.has_kv_valid() || s.has_q_valid()) {
+    if (s.kind != StructureKind::full || s.has_segments() || !padded_rows_have_keys(s)) return false;
     return emit(out, [&] { return dropping(Backend::flashinfer, padded_varlen(s)); });
   }
   if (s.has_segments()) {
@@ -41,7 +42,7 @@ inline bool native(const MaskStructure& s, const CallContext&, Call* out) {
 // custom_mask: the bool mask flattened (plan() packs it; a pre-packed mask is misread for
 // batches of several requests, flashinfer-ai/flashinfer#2201).
 inline bool dense(const MaskStructure& s, const CallContext&, Call* out) {
-  if (s.bias) return false;
+  if (s.bias || !offsets_fit_int32(s)) return false;
   return emit(out, [&] {
     VarlenArgs a;  // one request per batch: every query row against every key
     a.sequences.reserve(static_cast<std::size_t>(s.batch));

@@ -19,6 +19,7 @@ inline constexpr Rule kRules[] = {
 
 inline bool native(const MaskStructure& s, const CallContext&, Call* out) {
   if (s.kind == StructureKind::arbitrary) return false;  // reads the dense mask: see dense
+  if (s.has_q_valid()) return false;  // the mask_mod renderers do not carry q_valid yet
   return emit(out, [] { return dropping(Backend::flex_attention, FlexArgs{}, MaskUse::replace); });
 }
 

@@ -16,7 +16,7 @@ inline constexpr Rule kRules[] = {
 };
 
 inline bool native(const MaskStructure& s, const CallContext&, Call* out) {
-  if (s.has_kv_valid()) return false;
+  if (s.has_kv_valid() || s.has_q_valid()) return false;
   if (s.has_segments()) {
     if (!causal_documents(s)) return false;
     return emit(out, [&] { return dropping(Backend::transformer_engine, document_varlen(s)); });
