@@ -132,9 +132,9 @@ def cuda_reason() -> str | None:
     return _cuda_reason
 
 
-def _host_array(mask):
+def _host_array(mask, warn=True):
     """A host view of `mask` that DLPack can carry: detached, on the CPU (copying only the
-    distinct elements of a broadcast CUDA mask, once-warned)."""
+    distinct elements of a broadcast CUDA mask, once-warned unless asked for)."""
     global _warned_cuda
     import torch
 
@@ -144,7 +144,7 @@ def _host_array(mask):
         return mask
     if mask.device.type != "cuda":
         raise _core.MaskError(f"unsupported_device: cannot scan a mask on {mask.device} (cpu or cuda)")
-    if not _warned_cuda:
+    if warn and not _warned_cuda:
         _warned_cuda = True
         warnings.warn(f"{cuda_reason()}: CUDA masks are copied to the host to be scanned (once per mask tensor; "
                       "the verdict is cached)", RuntimeWarning, stacklevel=4)
@@ -155,6 +155,12 @@ def _host_array(mask):
             distinct = distinct.narrow(d, 0, 1)
     host = distinct.to("cpu", non_blocking=False)
     return host.expand(mask.shape) if host.shape != mask.shape else host
+
+
+def _stream_of(device) -> int:
+    """The cudaStream_t of the device's current stream, as an int (0: the legacy default)."""
+    import torch
+    return torch.cuda.current_stream(device).cuda_stream
 
 
 def device_scan(mask, masked_threshold: float = -1000.0):
@@ -177,7 +183,7 @@ def device_scan(mask, masked_threshold: float = -1000.0):
     # RowSpan (32 bytes), so both parts are aligned as scan_spans() requires.
     buf = torch.empty(span_bytes + temp_bytes, dtype=torch.uint8, device=mask.device)
     base = buf.data_ptr()
-    stream = torch.cuda.current_stream(mask.device).cuda_stream
+    stream = _stream_of(mask.device)
     cuda.scan(ptr, dtype, shape, strides, masked_threshold, base + span_bytes, temp_bytes, base, table.address,
               table.nbytes, stream, mask.device.index)
     t1 = time.perf_counter()
@@ -201,7 +207,8 @@ def scan(mask, masked_threshold: float = -1000.0, device: bool = True):
         verdict = device_scan(mask.detach(), masked_threshold)
     else:
         t0 = time.perf_counter()
-        verdict = _core.scan(_host_array(mask) if is_tensor else mask, masked_threshold)
+        # device=False is asked for (tests compare both scanners): no warning then.
+        verdict = _core.scan(_host_array(mask, warn=device) if is_tensor else mask, masked_threshold)
         timing["device"] = "host"
         timing["scan_ms"] = (time.perf_counter() - t0) * 1e3  # the host scan classifies too
         timing["classify_ms"] = 0.0
