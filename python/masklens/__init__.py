@@ -25,8 +25,8 @@ logger = logging.getLogger("masklens")
 
 __all__ = ["AttentionCall", "Call", "Environment", "FlexArgs", "Hazard", "KernelArgs", "MaskError", "MaskStructure",
            "PlanStep", "Policy", "Rejection", "Report", "SdpaArgs", "VarlenArgs", "Verdict", "decide", "describe",
-           "environment", "explain", "forget", "forward", "cuda_scan_unavailable", "has_cuda_scan", "inspect", "last_timing", "scan",
-           "scan_count", "set_strict", "strict"]
+           "cuda_scan_unavailable", "environment", "explain", "forget", "forward", "has_cuda_scan", "inspect",
+           "last_timing", "scan", "scan_count", "set_strict", "strict"]
 
 _strict = False
 

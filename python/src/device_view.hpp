@@ -18,8 +18,8 @@ inline Result<ElementType> element_named(const std::string& name) {
   for (ElementType t : {ElementType::boolean, ElementType::uint8, ElementType::int8, ElementType::float16,
                         ElementType::bfloat16, ElementType::float32})
     if (to_string(t) == name) return t;
-  return error(ErrorCode::unsupported_dtype, "mask dtype '" + name +
-                                                 "' is not a mask type (bool, uint8, int8, float16, bfloat16, float32)");
+  return error(ErrorCode::unsupported_dtype,
+               "mask dtype '" + name + "' is not a mask type (bool, uint8, int8, float16, bfloat16, float32)");
 }
 
 // The view both modules build from the same integers, so the span table one sizes is

@@ -92,7 +92,9 @@ def structures(Q=777, K=1029):
     g = torch.Generator(device=DEV).manual_seed(0)
     docs = torch.bucketize(torch.arange(K, device=DEV), torch.tensor([100, 400, 900], device=DEV), right=True)
     sq = torch.ones(Q, Q, dtype=torch.bool, device=DEV).tril()
-    blocks = ((j >= 200) & (j < 260) & (i + d >= 200) & (i + d < 260)) | ((j >= 500) & (j < 560) & (i + d >= 500) & (i + d < 560))
+    blocks = torch.zeros(Q, K, dtype=torch.bool, device=DEV)
+    for s, e in ((200, 260), (500, 560)):  # bidirectional blocks (image tokens) in a causal mask
+        blocks |= (j >= s) & (j < e) & (i + d >= s) & (i + d < e)
     neg = torch.finfo(torch.bfloat16).min
     add = torch.zeros(Q, K, device=DEV).masked_fill(~br, float("-inf"))
     return {
