@@ -201,3 +201,18 @@ def test_drop_in_scans_on_the_device_once():
     assert masklens.scan_count() == before + 1
     ref = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
     assert_close(out.float(), ref.float(), 1e-2)
+
+
+def test_without_the_cuda_module_a_cuda_mask_is_copied_once_with_a_warning(monkeypatch):
+    from masklens import _cache
+    monkeypatch.setattr(_cache, "_cuda", None)
+    monkeypatch.setattr(_cache, "_cuda_reason", "masklens._cuda could not be loaded: (test)")
+    monkeypatch.setattr(_cache, "_warned_cuda", False)
+    mask = torch.ones(300, 300, dtype=torch.bool, device=DEV).tril()[None, None].expand(2, 3, 300, 300)
+    with pytest.warns(RuntimeWarning, match=r"could not be loaded: \(test\): CUDA masks are copied to the host"):
+        verdict = _cache.scan(mask)
+    assert masklens.last_timing()["device"] == "host"
+    assert verdict.structure.kind == "causal"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once only
+        _cache.scan(mask)
