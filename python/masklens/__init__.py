@@ -25,7 +25,8 @@ logger = logging.getLogger("masklens")
 
 __all__ = ["AttentionCall", "Call", "Environment", "FlexArgs", "Hazard", "KernelArgs", "MaskError", "MaskStructure",
            "PlanStep", "Policy", "Rejection", "Report", "SdpaArgs", "VarlenArgs", "Verdict", "decide", "describe",
-           "environment", "explain", "forget", "forward", "inspect", "scan", "scan_count", "set_strict", "strict"]
+           "cuda_scan_unavailable", "environment", "explain", "forget", "forward", "has_cuda_scan", "inspect",
+           "last_timing", "scan", "scan_count", "set_strict", "strict"]
 
 _strict = False
 
@@ -50,6 +51,27 @@ _TORCH_DTYPES = {"torch.bool": "bool", "torch.uint8": "uint8", "torch.int8": "in
 _NUMPY_DTYPES = {"bool": "bool", "uint8": "uint8", "int8": "int8", "float16": "float16", "float32": "float32"}
 
 
+def has_cuda_scan() -> bool:
+    """Whether CUDA masks are scanned on their device (masklens._cuda, built where Meson
+    found nvcc). Where not, they are copied to the host once, with a warning;
+    `cuda_scan_unavailable()` says why."""
+    return _cache.cuda_module() is not None
+
+
+def cuda_scan_unavailable() -> str | None:
+    """Why CUDA masks are not scanned on the device, or None where they are."""
+    return _cache.cuda_reason()
+
+
+def last_timing() -> dict:
+    """What the last scan or drop-in call cost, in milliseconds: `scanned` (False: the
+    verdict came from the cache), `device` ("cuda" or "host": where the last scan ran),
+    `scan_ms` (device: allocation, kernel, copy of the spans and the one synchronisation;
+    host: scan and classify), `classify_ms` (device scans), `decide_ms` (0 when the
+    policy was cached). Timers are taken around each step, so they cost ~1 µs."""
+    return dict(_cache.timing)
+
+
 def element_name(dtype) -> str | None:
     """The mask element name of a torch or numpy dtype ('bool', 'bfloat16', ...), or None."""
     return _TORCH_DTYPES.get(str(dtype)) or _NUMPY_DTYPES.get(str(dtype))
@@ -57,7 +79,8 @@ def element_name(dtype) -> str | None:
 
 def scan(mask, masked_threshold: float = -1000.0) -> Verdict:
     """Scans and classifies a mask (torch tensor of any device, or numpy array), cached per
-    torch tensor (see masklens._cache for what the cache can and cannot see)."""
+    torch tensor (see masklens._cache for what the cache can and cannot see). A CUDA
+    tensor is scanned on its device where has_cuda_scan()."""
     try:
         import torch
     except ImportError:

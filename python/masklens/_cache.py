@@ -12,11 +12,16 @@ external kernel writing the storage — do not bump it: after such a write, call
 Inference-mode tensors have no `_version` (reading it raises). Their verdict is kept
 for one forward only: from one call of the "masklens" transformers mask function to the
 next, or inside `with masklens.forward():`; outside those every call scans.
+
+A CUDA mask is scanned on its device by masklens._cuda where that module was built: on
+the tensor's current stream, into one block from torch's caching allocator, with one
+synchronisation of that stream. Without it the mask is copied to the host (once-warned).
 """
 from __future__ import annotations
 
 import contextlib
 import threading
+import time
 import warnings
 
 from . import _core
@@ -27,6 +32,14 @@ _epoch = 0          # bumped at every forward boundary
 _in_forward = False  # whether inference-mode verdicts may be kept (see the module doc)
 _cache = None        # WeakIdKeyDictionary, made on first use (torch is optional)
 _warned_cuda = False
+_ELEMENTS = {"torch.bool": "bool", "torch.uint8": "uint8", "torch.int8": "int8", "torch.float16": "float16",
+             "torch.bfloat16": "bfloat16", "torch.float32": "float32"}
+_cuda = None          # masklens._cuda once loaded
+_cuda_reason = None   # why it is not there (None: not looked for yet)
+
+# What the last scan or cache lookup cost (masklens.last_timing()); updated in place, a
+# few perf_counter() calls per scan.
+timing = {"scanned": False, "device": None, "scan_ms": 0.0, "classify_ms": 0.0, "decide_ms": 0.0}
 
 
 def scan_count() -> int:
@@ -82,9 +95,46 @@ def _tensor_key(mask, threshold):
     return (version, mask.data_ptr(), tuple(mask.shape), tuple(mask.stride()), mask.dtype, mask.device, threshold)
 
 
-def _host_array(mask):
+def cuda_module():
+    """masklens._cuda, or None (then `cuda_reason()` says why). Looked for once."""
+    global _cuda, _cuda_reason
+    if _cuda is not None or _cuda_reason is not None:
+        return _cuda
+    try:
+        from . import _build
+        built = _build.CUDA_MODULE
+    except ImportError:
+        built = False
+    if not built:
+        _cuda_reason = "masklens was built without its CUDA scanner (-Dcuda=disabled, or no nvcc at build time)"
+        return None
+    try:
+        # torch first: it loads the CUDA runtime (libcudart) that _cuda links by the same
+        # name, so both use one runtime and torch's streams pass as they are.
+        import torch  # noqa: F401
+    except ImportError:
+        pass
+    try:
+        from . import _cuda as module
+    except ImportError as e:
+        _cuda_reason = f"masklens._cuda could not be loaded: {e}"
+        return None
+    if not module.built_with_cuda():
+        _cuda_reason = "masklens._cuda was built without CUDA"
+        return None
+    _cuda = module
+    return _cuda
+
+
+def cuda_reason() -> str | None:
+    """Why CUDA masks are not scanned on the device (None where they are)."""
+    cuda_module()
+    return _cuda_reason
+
+
+def _host_array(mask, warn=True):
     """A host view of `mask` that DLPack can carry: detached, on the CPU (copying only the
-    distinct elements of a broadcast CUDA mask, once-warned)."""
+    distinct elements of a broadcast CUDA mask, once-warned unless asked for)."""
     global _warned_cuda
     import torch
 
@@ -94,10 +144,10 @@ def _host_array(mask):
         return mask
     if mask.device.type != "cuda":
         raise _core.MaskError(f"unsupported_device: cannot scan a mask on {mask.device} (cpu or cuda)")
-    if not _warned_cuda:
+    if warn and not _warned_cuda:
         _warned_cuda = True
-        warnings.warn("masklens was built without its CUDA scanner: CUDA masks are copied to the host to be "
-                      "scanned (once per mask tensor; the verdict is cached)", RuntimeWarning, stacklevel=4)
+        warnings.warn(f"{cuda_reason()}: CUDA masks are copied to the host to be scanned (once per mask tensor; "
+                      "the verdict is cached)", RuntimeWarning, stacklevel=4)
     # Stride-0 (broadcast) dims are copied once, then expanded again on the host.
     distinct = mask
     for d in range(mask.dim()):
@@ -107,15 +157,62 @@ def _host_array(mask):
     return host.expand(mask.shape) if host.shape != mask.shape else host
 
 
-def scan(mask, masked_threshold: float = -1000.0):
-    """Scans and classifies `mask` (a torch tensor or a numpy array) without the cache."""
+def _stream_of(device) -> int:
+    """The cudaStream_t of the device's current stream, as an int (0: the legacy default)."""
+    import torch
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+def device_scan(mask, masked_threshold: float = -1000.0):
+    """Scans a CUDA tensor on its device with masklens._cuda (which must be loaded): the
+    two-phase scan into one block of torch's caching allocator (the spans, then the
+    temporary storage), on the tensor's current stream, the spans copied into a
+    _core.DeviceScan with one synchronisation of that stream, then classified."""
+    import torch
+
+    t0 = time.perf_counter()
+    cuda = _cuda
+    dtype = _ELEMENTS.get(str(mask.dtype))
+    if dtype is None:
+        raise _core.MaskError(f"unsupported_dtype: mask dtype {mask.dtype} is not a mask type "
+                              "(bool, uint8, int8, float16, bfloat16, float32)")
+    shape, strides, ptr = list(mask.shape), list(mask.stride()), mask.data_ptr()
+    temp_bytes, span_bytes = cuda.query(ptr, dtype, shape, strides, masked_threshold)
+    table = _core.DeviceScan(ptr, dtype, shape, strides, masked_threshold)
+    # The allocator's blocks are 512-byte aligned and span_bytes is a multiple of a
+    # RowSpan (32 bytes), so both parts are aligned as scan_spans() requires.
+    buf = torch.empty(span_bytes + temp_bytes, dtype=torch.uint8, device=mask.device)
+    base = buf.data_ptr()
+    stream = _stream_of(mask.device)
+    cuda.scan(ptr, dtype, shape, strides, masked_threshold, base + span_bytes, temp_bytes, base, table.address,
+              table.nbytes, stream, mask.device.index)
+    t1 = time.perf_counter()
+    verdict = table.finish()
+    timing["device"] = "cuda"
+    timing["scan_ms"] = (t1 - t0) * 1e3
+    timing["classify_ms"] = (time.perf_counter() - t1) * 1e3
+    return verdict
+
+
+def scan(mask, masked_threshold: float = -1000.0, device: bool = True):
+    """Scans and classifies `mask` (a torch tensor or a numpy array) without the cache:
+    a CUDA tensor on its device where masklens._cuda is there (device=False: on the host)."""
     global _scans
     try:
         import torch
     except ImportError:
         torch = None
-    array = _host_array(mask) if torch is not None and isinstance(mask, torch.Tensor) else mask
-    verdict = _core.scan(array, masked_threshold)
+    is_tensor = torch is not None and isinstance(mask, torch.Tensor)
+    if is_tensor and mask.device.type == "cuda" and device and cuda_module() is not None:
+        verdict = device_scan(mask.detach(), masked_threshold)
+    else:
+        t0 = time.perf_counter()
+        # device=False is asked for (tests compare both scanners): no warning then.
+        verdict = _core.scan(_host_array(mask, warn=device) if is_tensor else mask, masked_threshold)
+        timing["device"] = "host"
+        timing["scan_ms"] = (time.perf_counter() - t0) * 1e3  # the host scan classifies too
+        timing["classify_ms"] = 0.0
+    timing["scanned"] = True
     with _lock:
         _scans += 1
     return verdict
@@ -136,6 +233,7 @@ def entry_for(mask, masked_threshold: float = -1000.0, view=None) -> Entry:
         _cache = WeakIdKeyDictionary()
     entry = _cache.get(mask)
     if entry is not None and entry.key == key:
+        timing["scanned"] = False
         return entry
     entry = Entry(key, scan(target, masked_threshold))
     _cache[mask] = entry

@@ -14,6 +14,7 @@ not decide for (float64), inside torch.compile, and during CUDA graph capture.
 from __future__ import annotations
 
 import logging
+import time
 
 import torch
 import torch.nn.functional as F
@@ -77,8 +78,10 @@ def _call_key(query, key, value, attn_mask, dropout_p, training, enable_gqa):
 def _decide(entry, query, key, value, attn_mask, dropout_p, training, enable_gqa):
     ck = _call_key(query, key, value, attn_mask, dropout_p, training, enable_gqa)
     hit = entry.policies.get(ck)
-    if hit is not None:
+    if hit is not None:  # a None (fallback) is decided again: strictness may have changed
+        _cache.timing["decide_ms"] = 0.0
         return hit
+    t0 = time.perf_counter()
     call = _core.AttentionCall()
     call.dtype = _DTYPES[query.dtype]
     call.head_dim = query.shape[-1]
@@ -102,6 +105,7 @@ def _decide(entry, query, key, value, attn_mask, dropout_p, training, enable_gqa
                                f"{structure.describe()}: {e}") from e
         logger.warning("masklens: %s: %s; running torch's own dispatch with the mask", structure.describe(), e)
         policy = None
+    _cache.timing["decide_ms"] = (time.perf_counter() - t0) * 1e3  # environment() included: cached per device
     entry.policies[ck] = policy
     if policy is not None:
         what = (structure.describe(), policy.backend, policy.call.mask, policy.is_plan, query.device.type)

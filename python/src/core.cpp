@@ -16,9 +16,12 @@
 #include <masklens/describe.hpp>
 #include <masklens/masklens.hpp>
 
+#include "device_view.hpp"
+
 #include <array>
 #include <cstring>
 #include <memory>
+#include <new>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -128,6 +131,13 @@ nb::dict py_args(const std::vector<NamedArg>& args) {
 struct Verdict {
   MaskStructure structure;
   SpanTable spans;
+};
+
+// The host half of a device scan: the span table masklens._cuda copies the spans into,
+// sized from the same view, then checked and classified here (masklens._cache).
+struct DeviceScan {
+  SpanTable table;
+  bool finished = false;
 };
 
 constexpr std::pair<const char*, BackendFamily> kFamilies[] = {
@@ -291,6 +301,51 @@ NB_MODULE(_core, m) {
       "mask"_a, "masked_threshold"_a = -1000.0f, "threads"_a = 0,
       "Scan a host mask (a DLPack array: a torch CPU tensor or a numpy array; strides in elements, 0 broadcasts) "
       "and classify it. Raises MaskError naming the first bad element or field.");
+
+  nb::class_<DeviceScan>(m, "DeviceScan",
+                         "The host span table of a device scan: masklens._cuda.scan() fills it at `address`, "
+                         "finish() classifies it.")
+      .def(
+          "__init__",
+          [](DeviceScan* self, std::uintptr_t data, const std::string& dtype, const std::vector<std::int64_t>& shape,
+             const std::vector<std::int64_t>& strides, float masked_threshold) {
+            const MaskView view = take(python::view_of(data, dtype, shape, strides, masked_threshold));
+            new (self) DeviceScan{take(SpanTable::for_view(view))};
+          },
+          "data"_a, "dtype"_a, "shape"_a, "strides"_a, "masked_threshold"_a)
+      .def_prop_ro("address", [](const DeviceScan& d) { return reinterpret_cast<std::uintptr_t>(d.table.rows.data()); })
+      .def_prop_ro("nbytes", [](const DeviceScan& d) { return d.table.rows.size() * sizeof(RowSpan); })
+      .def(
+          "finish",
+          [](DeviceScan& d) {
+            if (d.finished) raise(error(ErrorCode::invalid_argument, "DeviceScan.finish() was called already"));
+            d.finished = true;
+            Verdict v;
+            v.spans = std::move(d.table);
+            const SpanTable& t = v.spans;
+            // As gpu::scan() words it: the mask is on the device, so the row is named.
+            for (std::size_t r = 0; r < t.rows.size(); ++r)
+              if (t.rows[r].flags & kRowInvalid) {
+                const auto slice = static_cast<std::int64_t>(r) / t.q_len;
+                raise(error(ErrorCode::invalid_value,
+                            "mask row [" + std::to_string(slice / t.distinct_heads) + ", " +
+                                std::to_string(slice % t.distinct_heads) + ", " +
+                                std::to_string(static_cast<std::int64_t>(r) % t.q_len) +
+                                "] holds NaN or +inf; an additive mask holds 0, a bias, or -inf / a value <= the "
+                                "threshold"));
+              }
+            {
+              nb::gil_scoped_release unlocked;
+              Result<MaskStructure> s = classify(v.spans);
+              if (!s) {
+                nb::gil_scoped_acquire locked;
+                raise(s.status());
+              }
+              v.structure = std::move(s).value();
+            }
+            return v;
+          },
+          "The Verdict of the spans now at `address` (MaskError naming a NaN / +inf row).");
 
   m.def("describe", [](const MaskStructure& s) { return describe(s); });
 

@@ -75,3 +75,144 @@ def test_seed_case_drops_the_mask_for_is_causal():
     policy, verdict = inspect(q, q, q, mask)
     assert verdict.structure.kind == "causal"
     assert policy.call.mask == "drop" and policy.call.args.is_causal
+
+
+# --- The device scanner (masklens._cuda) against the host scanner ------------------------
+
+needs_cuda_scan = pytest.mark.skipif(not masklens.has_cuda_scan(), reason="masklens was built without _cuda")
+
+
+def structures(Q=777, K=1029):
+    """A mask of every structure, element type and layout the scanners take, on the GPU:
+    odd lengths, K != Q, stride-0 broadcasts on every dim, offsets and strided keys."""
+    i, j = rows_cols(Q, K)
+    i, j = i.to(DEV), j.to(DEV)
+    d = K - Q
+    tl, br = j <= i, j <= i + d
+    g = torch.Generator(device=DEV).manual_seed(0)
+    docs = torch.bucketize(torch.arange(K, device=DEV), torch.tensor([100, 400, 900], device=DEV), right=True)
+    sq = torch.ones(Q, Q, dtype=torch.bool, device=DEV).tril()
+    blocks = torch.zeros(Q, K, dtype=torch.bool, device=DEV)
+    for s, e in ((200, 260), (500, 560)):  # bidirectional blocks (image tokens) in a causal mask
+        blocks |= (j >= s) & (j < e) & (i + d >= s) & (i + d < e)
+    neg = torch.finfo(torch.bfloat16).min
+    add = torch.zeros(Q, K, device=DEV).masked_fill(~br, float("-inf"))
+    return {
+        "full": torch.ones(1, 1, Q, K, dtype=torch.bool, device=DEV),
+        "causal top-left": tl[None, None],
+        "causal bottom-right, stride-0 batch and heads": br.expand(3, 4, Q, K),
+        "sliding window 64": (br & (i + d - j < 64))[None, None],
+        "chunked 128": (br & ((j // 128) == ((i + d) // 128)))[None, None],
+        "prefix-lm 300": (br | (j < 300))[None, None],
+        "causal blocks": (br | blocks)[None, None],
+        "packed documents": (sq & (docs[:Q, None] == docs[None, :Q]))[None, None],
+        "left padding per batch": torch.stack([br & (j >= s) for s in (0, 5, 300)])[:, None],
+        "empty rows": (br & (i % 7 != 0))[None, None],
+        "arbitrary": (torch.rand(2, 2, Q, K, device=DEV, generator=g) < 0.5),
+        "uint8 causal": br.to(torch.uint8)[None, None],
+        "int8 window, stride-0 heads": (br & (i + d - j < 33)).to(torch.int8)[None, None].expand(1, 5, Q, K),
+        "float32 additive -inf": add[None, None],
+        "bfloat16 finfo.min": torch.zeros(Q, K, dtype=torch.bfloat16, device=DEV).masked_fill(~br, neg)[None, None],
+        "float16 -65504, stride-0 batch": torch.zeros(Q, K, dtype=torch.float16, device=DEV)
+        .masked_fill(~tl, -65504.0).expand(2, 1, Q, K),
+        "float32 bias": (torch.rand(Q, K, device=DEV, generator=g) * 0.5).masked_fill(~br, float("-inf"))[None, None],
+        "key padding row, stride-0 query": (j[0] < 1000)[None, None, None].expand(2, 1, Q, K),
+        "stride-0 keys": (i < 400).expand(Q, K)[None, None],
+        "strided keys (transposed)": torch.ones(K, Q, dtype=torch.bool, device=DEV).triu(-d).t()[None, None],
+        "storage offset, odd base": torch.ones(Q + 3, K + 1, dtype=torch.bool, device=DEV).tril(d)[3:, 1:][None, None],
+    }
+
+
+def same_verdict(a, b):
+    sa, sb = a.structure, b.structure
+    fields = ("batch", "heads", "q_len", "k_len", "kind", "alignment", "window", "chunk", "prefix", "blocks",
+              "segments", "kv_valid", "empty_rows", "finite_masked_rows", "bias")
+    assert {f: getattr(sa, f) for f in fields} == {f: getattr(sb, f) for f in fields}
+    assert (a.attending_rows() == b.attending_rows()).all()
+
+
+# Named here, built inside the test: collection must not touch the GPU.
+STRUCTURES = ["full", "causal top-left", "causal bottom-right, stride-0 batch and heads", "sliding window 64",
+              "chunked 128", "prefix-lm 300", "causal blocks", "packed documents", "left padding per batch",
+              "empty rows", "arbitrary", "uint8 causal", "int8 window, stride-0 heads", "float32 additive -inf",
+              "bfloat16 finfo.min", "float16 -65504, stride-0 batch", "float32 bias",
+              "key padding row, stride-0 query", "stride-0 keys", "strided keys (transposed)",
+              "storage offset, odd base"]
+
+
+@needs_cuda_scan
+@pytest.mark.parametrize("name", STRUCTURES)
+def test_device_and_host_verdicts_agree(name):
+    from masklens import _cache
+    built = structures()
+    assert sorted(built) == sorted(STRUCTURES)
+    mask = built[name]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the device scan copies nothing to the host: no warning
+        device = _cache.scan(mask)
+    assert masklens.last_timing()["device"] == "cuda"
+    host = _cache.scan(mask, device=False)
+    same_verdict(device, host)
+
+
+@needs_cuda_scan
+def test_device_scan_names_a_nan_row():
+    mask = torch.zeros(2, 1, 64, 64, device=DEV)
+    mask[1, 0, 9, 2] = float("nan")
+    from masklens import _cache
+    with pytest.raises(masklens.MaskError, match=r"mask row \[1, 0, 9\] holds NaN"):
+        _cache.scan(mask)
+    q = torch.randn(2, 2, 64, 16, device=DEV)
+    with pytest.raises(RuntimeError, match=r"mask row \[1, 0, 9\]"):
+        sdpa(q, q, q, attn_mask=mask)
+
+
+@needs_cuda_scan
+def test_device_scan_on_the_current_stream_with_torch_memory():
+    """A mask written on a side stream is scanned on that stream (ordered after the write,
+    no device-wide synchronisation), in one block of torch's caching allocator."""
+    from masklens import _cache
+    L = 4096
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        mask = torch.ones(L, L, dtype=torch.bool, device=DEV)
+        torch.cuda._sleep(50_000_000)  # keeps the stream busy, so an unordered scan would read the ones
+        mask.tril_()
+        before = torch.cuda.memory_stats()["allocation.all.allocated"]
+        verdict = _cache.scan(mask)
+        after = torch.cuda.memory_stats()["allocation.all.allocated"]
+    assert verdict.structure.kind == "causal"
+    assert after - before == 1
+
+
+@needs_cuda_scan
+def test_drop_in_scans_on_the_device_once():
+    L = 2048
+    mask = torch.ones(L, L, dtype=torch.bool, device=DEV).tril()
+    q = torch.randn(1, 4, L, 64, device=DEV, dtype=torch.bfloat16)
+    before = masklens.scan_count()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = sdpa(q, q, q, attn_mask=mask)
+    t = masklens.last_timing()
+    assert t["scanned"] and t["device"] == "cuda" and t["decide_ms"] > 0
+    sdpa(q, q, q, attn_mask=mask)
+    assert not masklens.last_timing()["scanned"] and masklens.last_timing()["decide_ms"] == 0
+    assert masklens.scan_count() == before + 1
+    ref = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+    assert_close(out.float(), ref.float(), 1e-2)
+
+
+def test_without_the_cuda_module_a_cuda_mask_is_copied_once_with_a_warning(monkeypatch):
+    from masklens import _cache
+    monkeypatch.setattr(_cache, "_cuda", None)
+    monkeypatch.setattr(_cache, "_cuda_reason", "masklens._cuda could not be loaded: (test)")
+    monkeypatch.setattr(_cache, "_warned_cuda", False)
+    mask = torch.ones(300, 300, dtype=torch.bool, device=DEV).tril()[None, None].expand(2, 3, 300, 300)
+    with pytest.warns(RuntimeWarning, match=r"could not be loaded: \(test\): CUDA masks are copied to the host"):
+        verdict = _cache.scan(mask)
+    assert masklens.last_timing()["device"] == "host"
+    assert verdict.structure.kind == "causal"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once only
+        _cache.scan(mask)

@@ -1,0 +1,302 @@
+"""The Python drop-in on the GPU: masklens.torch.scaled_dot_product_attention and
+attn_implementation="masklens", each beside its baseline measured in the same run.
+
+  seed        1 x 4 x 69632 x 256 bf16, dense bool causal mask [1, 1, L, L], forward +
+              backward: F.sdpa with the mask (default dispatch; forced to the efficient
+              kernel, whose result is wrong), is_causal=True bare, the drop-in on its
+              first call (device scan + classify + decide + the call) and cached (no
+              scan), with the masklens step split from masklens.last_timing().
+  structures  1 x 4 x 69632 x 128 bf16, forward + backward: three packed documents, a
+              4096 sliding window, left-padded causal (1000 pad rows): the drop-in vs
+              the dense mask on the default dispatch and vs the best native call,
+              errors against that native call (rows that attend to something).
+  llama       a 28-layer Llama of tiny width, 32k tokens, batch 1, left padding through
+              attention_mask: forward with attn_implementation="masklens" vs "sdpa",
+              scans per forward, logits difference.
+
+Every time is the median of several runs after a warm-up (CUDA events around whole
+calls, Python included: the GPU idles while the host works, and the events see it).
+
+usage: python3 bench/dropin.py [--quick] [--json OUT] [--cases seed,structures,llama] [--L N]
+Run against the in-tree build with PYTHONPATH=build-dir/python (bench/README.md).
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_baselines import median_ms  # noqa: E402  (one timing loop for every bench script)
+from backend_costs import flex_runner, varlen  # noqa: E402
+
+import masklens  # noqa: E402
+from masklens.torch import scaled_dot_product_attention as dropin  # noqa: E402
+
+# Without CUDA the script runs its logic on the CPU at the sizes given (a smoke test of
+# the script: wall-clock times, no efficient kernel, no varlen or flex baselines).
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+parser.add_argument("--quick", action="store_true", help="fewer repetitions (3 timed runs, 1 warm-up)")
+parser.add_argument("--json", help="write the results here")
+parser.add_argument("--cases", default="seed,structures,llama")
+parser.add_argument("--L", type=int, default=69632, help="tokens of the seed and structure cases")
+parser.add_argument("--llama-L", type=int, default=32768, help="tokens of the llama case")
+parser.add_argument("--no-flex", action="store_true", help="skip the compiled flex_attention baseline")
+ARGS = parser.parse_args()
+REPS, WARM = (3, 1) if ARGS.quick else (7, 2)
+
+
+def timed(fn, reps=REPS, warm=WARM):
+    for _ in range(warm - 1):  # median_ms runs fn once itself before timing
+        fn()
+    if DEV == "cpu":
+        fn()
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(times)
+    return median_ms(fn, reps)
+
+
+def empty_cache():
+    if DEV == "cuda":
+        torch.cuda.empty_cache()
+
+
+def rel(a, ref):
+    """||a - ref|| / ||ref|| in fp32, NaN-honest."""
+    a, ref = a.float(), ref.float()
+    return ((a - ref).norm() / ref.norm()).item()
+
+
+def max_err(a, ref):
+    return (a.float() - ref.float()).abs().max().item()
+
+
+def table(title, rows, baseline_key="baseline"):
+    print(f"\n{title}")
+    for name, r in rows.items():
+        extra = []
+        if r.get(baseline_key):
+            b = rows[r[baseline_key]]["ms"]
+            extra.append(f"{r['ms'] / b:5.2f}x the time of '{r[baseline_key]}'")
+        for k in ("rel_err", "max_err", "dq_norm", "grad_max_err", "overhead_ms", "scans_per_forward"):
+            if r.get(k) is not None:
+                extra.append(f"{k} {r[k]:.4g}")
+        print(f"  {name:58s} {r['ms']:9.2f} ms  " + "  ".join(extra))
+
+
+def qkv(L, D, H=4, seed=0):
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    return [torch.randn(1, H, L, D, device=DEV, dtype=torch.bfloat16, generator=g).requires_grad_() for _ in range(3)]
+
+
+def grads_of(make_out, tensors, go):
+    """forward + backward as one callable: the output and the gradients of (q, k, v)."""
+    def run():
+        out = make_out()
+        return out, torch.autograd.grad(out, tensors, go)
+    return run
+
+
+def seed(report):
+    L, D = ARGS.L, 256
+    q, k, v = qkv(L, D)
+    go = torch.randn_like(q)
+    mask = torch.ones(L, L, dtype=torch.bool, device=DEV).tril_()[None, None]
+    rows = {}
+    causal = grads_of(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), (q, k, v), go)
+    ref_out, ref_g = causal()
+
+    def measure(name, run, reps=REPS, baseline="F.sdpa is_causal=True (no mask)", **extra):
+        ms = timed(run, reps=reps)
+        out, g = run()
+        rows[name] = {"ms": ms, "baseline": baseline, "rel_err": rel(out, ref_out),
+                      "dq_norm": g[0].float().norm().item(),
+                      "grad_max_err": max(max_err(a, b) for a, b in zip(g, ref_g)), **extra}
+        del out, g
+
+    measure("F.sdpa is_causal=True (no mask)", causal, baseline=None)
+    measure("F.sdpa attn_mask, default dispatch", grads_of(
+        lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask), (q, k, v), go))
+
+    def efficient():
+        with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    if DEV == "cuda":
+        measure("F.sdpa attn_mask, EFFICIENT_ATTENTION forced", grads_of(efficient, (q, k, v), go), reps=2)
+        empty_cache()
+
+    split = []
+
+    def first_call():
+        masklens.forget(mask)  # the verdict and the decision are made again: a first call
+        out = dropin(q, k, v, attn_mask=mask)
+        split.append(masklens.last_timing())
+        return out
+    measure("drop-in, first call on the mask (scan + decide + call)", grads_of(first_call, (q, k, v), go))
+    where = "cuda" if mask.is_cuda and masklens.has_cuda_scan() else "host"
+    assert all(t["scanned"] and t["device"] == where for t in split), split
+    before = masklens.scan_count()
+    measure("drop-in, cached (same mask again)", grads_of(lambda: dropin(q, k, v, attn_mask=mask), (q, k, v), go))
+    cached_scans = masklens.scan_count() - before
+    base = rows["F.sdpa is_causal=True (no mask)"]["ms"]
+    for name in ("drop-in, first call on the mask (scan + decide + call)", "drop-in, cached (same mask again)"):
+        rows[name]["overhead_ms"] = rows[name]["ms"] - base
+    step = {k: statistics.median(t[k] for t in split) for k in ("scan_ms", "classify_ms", "decide_ms")}
+    policy, verdict = masklens.torch.inspect(q, k, v, mask)
+    report["seed"] = {"shape": [1, 4, L, D], "rows": rows, "step_ms": step, "scans_when_cached": cached_scans,
+                      "structure": verdict.structure.describe(), "backend": policy.backend,
+                      "mask_use": policy.call.mask, "scan_on": split[-1]["device"]}
+    table(f"seed: 1 x 4 x {L} x {D} bf16, dense bool causal mask, forward + backward", rows)
+    print(f"  masklens step (median of first calls): scan {step['scan_ms']:.3f} ms on {split[-1]['device']}, "
+          f"classify {step['classify_ms']:.3f} ms, decide {step['decide_ms']:.3f} ms; "
+          f"decision {verdict.structure.describe()} -> {policy.backend} (mask {policy.call.mask}); "
+          f"scans in {REPS + 1} cached calls: {cached_scans}")
+    del mask, ref_out, ref_g
+    empty_cache()
+
+
+def structures(report):
+    L, D = ARGS.L, 128
+    W, PAD = min(4096, L // 4), min(1000, L // 8)  # smaller only in a shortened (--L) run
+    q, k, v = qkv(L, D)
+    i = torch.arange(L, device=DEV)
+    cuts = [0, L // 3, 2 * L // 3, L]
+    cu_full = torch.tensor([0, L], dtype=torch.int32, device=DEV)
+    report["structures"] = {"shape": [1, 4, L, D]}
+
+    def packed_native():
+        outs = [F.scaled_dot_product_attention(q[:, :, s:e], k[:, :, s:e], v[:, :, s:e], is_causal=True)
+                for s, e in zip(cuts, cuts[1:])]
+        return torch.cat(outs, dim=2)
+
+    def padded_native():
+        tail = F.scaled_dot_product_attention(q[:, :, PAD:], k[:, :, PAD:], v[:, :, PAD:], is_causal=True)
+        return torch.cat([tail.new_zeros(1, 4, PAD, D), tail], dim=2)
+
+    def window_native():
+        if DEV == "cpu":  # varlen_attn is CUDA-only: the dense mask on the math kernel
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return varlen(q, k, v, cu_full, L, (W - 1, 0)).transpose(0, 1)[None]
+
+    cases = {
+        "3 packed documents": (lambda: (i[None, :] <= i[:, None]) & (
+            torch.bucketize(i, torch.tensor(cuts[1:-1], device=DEV), right=True)[:, None] ==
+            torch.bucketize(i, torch.tensor(cuts[1:-1], device=DEV), right=True)[None, :]),
+            {"3 is_causal calls": packed_native}, 0),
+        f"sliding window {W}": (lambda: (i[None, :] <= i[:, None]) & (i[:, None] - i[None, :] < W),
+                               {"torch.varlen_attn window_size": window_native}, 0),
+        f"left-padded causal, {PAD} pad rows": (lambda: (i[None, :] <= i[:, None]) & (i[None, :] >= PAD),
+                                                {"is_causal on the unpadded slice": padded_native}, PAD),
+    }
+    if not ARGS.no_flex and DEV == "cuda":
+        flex_w = flex_runner(L, lambda b, h, qi, ki: (ki <= qi) & (qi - ki < W))
+        cases[f"sliding window {W}"][1]["compiled flex_attention (BlockMask)"] = lambda: flex_w(q, k, v)
+    mask = None
+    for title, (build, natives, empty) in cases.items():
+        mask = build()[None, None]
+        go = torch.randn_like(q)
+        go[:, :, :empty] = 0  # rows that attend to nothing carry no gradient
+        rows = {}
+        dense = "dense mask, default dispatch"
+        ref_name = next(iter(natives))
+        ref_out, ref_g = grads_of(natives[ref_name], (q, k, v), go)()
+
+        def measure(name, make, baseline=dense):
+            run = grads_of(make, (q, k, v), go)
+            ms = timed(run)
+            out, g = run()
+            rows[name] = {"ms": ms, "baseline": baseline, "max_err": max_err(out[:, :, empty:], ref_out[:, :, empty:]),
+                          "grad_max_err": max(max_err(a, b) for a, b in zip(g, ref_g))}
+            del out, g
+
+        measure(dense, lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask), baseline=None)
+        for name, make in natives.items():
+            measure(name, make)
+        before = masklens.scan_count()
+        measure("drop-in", lambda: dropin(q, k, v, attn_mask=mask))
+        policy, verdict = masklens.torch.inspect(q, k, v, mask)
+        best = min((n for n in rows if n not in (dense, "drop-in")), key=lambda n: rows[n]["ms"])
+        rows["drop-in"]["vs_best_native"] = rows["drop-in"]["ms"] / rows[best]["ms"]
+        report["structures"][title] = {"rows": rows, "reference": ref_name, "best_native": best,
+                                       "structure": verdict.structure.describe(), "backend": policy.backend,
+                                       "plan_calls": len(policy.plan) if policy.is_plan else 0,
+                                       "scans": masklens.scan_count() - before}
+        table(f"{title}: 1 x 4 x {L} x {D} bf16, forward + backward (errors vs {ref_name})", rows)
+        print(f"  drop-in ran {policy.backend}" + (f" as a plan of {len(policy.plan)} calls" if policy.is_plan else "")
+              + f" for {verdict.structure.describe()}; {rows['drop-in']['vs_best_native']:.2f}x of the best native "
+              f"call ({best}); scans {masklens.scan_count() - before}")
+        del mask, ref_out, ref_g, go
+        empty_cache()
+
+
+def llama(report):
+    import masklens.transformers  # noqa: F401  (registers "masklens")
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    L, PAD = ARGS.llama_L, min(1000, ARGS.llama_L // 8)
+    cfg = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=28, num_attention_heads=4,
+               num_key_value_heads=2, vocab_size=1024, max_position_embeddings=L)
+    torch.manual_seed(0)
+    models = {}
+    for impl in ("sdpa", "masklens"):
+        models[impl] = AutoModelForCausalLM.from_config(LlamaConfig(**cfg), attn_implementation=impl).to(
+            DEV, torch.bfloat16).eval()
+    models["masklens"].load_state_dict(models["sdpa"].state_dict())
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, 1024, (1, L), generator=g).to(DEV)
+    attention = torch.ones(1, L, dtype=torch.long, device=DEV)
+    attention[:, :PAD] = 0  # left padding
+    rows, logits = {}, {}
+    for impl, model in models.items():
+        def forward(model=model):
+            with torch.no_grad():
+                return model(input_ids=ids, attention_mask=attention).logits
+        before = masklens.scan_count()
+        logits[impl] = forward()
+        scans = masklens.scan_count() - before
+        rows[f'attn_implementation="{impl}"'] = {"ms": timed(forward), "scans_per_forward": scans,
+                                                 "baseline": None if impl == "sdpa" else 'attn_implementation="sdpa"'}
+    rows['attn_implementation="masklens"']["max_err"] = max_err(logits["masklens"][:, PAD:], logits["sdpa"][:, PAD:])
+    report["llama"] = {"layers": 28, "tokens": L, "pad": PAD, "config": cfg, "rows": rows}
+    table(f"llama: 28 layers, hidden 128, 4 heads / 2 kv heads, {L} tokens, {PAD} left-padded, bf16 forward "
+          "(max_err: logits of the unpadded positions vs sdpa)", rows)
+    del models, logits
+    empty_cache()
+
+
+def main():
+    import importlib.metadata
+    gpu = torch.cuda.get_device_name() if DEV == "cuda" else "none: a CPU smoke run, figures meaningless"
+    report = {"date": time.strftime("%Y-%m-%d"), "gpu": gpu, "torch": torch.__version__,
+              "cudnn": torch.backends.cudnn.version(), "masklens": masklens.__file__,
+              "cuda_scan": masklens.has_cuda_scan(), "cuda_scan_unavailable": masklens.cuda_scan_unavailable(),
+              "reps": REPS, "warm_up": WARM}
+    try:
+        report["transformers"] = importlib.metadata.version("transformers")
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    print(json.dumps(report))
+    t0 = time.perf_counter()
+    for case in ARGS.cases.split(","):
+        start = time.perf_counter()
+        {"seed": seed, "structures": structures, "llama": llama}[case](report)
+        report.setdefault("wall_s", {})[case] = time.perf_counter() - start
+        print(f"  ({case}: {report['wall_s'][case]:.1f} s)")
+    report["wall_s"]["total"] = time.perf_counter() - t0
+    if ARGS.json:
+        with open(ARGS.json, "w") as f:
+            json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
