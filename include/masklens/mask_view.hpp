@@ -5,8 +5,8 @@
 #pragma once
 
 #include <array>
-#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <string>
 
@@ -160,7 +160,10 @@ class MaskView {
         return error(ErrorCode::invalid_argument,
                      "polarity true_masks applies to boolean/integer masks, not additive " +
                          std::string(to_string(dtype_)));
-      if (!std::isfinite(encoding_.masked_threshold) || encoding_.masked_threshold >= 0.0f)
+      // Finite and negative, written with comparisons (NaN fails both) to keep <cmath>
+      // out of what every consumer parses.
+      const float t = encoding_.masked_threshold;
+      if (!(t >= std::numeric_limits<float>::lowest() && t < 0.0f))
         return error(ErrorCode::invalid_argument, "masked_threshold must be finite and negative, got " +
                                                       std::to_string(encoding_.masked_threshold));
     }
