@@ -3,7 +3,7 @@
 # (median of 5) of a file that includes only the given header, beside the baseline a
 # C++ file pays anyway (<vector>, <string>, <algorithm>).
 #   bench/parse_cost.sh [HEADER...]   default: the umbrella, decide.hpp, inspect.hpp, policy.hpp
-# CXX picks the compiler (default g++); the flags are -std=c++20 -O0, no warnings.
+# CXX picks the compiler (default g++); the flags are -std=c++20 -fsyntax-only only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cxx=${CXX:-g++}
