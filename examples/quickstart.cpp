@@ -9,7 +9,7 @@ int main() {
   const std::int64_t L = 1024;  // a dense [L, L] bool causal mask, as frameworks build it
   std::vector<std::uint8_t> mask(L * L);
   for (std::int64_t q = 0; q < L; ++q)
-    for (std::int64_t k = 0; k < L; ++k) mask[q * L + k] = k <= q;
+    for (std::int64_t k = 0; k < L; ++k) mask[static_cast<std::size_t>(q * L + k)] = k <= q;
 
   const std::int64_t shape[] = {L, L};
   auto view = masklens::MaskView::contiguous(mask.data(), masklens::ElementType::boolean, shape);

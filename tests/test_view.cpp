@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -69,6 +70,12 @@ TEST_CASE("bad views are rejected with a message naming the field and the rule")
   nan_threshold.masked_threshold = std::numeric_limits<float>::quiet_NaN();
   MaskEncoding positive_threshold{};
   positive_threshold.masked_threshold = 1.0f;
+  // The edges of "finite and negative": both infinities and both zeros are refused.
+  MaskEncoding minus_inf_threshold{}, plus_inf_threshold{}, zero_threshold{}, minus_zero_threshold{};
+  minus_inf_threshold.masked_threshold = -std::numeric_limits<float>::infinity();
+  plus_inf_threshold.masked_threshold = std::numeric_limits<float>::infinity();
+  zero_threshold.masked_threshold = 0.0f;
+  minus_zero_threshold.masked_threshold = -0.0f;
   const std::vector<Bad> cases = {
       {"null data", nullptr, ElementType::boolean, {4, 4}, {4, 1}, plain, ErrorCode::invalid_argument, "data is null"},
       {"misaligned fp16", bytes + 1, ElementType::float16, {4, 4}, {4, 1}, plain, ErrorCode::misaligned_pointer,
@@ -100,6 +107,14 @@ TEST_CASE("bad views are rejected with a message naming the field and the rule")
        "masked_threshold must be finite and negative"},
       {"positive threshold", bytes, ElementType::float32, {4, 4}, {4, 1}, positive_threshold,
        ErrorCode::invalid_argument, "masked_threshold must be finite and negative"},
+      {"-inf threshold", bytes, ElementType::float32, {4, 4}, {4, 1}, minus_inf_threshold,
+       ErrorCode::invalid_argument, "masked_threshold must be finite and negative"},
+      {"+inf threshold", bytes, ElementType::float16, {4, 4}, {4, 1}, plus_inf_threshold,
+       ErrorCode::invalid_argument, "masked_threshold must be finite and negative"},
+      {"zero threshold", bytes, ElementType::bfloat16, {4, 4}, {4, 1}, zero_threshold,
+       ErrorCode::invalid_argument, "masked_threshold must be finite and negative"},
+      {"-0 threshold", bytes, ElementType::float32, {4, 4}, {4, 1}, minus_zero_threshold,
+       ErrorCode::invalid_argument, "masked_threshold must be finite and negative"},
   };
   for (const Bad& c : cases) {
     INFO(c.name);
@@ -107,6 +122,14 @@ TEST_CASE("bad views are rejected with a message naming the field and the rule")
     REQUIRE_FALSE(v.ok());
     CHECK(v.status().code() == c.code);
     CHECK_MESSAGE(v.status().message().find(c.message) != std::string::npos, v.status().message());
+  }
+  SUBCASE("the most negative finite threshold and the smallest negative one are accepted") {
+    for (const float t : {std::numeric_limits<float>::lowest(), -std::numeric_limits<float>::denorm_min()}) {
+      MaskEncoding enc{};
+      enc.masked_threshold = t;
+      const std::int64_t shape[] = {4, 4};
+      CHECK(MaskView::contiguous(bytes, ElementType::float32, shape, enc).ok());
+    }
   }
   SUBCASE("contiguous() rejects shapes whose element count overflows") {
     const std::int64_t shape[] = {INT64_MAX / 2, 4};

@@ -78,7 +78,7 @@ MASKLENS_HOST_DEVICE inline float bfloat16_to_float(std::uint16_t bits) noexcept
 
 // Exact binary16 -> binary32 conversion (subnormals included), without <cuda_fp16.h>.
 MASKLENS_HOST_DEVICE inline float float16_to_float(std::uint16_t h) noexcept {
-  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
+  const std::uint32_t sign = std::uint32_t{h & 0x8000u} << 16;  // braces, not a cast: already unsigned
   std::uint32_t exponent = (h >> 10) & 0x1fu;
   std::uint32_t mantissa = h & 0x3ffu;
   if (exponent == 0x1f) return bits_to_float(sign | 0x7f800000u | (mantissa << 13));  // inf / NaN

@@ -5,8 +5,8 @@
 #pragma once
 
 #include <array>
-#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <string>
 
@@ -47,14 +47,14 @@ class MaskView {
     v.data_ = data;
     v.dtype_ = dtype;
     v.encoding_ = encoding;
-    const int offset = kMaxDims - static_cast<int>(shape.size());
-    for (int d = 0; d < kMaxDims; ++d) {
+    const std::size_t offset = kDims - shape.size();
+    for (std::size_t d = 0; d < kDims; ++d) {
       v.shape_[d] = 1;
       v.strides_[d] = 0;
     }
     static constexpr const char* kNames[kMaxDims] = {"batch", "heads", "query length", "key length"};
     for (std::size_t i = 0; i < shape.size(); ++i) {
-      const int d = offset + static_cast<int>(i);
+      const std::size_t d = offset + i;
       const std::string where = "shape[" + std::to_string(i) + "] (" + kNames[d] + ")";
       if (shape[i] < 1)
         return error(ErrorCode::invalid_shape, where + " must be >= 1, got " + std::to_string(shape[i]));
@@ -88,7 +88,7 @@ class MaskView {
   [[nodiscard]] Result<MaskView> broadcast_to(std::int64_t batch, std::int64_t heads) const {
     MaskView v = *this;
     const std::int64_t want[2] = {batch, heads};
-    for (int d = 0; d < 2; ++d) {
+    for (std::size_t d = 0; d < 2; ++d) {
       if (want[d] < 1)
         return error(ErrorCode::invalid_shape, std::string(d == 0 ? "batch" : "heads") + " must be >= 1, got " +
                                                    std::to_string(want[d]));
@@ -106,8 +106,8 @@ class MaskView {
   [[nodiscard]] const void* data() const noexcept { return data_; }
   [[nodiscard]] ElementType dtype() const noexcept { return dtype_; }
   [[nodiscard]] const MaskEncoding& encoding() const noexcept { return encoding_; }
-  [[nodiscard]] std::int64_t shape(int d) const noexcept { return shape_[d]; }
-  [[nodiscard]] std::int64_t stride(int d) const noexcept { return strides_[d]; }
+  [[nodiscard]] std::int64_t shape(int d) const noexcept { return shape_[dim(d)]; }
+  [[nodiscard]] std::int64_t stride(int d) const noexcept { return strides_[dim(d)]; }
   [[nodiscard]] std::int64_t batch() const noexcept { return shape_[kBatch]; }
   [[nodiscard]] std::int64_t heads() const noexcept { return shape_[kHeads]; }
   [[nodiscard]] std::int64_t q_len() const noexcept { return shape_[kQuery]; }
@@ -126,7 +126,7 @@ class MaskView {
   // Bytes from data() to the end of the last element: what a copy of the mask must hold.
   [[nodiscard]] std::int64_t extent_bytes() const noexcept {
     std::int64_t last = 0;
-    for (int d = 0; d < kMaxDims; ++d) last += (shape_[d] - 1) * strides_[d];
+    for (std::size_t d = 0; d < kDims; ++d) last += (shape_[d] - 1) * strides_[d];
     return (last + 1) * element_size(dtype_);
   }
   [[nodiscard]] ElementClass at(std::int64_t b, std::int64_t h, std::int64_t q, std::int64_t k) const noexcept {
@@ -134,6 +134,10 @@ class MaskView {
   }
 
  private:
+  // The arrays' index type: dims are counted as int in the API (Dim, shape(int)).
+  static constexpr std::size_t kDims = kMaxDims;
+  static constexpr std::size_t dim(int d) noexcept { return static_cast<std::size_t>(d); }
+
   static bool mul_fits(std::int64_t a, std::int64_t b) noexcept {
     return a == 0 || b <= INT64_MAX / a;
   }
@@ -156,13 +160,16 @@ class MaskView {
         return error(ErrorCode::invalid_argument,
                      "polarity true_masks applies to boolean/integer masks, not additive " +
                          std::string(to_string(dtype_)));
-      if (!std::isfinite(encoding_.masked_threshold) || encoding_.masked_threshold >= 0.0f)
+      // Finite and negative, written with comparisons (NaN fails both) to keep <cmath>
+      // out of what every consumer parses.
+      const float t = encoding_.masked_threshold;
+      if (!(t >= std::numeric_limits<float>::lowest() && t < 0.0f))
         return error(ErrorCode::invalid_argument, "masked_threshold must be finite and negative, got " +
                                                       std::to_string(encoding_.masked_threshold));
     }
     // The largest element offset, and then its byte offset, must fit in 64 bits.
     std::int64_t extent = 0;
-    for (int d = 0; d < kMaxDims; ++d) {
+    for (std::size_t d = 0; d < kDims; ++d) {
       if (!mul_fits(shape_[d] - 1, strides_[d]) || extent > INT64_MAX - (shape_[d] - 1) * strides_[d])
         return error(ErrorCode::invalid_stride, "the largest element offset overflows 64 bits");
       extent += (shape_[d] - 1) * strides_[d];
