@@ -123,7 +123,7 @@ inline std::optional<BatchFit> fit_keys(MaskStructure& probe, std::span<const Ro
   }
   for (const KeyRange& kv : kv_candidates) {
     probe.kv_valid.assign(1, kv);
-    if (rows_match(probe, rows)) return BatchFit{kv, {}};  // cost 2: documents cost at least 3
+    if (rows_match(probe, rows)) return BatchFit{kv, {}, std::nullopt};  // cost 2: documents cost at least 3
   }
   if (!allow_segments) return std::nullopt;
 
