@@ -171,6 +171,7 @@ def structure_dict(s: MaskStructure) -> dict:
         d["blocks"] = [list(b) for b in s.blocks]
     d["segments"] = [list(x) for x in s.segments] if s.segments is not None else None
     d["kv_valid"] = [list(r) for r in s.kv_valid] if s.kv_valid is not None else None
+    d["q_valid"] = [list(r) for r in s.q_valid] if s.q_valid is not None else None
     d["empty_rows"] = s.empty_rows
     d["finite_masked_rows"] = s.finite_masked_rows
     d["bias"] = s.bias

@@ -192,10 +192,13 @@ def mask_mod_for(structure, device, mask=None):
     mask) a lookup into the dense mask."""
     if mask is not None:
         m = mask if mask.dtype == torch.bool else (mask > -1000) if mask.is_floating_point() else mask != 0
-        mb, mh = m.shape[0], m.shape[1]
+        mb, mh, mq, mk = m.shape
 
         def lookup(b, h, qi, ki):
-            return m[b if mb > 1 else 0, h if mh > 1 else 0, qi, ki]
+            # create_block_mask evaluates whole tiles: indices past the last row or key
+            # reach here when a length is not a multiple of the block; clamp them (flex
+            # masks those positions itself).
+            return m[b if mb > 1 else 0, h if mh > 1 else 0, qi.clamp(max=mq - 1), ki.clamp(max=mk - 1)]
         return lookup
     s = structure
     Q, K = s.q_len, s.k_len
@@ -211,9 +214,16 @@ def mask_mod_for(structure, device, mask=None):
                                                                                           dtype=torch.long), right=True)
                             for seg in s.segments])
     kv = torch.tensor(s.kv_valid, device=device, dtype=torch.long) if s.kv_valid is not None else None
-    one_batch = s.batch == 1
+    # Modifiers hold one entry per batch, or one for every batch (a broadcast mask).
+    docs_batch = docs is not None and docs.shape[0] > 1
+    kv_batch = kv is not None and kv.shape[0] > 1
+    last_block = blocks.shape[0] - 1
 
     def mask_mod(b, h, qi, ki):
+        # create_block_mask evaluates whole tiles: indices past Q or K reach here when a
+        # length is not a multiple of the block. Lookups use clamped indices (flex masks
+        # those positions itself); comparisons use the real ones.
+        qc, kc = qi.clamp(max=Q - 1), ki.clamp(max=K - 1)
         p = qi + d
         if kind == "full":
             ok = ki >= 0
@@ -226,12 +236,13 @@ def mask_mod_for(structure, device, mask=None):
         elif kind == "prefix_lm":
             ok = (ki <= p) | (ki < P)
         else:  # causal_blocks: p's block, when p lies in one
-            ok = (ki <= p) | ((blocks[ki] >= 0) & (blocks[ki] == blocks[p.clamp(min=0)]) & (p >= 0))
-        bb = 0 if one_batch else b
+            ok = (ki <= p) | ((blocks[kc] >= 0) & (blocks[kc] == blocks[p.clamp(min=0, max=last_block)]) & (p >= 0))
         if docs is not None:
-            ok = ok & (docs[bb, qi] == docs[bb, ki])
+            db = b if docs_batch else 0
+            ok = ok & (docs[db, qc] == docs[db, kc])
         if kv is not None:
-            ok = ok & (ki >= kv[bb, 0]) & (ki < kv[bb, 1])
+            kb = b if kv_batch else 0
+            ok = ok & (ki >= kv[kb, 0]) & (ki < kv[kb, 1])
         return ok
     return mask_mod
 

@@ -222,6 +222,20 @@ NB_MODULE(_core, m) {
               for (const Range& r : *v) s.kv_valid.push_back(range_of(r));
           },
           nb::arg("value").none(), "Per batch valid keys (start, end), or None.")
+      .def_prop_rw(
+          "q_valid",
+          [](const MaskStructure& s) -> std::optional<std::vector<Range>> {
+            if (!s.has_q_valid()) return std::nullopt;
+            std::vector<Range> out;
+            for (const KeyRange& r : s.q_valid) out.push_back(pair_of(r));
+            return out;
+          },
+          [](MaskStructure& s, const std::optional<std::vector<Range>>& v) {
+            s.q_valid.clear();
+            if (v)
+              for (const Range& r : *v) s.q_valid.push_back(range_of(r));
+          },
+          nb::arg("value").none(), "Per batch valid query rows (start, end), or None: the others attend nothing.")
       .def_rw("empty_rows", &MaskStructure::empty_rows)
       .def_rw("finite_masked_rows", &MaskStructure::finite_masked_rows)
       .def_rw("bias", &MaskStructure::bias)

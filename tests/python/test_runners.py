@@ -167,3 +167,22 @@ def test_rows_that_attend_to_nothing_come_out_zero_whatever_the_kernel(monkeypat
     assert torch.all(out[1, :, :12] == 0)  # row 1's first 12 queries attend to nothing
     assert torch.all(out[0] != 0) and torch.all(out[1, :, 12:] != 0)
     assert_close(out - 7.0 * (out != 0), reference(q, k, v, mask), 1e-5)
+
+
+@pytest.mark.parametrize("name", list(MASKS))
+def test_flex_mask_mod_reads_in_bounds_past_the_last_row_and_key(name):
+    """create_block_mask evaluates whole tiles: with lengths that are not multiples of the
+    block, the mask_mod is called with indices past Q and K. Its lookups must stay in
+    bounds (on a GPU an out-of-bounds read is a device-side assert that poisons the
+    process), for the structure's rule and for a kept mask."""
+    mask = MASKS[name]
+    s = masklens.scan(mask).structure
+    Q, K = mask.shape[-2], mask.shape[-1]
+    past_q = torch.arange(Q, Q + 130)[:, None]
+    past_k = torch.arange(K, K + 130)[None, :]
+    zero = torch.zeros((), dtype=torch.long)
+    mask4 = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))  # the drop-in hands the 4-D view
+    for mod in (_run.mask_mod_for(s, "cpu"), _run.mask_mod_for(s, "cpu", mask4)):
+        mod(zero, zero, past_q, torch.arange(K)[None, :])  # raises IndexError on an out-of-bounds read
+        mod(zero, zero, torch.arange(Q)[:, None], past_k)
+        mod(zero + 1, zero, past_q, past_k)  # batch 1 of a structure broadcast over the batch
