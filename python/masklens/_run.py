@@ -283,9 +283,26 @@ def run_call(call, t: Tensors, q, k, v, mask):
     raise RuntimeError(f"masklens: masklens.torch has no runner for {b}")
 
 
+class _ContiguousGrad(torch.autograd.Function):
+    """Identity whose backward hands on a contiguous gradient. A plan step's output is a
+    slice of the whole output, so its gradient arrives as a strided view; the fused
+    kernels are run (and tested upstream) with dense gradients, and on an H200 a plan's
+    cuDNN backward disagreed with the same calls assembled by torch.cat."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.contiguous()
+
+
 def run_plan(policy, t: Tensors):
     """Each step on q[b, :, q_range] and k/v[b, :, k_range], written into a zero output;
-    zeros steps leave their rows 0. A structure of batch 1 stands for every batch."""
+    zeros steps leave their rows 0. A structure of batch 1 stands for every batch. Each
+    step reads contiguous copies of its slices and gets a contiguous gradient back, the
+    layouts the fused kernels' backward passes are built for."""
     q, k, v = t.q, t.k, t.v
     out = q.new_zeros(q.shape[0], q.shape[1], q.shape[2], v.shape[-1])
     all_batches = t.structure.batch == 1 and q.shape[0] > 1
@@ -294,8 +311,9 @@ def run_plan(policy, t: Tensors):
             continue
         (qs, qe), (ks, ke) = step.q_range, step.k_range
         bs = slice(None) if all_batches else slice(step.batch, step.batch + 1)
-        piece = run_call(step.call, t, q[bs, :, qs:qe], k[bs, :, ks:ke], v[bs, :, ks:ke], None)
-        out[bs, :, qs:qe] = piece
+        piece = run_call(step.call, t, q[bs, :, qs:qe].contiguous(), k[bs, :, ks:ke].contiguous(),
+                         v[bs, :, ks:ke].contiguous(), None)
+        out[bs, :, qs:qe] = _ContiguousGrad.apply(piece) if piece.requires_grad else piece
     return out
 
 
