@@ -112,7 +112,9 @@ inline CallArgs backend_args(const Call& call, std::int64_t batch, std::int64_t 
       break;
     case Backend::flex_attention:
       out.mask_object = "create_block_mask";
-      out.mask_object_args = {{"B", batch}, {"H", Identifier{"None"}}, {"Q_LEN", q_len}, {"KV_LEN", k_len},
+      // A kept mask may differ per head: the block mask then spans the mask's heads.
+      out.mask_object_args = {{"B", batch}, {"H", Identifier{flex->mask_mod_reads_mask ? "mask.shape[1]" : "None"}},
+                              {"Q_LEN", q_len}, {"KV_LEN", k_len},
                               {"BLOCK_SIZE", IntPair{flex->block_q, flex->block_k}}};
       break;
     case Backend::flash_attn:

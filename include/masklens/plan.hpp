@@ -41,9 +41,15 @@ class RowBreaks {
     const std::int64_t K = s.k_len, W = s.window;
     // At most: 3 edges, 2 kind parameters or 2 per block, 5 kv_valid bounds, 2 q_valid
     // bounds, 2 per document offset; 3 points each.
-    const std::size_t offsets = s.has_segments() ? s.segments[static_cast<std::size_t>(b)].size() : 0;
+    const std::size_t offsets = s.has_segments() ? s.segments_of(b).size() : 0;
     points_.reserve(3 * (3 + std::max<std::size_t>(2, 2 * s.blocks.size()) + 5 + 2 + 2 * offsets));
-    auto add = [&](std::int64_t x) { points_.insert(points_.end(), {x - 1, x, x + 1}); };
+    // Parameters are at most 2^62 (MaskStructure::validate), so sums of two stay in range;
+    // points are clamped so that x + 1 cannot overflow either (no row lies that far).
+    constexpr std::int64_t kFar = INT64_MAX / 4;
+    auto add = [&](std::int64_t x) {
+      x = std::clamp<std::int64_t>(x, -kFar, kFar);
+      points_.insert(points_.end(), {x - 1, x, x + 1});
+    };
     add(0);
     add(K - 1);
     add(K);
@@ -58,16 +64,16 @@ class RowBreaks {
     }
     const bool window = s.kind == StructureKind::sliding_window;
     if (s.has_kv_valid()) {
-      const KeyRange& kv = s.kv_valid[static_cast<std::size_t>(b)];
+      const KeyRange& kv = s.kv_valid_of(b);
       add(kv.start), add(kv.end - 1), add(kv.end);
       if (window) add(kv.start + W - 1), add(kv.end + W - 1);
     }
     if (s.has_q_valid()) {
-      const KeyRange& rows = s.q_valid[static_cast<std::size_t>(b)];
+      const KeyRange& rows = s.q_valid_of(b);
       add(rows.start + offset_), add(rows.end + offset_);  // rows outside attend nothing: zeros
     }
     if (s.has_segments())
-      for (std::int64_t o : s.segments[static_cast<std::size_t>(b)]) {
+      for (std::int64_t o : s.segments_of(b)) {
         add(o);
         if (window) add(o + W - 1);
       }
@@ -83,6 +89,8 @@ class RowBreaks {
       for (std::int64_t t : {-1, 0, 1}) {
         // The smallest k * chunk + t above p (floor division: p may be negative).
         const std::int64_t v = p - t, k = (v >= 0 ? v / chunk_ : -((-v + chunk_ - 1) / chunk_)) + 1;
+        // k * chunk_ past INT64_MAX means no further multiple exists in range.
+        if (k > 0 && k > (INT64_MAX - 1) / chunk_) continue;
         next_p = std::min(next_p, k * chunk_ + t);
       }
     return next_p == INT64_MAX ? INT64_MAX : next_p - offset_;

@@ -149,6 +149,8 @@ def run_varlen(call, t: Tensors, q, k, v, attend=None):
                       scale=t.scale)
     elif call.backend == "torch.varlen_attn":
         varlen_attn, params = _varlen_params()
+        if t.scale is not None and "scale" not in params:
+            raise RuntimeError("masklens: this torch's varlen_attn takes no scale; a scale was given")
         kwargs = {"scale": t.scale} if "scale" in params else {}
         window = (a.window_left, a.window_right)
         if "window_size" in params:
@@ -259,7 +261,9 @@ def run_flex(call, t: Tensors, q, k, v, compiled=True):
     block_mask = t.derived.get(key)
     if block_mask is None:
         mask_mod = mask_mod_for(t.structure, q.device, t.mask if a.mask_mod_reads_mask else None)
-        block_mask = create_block_mask(mask_mod, B, None, Q, K, device=q.device, BLOCK_SIZE=(a.block_q, a.block_k))
+        # A kept mask may differ per head: its block mask then spans the mask's heads.
+        H = t.mask.shape[1] if a.mask_mod_reads_mask and t.mask.shape[1] > 1 else None
+        block_mask = create_block_mask(mask_mod, B, H, Q, K, device=q.device, BLOCK_SIZE=(a.block_q, a.block_k))
         t.derived[key] = block_mask
     fn = flex_attention
     if compiled:

@@ -153,7 +153,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     structure = entry.verdict.structure
     t = _run.Tensors(query, key, value, view, scale, dropout_p, structure, entry.derived)
     out = _run.run_policy(policy, t)
-    if structure.empty_rows > 0:
+    if structure.empty_rows > structure.finite_masked_rows:  # rows with no key at all: 0
         out = torch.where(_attending_rows(entry, out.device), out, out.new_zeros(()))
     return out
 

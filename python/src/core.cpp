@@ -244,6 +244,7 @@ NB_MODULE(_core, m) {
           "row",
           [](const MaskStructure& s, std::int64_t b, std::int64_t q) -> std::optional<Range> {
             if (s.kind == StructureKind::arbitrary) raise(error(ErrorCode::invalid_argument, "an arbitrary structure has no rows"));
+            if (Status invalid = s.validate(); !invalid.ok()) raise(invalid);  // row() trusts a valid structure
             if (b < 0 || b >= s.batch || q < 0 || q >= s.q_len)
               raise(error(ErrorCode::invalid_argument, "row (" + std::to_string(b) + ", " + std::to_string(q) +
                                                            ") is outside the structure"));
@@ -265,13 +266,17 @@ NB_MODULE(_core, m) {
             // [distinct batch, distinct heads, Q]: broadcasts against [B, H, Q] as the mask did.
             const SpanTable& t = v.spans;
             auto* rows = new std::uint8_t[t.rows.size()];
-            for (std::size_t i = 0; i < t.rows.size(); ++i) rows[i] = t.rows[i].empty() ? 0 : 1;
+            // Rows masked only by finite values attend uniformly in torch's dense softmax:
+            // they count as attending (only rows with no key at all come out 0).
+            for (std::size_t i = 0; i < t.rows.size(); ++i)
+              rows[i] = !t.rows[i].empty() || (t.rows[i].flags & kRowFiniteMasked) ? 1 : 0;
             nb::capsule owner(rows, [](void* p) noexcept { delete[] static_cast<std::uint8_t*>(p); });
             const std::size_t shape[3] = {static_cast<std::size_t>(t.distinct_batch),
                                           static_cast<std::size_t>(t.distinct_heads), static_cast<std::size_t>(t.q_len)};
             return nb::ndarray<nb::numpy, bool, nb::ndim<3>>(reinterpret_cast<bool*>(rows), 3, shape, owner);
           },
-          "Whether each row attends to any key: bool [distinct batch, distinct heads, Q].");
+          "Whether each row attends to any key (or is masked only by finite values): bool [distinct batch, "
+          "distinct heads, Q].");
 
   m.def(
       "scan",

@@ -186,3 +186,21 @@ def test_flex_mask_mod_reads_in_bounds_past_the_last_row_and_key(name):
         mod(zero, zero, past_q, torch.arange(K)[None, :])  # raises IndexError on an out-of-bounds read
         mod(zero, zero, torch.arange(Q)[:, None], past_k)
         mod(zero + 1, zero, past_q, past_k)  # batch 1 of a structure broadcast over the batch
+
+
+def test_rows_masked_only_by_finite_values_keep_torchs_result():
+    """A left-padded mask filled with finfo.min (as transformers writes it) has rows whose
+    every key is masked by a finite value: torch's dense softmax attends uniformly there.
+    The drop-in keeps the mask for them and returns torch's result, not zeros."""
+    from masklens.torch import scaled_dot_product_attention as sdpa
+    L = 12
+    i, j = rows_cols(L, L)
+    allowed = (j <= i) & (j >= 4)  # rows 0..3 see no valid key
+    mask = torch.where(allowed, 0.0, torch.finfo(torch.float32).min)[None, None]
+    q, k, v = qkv(1, 2, L, L)
+    got = sdpa(q, k, v, attn_mask=mask)
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    assert_close(got, want, 1e-5)
+    assert got[:, :, :4].abs().max() > 0  # the uniform rows are not zeroed
+    for a, b in zip(grads(got, (q, k, v)), grads(want, (q, k, v))):
+        assert_close(a, b, 1e-5)

@@ -109,12 +109,16 @@ inline const char* kUnpack =
     "    out[b, :, s:e] = piece.transpose(0, 1)";
 
 // `def mask_mod(...)` for flex_attention: the structure's rule from its fields, with
-// the tensors it reads bound first; a kept mask is read through `mask`.
+// the tensors it reads bound first; a kept mask is read through `mask`. `s` must be
+// spelled out (one modifier entry per batch). create_block_mask evaluates whole tiles,
+// past Q and K when they are not multiples of the block: lookups use clamped indices.
 inline std::string python_mask_mod(const MaskStructure& s, const Call& c, std::optional<ElementType> mask_dtype) {
+  const std::string q_last = std::to_string(s.q_len - 1), k_last = std::to_string(s.k_len - 1);
   if (c.get<FlexArgs>() && c.get<FlexArgs>()->mask_mod_reads_mask) {
     const bool is_bool = !mask_dtype || !is_additive(*mask_dtype);
-    return std::string("def mask_mod(b, h, q_idx, kv_idx):\n    return mask[b, h, q_idx, kv_idx]") +
-           (is_bool ? "" : " == 0") + "\n";
+    return "def mask_mod(b, h, q_idx, kv_idx):\n    m = mask[b if mask.shape[0] > 1 else 0, h if mask.shape[1] > 1 else 0, "
+           "q_idx.clamp(max=" + q_last + "), kv_idx.clamp(max=" + k_last + ")]\n    return " +
+           (is_bool ? "m" : "m == 0") + "\n";
   }
   std::string setup;
   const std::int64_t d = s.alignment == Alignment::bottom_right ? s.k_len - s.q_len : 0;
@@ -127,31 +131,37 @@ inline std::string python_mask_mod(const MaskStructure& s, const Call& c, std::o
       rule = "(kv_idx <= " + p + ") & (" + p + " - kv_idx < " + std::to_string(s.window) + ")";
       break;
     case StructureKind::chunked:
-      rule = "(kv_idx <= " + p + ") & (kv_idx // " + std::to_string(s.chunk) + " == " + p + " // " +
-             std::to_string(s.chunk) + ")";
+      rule = "(kv_idx <= " + p + ") & (" + p + " >= 0) & (kv_idx // " + std::to_string(s.chunk) + " == " + p +
+             " // " + std::to_string(s.chunk) + ")";
       break;
     case StructureKind::prefix_lm: rule = "(kv_idx <= " + p + ") | (kv_idx < " + std::to_string(s.prefix) + ")"; break;
     case StructureKind::causal_blocks: {
-      setup += "block_id = torch.full((" + std::to_string(s.k_len) + ",), -1, dtype=torch.int32, device=q.device)\n";
+      const std::int64_t n = std::max(s.k_len, s.q_len + d);
+      setup += "block_id = torch.full((" + std::to_string(n) + ",), -1, dtype=torch.int32, device=q.device)\n";
       for (std::size_t i = 0; i < s.blocks.size(); ++i)
         setup += "block_id[" + std::to_string(s.blocks[i].start) + ":" + std::to_string(s.blocks[i].end) +
                  "] = " + std::to_string(i) + "\n";
-      rule = "(kv_idx <= " + p + ") | ((block_id[kv_idx] >= 0) & (block_id[kv_idx] == block_id[" + p + "]))";
+      // p < 0 (bottom-right, Q > K) lies in no block: guarded, not wrapped around.
+      rule = "(kv_idx <= " + p + ") | ((block_id[kv_idx.clamp(max=" + k_last + ")] >= 0) & (block_id[kv_idx.clamp(max=" +
+             k_last + ")] == block_id[" + p + ".clamp(min=0, max=" + std::to_string(n - 1) + ")]) & (" + p + " >= 0))";
       break;
     }
-    case StructureKind::arbitrary: rule = "False"; break;
+    case StructureKind::arbitrary: rule = "kv_idx < 0"; break;
   }
   if (s.has_segments()) {
     setup += "document_id = torch.zeros(" + std::to_string(s.batch) + ", " + std::to_string(s.q_len) +
              ", dtype=torch.int32, device=q.device)\n";
-    for (std::size_t b = 0; b < s.segments.size(); ++b)
-      for (std::size_t i = 1; i + 1 < s.segments[b].size(); ++i)
-        setup += "document_id[" + std::to_string(b) + ", " + std::to_string(s.segments[b][i]) + ":] += 1\n";
-    rule = "(" + rule + ") & (document_id[b, q_idx] == document_id[b, kv_idx])";
+    for (std::int64_t b = 0; b < s.batch; ++b) {
+      const auto& seg = s.segments_of(b);
+      for (std::size_t i = 1; i + 1 < seg.size(); ++i)
+        setup += "document_id[" + std::to_string(b) + ", " + std::to_string(seg[i]) + ":] += 1\n";
+    }
+    rule = "(" + rule + ") & (document_id[b, q_idx.clamp(max=" + q_last + ")] == document_id[b, kv_idx.clamp(max=" +
+           k_last + ")])";
   }
   if (s.has_kv_valid()) {
     std::vector<std::int64_t> starts, ends;
-    for (const KeyRange& r : s.kv_valid) starts.push_back(r.start), ends.push_back(r.end);
+    for (std::int64_t b = 0; b < s.batch; ++b) starts.push_back(s.kv_valid_of(b).start), ends.push_back(s.kv_valid_of(b).end);
     setup += "kv_start = torch.tensor(" + python_list(starts) + ", device=q.device)\nkv_end = torch.tensor(" +
              python_list(ends) + ", device=q.device)\n";
     rule = "(" + rule + ") & (kv_idx >= kv_start[b]) & (kv_idx < kv_end[b])";

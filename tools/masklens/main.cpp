@@ -202,7 +202,11 @@ void print_policy(const Policy& p, const MaskStructure& s, std::optional<Element
               std::string(to_string(p.call.mask)).c_str(),
               p.call.mask_cast ? (", cast to " + std::string(to_string(*p.call.mask_cast))).c_str() : "", p.cost_ms);
   if (p.plan.empty()) {
-    if (p.backend() == Backend::flex_attention) std::printf("%s\n", indented(cli::python_mask_mod(s, p.call, mask_dtype)).c_str());
+    if (p.backend() == Backend::flex_attention) {
+      // The mask_mod indexes its tensors per batch: one modifier entry per batch.
+      const Result<MaskStructure> spelled = spell_out(s);
+      std::printf("%s\n", indented(cli::python_mask_mod(spelled ? *spelled : s, p.call, mask_dtype)).c_str());
+    }
     std::printf("%s\n", indented(cli::python_call(p.call, s.batch, s.q_len, s.k_len, mask_dtype)).c_str());
   } else {
     std::printf("          a plan of %zu calls, each on q[b:b+1, :, q_range] and k/v[b:b+1, :, k_range]:\n", p.plan.size());

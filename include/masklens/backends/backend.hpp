@@ -149,7 +149,7 @@ inline KernelArgs kernel_args(const MaskStructure& s) {
 // `chunk` (0: none) — chunked masks are documents of C — without a temporary list.
 template <class F>
 void for_each_document(const MaskStructure& s, std::int64_t b, std::int64_t chunk, F&& f) {
-  const std::vector<std::int64_t>* offsets = s.has_segments() ? &s.segments[static_cast<std::size_t>(b)] : nullptr;
+  const std::vector<std::int64_t>* offsets = s.has_segments() ? &s.segments_of(b) : nullptr;
   std::size_t next_offset = 1;  // offsets->front() == 0
   std::int64_t start = 0;
   while (start < s.q_len) {

@@ -42,7 +42,9 @@ inline bool native(const MaskStructure& s, const CallContext&, Call* out) {
 // custom_mask: the bool mask flattened (plan() packs it; a pre-packed mask is misread for
 // batches of several requests, flashinfer-ai/flashinfer#2201).
 inline bool dense(const MaskStructure& s, const CallContext&, Call* out) {
-  if (s.bias || !offsets_fit_int32(s)) return false;
+  // A bool mask carries no bias or finite masked values; the flattened custom mask is
+  // one head's (the form reads mask[:, 0]).
+  if (s.bias || s.finite_masked_rows > 0 || s.heads > 1 || !offsets_fit_int32(s)) return false;
   return emit(out, [&] {
     VarlenArgs a;  // one request per batch: every query row against every key
     a.sequences.reserve(static_cast<std::size_t>(s.batch));

@@ -26,7 +26,9 @@ inline bool native(const MaskStructure& s, const CallContext&, Call* out) {
 // A mask_mod returns a bool: it can read a bool mask or an additive one without bias
 // values (0 attends), not bias values (those need a score_mod).
 inline bool dense(const MaskStructure& s, const CallContext&, Call* out) {
-  if (s.bias) return false;
+  // Rows masked only by finite values attend uniformly in the dense softmax; a bool
+  // mask_mod would leave them empty.
+  if (s.bias || s.finite_masked_rows > 0) return false;
   return emit(out, [] {
     FlexArgs a;
     a.mask_mod_reads_mask = true;

@@ -32,7 +32,7 @@ inline bool native(const MaskStructure& s, const CallContext&, Call* out) {
 
 // attn_mask_type="arbitrary" with the bool mask inverted (true = masked out).
 inline bool dense(const MaskStructure& s, const CallContext&, Call* out) {
-  if (s.bias) return false;  // a bool mask carries no bias values
+  if (s.bias || s.finite_masked_rows > 0) return false;  // a bool mask carries neither
   return emit(out, [] {
     Call c = dropping(Backend::transformer_engine, KernelArgs{}, MaskUse::keep);
     c.mask_form = MaskForm::inverted;
