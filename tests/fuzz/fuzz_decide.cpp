@@ -126,8 +126,7 @@ CallContext call(Bytes& in) {
   if (in.next(2)) e.transformer_engine = version(2, 8);
   if (in.next(2)) e.flashinfer = version(0, 5);
   if (in.next(2)) e.cudnn_frontend = version(1, 16);
-  if (in.next(3) == 0) c.mask_dtype = static_cast<ElementType>(in.next(6));
-  return c;
+  return context;
 }
 
 }  // namespace
