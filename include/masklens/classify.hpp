@@ -58,10 +58,11 @@ inline std::vector<std::int64_t> detect_documents(const MaskStructure& probe, st
                                                   std::int64_t s, std::int64_t e, bool at_empty_edges) {
   std::vector<std::int64_t> bounds{0};
   const auto q_len = static_cast<std::int64_t>(rows.size());
-  for (std::int64_t t = 1; t < q_len; ++t) {
+  RowSpan base_before = probe.base_row(0);  // carried from one row to the next: one base_row per row
+  for (std::int64_t t = 1; t < q_len; base_before = probe.base_row(t), ++t) {
     const RowSpan& here = rows[static_cast<std::size_t>(t)];
     const RowSpan& before = rows[static_cast<std::size_t>(t - 1)];
-    const RowSpan base_here = probe.base_row(t), base_before = probe.base_row(t - 1);
+    const RowSpan base_here = probe.base_row(t);
     const bool starts = !here.empty() && !base_here.empty() && here.first == t && t > std::max(base_here.first, s);
     const bool ends = !before.empty() && !base_before.empty() && before.last == t - 1 &&
                       t - 1 < std::min(base_before.last, e - 1);
@@ -81,7 +82,10 @@ inline std::vector<std::int64_t> detect_documents(const MaskStructure& probe, st
   }
   if (bounds.size() == 1) return {};
   bounds.push_back(q_len);
-  std::sort(bounds.begin(), bounds.end());
+  // Bounds come in row order but for the hidden starts and ends, which are rare: a
+  // sorted list (under the full base every row of a causal mask ends one, Q of them)
+  // is only checked.
+  if (!std::is_sorted(bounds.begin(), bounds.end())) std::sort(bounds.begin(), bounds.end());
   bounds.erase(std::unique(bounds.begin(), bounds.end()), bounds.end());
   return bounds;
 }
@@ -102,8 +106,12 @@ inline std::optional<BatchFit> fit_keys(MaskStructure& probe, std::span<const Ro
 
   const std::int64_t k_len = probe.k_len;
   std::int64_t f_first = -1, l_last = -1, f_min = RowSpan::kNoKey, l_max = -1;
+  bool any_empty = false;
   for (const RowSpan& r : rows) {
-    if (r.empty()) continue;
+    if (r.empty()) {
+      any_empty = true;
+      continue;
+    }
     if (f_first < 0) f_first = r.first;
     l_last = r.last;
     f_min = std::min(f_min, r.first);
@@ -131,6 +139,9 @@ inline std::optional<BatchFit> fit_keys(MaskStructure& probe, std::span<const Ro
   kv_candidates.insert(kv_candidates.begin(), KeyRange{0, k_len});
   for (const KeyRange& kv : kv_candidates)
     for (bool at_empty_edges : {false, true}) {
+    // Without empty rows there are no empty edges: the second pass would find the same
+    // documents and reach the same fit (or the same mismatch) again.
+    if (at_empty_edges && !any_empty) continue;
     std::vector<std::int64_t> docs = detect_documents(probe, rows, kv.start, kv.end, at_empty_edges);
     if (docs.empty()) continue;
     BatchFit fit;
