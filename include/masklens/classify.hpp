@@ -2,7 +2,10 @@
 // structure is rendered row by row and compared with the scanned spans, so the
 // verdict is exact or `arbitrary`. Among exact descriptions the one with the fewest
 // numbers wins (MaskStructure::description_cost), ties going to the earlier kind.
-// Work is O(rows x candidates), independent of K: the span table is the input.
+// Work is O(rows x candidates), independent of K: the span table is the input. A fast
+// path first looks for a description that takes no number (full, or causal at either
+// alignment) in one pass over the rows; where one matches every row it is canonical
+// and nothing else is built (cost_free_match).
 #pragma once
 
 #include <algorithm>
