@@ -2,7 +2,10 @@
 // structure is rendered row by row and compared with the scanned spans, so the
 // verdict is exact or `arbitrary`. Among exact descriptions the one with the fewest
 // numbers wins (MaskStructure::description_cost), ties going to the earlier kind.
-// Work is O(rows x candidates), independent of K: the span table is the input.
+// Work is O(rows x candidates), independent of K: the span table is the input. A fast
+// path first looks for a description that takes no number (full, or causal at either
+// alignment) in one pass over the rows; where one matches every row it is canonical
+// and nothing else is built (cost_free_match).
 #pragma once
 
 #include <algorithm>
@@ -58,10 +61,11 @@ inline std::vector<std::int64_t> detect_documents(const MaskStructure& probe, st
                                                   std::int64_t s, std::int64_t e, bool at_empty_edges) {
   std::vector<std::int64_t> bounds{0};
   const auto q_len = static_cast<std::int64_t>(rows.size());
-  for (std::int64_t t = 1; t < q_len; ++t) {
+  RowSpan base_before = probe.base_row(0);  // carried from one row to the next: one base_row per row
+  for (std::int64_t t = 1; t < q_len; base_before = probe.base_row(t), ++t) {
     const RowSpan& here = rows[static_cast<std::size_t>(t)];
     const RowSpan& before = rows[static_cast<std::size_t>(t - 1)];
-    const RowSpan base_here = probe.base_row(t), base_before = probe.base_row(t - 1);
+    const RowSpan base_here = probe.base_row(t);
     const bool starts = !here.empty() && !base_here.empty() && here.first == t && t > std::max(base_here.first, s);
     const bool ends = !before.empty() && !base_before.empty() && before.last == t - 1 &&
                       t - 1 < std::min(base_before.last, e - 1);
@@ -81,7 +85,10 @@ inline std::vector<std::int64_t> detect_documents(const MaskStructure& probe, st
   }
   if (bounds.size() == 1) return {};
   bounds.push_back(q_len);
-  std::sort(bounds.begin(), bounds.end());
+  // Bounds come in row order but for the hidden starts and ends, which are rare: a
+  // sorted list (under the full base every row of a causal mask ends one, Q of them)
+  // is only checked.
+  if (!std::is_sorted(bounds.begin(), bounds.end())) std::sort(bounds.begin(), bounds.end());
   bounds.erase(std::unique(bounds.begin(), bounds.end()), bounds.end());
   return bounds;
 }
@@ -102,8 +109,12 @@ inline std::optional<BatchFit> fit_keys(MaskStructure& probe, std::span<const Ro
 
   const std::int64_t k_len = probe.k_len;
   std::int64_t f_first = -1, l_last = -1, f_min = RowSpan::kNoKey, l_max = -1;
+  bool any_empty = false;
   for (const RowSpan& r : rows) {
-    if (r.empty()) continue;
+    if (r.empty()) {
+      any_empty = true;
+      continue;
+    }
     if (f_first < 0) f_first = r.first;
     l_last = r.last;
     f_min = std::min(f_min, r.first);
@@ -131,6 +142,9 @@ inline std::optional<BatchFit> fit_keys(MaskStructure& probe, std::span<const Ro
   kv_candidates.insert(kv_candidates.begin(), KeyRange{0, k_len});
   for (const KeyRange& kv : kv_candidates)
     for (bool at_empty_edges : {false, true}) {
+    // Without empty rows there are no empty edges: the second pass would find the same
+    // documents and reach the same fit (or the same mismatch) again.
+    if (at_empty_edges && !any_empty) continue;
     std::vector<std::int64_t> docs = detect_documents(probe, rows, kv.start, kv.end, at_empty_edges);
     if (docs.empty()) continue;
     BatchFit fit;
@@ -419,25 +433,147 @@ inline bool heads_agree(const SpanTable& t) noexcept {
   return true;
 }
 
-inline MaskStructure classify_spans(const SpanTable& t) {
+// The fast path. A description that takes no number at all — full, or causal at
+// either alignment, without modifiers — is canonical wherever it is exact: every exact
+// description costs >= 0, and a tie goes to the earlier kind, then to top_left, the
+// order in which the search in classify_spans() keeps them (with Q == K the two
+// alignments coincide and top_left is reported). So one pass that finds such a match
+// in every stored row (every distinct slice: a match also proves the heads agree)
+// decides the verdict without building evidence or candidates. Rows are compared as
+// rows_match does (same keys). It reads only what the comparison needs, keeps all its
+// state in registers, never branches on the data within a block of rows, and stops at
+// the first block where every candidate has failed.
+struct CostFree {
+  StructureKind kind = StructureKind::arbitrary;
+  Alignment alignment = Alignment::top_left;
+  std::uint32_t flags = 0;  // every row's flags ORed (bias; unknown or NaN bits send the table to the checks)
+};
+
+inline std::optional<CostFree> cost_free_match(const SpanTable& t) noexcept {
+  using U = std::uint64_t;  // two's complement: a malformed row cannot overflow
+  const U last_key = static_cast<U>(t.k_len) - 1;
+  const std::int64_t d = t.k_len - t.q_len;
+  constexpr std::int64_t kBlock = 1024;
+  U full = 0, top_left = 0, bottom_right = 0;  // non-zero once some row differs
+  std::uint32_t flags = 0;
+  const RowSpan* row = t.rows.data();
+  for (std::int64_t slice = 0; slice < t.distinct_slices(); ++slice)
+    for (std::int64_t q0 = 0; q0 < t.q_len; q0 += kBlock) {
+      const std::int64_t q1 = std::min(q0 + kBlock, t.q_len);
+      for (std::int64_t q = q0; q < q1; ++q, ++row) {
+        const U first = static_cast<U>(row->first), last = static_cast<U>(row->last), count = static_cast<U>(row->count);
+        flags |= row->flags;
+        // Zero iff the row is the interval [0, last] (first 0, count last + 1); an empty
+        // row (count 0) is zero only with last = -1, where no expected row ends.
+        const U from_zero = first | (count ^ (last + 1));
+        full |= from_zero | (last ^ last_key);
+        top_left |= from_zero | (last ^ std::min(static_cast<U>(q), last_key));
+        // Bottom-right: p = q + d, and a row with p < 0 attends nothing.
+        const std::int64_t p = q + d;
+        bottom_right |= p < 0 ? count : from_zero | (last ^ std::min(static_cast<U>(p), last_key));
+      }
+      if (full != 0 && top_left != 0 && bottom_right != 0) return std::nullopt;
+    }
+  CostFree match;
+  match.flags = flags;
+  if (full == 0) match.kind = StructureKind::full;
+  else if (top_left == 0) match.kind = StructureKind::causal;
+  else if (bottom_right == 0 && t.q_len != t.k_len) {
+    match.kind = StructureKind::causal;
+    match.alignment = Alignment::bottom_right;
+  } else {
+    return std::nullopt;
+  }
+  return match;
+}
+
+// What one pass over the stored rows says before the search: whether each row is well
+// formed (SpanTable::row_ok), the counts and flags the verdict carries, the first row
+// flagged NaN / +inf, and whether every row is an interval. Branch-free, unsigned
+// comparisons as in cost_free_match.
+struct RowSummary {
+  bool well_formed = true;              // every row passes SpanTable::row_ok
+  std::int64_t empty_rows = 0;          // stored rows attending nothing
+  std::int64_t finite_masked_rows = 0;  // of those, rows flagged kRowFiniteMasked
+  bool bias = false;
+  bool all_intervals = true;
+  std::int64_t first_invalid = -1;      // index into rows of the first kRowInvalid row, or -1
+};
+
+inline RowSummary summarize_rows(const SpanTable& t) noexcept {
+  using U = std::uint64_t;
+  const U k_len = static_cast<U>(t.k_len);
+  std::int64_t empty = 0, finite_masked = 0;
+  std::uint32_t flags = 0;
+  U bad = 0;  // bit 0: some row is malformed; bit 1: some row is not an interval
+  for (const RowSpan& r : t.rows) {
+    const U first = static_cast<U>(r.first), last = static_cast<U>(r.last), count = static_cast<U>(r.count);
+    const U none = count == 0, span = last - first + 1;
+    // row_ok's keys, unsigned: first <= last < K also says 0 <= first, and
+    // count <= last - first + 1 (at most K) also says count >= 0.
+    const U keys_ok = (first <= last) & (last < k_len) & (count <= span);
+    bad |= ((none | keys_ok) ^ 1) | (((none | (count == span)) ^ 1) << 1);
+    empty += static_cast<std::int64_t>(none);
+    finite_masked += static_cast<std::int64_t>(none & ((r.flags & kRowFiniteMasked) != 0));
+    flags |= r.flags;
+  }
+  constexpr std::uint32_t kKnownFlags = kRowBias | kRowFiniteMasked | kRowInvalid;
+  RowSummary out;
+  out.well_formed = (bad & 1) == 0 && (flags & ~kKnownFlags) == 0;
+  out.empty_rows = empty;
+  out.finite_masked_rows = finite_masked;
+  out.bias = (flags & kRowBias) != 0;
+  out.all_intervals = (bad & 2) == 0;
+  if (flags & kRowInvalid)
+    for (std::size_t i = 0; i < t.rows.size(); ++i)
+      if (t.rows[i].flags & kRowInvalid) {
+        out.first_invalid = static_cast<std::int64_t>(i);
+        break;
+      }
+  return out;
+}
+
+// The logical shape of the table, with its counts over the logical B*H slices (a
+// distinct slice stands for `copies` of them); kind arbitrary.
+inline MaskStructure unclassified(const SpanTable& t, std::int64_t empty_rows, std::int64_t finite_masked_rows,
+                                  bool bias) {
   MaskStructure out;
   out.batch = t.batch;
   out.heads = t.heads;
   out.q_len = t.q_len;
   out.k_len = t.k_len;
-
-  // Counts over the logical B*H slices; a distinct slice stands for `copies` of them.
   const std::int64_t copies = (t.batch / t.distinct_batch) * (t.heads / t.distinct_heads);
-  bool all_intervals = true;
-  for (const RowSpan& r : t.rows) {
-    if (r.empty()) {
-      out.empty_rows += copies;
-      if (r.flags & kRowFiniteMasked) out.finite_masked_rows += copies;
-    }
-    if (r.flags & kRowBias) out.bias = true;
-    all_intervals = all_intervals && r.is_interval();
+  out.empty_rows = empty_rows * copies;
+  out.finite_masked_rows = finite_masked_rows * copies;
+  out.bias = bias;
+  return out;
+}
+
+// The verdict for a cost-free match with known flags and no NaN / +inf row (then every
+// row is well formed: it equals a row of the structure). Full and top_left causal rows
+// all attend; bottom-right rows with p = q + K - Q < 0, the first Q - K of each slice,
+// attend nothing.
+inline MaskStructure cost_free_structure(const SpanTable& t, const CostFree& match) {
+  std::int64_t empty = 0, finite_masked = 0;
+  if (match.alignment == Alignment::bottom_right && t.q_len > t.k_len) {
+    const std::int64_t per_slice = t.q_len - t.k_len;
+    empty = per_slice * t.distinct_slices();
+    if (match.flags & kRowFiniteMasked)
+      for (std::int64_t slice = 0; slice < t.distinct_slices(); ++slice)
+        for (std::int64_t q = 0; q < per_slice; ++q)
+          finite_masked += (t.rows[static_cast<std::size_t>(slice * t.q_len + q)].flags & kRowFiniteMasked) != 0;
   }
-  if (!all_intervals || !heads_agree(t)) return out;  // arbitrary
+  MaskStructure out = unclassified(t, empty, finite_masked, (match.flags & kRowBias) != 0);
+  out.kind = match.kind;
+  out.alignment = match.alignment;
+  return out;
+}
+
+// The simplest exact structure of a well-formed table without NaN / +inf rows, `rows`
+// its summary: the search over every candidate.
+inline MaskStructure classify_spans(const SpanTable& t, const RowSummary& rows) {
+  const MaskStructure out = unclassified(t, rows.empty_rows, rows.finite_masked_rows, rows.bias);
+  if (!rows.all_intervals || !heads_agree(t)) return out;  // arbitrary
 
   const std::vector<UniqueBatch> batches = unique_batches(t);
   std::optional<MaskStructure> best;
@@ -539,23 +675,33 @@ inline MaskStructure classify_spans(const SpanTable& t) {
   return *best;
 }
 
+// classify() with the fast path on or off (off: every table goes through the checks
+// and the search; tests compare the two).
+inline Result<MaskStructure> classify_table(const SpanTable& table, bool fast_path) {
+  if (Status malformed = table.validate_shape(); !malformed.ok()) return malformed;
+  if (fast_path)
+    if (const std::optional<CostFree> match = cost_free_match(table))
+      if ((match->flags & ~(kRowBias | kRowFiniteMasked)) == 0)
+        return catch_alloc([&]() -> Result<MaskStructure> { return cost_free_structure(table, *match); });
+  const RowSummary rows = summarize_rows(table);
+  if (!rows.well_formed) return table.validate();  // the message naming the first malformed row
+  if (rows.first_invalid >= 0) {
+    const std::int64_t r = rows.first_invalid;
+    const std::int64_t slice = r / table.q_len;
+    return error(ErrorCode::invalid_value,
+                 "mask row [" + std::to_string(slice / table.distinct_heads) + ", " +
+                     std::to_string(slice % table.distinct_heads) + ", " + std::to_string(r % table.q_len) +
+                     "] holds NaN or +inf; an additive mask holds 0, a bias, or -inf / a value <= the threshold");
+  }
+  return catch_alloc([&]() -> Result<MaskStructure> { return classify_spans(table, rows); });
+}
+
 }  // namespace detail
 
 // The simplest exact structure of the scanned mask, or `arbitrary`. A row holding NaN
 // or +inf has no meaning as a mask, whichever scanner flagged it (the two-phase device
-// scan hands its rows here unchecked): invalid_value naming the row.
-inline Result<MaskStructure> classify(const SpanTable& table) {
-  if (Status malformed = table.validate(); !malformed.ok()) return malformed;
-  for (std::size_t r = 0; r < table.rows.size(); ++r) {
-    if (!(table.rows[r].flags & kRowInvalid)) continue;
-    const std::int64_t slice = static_cast<std::int64_t>(r) / table.q_len;
-    return error(ErrorCode::invalid_value,
-                 "mask row [" + std::to_string(slice / table.distinct_heads) + ", " +
-                     std::to_string(slice % table.distinct_heads) + ", " +
-                     std::to_string(static_cast<std::int64_t>(r) % table.q_len) +
-                     "] holds NaN or +inf; an additive mask holds 0, a bias, or -inf / a value <= the threshold");
-  }
-  return catch_alloc([&]() -> Result<MaskStructure> { return detail::classify_spans(table); });
-}
+// scan hands its rows here unchecked): invalid_value naming the row. A malformed table
+// is refused as SpanTable::validate() says.
+inline Result<MaskStructure> classify(const SpanTable& table) { return detail::classify_table(table, true); }
 
 }  // namespace masklens

@@ -38,6 +38,16 @@ struct SpanTable {
   // every row a well-formed span of keys in [0, K). invalid_shape for the shape,
   // invalid_argument for the rest, each message naming the field and the rule.
   [[nodiscard]] Status validate() const {
+    if (Status shape = validate_shape(); !shape.ok()) return shape;
+    for (std::size_t i = 0; i < rows.size(); ++i)
+      if (!row_ok(rows[i])) return row_error(i);
+    return {};
+  }
+
+  // validate() without the per-row check: the shape, the distinct slices and the row
+  // count, so rows may be indexed as [slice][query row]. classify() checks the rows
+  // in its own single pass over them (row_ok) and asks validate() for the message.
+  [[nodiscard]] Status validate_shape() const {
     const auto text = [](std::int64_t v) { return std::to_string(v); };
     const std::pair<const char*, std::int64_t> dims[] = {
         {"batch", batch}, {"heads", heads}, {"q_len", q_len}, {"k_len", k_len}};
@@ -56,22 +66,31 @@ struct SpanTable {
       return error(ErrorCode::invalid_argument, "span table rows must hold distinct_batch * distinct_heads * q_len (" +
                                                     text(distinct_slices() * q_len) + ") spans, got " +
                                                     text(static_cast<std::int64_t>(rows.size())));
-    constexpr std::uint32_t kKnownFlags = kRowBias | kRowFiniteMasked | kRowInvalid;
-    for (std::size_t i = 0; i < rows.size(); ++i) {
-      const RowSpan& r = rows[i];
-      const bool keys_ok = r.count == 0 || (0 <= r.first && r.first <= r.last && r.last < k_len &&
-                                            r.count <= r.last - r.first + 1);
-      if (!keys_ok || r.count < 0 || (r.flags & ~kKnownFlags) != 0) {
-        const std::int64_t slice = static_cast<std::int64_t>(i) / q_len;
-        return error(ErrorCode::invalid_argument,
-                     "span table row [" + text(slice / distinct_heads) + ", " + text(slice % distinct_heads) + ", " +
-                         text(static_cast<std::int64_t>(i) % q_len) + "] is not a span of keys in [0, K): first " +
-                         text(r.first) + ", last " + text(r.last) + ", count " + text(r.count) + ", flags " +
-                         text(r.flags));
-      }
-    }
     return {};
   }
+
+  // Whether a row is a set of keys in [0, K) with known flags (the rule validate()
+  // applies to every row).
+  [[nodiscard]] bool row_ok(const RowSpan& r) const noexcept {
+    constexpr std::uint32_t kKnownFlags = kRowBias | kRowFiniteMasked | kRowInvalid;
+    const bool keys_ok = r.count == 0 || (0 <= r.first && r.first <= r.last && r.last < k_len &&
+                                          r.count <= r.last - r.first + 1);
+    return keys_ok && r.count >= 0 && (r.flags & ~kKnownFlags) == 0;
+  }
+
+ private:
+  [[nodiscard]] Status row_error(std::size_t i) const {
+    const auto text = [](std::int64_t v) { return std::to_string(v); };
+    const RowSpan& r = rows[i];
+    const std::int64_t slice = static_cast<std::int64_t>(i) / q_len;
+    return error(ErrorCode::invalid_argument,
+                 "span table row [" + text(slice / distinct_heads) + ", " + text(slice % distinct_heads) + ", " +
+                     text(static_cast<std::int64_t>(i) % q_len) + "] is not a span of keys in [0, K): first " +
+                     text(r.first) + ", last " + text(r.last) + ", count " + text(r.count) + ", flags " +
+                     text(r.flags));
+  }
+
+ public:
 
   // Sizes the table for a view: one slice per distinct (b, h) the strides allow.
   static Result<SpanTable> for_view(const MaskView& view) {

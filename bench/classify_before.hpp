@@ -1,0 +1,565 @@
+// The classifier as it was before the fast path (include/masklens/classify.hpp at
+// commit 99d3172), moved into namespace masklens::before and otherwise unchanged, so
+// bench/classify measures the baseline beside the current code in the same run.
+// Compiled in its own translation unit (classify_before.cpp).
+// classify: SpanTable -> MaskStructure. A proof, not a heuristic: every candidate
+// structure is rendered row by row and compared with the scanned spans, so the
+// verdict is exact or `arbitrary`. Among exact descriptions the one with the fewest
+// numbers wins (MaskStructure::description_cost), ties going to the earlier kind.
+// Work is O(rows x candidates), independent of K: the span table is the input.
+
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <map>
+#include <numeric>
+#include <optional>
+#include <set>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include <masklens/row_span.hpp>
+#include <masklens/span_table.hpp>
+#include <masklens/status.hpp>
+#include <masklens/structure.hpp>
+
+namespace masklens::before {
+namespace detail {
+
+// Rows of one batch that several logical batches share (stride 0 or equal content).
+struct UniqueBatch {
+  std::span<const RowSpan> rows;
+  // The logical batch indices with these rows; empty when the table is broadcast over
+  // the batch and these rows stand for every batch (B may be 2^40: nothing per batch).
+  std::vector<std::int64_t> logical;
+};
+
+// The modifiers one batch needs on top of a base structure.
+struct BatchFit {
+  std::optional<KeyRange> kv;             // absent = every key valid
+  std::vector<std::int64_t> segments;     // empty = one document
+  std::optional<KeyRange> q;              // absent = every query row valid
+  // Numbers this batch adds; a modifier other batches already list (`paid`) adds none.
+  [[nodiscard]] std::int64_t cost(bool kv_paid = false, bool q_paid = false) const noexcept {
+    return (kv && !kv_paid ? 2 : 0) + static_cast<std::int64_t>(segments.size()) + (q && !q_paid ? 2 : 0);
+  }
+};
+
+inline bool rows_match(const MaskStructure& probe, std::span<const RowSpan> rows) noexcept {
+  for (std::size_t q = 0; q < rows.size(); ++q)
+    if (!probe.row(0, static_cast<std::int64_t>(q)).same_keys(rows[q])) return false;
+  return true;
+}
+
+// Document starts the rows show, given the base rule and key range [s, e): a row that
+// starts exactly at its own position although neither the base nor s starts it there,
+// or a row that ends just before the next position although neither the base nor e ends it.
+// With `at_empty_edges`, also where rows turn empty or non-empty: a document whose keys
+// are all padding leaves only empty rows, and its edge shows nowhere else.
+inline std::vector<std::int64_t> detect_documents(const MaskStructure& probe, std::span<const RowSpan> rows,
+                                                  std::int64_t s, std::int64_t e, bool at_empty_edges) {
+  std::vector<std::int64_t> bounds{0};
+  const auto q_len = static_cast<std::int64_t>(rows.size());
+  for (std::int64_t t = 1; t < q_len; ++t) {
+    const RowSpan& here = rows[static_cast<std::size_t>(t)];
+    const RowSpan& before = rows[static_cast<std::size_t>(t - 1)];
+    const RowSpan base_here = probe.base_row(t), base_before = probe.base_row(t - 1);
+    const bool starts = !here.empty() && !base_here.empty() && here.first == t && t > std::max(base_here.first, s);
+    const bool ends = !before.empty() && !base_before.empty() && before.last == t - 1 &&
+                      t - 1 < std::min(base_before.last, e - 1);
+    // Rows turning empty at a q_valid bound are the padding's, not a document's.
+    const bool empty_edge = here.empty() != before.empty();
+    const bool q_edge = empty_edge && probe.has_q_valid() && (t == probe.q_valid[0].start || t == probe.q_valid[0].end);
+    const bool edge = at_empty_edges && empty_edge && !q_edge;
+    // Rows next to padded query rows may sit in a document that starts or ends among
+    // them: the edge shows only as their first key, or their last key + 1.
+    const bool hidden_start = (edge || q_edge) && !here.empty() && !base_here.empty() && here.first < t &&
+                              here.first > std::max(base_here.first, s);
+    const bool hidden_end = (edge || q_edge) && !before.empty() && !base_before.empty() && before.last + 1 > t &&
+                            before.last < std::min(base_before.last, e - 1);
+    if (hidden_start) bounds.push_back(here.first);
+    else if (hidden_end) bounds.push_back(before.last + 1);
+    else if (starts || ends || edge) bounds.push_back(t);
+  }
+  if (bounds.size() == 1) return {};
+  bounds.push_back(q_len);
+  std::sort(bounds.begin(), bounds.end());
+  bounds.erase(std::unique(bounds.begin(), bounds.end()), bounds.end());
+  return bounds;
+}
+
+// Which modifiers a fit may use.
+struct ModifierKinds {
+  bool kv = true, segments = true, q = true;
+  [[nodiscard]] int count() const noexcept { return int{kv} + int{segments} + int{q}; }
+};
+
+// The cheapest key-side modifiers (kv_valid, segments) that make `probe` (a base
+// structure with batch 1, q_valid set or not) equal `rows`.
+inline std::optional<BatchFit> fit_keys(MaskStructure& probe, std::span<const RowSpan> rows, bool allow_segments,
+                                        bool allow_kv, bool kv_paid = false) {
+  probe.segments.clear();
+  probe.kv_valid.clear();
+  if (rows_match(probe, rows)) return BatchFit{};
+
+  const std::int64_t k_len = probe.k_len;
+  std::int64_t f_first = -1, l_last = -1, f_min = RowSpan::kNoKey, l_max = -1;
+  for (const RowSpan& r : rows) {
+    if (r.empty()) continue;
+    if (f_first < 0) f_first = r.first;
+    l_last = r.last;
+    f_min = std::min(f_min, r.first);
+    l_max = std::max(l_max, r.last);
+  }
+  std::vector<KeyRange> kv_candidates;
+  if (!allow_kv) {
+    // only the whole key range, below
+  } else if (f_first < 0) {
+    kv_candidates.push_back({0, 0});  // nothing attends: no key is valid
+  } else {
+    for (std::int64_t s : {std::int64_t{0}, f_first, f_min})
+      for (std::int64_t e : {k_len, l_last + 1, l_max + 1})
+        if (s < e && !(s == 0 && e == k_len) &&
+            std::find(kv_candidates.begin(), kv_candidates.end(), KeyRange{s, e}) == kv_candidates.end())
+          kv_candidates.push_back({s, e});
+  }
+  for (const KeyRange& kv : kv_candidates) {
+    probe.kv_valid.assign(1, kv);
+    if (rows_match(probe, rows)) return BatchFit{kv, {}, std::nullopt};  // cost 2: documents cost at least 3
+  }
+  if (!allow_segments) return std::nullopt;
+
+  std::optional<BatchFit> best;
+  kv_candidates.insert(kv_candidates.begin(), KeyRange{0, k_len});
+  for (const KeyRange& kv : kv_candidates)
+    for (bool at_empty_edges : {false, true}) {
+    std::vector<std::int64_t> docs = detect_documents(probe, rows, kv.start, kv.end, at_empty_edges);
+    if (docs.empty()) continue;
+    BatchFit fit;
+    if (!(kv.start == 0 && kv.end == k_len)) fit.kv = kv;
+    if (best && best->cost(kv_paid) <= fit.cost(kv_paid) + static_cast<std::int64_t>(docs.size())) continue;
+    probe.segments.assign(1, docs);
+    if (fit.kv) probe.kv_valid.assign(1, *fit.kv); else probe.kv_valid.clear();
+    if (!rows_match(probe, rows)) continue;
+    // Where padding meets a document edge the evidence can name a start twice over;
+    // drop the starts the rows do not need (only those at kv edges or empty edges).
+    for (std::size_t i = docs.size() - 1; i-- > 1;) {
+      const std::int64_t t = docs[i];
+      const bool suspect = t == kv.start || t == kv.end || rows[static_cast<std::size_t>(t)].empty() ||
+                           rows[static_cast<std::size_t>(t - 1)].empty();
+      if (!suspect) continue;
+      probe.segments[0].erase(probe.segments[0].begin() + static_cast<std::ptrdiff_t>(i));
+      if (rows_match(probe, rows)) docs = probe.segments[0];
+      else probe.segments[0] = docs;
+    }
+    fit.segments = docs.size() > 2 ? std::move(docs) : std::vector<std::int64_t>{};
+    if (fit.segments.empty() && !fit.kv) continue;  // cannot happen: the base alone did not match
+    if (!best || fit.cost(kv_paid) < best->cost(kv_paid)) best = std::move(fit);
+    }
+  return best;
+}
+
+// The cheapest modifiers of `kinds` that make `probe` (a base structure with batch 1)
+// equal `rows`. q_valid is the rows from the first that attends to the last: padded
+// query rows at either end attend nothing whatever the base says. On equal cost the
+// fit without it wins. `kv_paid`, `q_paid`: other batches list the modifier, so this
+// batch's entry costs nothing more.
+inline std::optional<BatchFit> fit_batch(MaskStructure& probe, std::span<const RowSpan> rows, ModifierKinds kinds,
+                                         bool kv_paid = false, bool q_paid = false) {
+  const std::int64_t q_cost = q_paid ? 0 : 2;
+  probe.q_valid.clear();
+  std::optional<BatchFit> best = fit_keys(probe, rows, kinds.segments, kinds.kv, kv_paid);
+  if (!kinds.q || (best && best->cost(kv_paid) <= q_cost)) return best;
+  const auto attends = [](const RowSpan& r) { return !r.empty(); };
+  const auto first = std::find_if(rows.begin(), rows.end(), attends);
+  const auto last = std::find_if(rows.rbegin(), rows.rend(), attends);
+  // Nothing attends: q_valid [0, 0) (kv_valid [0, 0) says the same, where allowed).
+  const KeyRange attending = first == rows.end() ? KeyRange{0, 0} : KeyRange{first - rows.begin(), rows.rend() - last};
+  if (attending == KeyRange{0, static_cast<std::int64_t>(rows.size())}) return best;
+  probe.q_valid.assign(1, attending);
+  std::optional<BatchFit> with_q = fit_keys(probe, rows, kinds.segments, kinds.kv, kv_paid);
+  probe.q_valid.clear();
+  if (!with_q || (best && with_q->cost(kv_paid) + q_cost >= best->cost(kv_paid))) return best;
+  with_q->q = attending;
+  return with_q;
+}
+
+// Fits `base` to every unique batch with modifiers of `kinds`; the assembled structure,
+// or nothing if some batch does not fit.
+inline std::optional<MaskStructure> fit_structure_with(const MaskStructure& base, const std::vector<UniqueBatch>& batches,
+                                                       ModifierKinds kinds) {
+  MaskStructure probe = base;
+  probe.batch = 1;
+  std::vector<BatchFit> fits;
+  fits.reserve(batches.size());
+  for (const UniqueBatch& ub : batches) {
+    std::optional<BatchFit> fit = fit_batch(probe, ub.rows, kinds);
+    if (!fit) return std::nullopt;
+    fits.push_back(std::move(*fit));
+  }
+  // Once one batch lists kv_valid or q_valid every batch has an entry: the others may
+  // use theirs for free, which can save them documents.
+  const bool kv_paid = std::any_of(fits.begin(), fits.end(), [](const BatchFit& f) { return f.kv.has_value(); });
+  const bool q_paid = std::any_of(fits.begin(), fits.end(), [](const BatchFit& f) { return f.q.has_value(); });
+  if (kv_paid || q_paid)
+    for (std::size_t i = 0; i < fits.size(); ++i)
+      if (fits[i].cost(kv_paid, q_paid) > 0)
+        if (std::optional<BatchFit> fit = fit_batch(probe, batches[i].rows, kinds, kv_paid, q_paid);
+            fit && fit->cost(kv_paid, q_paid) < fits[i].cost(kv_paid, q_paid))
+          fits[i] = std::move(*fit);
+  MaskStructure s = base;
+  s.segments.clear();
+  s.kv_valid.clear();
+  s.q_valid.clear();
+  const bool any_kv = std::any_of(fits.begin(), fits.end(), [](const BatchFit& f) { return f.kv.has_value(); });
+  const bool any_q = std::any_of(fits.begin(), fits.end(), [](const BatchFit& f) { return f.q.has_value(); });
+  const bool any_docs = std::any_of(fits.begin(), fits.end(), [](const BatchFit& f) { return !f.segments.empty(); });
+  // A table broadcast over the batch gets each modifier once, for every batch.
+  const bool every_batch = batches.size() == 1 && batches[0].logical.empty();
+  const auto entries = every_batch ? std::size_t{1} : static_cast<std::size_t>(s.batch);
+  if (any_kv) s.kv_valid.assign(entries, KeyRange{0, s.k_len});
+  if (any_docs) s.segments.assign(entries, std::vector<std::int64_t>{0, s.q_len});
+  if (any_q) s.q_valid.assign(entries, KeyRange{0, s.q_len});
+  const auto place = [&](std::size_t entry, const BatchFit& fit) {
+    if (fit.kv) s.kv_valid[entry] = *fit.kv;
+    if (fit.q) s.q_valid[entry] = *fit.q;
+    if (!fit.segments.empty()) s.segments[entry] = fit.segments;
+  };
+  if (every_batch) place(0, fits[0]);
+  else
+    for (std::size_t i = 0; i < batches.size(); ++i)
+      for (std::int64_t b : batches[i].logical) place(static_cast<std::size_t>(b), fits[i]);
+  return s;
+}
+
+// Fits `base` to every unique batch with the fewest numbers. Each batch takes its own
+// cheapest modifiers, but a modifier one batch needs is paid by every batch (an entry
+// each), so when batches chose two or more kinds, fits restricted to fewer kinds can
+// be cheaper in all: those are tried too. (With one kind or none the per-batch choice
+// is the cheapest: no batch can do better under any set of kinds.)
+inline std::optional<MaskStructure> fit_structure(const MaskStructure& base, const std::vector<UniqueBatch>& batches) {
+  const ModifierKinds all{true, base.q_len == base.k_len && base.q_len > 1, true};
+  std::optional<MaskStructure> best = fit_structure_with(base, batches, all);
+  if (!best || int{best->has_kv_valid()} + int{best->has_segments()} + int{best->has_q_valid()} < 2) return best;
+  for (int mask = 1; mask < 8; ++mask) {
+    const ModifierKinds kinds{(mask & 1) != 0, (mask & 2) != 0 && all.segments, (mask & 4) != 0};
+    if (kinds.count() == all.count() || (mask & 2 && !all.segments)) continue;
+    std::optional<MaskStructure> fitted = fit_structure_with(base, batches, kinds);
+    if (fitted && fitted->description_cost() < best->description_cost()) best = std::move(fitted);
+  }
+  return best;
+}
+
+// Parameters the base kinds could have, read off the rows (modifiers only shrink rows,
+// so maxima over rows recover the base parameter wherever it binds once).
+struct BaseEvidence {
+  std::vector<std::int64_t> windows;       // max p - first + 1 over rows starting after key 0,
+                                           // and where rows turn empty past the last key
+  std::int64_t prefix = 0;                 // max last + 1 over rows reaching past p
+  std::vector<std::int64_t> chunks;        // chunk sizes suggested by where rows start
+  std::vector<KeyRange> blocks;            // runs of rows reaching the same key past p
+};
+
+inline BaseEvidence gather_evidence(const std::vector<UniqueBatch>& batches, std::int64_t d) {
+  BaseEvidence ev;
+  std::map<std::int64_t, std::int64_t> block_end;  // start -> largest end seen
+  std::set<std::vector<std::int64_t>> seen_starts;
+  std::set<std::int64_t> seen_ends;
+  for (std::size_t i = 0; i < batches.size(); ++i) {
+    std::vector<std::int64_t> starts;  // the first distinct positive row starts, in row order
+    std::int64_t run_start = -1, run_last = -1;
+    const auto close_run = [&] {
+      if (run_start >= 0) {
+        auto [it, inserted] = block_end.emplace(run_start, run_last + 1);
+        if (!inserted) it->second = std::max(it->second, run_last + 1);
+      }
+      run_start = -1;
+    };
+    const std::span<const RowSpan> rows = batches[i].rows;
+    std::int64_t first_empty_after_rows = -1;  // a chunk or window that starts past the last valid key
+    std::int64_t max_window = 0;
+    for (std::size_t q = 0; q < rows.size(); ++q) {
+      const RowSpan& r = rows[q];
+      const std::int64_t p = static_cast<std::int64_t>(q) + d;
+      if (r.empty()) {
+        if (first_empty_after_rows < 0 && q > 0 && !rows[q - 1].empty() && p > 0) {
+          first_empty_after_rows = p;
+          // A window slides past the last valid key L when p - window + 1 > L.
+          ev.windows.push_back(p - rows[q - 1].last);
+        }
+        close_run();
+        continue;
+      }
+      if (r.first > 0) max_window = std::max(max_window, p - r.first + 1);
+      if (r.last > p) ev.prefix = std::max(ev.prefix, r.last + 1);
+      if (r.first > 0 && r.first <= p && starts.size() < 4 &&
+          std::find(starts.begin(), starts.end(), r.first) == starts.end())
+        starts.push_back(r.first);
+      if (r.last > p && p >= 0) {
+        if (run_start >= 0 && r.last != run_last) close_run();
+        if (run_start < 0) run_start = p;
+        run_last = r.last;
+      } else {
+        close_run();
+      }
+    }
+    close_run();
+    // A chunk start is a multiple of the chunk; kv_valid and documents add other
+    // starts, so the first few starts and their gaps are the candidates.
+    // Chunk starts are multiples of the chunk; kv_valid and documents add other starts.
+    // Candidates: the first few starts (and where rows turn empty), their gaps and gcds.
+    if (max_window > 0) ev.windows.push_back(max_window);
+    {
+      // Rows that start afresh at their own position: a chunk C shows as a fresh start
+      // at every multiple of C that has a row (or an empty row, past the valid keys).
+      std::vector<char> fresh_or_empty(rows.size(), 0);
+      for (std::size_t q = 0; q < rows.size(); ++q)
+        fresh_or_empty[q] = rows[q].empty() || rows[q].first == static_cast<std::int64_t>(q) + d;
+      int found = 0;
+      for (std::size_t q = 0; q < rows.size() && found < 3; ++q) {
+        const std::int64_t c = static_cast<std::int64_t>(q) + d;
+        if (c <= 0 || rows[q].empty() || !fresh_or_empty[q]) continue;
+        bool every_multiple = true;
+        for (std::int64_t m = 2 * c; m - d < static_cast<std::int64_t>(rows.size()) && every_multiple; m += c)
+          every_multiple = fresh_or_empty[static_cast<std::size_t>(m - d)] != 0;
+        if (every_multiple) {
+          ev.chunks.push_back(c);
+          ++found;
+        }
+      }
+    }
+    // Every distinct batch counts: padding can hide the chunk in all batches but one
+    // (issue 11: [3,1,3,4], kv_valid [[3,4],[0,0],[0,2]] shows it only in the third).
+    // Batches with the same starts add the same candidates: each set is taken once.
+    if (first_empty_after_rows > 0) {
+      starts.push_back(first_empty_after_rows);
+      // Where rows turn empty past the valid keys is a chunk boundary, a multiple of the
+      // chunk: its divisors hold the chunk even when no single batch shows it (two
+      // batches ending at 4 and 6 show chunk 2 only together).
+      if (seen_ends.insert(first_empty_after_rows).second)
+        for (std::int64_t f = 1; f <= first_empty_after_rows / f; ++f)
+          if (first_empty_after_rows % f == 0) ev.chunks.insert(ev.chunks.end(), {f, first_empty_after_rows / f});
+    }
+    if (!seen_starts.insert(starts).second) continue;
+    for (std::size_t j = 0; j < starts.size(); ++j) {
+      ev.chunks.push_back(starts[j]);
+      for (std::size_t k = 0; k < j; ++k) {
+        ev.chunks.push_back(std::gcd(starts[j], starts[k]));
+        if (starts[j] > starts[k]) ev.chunks.push_back(starts[j] - starts[k]);
+      }
+    }
+  }
+  for (auto* list : {&ev.chunks, &ev.windows}) {
+    std::sort(list->begin(), list->end());
+    list->erase(std::unique(list->begin(), list->end()), list->end());
+  }
+  // The window binds wherever rows show it at full length: the largest candidate first.
+  std::reverse(ev.windows.begin(), ev.windows.end());
+  // Documents and kv_valid truncate a block differently in each batch; the pieces of
+  // one block overlap, and their union is the block.
+  for (const auto& [start, end] : block_end) {
+    if (!ev.blocks.empty() && start < ev.blocks.back().end)
+      ev.blocks.back().end = std::max(ev.blocks.back().end, end);
+    else
+      ev.blocks.push_back({start, end});
+  }
+  return ev;
+}
+
+// Whether every row lies inside its chunk of size c (first >= floor(p / c) c, p >= 0):
+// modifiers only shrink rows, so a chunk failing this cannot fit, and one O(rows) pass
+// with an early exit spares the fit of the many candidates that evidence from every
+// batch brings.
+inline bool chunk_bounds_rows(const std::vector<UniqueBatch>& batches, std::int64_t c, std::int64_t d) noexcept {
+  for (const UniqueBatch& ub : batches)
+    for (std::size_t q = 0; q < ub.rows.size(); ++q) {
+      const RowSpan& r = ub.rows[q];
+      const std::int64_t p = static_cast<std::int64_t>(q) + d;
+      if (!r.empty() && (p < 0 || r.first < p / c * c)) return false;
+    }
+  return true;
+}
+
+inline std::vector<UniqueBatch> unique_batches(const SpanTable& t) {
+  std::vector<UniqueBatch> out;
+  std::unordered_multimap<std::uint64_t, std::size_t> by_hash;
+  for (std::int64_t b = 0; b < t.distinct_batch; ++b) {
+    const std::span<const RowSpan> rows = t.slice(b, 0);
+    std::uint64_t h = 1469598103934665603ULL;
+    for (const RowSpan& r : rows) {
+      const std::uint64_t v = r.empty() ? ~0ULL : (static_cast<std::uint64_t>(r.first) * 0x9E3779B97F4A7C15ULL) ^
+                                                       static_cast<std::uint64_t>(r.last);
+      h = (h ^ v) * 1099511628211ULL;
+    }
+    std::optional<std::size_t> found;
+    auto [lo, hi] = by_hash.equal_range(h);
+    for (auto it = lo; it != hi && !found; ++it) {
+      const auto& other = out[it->second].rows;
+      if (std::equal(rows.begin(), rows.end(), other.begin(),
+                     [](const RowSpan& a, const RowSpan& c) { return a.same_keys(c); }))
+        found = it->second;
+    }
+    if (!found) {
+      found = out.size();
+      out.push_back({rows, {}});
+      by_hash.emplace(h, *found);
+    }
+    if (t.distinct_batch > 1) out[*found].logical.push_back(b);
+  }
+  return out;
+}
+
+inline bool heads_agree(const SpanTable& t) noexcept {
+  for (std::int64_t b = 0; b < t.distinct_batch; ++b) {
+    const auto first = t.slice(b, 0);
+    for (std::int64_t h = 1; h < t.distinct_heads; ++h) {
+      const auto other = t.slice(b, h);
+      for (std::size_t q = 0; q < first.size(); ++q)
+        if (!first[q].same_keys(other[q])) return false;
+    }
+  }
+  return true;
+}
+
+inline MaskStructure classify_spans(const SpanTable& t) {
+  MaskStructure out;
+  out.batch = t.batch;
+  out.heads = t.heads;
+  out.q_len = t.q_len;
+  out.k_len = t.k_len;
+
+  // Counts over the logical B*H slices; a distinct slice stands for `copies` of them.
+  const std::int64_t copies = (t.batch / t.distinct_batch) * (t.heads / t.distinct_heads);
+  bool all_intervals = true;
+  for (const RowSpan& r : t.rows) {
+    if (r.empty()) {
+      out.empty_rows += copies;
+      if (r.flags & kRowFiniteMasked) out.finite_masked_rows += copies;
+    }
+    if (r.flags & kRowBias) out.bias = true;
+    all_intervals = all_intervals && r.is_interval();
+  }
+  if (!all_intervals || !heads_agree(t)) return out;  // arbitrary
+
+  const std::vector<UniqueBatch> batches = unique_batches(t);
+  std::optional<MaskStructure> best;
+  const auto consider = [&](const MaskStructure& base) {
+    if (best && best->description_cost() <= base.description_cost()) return;  // cannot win
+    std::optional<MaskStructure> fitted = fit_structure(base, batches);
+    if (fitted && (!best || fitted->description_cost() < best->description_cost())) best = std::move(fitted);
+  };
+
+  MaskStructure base = out;
+  base.kind = StructureKind::full;
+  consider(base);
+  // Q == K: the two alignments coincide; report top_left.
+  const std::array<Alignment, 2> alignments{Alignment::top_left, Alignment::bottom_right};
+  const std::size_t n_align = t.q_len == t.k_len ? 1 : 2;
+  std::vector<BaseEvidence> evidence;
+  for (std::size_t a = 0; a < n_align; ++a)
+    evidence.push_back(gather_evidence(batches, alignments[a] == Alignment::top_left ? 0 : t.k_len - t.q_len));
+
+  for (StructureKind kind : {StructureKind::causal, StructureKind::sliding_window, StructureKind::chunked,
+                             StructureKind::prefix_lm, StructureKind::causal_blocks}) {
+    for (std::size_t a = 0; a < n_align; ++a) {
+      base = out;
+      base.kind = kind;
+      base.alignment = alignments[a];
+      const BaseEvidence& ev = evidence[a];
+      // The largest key position any row has: a parameter that never binds below it
+      // describes plain causal, which is cheaper and already tried.
+      const std::int64_t max_p = base.key_position(t.q_len - 1);
+      switch (kind) {
+        case StructureKind::causal: consider(base); break;
+        case StructureKind::sliding_window:
+          for (std::int64_t w : ev.windows)
+            if (w >= 1 && w <= max_p) {
+              base.window = w;
+              consider(base);
+            }
+          break;
+        case StructureKind::chunked:
+          for (std::int64_t c : ev.chunks)
+            if (c >= 1 && c <= max_p && chunk_bounds_rows(batches, c, base.key_position(0))) {
+              base.chunk = c;
+              consider(base);
+            }
+          break;
+        case StructureKind::prefix_lm:
+          // A prefix reaching past every row's position makes every row [0, prefix):
+          // that is full with kv_valid, not a prefix-LM.
+          if (ev.prefix > 0 && ev.prefix - 1 < max_p) {
+            base.prefix = ev.prefix;
+            consider(base);
+          }
+          break;
+        case StructureKind::causal_blocks:
+          // Likewise a block holding every row's position.
+          if (!ev.blocks.empty() &&
+              !(base.key_position(0) >= 0 && ev.blocks.front().start <= base.key_position(0) &&
+                ev.blocks.front().end - 1 >= max_p)) {
+            base.blocks = ev.blocks;
+            consider(base);
+            // Documents also cut one block into touching pieces: try them joined.
+            std::vector<KeyRange> joined;
+            for (const KeyRange& r : ev.blocks) {
+              if (!joined.empty() && joined.back().end == r.start) joined.back().end = r.end;
+              else joined.push_back(r);
+            }
+            if (joined.size() != ev.blocks.size()) {
+              base.blocks = std::move(joined);
+              consider(base);
+            }
+            // A document edge inside a block cuts its evidence in two (a one-row document
+            // hides a row of it): join neighbours while the rows still agree.
+            if (best && best->kind == StructureKind::causal_blocks && best->has_segments()) {
+              MaskStructure trial = *best;
+              for (std::size_t i = 0; i + 1 < trial.blocks.size();) {
+                MaskStructure joined_pair = trial;
+                joined_pair.blocks[i].end = joined_pair.blocks[i + 1].end;
+                joined_pair.blocks.erase(joined_pair.blocks.begin() + static_cast<std::ptrdiff_t>(i) + 1);
+                joined_pair.segments.clear();
+                joined_pair.kv_valid.clear();
+                joined_pair.q_valid.clear();
+                std::optional<MaskStructure> fitted = fit_structure(joined_pair, batches);
+                if (fitted && fitted->description_cost() < trial.description_cost()) trial = std::move(*fitted);
+                else ++i;
+              }
+              if (trial.description_cost() < best->description_cost()) best = std::move(trial);
+            }
+          }
+          break;
+        default: break;
+      }
+    }
+  }
+  if (!best) return out;
+  best->empty_rows = out.empty_rows;
+  best->finite_masked_rows = out.finite_masked_rows;
+  best->bias = out.bias;
+  if (best->kind == StructureKind::full) best->alignment = Alignment::top_left;
+  return *best;
+}
+
+}  // namespace detail
+
+// The simplest exact structure of the scanned mask, or `arbitrary`. A row holding NaN
+// or +inf has no meaning as a mask, whichever scanner flagged it (the two-phase device
+// scan hands its rows here unchecked): invalid_value naming the row.
+inline Result<MaskStructure> classify(const SpanTable& table) {
+  if (Status malformed = table.validate(); !malformed.ok()) return malformed;
+  for (std::size_t r = 0; r < table.rows.size(); ++r) {
+    if (!(table.rows[r].flags & kRowInvalid)) continue;
+    const std::int64_t slice = static_cast<std::int64_t>(r) / table.q_len;
+    return error(ErrorCode::invalid_value,
+                 "mask row [" + std::to_string(slice / table.distinct_heads) + ", " +
+                     std::to_string(slice % table.distinct_heads) + ", " +
+                     std::to_string(static_cast<std::int64_t>(r) % table.q_len) +
+                     "] holds NaN or +inf; an additive mask holds 0, a bias, or -inf / a value <= the threshold");
+  }
+  return catch_alloc([&]() -> Result<MaskStructure> { return detail::classify_spans(table); });
+}
+
+}  // namespace masklens::before

@@ -1,0 +1,178 @@
+// classify()'s fast path (a cost-free description: full, or causal at either alignment,
+// found in one pass) must give exactly the verdict of the full search, on every table:
+// generated structures, the ties the canonical rules break, tables one row away from a
+// cost-free one, and malformed or NaN-flagged tables (same error, same message).
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "support/mask_gen.hpp"
+
+using namespace masklens;
+using namespace masklens::testing;
+
+namespace {
+
+// Every field of a structure, so two verdicts compare in full (describe() leaves out
+// the parameters of other kinds).
+std::string fields(const MaskStructure& s) {
+  std::ostringstream o;
+  o << s.batch << ' ' << s.heads << ' ' << s.q_len << ' ' << s.k_len << ' ' << static_cast<int>(s.kind) << ' '
+    << static_cast<int>(s.alignment) << " w" << s.window << " c" << s.chunk << " p" << s.prefix << " blocks";
+  for (const KeyRange& r : s.blocks) o << ' ' << r.start << ',' << r.end;
+  o << " kv";
+  for (const KeyRange& r : s.kv_valid) o << ' ' << r.start << ',' << r.end;
+  o << " q";
+  for (const KeyRange& r : s.q_valid) o << ' ' << r.start << ',' << r.end;
+  o << " seg";
+  for (const auto& offsets : s.segments) {
+    o << " [";
+    for (std::int64_t x : offsets) o << x << ' ';
+    o << ']';
+  }
+  o << " empty " << s.empty_rows << " finite " << s.finite_masked_rows << " bias " << s.bias;
+  return o.str();
+}
+
+// The table a scanner would produce for `spec` over `heads` heads; with `broadcast`
+// the batch is stored once (spec's modifiers must then be the same for every batch).
+// Rows carry random flags: bias on attending rows, finite masking anywhere.
+SpanTable table_of(const MaskStructure& spec, std::int64_t heads, bool broadcast, Rng& rng, double flag_rate) {
+  SpanTable t;
+  t.batch = spec.batch;
+  t.heads = heads;
+  t.q_len = spec.q_len;
+  t.k_len = spec.k_len;
+  t.distinct_batch = broadcast ? 1 : spec.batch;
+  t.distinct_heads = heads;
+  for (std::int64_t b = 0; b < t.distinct_batch; ++b)
+    for (std::int64_t h = 0; h < heads; ++h)
+      for (std::int64_t q = 0; q < t.q_len; ++q) {
+        RowSpan r = spec.row(b, q);
+        if (coin(rng, flag_rate)) r.flags |= kRowFiniteMasked;
+        if (!r.empty() && coin(rng, flag_rate / 4)) r.flags |= kRowBias;
+        t.rows.push_back(r);
+      }
+  return t;
+}
+
+struct Agreement {
+  int tables = 0, fast = 0;
+};
+
+// Both paths on one table: same status, or the same structure field for field; a
+// structured verdict renders every stored row back.
+void check_agree(const SpanTable& t, Agreement& seen, const std::string& what) {
+  const Result<MaskStructure> fast = detail::classify_table(t, true);
+  const Result<MaskStructure> general = detail::classify_table(t, false);
+  INFO(what);
+  ++seen.tables;
+  REQUIRE(fast.ok() == general.ok());
+  if (!fast.ok()) {
+    CHECK(fast.status().to_string() == general.status().to_string());
+    return;
+  }
+  CHECK(fields(*fast) == fields(*general));
+  if (detail::cost_free_match(t)) ++seen.fast;
+  if (fast->kind == StructureKind::arbitrary) return;
+  for (std::int64_t b = 0; b < t.distinct_batch; ++b)
+    for (std::int64_t h = 0; h < t.distinct_heads; ++h)
+      for (std::int64_t q = 0; q < t.q_len; ++q)
+        REQUIRE(fast->row(b, q).same_keys(t.slice(b, h)[static_cast<std::size_t>(q)]));
+}
+
+// A structure of `kind` with no modifiers; a window, prefix or block that may or may
+// not bind (when it does not, the canonical form is full or causal: the ties).
+MaskStructure cost_free_candidate(Rng& rng, std::int64_t batch, std::int64_t q_len, std::int64_t k_len) {
+  const StructureKind kinds[] = {StructureKind::full, StructureKind::causal, StructureKind::causal,
+                                 StructureKind::sliding_window, StructureKind::prefix_lm, StructureKind::chunked};
+  const Alignment align = q_len != k_len && coin(rng) ? Alignment::bottom_right : Alignment::top_left;
+  MaskStructure s = make_structure(kinds[uniform(rng, 0, 5)], batch, q_len, k_len, align);
+  s.window = uniform(rng, std::max<std::int64_t>(1, k_len - 2), k_len + 2);
+  s.prefix = uniform(rng, 1, 2);
+  s.chunk = uniform(rng, std::max<std::int64_t>(1, k_len - 1), k_len + 2);
+  return s;
+}
+
+}  // namespace
+
+TEST_SUITE("host") {
+
+TEST_CASE("fast path and full search agree on generated structures") {
+  Rng rng(test_seed(20261203));
+  const std::int64_t sizes[] = {1, 2, 3, 7, 8, 64, 100, 1023, 1024, 1025, 2500};
+  Agreement seen;
+  for (int i = 0; i < 3000; ++i) {
+    const std::int64_t q_len = sizes[uniform(rng, 0, coin(rng, 0.9) ? 8 : 10)];
+    const std::int64_t k_len = coin(rng, 0.5) ? q_len : sizes[uniform(rng, 0, 8)];
+    const std::int64_t batch = uniform(rng, 1, 3), heads = uniform(rng, 1, 2);
+    const bool broadcast = coin(rng, 0.3);
+    MaskStructure spec = coin(rng, 0.5) ? cost_free_candidate(rng, 1, q_len, k_len)
+                                        : random_structure(rng, broadcast ? 1 : batch, q_len, k_len);
+    spec = broadcast || spec.batch != batch ? repeat_batches(spec, batch) : spec;
+    const SpanTable t = table_of(spec, heads, broadcast, rng, coin(rng, 0.3) ? 0.2 : 0.0);
+    check_agree(t, seen, describe(spec) + " B=" + std::to_string(batch) + " H=" + std::to_string(heads) +
+                             " Q=" + std::to_string(q_len) + " K=" + std::to_string(k_len) +
+                             (broadcast ? " broadcast" : ""));
+  }
+  MESSAGE(seen.tables << " tables, " << seen.fast << " decided by the fast path");
+  // Both ways must be exercised for the comparison to mean anything.
+  CHECK(seen.fast > 500);
+  CHECK(seen.tables - seen.fast > 1000);
+}
+
+TEST_CASE("one row away from a cost-free table: the fast path declines and the search decides") {
+  Rng rng(test_seed(20261204));
+  Agreement seen;
+  int declined = 0;
+  for (int i = 0; i < 4000; ++i) {
+    const std::int64_t q_len = uniform(rng, 1, 40), k_len = coin(rng) ? q_len : uniform(rng, 1, 40);
+    const std::int64_t batch = uniform(rng, 1, 2), heads = uniform(rng, 1, 2);
+    const bool broadcast = coin(rng, 0.3);
+    const Alignment align = q_len != k_len && coin(rng) ? Alignment::bottom_right : Alignment::top_left;
+    const MaskStructure spec =
+        make_structure(coin(rng, 0.3) ? StructureKind::full : StructureKind::causal, batch, q_len, k_len, align);
+    SpanTable t = table_of(spec, heads, broadcast, rng, 0.0);
+    // One row of one stored slice changed: ends moved, emptied, filled, or holed (not an interval).
+    RowSpan& r = t.rows[static_cast<std::size_t>(uniform(rng, 0, static_cast<std::int64_t>(t.rows.size()) - 1))];
+    const RowSpan old = r;
+    switch (uniform(rng, 0, 4)) {
+      case 0: r = RowSpan::interval(uniform(rng, 0, k_len - 1), uniform(rng, 0, k_len - 1)); break;
+      case 1: r = RowSpan{}; break;
+      case 2: r = RowSpan{0, -1, 0, 0, 0}; break;  // empty, written with first 0 (validate accepts it)
+      case 3: r = RowSpan::interval(0, k_len - 1); break;
+      default:
+        if (!r.empty() && r.last > r.first) --r.count;  // a hole inside the row
+        break;
+    }
+    const bool changed = !r.same_keys(old);
+    check_agree(t, seen, "changed row of " + describe(spec) + " H=" + std::to_string(heads));
+    if (changed && !detail::cost_free_match(t)) ++declined;
+  }
+  MESSAGE(seen.tables << " tables, " << declined << " changed ones declined by the fast path");
+  CHECK(declined > 2000);
+}
+
+TEST_CASE("fast path and full search refuse the same malformed or NaN-flagged tables alike") {
+  Rng rng(test_seed(20261205));
+  Agreement seen;
+  for (int i = 0; i < 400; ++i) {
+    const std::int64_t q_len = uniform(rng, 1, 30), k_len = uniform(rng, 1, 30);
+    const MaskStructure spec = make_structure(coin(rng) ? StructureKind::full : StructureKind::causal, 1, q_len, k_len);
+    SpanTable t = table_of(spec, 1, false, rng, 0.1);
+    RowSpan& r = t.rows[static_cast<std::size_t>(uniform(rng, 0, q_len - 1))];
+    switch (uniform(rng, 0, 3)) {
+      case 0: r.flags |= kRowInvalid; break;
+      case 1: r.flags |= 1u << 7; break;  // an unknown flag
+      case 2: r.last = k_len; break;       // a key past K
+      default: r.count = -1; break;
+    }
+    check_agree(t, seen, "broken row of " + describe(spec));
+    CHECK_FALSE(classify(t).ok());
+  }
+}
+
+}  // TEST_SUITE
