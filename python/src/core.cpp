@@ -96,6 +96,30 @@ using Range = std::pair<std::int64_t, std::int64_t>;
 Range pair_of(const KeyRange& r) { return {r.start, r.end}; }
 KeyRange range_of(const Range& r) { return {r.first, r.second}; }
 
+std::vector<Range> pairs_of(const std::vector<KeyRange>& ranges) {
+  std::vector<Range> out;
+  out.reserve(ranges.size());
+  for (const KeyRange& r : ranges) out.push_back(pair_of(r));
+  return out;
+}
+std::vector<KeyRange> ranges_of(const std::vector<Range>& pairs) {
+  std::vector<KeyRange> out;
+  out.reserve(pairs.size());
+  for (const Range& r : pairs) out.push_back(range_of(r));
+  return out;
+}
+
+// A per-batch range modifier (kv_valid, q_valid) as a Python property: None when absent.
+template <std::vector<KeyRange> MaskStructure::*kField>
+std::optional<std::vector<Range>> get_modifier(const MaskStructure& s) {
+  if ((s.*kField).empty()) return std::nullopt;
+  return pairs_of(s.*kField);
+}
+template <std::vector<KeyRange> MaskStructure::*kField>
+void set_modifier(MaskStructure& s, const std::optional<std::vector<Range>>& v) {
+  s.*kField = v ? ranges_of(*v) : std::vector<KeyRange>{};
+}
+
 // The library's argument values as Python values: int pairs and index tensors as lists
 // (the JSON contract's spelling; the runner makes tensors of them on the right device).
 nb::object py_value(const ArgValue& v) {
@@ -190,15 +214,8 @@ NB_MODULE(_core, m) {
       .def_rw("prefix", &MaskStructure::prefix)
       .def_prop_rw(
           "blocks",
-          [](const MaskStructure& s) {
-            std::vector<Range> out;
-            for (const KeyRange& r : s.blocks) out.push_back(pair_of(r));
-            return out;
-          },
-          [](MaskStructure& s, const std::vector<Range>& v) {
-            s.blocks.clear();
-            for (const Range& r : v) s.blocks.push_back(range_of(r));
-          })
+          [](const MaskStructure& s) { return pairs_of(s.blocks); },
+          [](MaskStructure& s, const std::vector<Range>& v) { s.blocks = ranges_of(v); })
       .def_prop_rw(
           "segments",
           [](const MaskStructure& s) {
@@ -208,34 +225,11 @@ NB_MODULE(_core, m) {
             s.segments = v ? *v : std::vector<std::vector<std::int64_t>>{};
           },
           nb::arg("value").none(), "Per batch document offsets [0, e1, ..., Q], or None.")
-      .def_prop_rw(
-          "kv_valid",
-          [](const MaskStructure& s) -> std::optional<std::vector<Range>> {
-            if (!s.has_kv_valid()) return std::nullopt;
-            std::vector<Range> out;
-            for (const KeyRange& r : s.kv_valid) out.push_back(pair_of(r));
-            return out;
-          },
-          [](MaskStructure& s, const std::optional<std::vector<Range>>& v) {
-            s.kv_valid.clear();
-            if (v)
-              for (const Range& r : *v) s.kv_valid.push_back(range_of(r));
-          },
-          nb::arg("value").none(), "Per batch valid keys (start, end), or None.")
-      .def_prop_rw(
-          "q_valid",
-          [](const MaskStructure& s) -> std::optional<std::vector<Range>> {
-            if (!s.has_q_valid()) return std::nullopt;
-            std::vector<Range> out;
-            for (const KeyRange& r : s.q_valid) out.push_back(pair_of(r));
-            return out;
-          },
-          [](MaskStructure& s, const std::optional<std::vector<Range>>& v) {
-            s.q_valid.clear();
-            if (v)
-              for (const Range& r : *v) s.q_valid.push_back(range_of(r));
-          },
-          nb::arg("value").none(), "Per batch valid query rows (start, end), or None: the others attend nothing.")
+      .def_prop_rw("kv_valid", get_modifier<&MaskStructure::kv_valid>, set_modifier<&MaskStructure::kv_valid>,
+                   nb::arg("value").none(), "Per batch valid keys (start, end), or None.")
+      .def_prop_rw("q_valid", get_modifier<&MaskStructure::q_valid>, set_modifier<&MaskStructure::q_valid>,
+                   nb::arg("value").none(),
+                   "Per batch valid query rows (start, end), or None: the others attend nothing.")
       .def_rw("empty_rows", &MaskStructure::empty_rows)
       .def_rw("finite_masked_rows", &MaskStructure::finite_masked_rows)
       .def_rw("bias", &MaskStructure::bias)
