@@ -17,6 +17,7 @@
 #include <masklens/masklens.hpp>
 
 #include "device_view.hpp"
+#include "status_error.hpp"
 
 #include <array>
 #include <cstring>
@@ -31,22 +32,11 @@
 namespace nb = nanobind;
 using namespace nb::literals;
 using namespace masklens;
+using masklens::python::raise;
+using masklens::python::StatusError;
+using masklens::python::take;
 
 namespace {
-
-// A failed Status on its way to Python as masklens.MaskError (a RuntimeError, the type
-// torch raises for bad attention inputs); the message starts with the error code.
-struct StatusError : std::runtime_error {
-  explicit StatusError(const Status& s) : std::runtime_error(s.to_string()) {}
-};
-
-[[noreturn]] void raise(const Status& s) { throw StatusError(s); }
-
-template <class T>
-T take(Result<T> r) {
-  if (!r) raise(r.status());
-  return std::move(r).value();
-}
 
 // Names <-> enumerations, through the to_string() every enumeration has.
 template <class E, std::size_t N>

@@ -23,24 +23,16 @@
 #include <vector>
 
 #include "device_view.hpp"
+#include "status_error.hpp"
 
 namespace nb = nanobind;
 using namespace nb::literals;
 using namespace masklens;
+using masklens::python::raise;
+using masklens::python::StatusError;
+using masklens::python::take;
 
 namespace {
-
-struct StatusError : std::runtime_error {
-  explicit StatusError(const Status& s) : std::runtime_error(s.to_string()) {}
-};
-
-[[noreturn]] void raise(const Status& s) { throw StatusError(s); }
-
-template <class T>
-T take(Result<T> r) {
-  if (!r) raise(r.status());
-  return std::move(r).value();
-}
 
 // As scan.cu words them: "cudaSetDevice: cudaErrorInvalidDevice: invalid device ordinal".
 Status check(cudaError_t e, const char* call) {
