@@ -181,7 +181,7 @@ inline std::vector<Sequence> padded_sequences(const MaskStructure& s) {
   std::vector<Sequence> out;
   out.reserve(static_cast<std::size_t>(s.batch));
   for (std::int64_t b = 0; b < s.batch; ++b) {
-    const KeyRange q = s.has_q_valid() ? s.q_valid_of(b) : KeyRange{0, s.q_len};
+    const KeyRange q = s.query_rows(b);
     if (q.end > q.start) out.push_back({b, q, s.has_kv_valid() ? s.kv_valid_of(b) : KeyRange{0, s.k_len}});
   }
   return out;
@@ -192,7 +192,7 @@ inline std::vector<Sequence> padded_sequences(const MaskStructure& s) {
 inline bool padded_rows_have_keys(const MaskStructure& s) noexcept {
   if (!s.has_kv_valid()) return true;
   for (std::int64_t b = 0; b < s.batch; ++b) {
-    const KeyRange q = s.has_q_valid() ? s.q_valid_of(b) : KeyRange{0, s.q_len};
+    const KeyRange q = s.query_rows(b);
     const KeyRange& k = s.kv_valid_of(b);
     if (q.end > q.start && k.end <= k.start) return false;
   }
