@@ -134,9 +134,7 @@ struct AdditiveLanes {
     Word zero[kWords];
     Word other = 0;   // lanes neither +-0 nor masked: a bias, NaN or +inf
     Word finite = 0;  // masked lanes that are finite (at or below the threshold, not -inf)
-#if defined(__CUDA_ARCH__)
-#pragma unroll
-#endif
+    MASKLENS_UNROLL
     for (unsigned i = 0; i < kWords; ++i) {
       const Word with_sign = w[i] | kSign;
       const Word at_thr = with_sign - thr;  // |v| >= thr
@@ -150,9 +148,7 @@ struct AdditiveLanes {
     }
     VectorClass c;
     if ((other & kSign) == 0) {
-#if defined(__CUDA_ARCH__)
-#pragma unroll
-#endif
+      MASKLENS_UNROLL
       for (unsigned i = 0; i < kWords; ++i)
         c.attend |= lanes::gather_tops<Word, kLaneBits>(zero[i]) << (i * kLanesPerWord);
       c.flags = (finite & kSign) ? std::uint32_t{kRowFiniteMasked} : 0u;
@@ -166,9 +162,7 @@ struct AdditiveLanes {
   MASKLENS_HOST_DEVICE VectorClass classify_rare(const Word (&w)[kWords]) const noexcept {
     VectorClass c;
     Word bias = 0, finite = 0, invalid = 0;
-#if defined(__CUDA_ARCH__)
-#pragma unroll
-#endif
+    MASKLENS_UNROLL
     for (unsigned i = 0; i < kWords; ++i) {
       const Word with_sign = w[i] | kSign;
       const Word at_thr = with_sign - thr, past_inf = with_sign - nan, at_inf = with_sign - inf;
