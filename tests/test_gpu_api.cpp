@@ -54,6 +54,21 @@ TEST_CASE("gpu API: the size query answers 1 byte in every build, with no device
   CHECK(gpu::span_rows(*wide) == 5);  // stride-0 batch and heads are scanned once
 }
 
+TEST_CASE("gpu API: scan_to_host's size query holds the device spans and the scan's storage, in every build") {
+  SmallMask m;
+  std::size_t bytes = 0;
+  REQUIRE(gpu::scan_to_host(nullptr, bytes, m.view, nullptr).ok());
+  // 30 RowSpans (960 bytes) rounded up to 256, then scan_spans()'s 1 byte.
+  CHECK(bytes == 1024 + 1);
+  CHECK(gpu::detail::device_span_bytes(m.view) == 1024);
+  auto broadcast = MaskView::contiguous(m.bytes.data(), ElementType::boolean, std::vector<std::int64_t>{5, 37});
+  REQUIRE(broadcast.ok());
+  auto wide = broadcast->broadcast_to(4, 8);
+  REQUIRE(wide.ok());
+  REQUIRE(gpu::scan_to_host(nullptr, bytes, *wide, nullptr).ok());
+  CHECK(bytes == 256 + 1);  // 5 distinct rows
+}
+
 TEST_CASE("gpu API: the library was built as this build configured it") {
   CHECK(gpu::built_with_cuda() == static_cast<bool>(MASKLENS_TEST_CUDA_BUILT));
 }
@@ -83,6 +98,11 @@ TEST_CASE("gpu API: built without CUDA, every call says so") {
   const Status st = gpu::scan_spans(&temp, bytes, m.view, rows.data());
   CHECK(st.code() == ErrorCode::device_error);
   CHECK(starts_with(st.message(), why));
+  std::vector<RowSpan> storage(64);
+  std::size_t step_bytes = storage.size() * sizeof(RowSpan);
+  const Status step = gpu::scan_to_host(storage.data(), step_bytes, m.view, rows.data());
+  CHECK(step.code() == ErrorCode::device_error);
+  CHECK(starts_with(step.message(), why));
 }
 
 #else
@@ -112,6 +132,23 @@ TEST_CASE("gpu API: arguments are checked before any CUDA call") {
     CHECK(off.status().code() == ErrorCode::misaligned_pointer);
     CHECK(off.status().message().find("[0, 256)") != std::string::npos);
   }
+  // scan_to_host: the storage's size and alignment and the host rows, before any CUDA call.
+  std::size_t step_bytes = 0;
+  REQUIRE(gpu::scan_to_host(nullptr, step_bytes, m.view, nullptr).ok());
+  std::vector<RowSpan> host_rows(30);
+  auto* fake_device = reinterpret_cast<void*>(std::uintptr_t{0x10000});
+  std::size_t short_bytes = step_bytes - 1;
+  st = gpu::scan_to_host(fake_device, short_bytes, m.view, host_rows.data());
+  CHECK(st.code() == ErrorCode::invalid_argument);
+  CHECK(st.message() == "temp_storage_bytes is 1024; this view needs 1025 (what the size query set)");
+  st = gpu::scan_to_host(reinterpret_cast<void*>(std::uintptr_t{0x10004}), step_bytes, m.view, host_rows.data());
+  CHECK(st.code() == ErrorCode::misaligned_pointer);
+  st = gpu::scan_to_host(fake_device, step_bytes, m.view, nullptr);
+  CHECK(st.code() == ErrorCode::invalid_argument);
+  CHECK(st.message() == "h_rows is null");
+  st = gpu::scan_to_host(fake_device, step_bytes, MaskView{}, host_rows.data());
+  CHECK(st.code() == ErrorCode::invalid_argument);
+  CHECK(st.message() == "view is empty (data is null)");
   std::vector<std::uint16_t> half(4 * 4, 0);
   const std::int64_t shape[] = {4, 4};
   auto fp16 = MaskView::contiguous(half.data(), ElementType::float16, shape);
@@ -131,7 +168,7 @@ TEST_CASE("gpu API: without a usable device, the error names the CUDA call; with
     CHECK(starts_with(count.status().message(), "cudaGetDeviceCount: "));
     REQUIRE_FALSE(scanned.ok());
     CHECK(scanned.status().code() == ErrorCode::device_error);
-    CHECK(starts_with(scanned.status().message(), "cudaMallocAsync(mask): "));
+    CHECK(starts_with(scanned.status().message(), "cudaMallocAsync(mask and temp storage): "));
     return;
   }
   CHECK(*count >= 1);

@@ -116,7 +116,7 @@ TEST_CASE("scanner matches the element-wise reference on random masks of every t
   }
 }
 
-TEST_CASE("additive rows 8 bytes at a time: every value, in every lane, as the element-wise reference") {
+TEST_CASE("additive rows 16 bytes at a time: every value, in every lane, as the element-wise reference") {
   struct Type {
     ElementType dtype;
     std::uint32_t neg_inf, lowest;  // -inf and the most negative finite value (finfo.min)

@@ -13,3 +13,11 @@
 #else
 #define MASKLENS_HOST_DEVICE
 #endif
+
+// Unrolls the loop that follows in device code (nvcc's #pragma unroll); nothing in host
+// code, where compilers unroll short constant loops themselves.
+#if defined(__CUDA_ARCH__)
+#define MASKLENS_UNROLL _Pragma("unroll")
+#else
+#define MASKLENS_UNROLL
+#endif

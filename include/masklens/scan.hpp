@@ -1,7 +1,7 @@
 // The host scanner: MaskView -> SpanTable in one pass over each distinct slice. It is
 // the oracle every other scanner (the GPU one included) is tested against, and it is
 // fast enough to be the real thing for host masks: 1-byte masks with unit key stride
-// read 8 bytes at a time.
+// read 8 bytes at a time, additive masks 16 bytes at a time (additive_bits.hpp).
 #pragma once
 
 #include <algorithm>
@@ -123,20 +123,43 @@ inline void add_element(RowSpan& span, ElementClass c, std::int64_t k) noexcept 
   }
 }
 
-// An additive row (2- or 4-byte values) with unit key stride, 8 bytes at a time: a word
-// whose every value is +-0 (attends) or masked (-inf, or finite at or below the
-// threshold) is settled with a few integer operations on its lanes; any other word
-// (bias, NaN, +inf) goes value by value. Same answer as scan_generic_row.
+// An additive row (2- or 4-byte values) with unit key stride, 16 bytes at a time through
+// the lane classifier the device kernel uses too (additive_bits.hpp): all-zero vectors
+// attend outright, a vector equal to an all-masked one already classified adds nothing,
+// any other vector is classified lane by lane at once. Same answer as scan_generic_row.
 template <int Esize>
 inline RowSpan scan_additive_row(const std::uint8_t* row, std::int64_t k_len, const AdditiveBits& b) noexcept {
   static_assert(Esize == 2 || Esize == 4);
-  constexpr int kLanes = 8 / Esize, kLaneBits = 8 * Esize;
-  // Each lane's top (sign) bit, and a 1 in each lane to broadcast a magnitude.
-  constexpr std::uint64_t kSign = Esize == 2 ? 0x8000800080008000ULL : 0x8000000080000000ULL;
-  constexpr std::uint64_t kOnes = Esize == 2 ? 0x0001000100010001ULL : 0x0000000100000001ULL;
-  const std::uint64_t thr = b.thr_mag * kOnes, inf = b.inf_mag * kOnes, nan = (b.inf_mag + 1) * kOnes;
+  using Lanes = AdditiveLanes<Esize, std::uint64_t>;
+  constexpr int kLanes = Lanes::kLanes;
+  const Lanes lanes(b);
   RowSpan span;
-  const auto one = [&](std::int64_t k) {
+  const auto attend = [&span](std::uint32_t bits, std::int64_t k0) {
+    if (bits == 0) return;
+    if (span.count == 0) span.first = k0 + std::countr_zero(bits);
+    span.last = k0 + 31 - std::countl_zero(bits);
+    span.count += std::popcount(bits);
+  };
+  // Masks repeat one masked value: once a vector of it (both words equal) is classified
+  // as attending nowhere, its flags are in the span and equal vectors add nothing. 0 is
+  // never such a word (all-zero vectors attend, and are taken first): 0 means "none yet".
+  std::uint64_t known_masked = 0;
+  std::int64_t k = 0;
+  for (; k + kLanes <= k_len; k += kLanes) {
+    const std::uint64_t words[2] = {load_u64(row + k * Esize), load_u64(row + k * Esize + 8)};
+    if ((words[0] | words[1]) == 0) {
+      if (span.count == 0) span.first = k;
+      span.last = k + kLanes - 1;
+      span.count += kLanes;
+      continue;
+    }
+    if (words[0] == known_masked && words[1] == known_masked) continue;
+    const VectorClass c = lanes.classify(words);
+    attend(c.attend, k);
+    span.flags |= c.flags;
+    if (c.attend == 0 && words[0] == words[1]) known_masked = words[0];
+  }
+  for (; k < k_len; ++k) {
     std::uint32_t v;
     if constexpr (Esize == 2) {
       std::uint16_t h;
@@ -146,42 +169,7 @@ inline RowSpan scan_additive_row(const std::uint8_t* row, std::int64_t k_len, co
       std::memcpy(&v, row + k * 4, 4);
     }
     add_element(span, classify_bits(v, b), k);
-  };
-  // Masks repeat one masked value: once a word of it is classified, equal words are
-  // skipped with one comparison (as are all-zero words, which attend). 0 is never a
-  // masked word, and all-zero words are taken first, so 0 means "none yet".
-  std::uint64_t known_masked = 0;
-  std::int64_t k = 0;
-  for (; k + kLanes <= k_len; k += kLanes) {
-    const std::uint64_t w = load_u64(row + k * Esize);
-    if (w == 0) {
-      if (span.count == 0) span.first = k;
-      span.last = k + kLanes - 1;
-      span.count += kLanes;
-      continue;
-    }
-    if (w == known_masked) continue;
-    const std::uint64_t mag = w & ~kSign;
-    // Per lane, with the sign bit set first so no borrow crosses lanes (magnitudes and
-    // thresholds are below it): the sign bit of (mag | sign) - x survives iff mag >= x.
-    const std::uint64_t nonzero = (mag + ~kSign) & kSign;
-    const std::uint64_t at_or_past_thr = ((mag | kSign) - thr) & kSign;
-    const std::uint64_t is_nan = ((mag | kSign) - nan) & kSign;
-    const std::uint64_t masked = w & at_or_past_thr & ~is_nan;  // negative (the sign bit of w), |v| >= thr
-    const std::uint64_t zero = ~nonzero & kSign;
-    if ((zero | masked) != kSign) {
-      for (int i = 0; i < kLanes; ++i) one(k + i);
-      continue;
-    }
-    if (masked & ~(((mag | kSign) - inf) & kSign)) span.flags |= kRowFiniteMasked;  // below -inf's magnitude
-    if (masked == kSign) known_masked = w;  // every lane masked: its flags are recorded, equal words add nothing
-    if (zero) {
-      if (span.count == 0) span.first = k + std::countr_zero(zero) / kLaneBits;
-      span.last = k + (63 - std::countl_zero(zero)) / kLaneBits;
-      span.count += std::popcount(zero);
-    }
   }
-  for (; k < k_len; ++k) one(k);
   return span;
 }
 

@@ -14,12 +14,12 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <masklens/cuda/check.cuh>
 #include <masklens/cuda/scan.hpp>
 
 #include <cstdint>
 #include <stdexcept>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "device_view.hpp"
@@ -32,21 +32,10 @@ using masklens::python::raise;
 using masklens::python::StatusError;
 using masklens::python::take;
 
-namespace {
-
-// As scan.cu words them: "cudaSetDevice: cudaErrorInvalidDevice: invalid device ordinal".
-Status check(cudaError_t e, const char* call) {
-  if (e == cudaSuccess) return {};
-  return error(ErrorCode::device_error, std::string(call) + ": " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
-}
-
-void keep_first(Status& first, Status next) {
-  if (next.ok()) return;
-  if (first.ok()) first = std::move(next);
-  else first = Status(first.code(), first.message() + "; then " + next.message());
-}
-
-}  // namespace
+// Every CUDA call checked as scan.cu checks its own ("cudaSetDevice:
+// cudaErrorInvalidDevice: invalid device ordinal"), with the same helpers.
+using masklens::gpu::detail::check;
+using masklens::gpu::detail::keep_first;
 
 NB_MODULE(_cuda, m) {
   m.doc() = "masklens device scanner for CUDA tensors, on the caller's stream and memory";

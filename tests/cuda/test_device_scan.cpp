@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "../support/additive_encodings.hpp"
 #include "../support/mask_gen.hpp"
 
 using namespace masklens;
@@ -117,6 +118,14 @@ TEST_CASE("device spans equal host spans on generated and mutated masks") {
                                                   : random_structure(rng, batch, q_len, k_len);
     DenseMask dense = render(spec, heads, dtype, coin(rng, 0.2) ? Polarity::true_masks : Polarity::true_attends,
                              layout, rng, coin(rng, 0.3) ? 0.2 : 0.0);
+    // Additive masks: half keep the renderer's encodings (one masked value per row, a
+    // bias now and then), half are rewritten in one of every encoding frameworks write.
+    std::string encoding = "rendered";
+    if (is_additive(dtype) && coin(rng)) {
+      const Encoding e = kEncodings[uniform(rng, 0, std::ssize(kEncodings) - 1)];
+      reencode(dense.view, e, rng);
+      encoding = to_string(e);
+    }
     // Mutate: random single flips, often none.
     auto* raw = const_cast<std::uint8_t*>(dense.view.element_ptr(0, 0, 0, 0));
     const int esize = element_size(dense.view.dtype());
@@ -129,7 +138,7 @@ TEST_CASE("device spans equal host spans on generated and mutated masks") {
     const std::int64_t offset = esize * uniform(rng, 0, 16 / esize);
     auto host = scan(dense.view);
     auto device = gpu::scan_host_mask(dense.view, offset);
-    INFO(dense.describe << " offset " << offset);
+    INFO(dense.describe << " encoding " << encoding << " offset " << offset);
     REQUIRE(host.ok());
     REQUIRE_MESSAGE(device.ok(), device.status().to_string());
     REQUIRE(host->rows.size() == device->rows.size());
@@ -143,6 +152,135 @@ TEST_CASE("device spans equal host spans on generated and mutated masks") {
     ++compared;
   }
   MESSAGE("device == host on " << compared << " masks");
+}
+
+TEST_CASE("vector path boundaries: one changed element anywhere, any row length, any start alignment") {
+  // Rows around every edge of the 16-byte vector path (head, vectors, tail, both kernels:
+  // a warp per row below 2 KiB, a block per row from there), each with one element unlike
+  // the rest, checked against the span it must give (not only against the host).
+  struct Kind {
+    ElementType dtype;
+    Polarity polarity;
+    Encoding encoding;  // additive types
+  };
+  const Kind kinds[] = {
+      {ElementType::boolean, Polarity::true_attends, Encoding::neg_inf},
+      {ElementType::boolean, Polarity::true_masks, Encoding::neg_inf},
+      {ElementType::uint8, Polarity::true_attends, Encoding::neg_inf},
+      {ElementType::int8, Polarity::true_masks, Encoding::neg_inf},
+      {ElementType::float16, Polarity::true_attends, Encoding::neg_inf},
+      {ElementType::float16, Polarity::true_attends, Encoding::lowest},
+      {ElementType::float16, Polarity::true_attends, Encoding::minus_1e4},
+      {ElementType::bfloat16, Polarity::true_attends, Encoding::neg_inf},
+      {ElementType::bfloat16, Polarity::true_attends, Encoding::lowest},
+      {ElementType::bfloat16, Polarity::true_attends, Encoding::minus_1e4},
+      {ElementType::float32, Polarity::true_attends, Encoding::neg_inf},
+      {ElementType::float32, Polarity::true_attends, Encoding::lowest},
+      {ElementType::float32, Polarity::true_attends, Encoding::minus_1e4},
+  };
+  // The shortened run (compute-sanitizer) keeps a few lengths on each side of the edges.
+  const bool quick = std::getenv("MASKLENS_CUDA_CASES") != nullptr;
+  const std::vector<std::int64_t> lengths =
+      quick ? std::vector<std::int64_t>{1, 7, 9, 17, 33, 129, 513, 1025, 2049}
+            : std::vector<std::int64_t>{1,   2,   3,   4,   5,   7,   8,   9,    15,   16,   17,   31,   32,   33,   63,
+                                        64,  65,  127, 128, 129, 511, 512, 513, 1023, 1024, 1025, 2047, 2048, 2049, 4099};
+  Rng rng(test_seed(409));
+  int scans = 0;
+  for (const Kind& kind : kinds) {
+    const ElementType dtype = kind.dtype;
+    const int esize = element_size(dtype);
+    const bool additive = is_additive(dtype);
+    // Element values: attending and masked; additive rows also take the other kind of
+    // masked value (finite among -inf, -inf among finite), a bias, and -0.
+    const std::uint32_t attend = additive ? 0u : kind.polarity == Polarity::true_attends ? 0x80u : 0u;
+    const std::uint32_t masked = additive ? masked_bits(dtype, kind.encoding, rng)
+                                          : kind.polarity == Polarity::true_attends ? 0u : 0xffu;
+    const std::uint32_t neg_inf = encode(dtype, -std::numeric_limits<float>::infinity());
+    const std::uint32_t other_masked = kind.encoding == Encoding::neg_inf ? encode(dtype, -1e4f) : neg_inf;
+    const std::uint32_t bias = encode(dtype, -1.5f), neg_zero = esize == 4 ? 0x80000000u : 0x8000u;
+    // Which values attend (bias and -0 only in additive rows).
+    const auto attends_value = [&](std::uint32_t v) {
+      return v == attend || (additive && (v == bias || v == neg_zero));
+    };
+    for (const std::int64_t k_len : lengths) {
+      std::vector<std::int64_t> positions;
+      for (std::int64_t k = 0; k < k_len; ++k)
+        if (k_len <= 160 || k < 64 || k >= k_len - 64) positions.push_back(k);
+      if (k_len > 160)
+        for (int i = 0; i < 32; ++i) positions.push_back(uniform(rng, 64, k_len - 65));
+      // Per position: one attending key among masked ones, one masked key among
+      // attending ones and, additive, the other masked value among masked ones and a
+      // bias among them; then a row of each value alone.
+      struct Row {
+        std::uint32_t background, changed;
+        std::int64_t at;
+      };
+      std::vector<Row> rows;
+      for (const std::int64_t k : positions) {
+        rows.push_back({masked, attend, k});
+        rows.push_back({attend, masked, k});
+        if (additive) {
+          rows.push_back({masked, other_masked, k});
+          rows.push_back({masked, bias, k});
+          rows.push_back({neg_zero, masked, k});
+        }
+      }
+      rows.push_back({masked, masked, 0});
+      rows.push_back({attend, attend, 0});
+      const auto q_len = static_cast<std::int64_t>(rows.size());
+      std::vector<std::uint64_t> storage(static_cast<std::size_t>((q_len * k_len * esize + 7) / 8));
+      auto* bytes = reinterpret_cast<std::uint8_t*>(storage.data());
+      for (std::int64_t q = 0; q < q_len; ++q)
+        for (std::int64_t k = 0; k < k_len; ++k) {
+          const Row& row = rows[static_cast<std::size_t>(q)];
+          const std::uint32_t v = k == row.at ? row.changed : row.background;
+          std::uint8_t* p = bytes + (q * k_len + k) * esize;
+          if (esize == 1) *p = static_cast<std::uint8_t>(v);
+          else store_bits(p, dtype, v);
+        }
+      MaskEncoding enc;
+      enc.polarity = kind.polarity;
+      const std::int64_t shape[] = {q_len, k_len};
+      auto view = MaskView::contiguous(bytes, dtype, shape, enc);
+      REQUIRE(view.ok());
+      auto host = scan(*view);
+      REQUIRE(host.ok());
+      // The span each row must have, from its construction.
+      std::vector<RowSpan> want(rows.size());
+      for (std::size_t q = 0; q < rows.size(); ++q) {
+        const Row& row = rows[q];
+        RowSpan& w = want[q];
+        for (std::int64_t k = 0; k < k_len; ++k) {
+          const std::uint32_t v = k == row.at ? row.changed : row.background;
+          if (attends_value(v)) w = merge(w, RowSpan::interval(k, k));
+          if (additive && v == bias) w.flags |= kRowBias;
+          if (additive && !attends_value(v) && v != neg_inf) w.flags |= kRowFiniteMasked;
+        }
+      }
+      const int per_vector = 16 / esize;
+      std::vector<int> offsets;
+      for (int o = 0; o < per_vector; ++o)
+        if (!quick || o == 0 || o == 1 || o == per_vector - 1) offsets.push_back(o);
+      for (const int o : offsets) {
+        auto device = gpu::scan_host_mask(*view, o * esize);
+        ++scans;
+        INFO(to_string(dtype) << (additive ? std::string(" ") + to_string(kind.encoding)
+                                           : kind.polarity == Polarity::true_attends ? " true attends" : " true masks")
+                              << " K=" << k_len << " start " << o << " elements past 16 bytes");
+        REQUIRE_MESSAGE(device.ok(), device.status().to_string());
+        for (std::size_t q = 0; q < rows.size(); ++q) {
+          INFO("row " << q << " changed element at " << rows[q].at);
+          const RowSpan& got = device->rows[q];
+          REQUIRE(got.count == want[q].count);
+          REQUIRE(got.same_keys(want[q]));
+          REQUIRE(got.flags == want[q].flags);
+          REQUIRE(host->rows[q].same_keys(got));
+          REQUIRE(host->rows[q].flags == got.flags);
+        }
+      }
+    }
+  }
+  MESSAGE(scans << " boundary scans, every row exact");
 }
 
 TEST_CASE("every 16-bit pattern and sampled fp32 patterns classify alike on host and device, at any threshold") {
@@ -318,6 +456,37 @@ TEST_CASE("two-phase on the caller's stream equals the host scanner, and records
     require_same_spans(*host, *table);
     REQUIRE_CUDA(cudaGraphExecDestroy(exec));
     REQUIRE_CUDA(cudaGraphDestroy(graph));
+  }
+  SUBCASE("scan_to_host: the spans in the caller's storage, copied to pinned host rows, plain and captured") {
+    std::size_t step_bytes = 0;
+    REQUIRE(gpu::scan_to_host(nullptr, step_bytes, view, nullptr, stream).ok());
+    CHECK(step_bytes >= row_bytes);
+    DeviceBuffer step(step_bytes);
+    void* pinned_bytes = nullptr;
+    REQUIRE_CUDA(cudaMallocHost(&pinned_bytes, row_bytes));
+    auto* pinned = static_cast<RowSpan*>(pinned_bytes);
+    const auto read_back = [&] {
+      REQUIRE_CUDA(cudaStreamSynchronize(stream));
+      std::copy(pinned, pinned + table->rows.size(), table->rows.begin());
+      require_same_spans(*host, *table);
+    };
+    REQUIRE(gpu::scan_to_host(step.get(), step_bytes, view, pinned, stream).ok());
+    read_back();
+    // Every byte it touches is the caller's and nothing synchronises: it records into a graph.
+    std::memset(static_cast<void*>(pinned), 0xff, row_bytes);
+    REQUIRE_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    const Status st = gpu::scan_to_host(step.get(), step_bytes, view, pinned, stream);
+    cudaGraph_t graph = nullptr;
+    const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
+    REQUIRE_MESSAGE(st.ok(), st.to_string());
+    REQUIRE_MESSAGE(ended == cudaSuccess, std::string(cudaGetErrorName(ended)));
+    cudaGraphExec_t exec = nullptr;
+    REQUIRE_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+    REQUIRE_CUDA(cudaGraphLaunch(exec, stream));
+    read_back();
+    REQUIRE_CUDA(cudaGraphExecDestroy(exec));
+    REQUIRE_CUDA(cudaGraphDestroy(graph));
+    REQUIRE_CUDA(cudaFreeHost(pinned_bytes));
   }
   SUBCASE("the convenience scan on the same stream") {
     auto device = gpu::scan(view, stream);

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "../scan.hpp"
+#include "check.cuh"
 #include "scan.cuh"
 #include "scan.hpp"
 
@@ -18,45 +19,13 @@ namespace masklens::gpu {
 
 namespace {
 
-// "cudaMallocAsync(spans): cudaErrorMemoryAllocation: out of memory"
-Status check(cudaError_t e, const char* call) {
-  if (e == cudaSuccess) return {};
-  return error(ErrorCode::device_error, std::string(call) + ": " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
-}
-
-// The first failure is the answer; a later one (a cleanup after it) is added to its
-// message, so the caller learns of a free or a synchronisation that failed as well.
-void keep_first(Status& first, Status next) {
-  if (next.ok()) return;
-  if (first.ok()) first = std::move(next);
-  else first = Status(first.code(), first.message() + "; then " + next.message());
-}
+using detail::check;
+using detail::keep_first;
 
 // cudaMallocAsync leaves *p unspecified on failure; null means "nothing to free".
 Status allocate(void** p, std::size_t bytes, cudaStream_t stream, const char* call) {
   Status st = check(cudaMallocAsync(p, bytes, stream), call);
   if (!st.ok()) *p = nullptr;
-  return st;
-}
-
-// Enqueues on `stream`: temporary storage and spans allocated, the scan, the copy of
-// the spans into table.rows, both freed. Synchronises nothing. `enqueued` says whether
-// any work reached the stream (then the caller synchronises before reading the table).
-Status enqueue_scan_to_host(const MaskView& device_view, SpanTable& table, cudaStream_t stream, bool& enqueued) {
-  const std::size_t bytes = table.rows.size() * sizeof(RowSpan);
-  std::size_t temp_bytes = 0;
-  Status st = scan_spans(nullptr, temp_bytes, device_view, nullptr, stream);
-  void* temp = nullptr;
-  void* d_rows = nullptr;
-  if (st.ok()) st = allocate(&temp, temp_bytes, stream, "cudaMallocAsync(temp storage)");
-  enqueued = temp != nullptr;
-  if (st.ok()) st = allocate(&d_rows, bytes, stream, "cudaMallocAsync(spans)");
-  if (st.ok()) st = scan_spans(temp, temp_bytes, device_view, static_cast<RowSpan*>(d_rows), stream);
-  if (st.ok())
-    st = check(cudaMemcpyAsync(table.rows.data(), d_rows, bytes, cudaMemcpyDeviceToHost, stream),
-               "cudaMemcpyAsync(spans to the host)");
-  if (d_rows) keep_first(st, check(cudaFreeAsync(d_rows, stream), "cudaFreeAsync(spans)"));
-  if (temp) keep_first(st, check(cudaFreeAsync(temp, stream), "cudaFreeAsync(temp storage)"));
   return st;
 }
 
@@ -97,17 +66,52 @@ Status scan_spans(void* d_temp_storage, std::size_t& temp_storage_bytes, const M
   if (d_rows == nullptr) return error(ErrorCode::invalid_argument, "d_rows is null");
   if (reinterpret_cast<std::uintptr_t>(d_rows) % alignof(RowSpan) != 0)
     return error(ErrorCode::misaligned_pointer, "d_rows is not aligned to RowSpan");
-  return check(detail::launch_scan(device_view, d_rows, stream), "cudaLaunchKernelEx(scan kernel)");
+  return check(detail::dispatch_scan<detail::SpanAccumulator>(device_view, d_rows, stream),
+               "cudaLaunchKernelEx(scan kernel)");
+}
+
+Status scan_to_host(void* d_temp_storage, std::size_t& temp_storage_bytes, const MaskView& device_view,
+                    RowSpan* h_rows, Stream stream) {
+  const std::size_t span_bytes = detail::device_span_bytes(device_view);
+  std::size_t scan_bytes = 0;
+  if (Status st = scan_spans(nullptr, scan_bytes, device_view, nullptr, stream); !st.ok()) return st;
+  if (d_temp_storage == nullptr) {
+    temp_storage_bytes = span_bytes + scan_bytes;
+    return {};
+  }
+  if (temp_storage_bytes < span_bytes + scan_bytes)
+    return error(ErrorCode::invalid_argument, "temp_storage_bytes is " + std::to_string(temp_storage_bytes) +
+                                                  "; this view needs " + std::to_string(span_bytes + scan_bytes) +
+                                                  " (what the size query set)");
+  if (reinterpret_cast<std::uintptr_t>(d_temp_storage) % alignof(RowSpan) != 0)
+    return error(ErrorCode::misaligned_pointer, "d_temp_storage is not aligned to RowSpan (8 bytes)");
+  if (h_rows == nullptr) return error(ErrorCode::invalid_argument, "h_rows is null");
+  if (reinterpret_cast<std::uintptr_t>(h_rows) % alignof(RowSpan) != 0)
+    return error(ErrorCode::misaligned_pointer, "h_rows is not aligned to RowSpan");
+  auto* d_rows = static_cast<RowSpan*>(d_temp_storage);
+  if (Status st = scan_spans(static_cast<std::uint8_t*>(d_temp_storage) + span_bytes, scan_bytes, device_view, d_rows,
+                             stream);
+      !st.ok())
+    return st;
+  return check(cudaMemcpyAsync(h_rows, d_rows, static_cast<std::size_t>(span_rows(device_view)) * sizeof(RowSpan),
+                               cudaMemcpyDeviceToHost, stream),
+               "cudaMemcpyAsync(spans to the host)");
 }
 
 Result<SpanTable> scan(const MaskView& device_view, Stream stream) {
   if (device_view.data() == nullptr) return error(ErrorCode::invalid_argument, "view is empty (data is null)");
   Result<SpanTable> made = SpanTable::for_view(device_view);
   if (!made) return made.status();
-  bool enqueued = false;
-  Status st = enqueue_scan_to_host(device_view, *made, stream, enqueued);
-  // The one synchronisation: the table is read on the host only after it.
-  if (enqueued) keep_first(st, check(cudaStreamSynchronize(stream), "cudaStreamSynchronize"));
+  std::size_t temp_bytes = 0;
+  Status st = scan_to_host(nullptr, temp_bytes, device_view, nullptr, stream);
+  void* temp = nullptr;
+  if (st.ok()) st = allocate(&temp, temp_bytes, stream, "cudaMallocAsync(temp storage)");
+  if (st.ok()) st = scan_to_host(temp, temp_bytes, device_view, made->rows.data(), stream);
+  if (temp) {
+    keep_first(st, check(cudaFreeAsync(temp, stream), "cudaFreeAsync(temp storage)"));
+    // The one synchronisation: the table is read on the host only after it.
+    keep_first(st, check(cudaStreamSynchronize(stream), "cudaStreamSynchronize"));
+  }
   if (!st.ok()) return st;
   if (Status bad = first_invalid_row(*made); !bad.ok()) return bad;
   return made;
@@ -123,21 +127,29 @@ Result<SpanTable> scan_host_mask(const MaskView& host_view, std::int64_t offset_
   Result<SpanTable> made = SpanTable::for_view(host_view);
   if (!made) return made.status();
   const auto bytes = static_cast<std::size_t>(host_view.extent_bytes());
-  // The pool's alignment is not documented: 255 spare bytes give a 256-byte boundary.
-  void* raw = nullptr;
-  Status st = allocate(&raw, bytes + 255 + static_cast<std::size_t>(offset_bytes), stream, "cudaMallocAsync(mask)");
+  // One block: the mask copy `offset_bytes` past a 256-byte boundary (the pool's
+  // alignment is not documented: 255 spare bytes give one), then scan_to_host()'s
+  // temporary storage at the next 256-byte boundary (the same view shape, so the size
+  // query on the host view answers for the device one).
+  std::size_t temp_bytes = 0;
+  Status st = scan_to_host(nullptr, temp_bytes, host_view, nullptr, stream);
   if (!st.ok()) return st;
-  auto* base = reinterpret_cast<std::uint8_t*>((reinterpret_cast<std::uintptr_t>(raw) + 255) & ~std::uintptr_t{255}) +
-               offset_bytes;
+  const std::size_t mask_region = bytes + 255 + static_cast<std::size_t>(offset_bytes);
+  void* raw = nullptr;
+  st = allocate(&raw, mask_region + 255 + temp_bytes, stream, "cudaMallocAsync(mask and temp storage)");
+  if (!st.ok()) return st;
+  const auto align256 = [](std::uintptr_t p) { return (p + 255) & ~std::uintptr_t{255}; };
+  const auto raw_address = reinterpret_cast<std::uintptr_t>(raw);
+  auto* base = reinterpret_cast<std::uint8_t*>(align256(raw_address)) + offset_bytes;
+  void* temp = reinterpret_cast<void*>(align256(raw_address + mask_region));
   st = check(cudaMemcpyAsync(base, host_view.data(), bytes, cudaMemcpyHostToDevice, stream),
              "cudaMemcpyAsync(mask to the device)");
   if (st.ok()) {
     // The same view (shape, strides, encoding) over the device copy.
     auto view = MaskView::make(base, host_view.dtype(), host_view.shape(), host_view.strides(), host_view.encoding());
-    bool enqueued = false;
-    st = view ? enqueue_scan_to_host(*view, *made, stream, enqueued) : view.status();
+    st = view ? scan_to_host(temp, temp_bytes, *view, made->rows.data(), stream) : view.status();
   }
-  keep_first(st, check(cudaFreeAsync(raw, stream), "cudaFreeAsync(mask)"));
+  keep_first(st, check(cudaFreeAsync(raw, stream), "cudaFreeAsync(mask and temp storage)"));
   keep_first(st, check(cudaStreamSynchronize(stream), "cudaStreamSynchronize"));
   if (!st.ok()) return st;
   // The mask is on the host: name the element, as the host scanner does.

@@ -1,13 +1,15 @@
 // masklens::gpu — the device scanner's entry points, declared for any C++20 compiler:
 // a g++ or clang translation unit (a framework's C++, a Python binding) includes this
-// header and needs neither nvcc nor the CUDA headers. The kernels are in scan.cuh; the
-// definitions are compiled once, with nvcc, from scan.cu (Meson: masklens_cuda_dep).
+// header and needs neither nvcc nor the CUDA headers. The kernels are in scan.cuh (and
+// the layers it includes); the definitions are compiled once, with nvcc, from scan.cu
+// (Meson: masklens_cuda_dep).
 // Where no CUDA is built, scan_none.cpp defines the same functions and each returns
 // device_error "masklens was built without CUDA", so callers compile either way.
 //
 // CUB conventions: two-phase temporary storage, the stream last, every CUDA call
-// checked and returned as a Status naming the call. scan_spans() never synchronises;
-// the convenience calls (scan, scan_host_mask, inspect) synchronise their stream once.
+// checked and returned as a Status naming the call. scan_spans() and scan_to_host()
+// allocate nothing and never synchronise; the convenience calls (scan, scan_host_mask,
+// inspect) allocate on the stream and synchronise it once.
 // None reads or clears the CUDA "last error", which belongs to the caller.
 #pragma once
 
@@ -54,8 +56,32 @@ using Stream = CUstream_st*;  // nullptr: the legacy default stream
 [[nodiscard]] Status scan_spans(void* d_temp_storage, std::size_t& temp_storage_bytes, const MaskView& device_view,
                                 RowSpan* d_rows, Stream stream = nullptr);
 
-// The SpanTable of a view of device memory, on the host: allocates on the stream
-// (cudaMallocAsync), scans, copies the O(rows) table back, frees, synchronises the
+namespace detail {
+
+// The device spans' bytes inside scan_to_host()'s temporary storage, rounded up to 256
+// so that the scan's own temporary storage after them starts aligned as cudaMalloc's.
+[[nodiscard]] inline std::size_t device_span_bytes(const MaskView& view) noexcept {
+  const auto bytes = static_cast<std::size_t>(span_rows(view)) * sizeof(RowSpan);
+  return (bytes + 255) / 256 * 256;
+}
+
+}  // namespace detail
+
+// The device step of a guard before an attention call, with every byte of memory from
+// the caller: scans a view of device memory into spans held in d_temp_storage, then
+// copies them into h_rows (span_rows(view) RowSpans of host memory: a
+// SpanTable::for_view(view).rows.data(); pinned memory keeps the copy asynchronous).
+// Two-phase: with d_temp_storage == nullptr only temp_storage_bytes is set (the spans'
+// bytes and scan_spans()'s, which depend on the view; no CUDA call is made). Enqueues
+// the scan and the copy on `stream` and returns without synchronising: h_rows holds the
+// spans once the stream reaches that point (then classify(), after rejecting a row with
+// kRowInvalid). d_temp_storage must be aligned to a RowSpan (8 bytes; any allocator's
+// blocks are).
+[[nodiscard]] Status scan_to_host(void* d_temp_storage, std::size_t& temp_storage_bytes, const MaskView& device_view,
+                                  RowSpan* h_rows, Stream stream = nullptr);
+
+// The SpanTable of a view of device memory, on the host: allocates scan_to_host()'s
+// temporary storage on the stream (cudaMallocAsync), runs it, frees, synchronises the
 // stream once. A row holding NaN / +inf is invalid_value naming the row.
 [[nodiscard]] Result<SpanTable> scan(const MaskView& device_view, Stream stream = nullptr);
 

@@ -28,6 +28,16 @@ Status scan_spans(void* d_temp_storage, std::size_t& temp_storage_bytes, const M
   return without_cuda();
 }
 
+Status scan_to_host(void* d_temp_storage, std::size_t& temp_storage_bytes, const MaskView& device_view, RowSpan*,
+                    Stream) {
+  // The same size as the CUDA build answers: the spans' bytes, then scan_spans()'s 1.
+  if (d_temp_storage == nullptr) {
+    temp_storage_bytes = detail::device_span_bytes(device_view) + 1;
+    return {};
+  }
+  return without_cuda();
+}
+
 Result<SpanTable> scan(const MaskView&, Stream) { return without_cuda(); }
 
 Result<SpanTable> scan_host_mask(const MaskView&, std::int64_t, Stream) { return without_cuda(); }

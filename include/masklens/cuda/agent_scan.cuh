@@ -1,0 +1,170 @@
+// The device scanner's agent: one thread's share of one row, as CUB's agents hold the
+// per-tile work of an algorithm. It reads the row (16-byte loads between a scalar head
+// and tail when the key stride is 1, one element at a time otherwise), classifies what
+// it reads, and feeds an accumulator (accumulators.cuh); the kernels that reduce the
+// threads' accumulators and the launch live in dispatch_scan.cuh. nvcc only, with one
+// exception: the host suite runs the agent on the CPU through a stand-in for the few
+// CUDA builtins it uses (uint4, __ldg, __popc, __ffs, __clz; tests/test_agent_on_host.cpp),
+// so a builtin added here is added there too.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "../additive_bits.hpp"
+#include "../element.hpp"
+#include "../mask_view.hpp"
+#include "accumulators.cuh"
+#include "scan.hpp"
+
+namespace masklens::gpu::detail {
+
+// What a kernel needs of a view: plain values, strides in bytes.
+struct ScanParams {
+  const std::uint8_t* data;
+  std::int64_t stride_bytes[4];
+  std::int64_t distinct_heads;  // heads scanned per batch: 1 when the head stride is 0
+  std::int64_t q_len;
+  std::int64_t k_len;
+  std::int64_t rows;  // distinct slices x q_len
+  Polarity polarity;  // 1-byte masks
+  AdditiveBits bits;  // 2- and 4-byte masks: the threshold and the specials as bit patterns
+};
+
+// The kernel's parameters for a view (validated by MaskView::make): byte strides, the
+// distinct slices only, the additive threshold as bits computed by the host's decoders.
+inline ScanParams scan_params(const MaskView& view) noexcept {
+  ScanParams s{};
+  s.data = static_cast<const std::uint8_t*>(view.data());
+  for (int d = 0; d < kMaxDims; ++d) s.stride_bytes[d] = view.stride(d) * element_size(view.dtype());
+  s.distinct_heads = view.stride(kHeads) == 0 ? 1 : view.heads();
+  s.q_len = view.q_len();
+  s.k_len = view.k_len();
+  s.rows = span_rows(view);
+  s.polarity = view.encoding().polarity;
+  s.bits = additive_bits(view.dtype(), view.encoding().masked_threshold);
+  return s;
+}
+
+// 0x80 in every byte of w that attends (invert = 0x80808080 for true_masks).
+__device__ __forceinline__ std::uint32_t attending_bytes(std::uint32_t w, std::uint32_t invert) {
+  return ((((w & 0x7f7f7f7fu) + 0x7f7f7f7fu) | w) & 0x80808080u) ^ invert;
+}
+
+// How a thread reads its elements, per element size: bytes against the polarity, or
+// additive values through the lane classifier the host scanner uses too.
+template <int Esize>
+struct ElementReader {
+  using Lanes = AdditiveLanes<Esize, std::uint32_t>;
+  static constexpr int kLanes = Lanes::kLanes;
+  Lanes lanes;
+  // Masks repeat one masked value: once this thread has classified a vector of it
+  // (four equal words, no lane attending), the flags are in its accumulator and equal
+  // vectors add nothing. 0 is never such a word (all-zero vectors attend and are taken
+  // first), so 0 means "none yet". Per row: a new accumulator has none of the flags.
+  std::uint32_t known_masked = 0;
+
+  __device__ explicit ElementReader(const ScanParams& s) : lanes(s.bits) {}
+
+  template <class Acc>
+  __device__ __forceinline__ void element(Acc& acc, const std::uint8_t* p, std::int64_t k, const ScanParams& s) const {
+    std::uint32_t v;
+    if constexpr (Esize == 2) v = *reinterpret_cast<const std::uint16_t*>(p);
+    else v = *reinterpret_cast<const std::uint32_t*>(p);
+    const ElementClass c = classify_bits(v, s.bits);
+    if (attends(c)) acc.add_run(k, 1);
+    acc.add_flags(row_flag(c));
+  }
+
+  template <class Acc>
+  __device__ __forceinline__ void vector(Acc& acc, const uint4& v, std::int64_t k0) {
+    if ((v.x | v.y | v.z | v.w) == 0) {  // every lane +0: all attend
+      acc.add_run(k0, kLanes);
+      return;
+    }
+    if (v.x == known_masked && v.y == known_masked && v.z == known_masked && v.w == known_masked) return;
+    const std::uint32_t words[4] = {v.x, v.y, v.z, v.w};
+    const VectorClass c = lanes.classify(words);
+    acc.add(c.attend, k0);
+    acc.add_flags(c.flags);
+    if (c.attend == 0 && v.x == v.y && v.x == v.z && v.x == v.w) known_masked = v.x;
+  }
+};
+
+template <>
+struct ElementReader<1> {
+  static constexpr int kLanes = 16;
+  std::uint32_t invert;  // 0x80808080 where true masks
+
+  __device__ explicit ElementReader(const ScanParams& s)
+      : invert(s.polarity == Polarity::true_attends ? 0u : 0x80808080u) {}
+
+  template <class Acc>
+  __device__ __forceinline__ void element(Acc& acc, const std::uint8_t* p, std::int64_t k, const ScanParams&) const {
+    if ((*p != 0) == (invert == 0)) acc.add_run(k, 1);
+  }
+
+  // Four 32-bit SWAR tests; a vector that attends everywhere or nowhere (most of a
+  // structured mask) needs no bit gathering.
+  template <class Acc>
+  __device__ __forceinline__ void vector(Acc& acc, const uint4& v, std::int64_t k0) const {
+    const std::uint32_t m0 = attending_bytes(v.x, invert), m1 = attending_bytes(v.y, invert),
+                        m2 = attending_bytes(v.z, invert), m3 = attending_bytes(v.w, invert);
+    if ((m0 | m1 | m2 | m3) == 0) return;
+    if ((m0 & m1 & m2 & m3) == 0x80808080u) {
+      acc.add_run(k0, 16);
+      return;
+    }
+    acc.add(lanes::gather_tops<std::uint32_t, 8>(m0) | lanes::gather_tops<std::uint32_t, 8>(m1) << 4 |
+                lanes::gather_tops<std::uint32_t, 8>(m2) << 8 | lanes::gather_tops<std::uint32_t, 8>(m3) << 12,
+            k0);
+  }
+};
+
+// One thread's share of a row: the thread is `lane` of the ThreadsPerRow threads (a
+// warp, or a block) that read the row together.
+template <class Policy, int Esize, RowAccumulator Accumulator, int ThreadsPerRow>
+struct AgentScanRow {
+  const ScanParams& s;
+  const ElementReader<Esize> fresh_reader;  // built once per kernel: its constants are the view's
+
+  __device__ explicit AgentScanRow(const ScanParams& params) : s(params), fresh_reader(params) {}
+
+  __device__ Accumulator scan(std::int64_t r, int lane) const {
+    const std::int64_t slice = r / s.q_len, q = r - slice * s.q_len;
+    const std::int64_t b = slice / s.distinct_heads, h = slice - b * s.distinct_heads;
+    const std::uint8_t* row = s.data + b * s.stride_bytes[0] + h * s.stride_bytes[1] + q * s.stride_bytes[2];
+    Accumulator acc{};
+    ElementReader<Esize> reader = fresh_reader;  // nothing known of this row yet
+    if (s.stride_bytes[3] != Esize) {
+      for (std::int64_t k = lane; k < s.k_len; k += ThreadsPerRow)
+        reader.element(acc, row + k * s.stride_bytes[3], k, s);
+      return acc;
+    }
+    // Up to the first 16-byte boundary one element at a time, then whole vectors, then
+    // the tail: any base address aligned to the element size works.
+    constexpr std::int64_t kPerVector = 16 / Esize;
+    const auto misalign = static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(row) & 15);
+    std::int64_t head = misalign ? (16 - misalign) / Esize : 0;
+    head = head < s.k_len ? head : s.k_len;
+    const std::int64_t n_vec = (s.k_len - head) / kPerVector;
+    for (std::int64_t k = lane; k < head; k += ThreadsPerRow) reader.element(acc, row + k * Esize, k, s);
+    const auto* vec = reinterpret_cast<const uint4*>(row + head * Esize);
+    constexpr int kInFlight = Policy::kVectorsInFlight;
+    std::int64_t v = lane;
+    for (; v + (kInFlight - 1) * ThreadsPerRow < n_vec; v += kInFlight * ThreadsPerRow) {
+      uint4 x[kInFlight];
+      MASKLENS_UNROLL
+      for (int j = 0; j < kInFlight; ++j) x[j] = __ldg(vec + v + j * ThreadsPerRow);
+      MASKLENS_UNROLL
+      for (int j = 0; j < kInFlight; ++j) reader.vector(acc, x[j], head + (v + j * ThreadsPerRow) * kPerVector);
+    }
+    for (; v < n_vec; v += ThreadsPerRow) reader.vector(acc, __ldg(vec + v), head + v * kPerVector);
+    for (std::int64_t k = head + n_vec * kPerVector + lane; k < s.k_len; k += ThreadsPerRow)
+      reader.element(acc, row + k * Esize, k, s);
+    return acc;
+  }
+};
+
+}  // namespace masklens::gpu::detail

@@ -1,0 +1,31 @@
+// CUDA runtime results as a Status naming the call, for the translation units that call
+// the runtime themselves: cuda/scan.cu and the Python extension (python/src/cuda.cpp).
+// It needs only the CUDA runtime API header, so a host compiler builds it as well as
+// nvcc; a program without the CUDA toolkit never includes it (cuda/scan.hpp does not).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <string>
+#include <utility>
+
+#include "../status.hpp"
+
+namespace masklens::gpu::detail {
+
+// "cudaMallocAsync(spans): cudaErrorMemoryAllocation: out of memory". It reads only
+// the result it is given: the CUDA "last error" stays the caller's.
+inline Status check(cudaError_t e, const char* call) {
+  if (e == cudaSuccess) return {};
+  return error(ErrorCode::device_error, std::string(call) + ": " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
+}
+
+// The first failure is the answer; a later one (a cleanup after it) is added to its
+// message, so the caller learns of a free or a synchronisation that failed as well.
+inline void keep_first(Status& first, Status next) {
+  if (next.ok()) return;
+  if (first.ok()) first = std::move(next);
+  else first = Status(first.code(), first.message() + "; then " + next.message());
+}
+
+}  // namespace masklens::gpu::detail

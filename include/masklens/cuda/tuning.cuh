@@ -1,0 +1,54 @@
+// The device scanner's launch shapes: one policy per (element size, architecture), the
+// table the dispatch layer (dispatch_scan.cuh) chooses from, as CUB's tuning policies.
+// A policy is a type whose values are its template arguments, so architectures that
+// share a shape share one compiled kernel. nvcc only (included by dispatch_scan.cuh).
+#pragma once
+
+namespace masklens::gpu::detail {
+
+template <int BlockThreads, int VectorsInFlight, int LongRowBytes>
+struct ScanPolicy {
+  static_assert(BlockThreads % 32 == 0 && BlockThreads <= 1024, "whole warps, at most 1024 threads");
+  static_assert(VectorsInFlight >= 1, "at least one load in flight");
+  // Threads of a block, in either kernel.
+  static constexpr int kBlockThreads = BlockThreads;
+  // Independent 16-byte loads each thread issues before classifying any of them: the
+  // memory-level parallelism that keeps HBM busy.
+  static constexpr int kVectorsInFlight = VectorsInFlight;
+  // Rows of at least this many bytes get a block each; shorter rows get a warp each
+  // (kWarpRowsPerBlock rows per block), which would otherwise idle most of a block.
+  static constexpr int kLongRowBytes = LongRowBytes;
+  static constexpr int kWarpRowsPerBlock = BlockThreads / 32;
+  // Enough blocks to fill any device several times over; rows beyond it loop.
+  static constexpr long long kMaxGrid = 1LL << 20;
+};
+
+// The architectures with a policy, newest first: a device takes the first one at or
+// below its compute capability (major * 100 + minor * 10), the last one if none.
+inline constexpr int kTunedArchs[] = {900, 800};
+
+template <int Esize, int Sm>
+struct ScanTuning;
+
+// sm_90 (H200): measured with bench/device_scan.cu — 256 threads and four loads in
+// flight per thread read a 4 GiB bool mask at 0.97 of a plain read (bench/README.md).
+template <>
+struct ScanTuning<1, 900> {
+  using Policy = ScanPolicy<256, 4, 2048>;
+};
+template <>
+struct ScanTuning<2, 900> {
+  using Policy = ScanPolicy<256, 4, 2048>;
+};
+template <>
+struct ScanTuning<4, 900> {
+  using Policy = ScanPolicy<256, 4, 2048>;
+};
+
+// sm_80 and older: not measured; the sm_90 shapes, which ask nothing sm_80 lacks.
+template <int Esize>
+struct ScanTuning<Esize, 800> {
+  using Policy = typename ScanTuning<Esize, 900>::Policy;
+};
+
+}  // namespace masklens::gpu::detail

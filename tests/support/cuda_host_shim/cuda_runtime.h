@@ -1,0 +1,25 @@
+// A stand-in for <cuda_runtime.h> with only what masklens/cuda/agent_scan.cuh and
+// accumulators.cuh use, so that the host suite runs the device agent's per-row logic on
+// the CPU (tests/test_agent_on_host.cpp). Never on an include path with the real CUDA
+// headers: only that test's program sees this directory.
+#pragma once
+
+#include <bit>
+#include <cstdint>
+#include <cstring>
+
+#define __device__
+#define __forceinline__ inline
+
+struct uint4 {
+  unsigned x, y, z, w;
+};
+
+inline uint4 __ldg(const uint4* p) {  // the bytes, whatever type wrote them
+  uint4 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline int __popc(unsigned x) { return std::popcount(x); }
+inline int __ffs(int x) { return x == 0 ? 0 : std::countr_zero(static_cast<unsigned>(x)) + 1; }
+inline int __clz(int x) { return std::countl_zero(static_cast<unsigned>(x)); }
