@@ -7,10 +7,13 @@
 //     error, on generated structures of every kind with modifiers, broadcast dims, flags,
 //     single-row mutations and random tables; and stays in O(runs) (no expansion, little
 //     work) for the structures issue 13 names at 69632 rows;
-//   * a candidate structure's rows produced as segments equal its rows one by one.
+//   * a candidate structure's rows produced as segments equal its rows one by one;
+//   * the device's tiled reduction (cuda/runs_tiles.hpp), replayed here with sequential
+//     scans where the kernels use CUB block scans, gives encode()'s runs.
 #include <doctest/doctest.h>
 
 #include <masklens/classify_runs.hpp>
+#include <masklens/cuda/runs_tiles.hpp>
 #include <masklens/span_runs.hpp>
 
 #include <cstdint>
@@ -247,9 +250,93 @@ detail::runs::KeyRows key_rows_of(const std::vector<RowSpan>& rows) {
   return out;
 }
 
+// The four kernels of cuda/span_runs.cuh, replayed: the same per-thread functions, an
+// exclusive scan over threads (and over tiles, 256 at a time) written out in order.
+SpanRuns replay_device_reduction(const SpanTable& t) {
+  namespace g = masklens::gpu::detail;
+  using masklens::detail::RunStep;
+  const auto n_rows = static_cast<std::int64_t>(t.rows.size());
+  const std::int64_t tiles = g::runs_tiles(n_rows);
+  std::vector<RunStep> tile_step(static_cast<std::size_t>(tiles));
+  std::vector<g::HeadCounts> tile_heads(static_cast<std::size_t>(tiles));
+  std::vector<std::uint8_t> tile_start(static_cast<std::size_t>(tiles));
+  std::vector<std::int64_t> tile_offset(static_cast<std::size_t>(tiles));
+  const auto threads_of = [&](std::int64_t tile) {
+    std::vector<g::ThreadRows> threads;
+    for (int th = 0; th < g::kRunsThreads; ++th) threads.push_back(g::thread_rows(t.rows.data(), n_rows, t.q_len, tile, th));
+    return threads;
+  };
+  for (std::int64_t tile = 0; tile < tiles; ++tile) {  // 1. tile summaries
+    RunStep before = g::identity_step();
+    g::HeadCounts total{{0, 0, 0}};
+    for (const g::ThreadRows& mine : threads_of(tile)) {
+      total = g::add(total, g::heads_per_start(mine, before));
+      before = RunStep::then(before, mine.all);
+    }
+    tile_step[static_cast<std::size_t>(tile)] = before;
+    tile_heads[static_cast<std::size_t>(tile)] = total;
+  }
+  RunStep carried = g::identity_step();  // 2. the tiles in passes of one block
+  std::int64_t runs_before = 0;
+  for (std::int64_t base = 0; base < tiles; base += g::kRunsThreads) {
+    RunStep before = g::identity_step();
+    std::int64_t offset = 0;
+    for (std::int64_t tt = base; tt < base + g::kRunsThreads && tt < tiles; ++tt) {
+      const auto k = static_cast<std::size_t>(tt);
+      const std::uint8_t start = RunStep::then(carried, before).apply(g::kRunHead);
+      tile_start[k] = start;
+      tile_offset[k] = runs_before + offset;
+      offset += tile_heads[k].n[start];
+      before = RunStep::then(before, tile_step[k]);
+    }
+    carried = RunStep::then(carried, before);
+    runs_before += offset;
+  }
+  std::vector<SpanRun> runs(static_cast<std::size_t>(n_rows));
+  for (std::int64_t tile = 0; tile < tiles; ++tile) {  // 3. heads write their runs
+    RunStep before = g::identity_step();
+    std::int64_t at = 0;
+    for (const g::ThreadRows& mine : threads_of(tile)) {
+      const std::uint8_t start = before.apply(tile_start[static_cast<std::size_t>(tile)]);
+      g::write_runs(mine, start, t.rows.data(), n_rows, t.q_len, runs.data(), tile_offset[static_cast<std::size_t>(tile)] + at);
+      at += g::heads_from(mine, start);
+      before = RunStep::then(before, mine.all);
+    }
+  }
+  for (std::int64_t k = 0; k < runs_before; ++k) g::set_length(runs.data(), k, runs_before, n_rows);  // 4. lengths
+  runs.resize(static_cast<std::size_t>(runs_before));
+  SpanRuns out = SpanRuns::shape_of(t);
+  out.runs = std::move(runs);
+  return out;
+}
+
 }  // namespace
 
 TEST_SUITE("host") {
+
+TEST_CASE("span runs: the device's tiled reduction, replayed on the host, gives encode()'s runs") {
+  Rng rng(test_seed(20261309));
+  // Around a tile (2048 rows) and a pass of the tile kernel (256 tiles = 524288 rows).
+  const std::int64_t row_counts[] = {1, 2, 9, 2047, 2048, 2049, 6000, 524287, 524289};
+  for (const std::int64_t rows : row_counts)
+    for (int rep = 0; rep < 3; ++rep) {
+      SpanTable t;
+      t.q_len = rep == 0 ? rows : rep == 1 ? 1 : (rows % 3 == 0 && rows > 3 ? 3 : rows);
+      t.batch = t.distinct_batch = rows / t.q_len;
+      t.heads = t.distinct_heads = 1;
+      t.k_len = uniform(rng, 1, 200);
+      MaskStructure spec = random_structure(rng, 1, t.q_len, t.k_len);
+      const double noise = rows > 100000 ? 0.001 : 0.1;
+      for (std::int64_t i = 0; i < rows; ++i)
+        t.rows.push_back(coin(rng, noise) ? random_row(rng, t.k_len, coin(rng, 0.3)) : spec.row(0, i % t.q_len));
+      INFO("rows " << rows << " q_len " << t.q_len);
+      const SpanRuns replayed = replay_device_reduction(t);
+      const Result<SpanRuns> encoded = SpanRuns::encode(t);
+      REQUIRE(encoded.ok());
+      REQUIRE(replayed.runs.size() == encoded->runs.size());
+      for (std::size_t k = 0; k < replayed.runs.size(); ++k) REQUIRE(replayed.runs[k] == encoded->runs[k]);
+    }
+}
 
 TEST_CASE("span runs: encode then expand gives back every table bit for bit") {
   Rng rng(test_seed(20261301));

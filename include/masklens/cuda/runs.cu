@@ -1,0 +1,163 @@
+// The run reduction's entry points (declared in runs.hpp), compiled once with nvcc into
+// masklens_cuda_dep beside scan.cu. Every CUDA call's result is checked and returned as a
+// Status naming the call; cleanup failures are reported too, after any earlier failure.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "runs.hpp"
+#include "span_runs.cuh"
+
+namespace masklens::gpu {
+
+namespace {
+
+Status check(cudaError_t e, const char* call) {
+  if (e == cudaSuccess) return {};
+  return error(ErrorCode::device_error, std::string(call) + ": " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
+}
+
+void keep_first(Status& first, Status next) {
+  if (next.ok()) return;
+  if (first.ok()) first = std::move(next);
+  else first = Status(first.code(), first.message() + "; then " + next.message());
+}
+
+// Tiles are blocks of one launch: at most 2^31 - 1 of them.
+constexpr std::int64_t kMaxRows = (std::int64_t{1} << 31) - 1;
+
+// Runs copied back with the count in the first copy (16 KiB): the masks frameworks pass
+// have far fewer, so one copy and one synchronisation bring everything.
+constexpr std::int64_t kEagerRuns = 256;
+
+// The device block scan_runs allocates: [count, padded to 64 bytes][runs][spans][temps].
+struct Block {
+  std::size_t runs_at = 64, spans_at = 0, scan_temp_at = 0, runs_temp_at = 0, bytes = 0;
+};
+
+std::size_t align256(std::size_t n) { return (n + 255) & ~std::size_t{255}; }
+
+}  // namespace
+
+Status reduce_runs(void* d_temp_storage, std::size_t& temp_storage_bytes, const RowSpan* d_rows, std::int64_t rows,
+                   std::int64_t q_len, SpanRun* d_runs, std::int64_t* d_run_count, Stream stream) {
+  if (rows < 1 || q_len < 1 || rows % q_len != 0)
+    return error(ErrorCode::invalid_argument, "rows (" + std::to_string(rows) + ") must be a positive multiple of q_len (" +
+                                                  std::to_string(q_len) + ")");
+  if (rows > kMaxRows)
+    return error(ErrorCode::invalid_argument, "rows (" + std::to_string(rows) + ") must be at most 2^31 - 1");
+  if (d_temp_storage == nullptr) {
+    temp_storage_bytes = detail::runs_temp_layout(rows, nullptr, nullptr);
+    return {};
+  }
+  const std::size_t needed = detail::runs_temp_layout(rows, nullptr, nullptr);
+  if (temp_storage_bytes < needed)
+    return error(ErrorCode::invalid_argument, "temp_storage_bytes is " + std::to_string(temp_storage_bytes) +
+                                                  "; pass what the size query set (" + std::to_string(needed) + ")");
+  if (d_rows == nullptr) return error(ErrorCode::invalid_argument, "d_rows is null");
+  if (d_runs == nullptr) return error(ErrorCode::invalid_argument, "d_runs is null");
+  if (d_run_count == nullptr) return error(ErrorCode::invalid_argument, "d_run_count is null");
+  if (reinterpret_cast<std::uintptr_t>(d_rows) % alignof(RowSpan) != 0)
+    return error(ErrorCode::misaligned_pointer, "d_rows is not aligned to RowSpan");
+  if (reinterpret_cast<std::uintptr_t>(d_runs) % alignof(SpanRun) != 0)
+    return error(ErrorCode::misaligned_pointer, "d_runs is not aligned to SpanRun");
+  if (reinterpret_cast<std::uintptr_t>(d_run_count) % alignof(std::int64_t) != 0)
+    return error(ErrorCode::misaligned_pointer, "d_run_count is not aligned to 8 bytes");
+  if (reinterpret_cast<std::uintptr_t>(d_temp_storage) % 256 != 0)
+    return error(ErrorCode::misaligned_pointer, "d_temp_storage is not aligned to 256 bytes");
+  detail::RunsTemp temp{};
+  detail::runs_temp_layout(rows, d_temp_storage, &temp);
+  return check(detail::launch_reduce_runs(d_rows, rows, q_len, temp, d_runs, d_run_count, stream),
+               "cudaLaunchKernelEx(run kernels)");
+}
+
+Result<SpanRuns> scan_runs(const MaskView& device_view, Stream stream) {
+  if (device_view.data() == nullptr) return error(ErrorCode::invalid_argument, "view is empty (data is null)");
+  SpanRuns out;
+  out.batch = device_view.batch();
+  out.heads = device_view.heads();
+  out.q_len = device_view.q_len();
+  out.k_len = device_view.k_len();
+  out.distinct_batch = device_view.stride(kBatch) == 0 ? 1 : device_view.batch();
+  out.distinct_heads = device_view.stride(kHeads) == 0 ? 1 : device_view.heads();
+  const std::int64_t rows = span_rows(device_view);
+  if (rows > kMaxRows)
+    return error(ErrorCode::invalid_argument, "the view has " + std::to_string(rows) +
+                                                  " rows to scan; runs are reduced for at most 2^31 - 1");
+  std::size_t scan_temp = 0, runs_temp = 0;
+  Status st = scan_spans(nullptr, scan_temp, device_view, nullptr, stream);
+  if (st.ok()) st = reduce_runs(nullptr, runs_temp, nullptr, rows, out.q_len, nullptr, nullptr, stream);
+  if (!st.ok()) return st;
+  const auto n = static_cast<std::size_t>(rows);
+  Block layout;
+  layout.spans_at = align256(layout.runs_at + n * sizeof(SpanRun));
+  layout.scan_temp_at = align256(layout.spans_at + n * sizeof(RowSpan));
+  layout.runs_temp_at = align256(layout.scan_temp_at + std::max<std::size_t>(scan_temp, 1));
+  layout.bytes = layout.runs_temp_at + runs_temp;
+  // cudaMallocAsync leaves the pointer unspecified on failure; null means "nothing to free".
+  void* block = nullptr;
+  st = check(cudaMallocAsync(&block, layout.bytes, stream), "cudaMallocAsync(runs)");
+  if (!st.ok()) return st;
+  auto* base = static_cast<std::uint8_t*>(block);
+  auto* d_count = reinterpret_cast<std::int64_t*>(base);
+  auto* d_runs = reinterpret_cast<SpanRun*>(base + layout.runs_at);
+  auto* d_rows = reinterpret_cast<RowSpan*>(base + layout.spans_at);
+  st = scan_spans(base + layout.scan_temp_at, scan_temp, device_view, d_rows, stream);
+  if (st.ok()) st = reduce_runs(base + layout.runs_temp_at, runs_temp, d_rows, rows, out.q_len, d_runs, d_count, stream);
+  // The count and the first runs in one copy: bytes [0, 64 + eager runs) of the block.
+  const std::int64_t eager = std::min(rows, kEagerRuns);
+  std::vector<std::uint8_t> head;
+  std::int64_t count = 0;
+  if (st.ok()) {
+    st = catch_alloc([&]() -> Status {
+      head.resize(layout.runs_at + static_cast<std::size_t>(eager) * sizeof(SpanRun));
+      return {};
+    });
+  }
+  if (st.ok())
+    st = check(cudaMemcpyAsync(head.data(), block, head.size(), cudaMemcpyDeviceToHost, stream),
+               "cudaMemcpyAsync(run count and first runs to the host)");
+  if (st.ok()) st = check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  if (st.ok()) {
+    std::memcpy(&count, head.data(), sizeof count);
+    if (count < 1 || count > rows)
+      st = error(ErrorCode::device_error, "the run reduction returned " + std::to_string(count) + " runs for " +
+                                              std::to_string(rows) + " rows");
+  }
+  if (st.ok())
+    st = catch_alloc([&]() -> Status {
+      out.runs.resize(static_cast<std::size_t>(count));
+      return {};
+    });
+  if (st.ok()) {
+    const std::int64_t first = std::min(count, eager);
+    std::memcpy(out.runs.data(), head.data() + layout.runs_at, static_cast<std::size_t>(first) * sizeof(SpanRun));
+    if (count > first) {
+      st = check(cudaMemcpyAsync(out.runs.data() + first, d_runs + first,
+                                 static_cast<std::size_t>(count - first) * sizeof(SpanRun), cudaMemcpyDeviceToHost,
+                                 stream),
+                 "cudaMemcpyAsync(runs to the host)");
+    }
+  }
+  keep_first(st, check(cudaFreeAsync(block, stream), "cudaFreeAsync(runs)"));
+  keep_first(st, check(cudaStreamSynchronize(stream), "cudaStreamSynchronize"));
+  if (!st.ok()) return st;
+  // A NaN / +inf row: named as scan() names it (the first flagged run's first row).
+  for (const SpanRun& r : out.runs)
+    if (r.flags & kRowInvalid) {
+      const std::int64_t slice = r.row / out.q_len;
+      return error(ErrorCode::invalid_value,
+                   "mask row [" + std::to_string(slice / out.distinct_heads) + ", " +
+                       std::to_string(slice % out.distinct_heads) + ", " + std::to_string(r.row % out.q_len) +
+                       "] holds NaN or +inf; an additive mask holds 0, a bias, or -inf / a value <= the threshold");
+    }
+  return out;
+}
+
+}  // namespace masklens::gpu
