@@ -113,7 +113,7 @@ std::vector<SpanRun> naive_runs(const SpanTable& t) {
 std::vector<std::int64_t> heads_by_grouped_scan(const SpanTable& t, Rng& rng) {
   const auto n = static_cast<std::int64_t>(t.rows.size());
   std::vector<detail::RunStep> steps(static_cast<std::size_t>(n));
-  for (std::int64_t i = 0; i < n; ++i) steps[static_cast<std::size_t>(i)] = detail::RunStep::at(t.rows.data(), i, t.q_len);
+  for (std::int64_t i = 0; i < n; ++i) steps[static_cast<std::size_t>(i)] = detail::RunStep::at(t.rows.data(), i, i % t.q_len);
   // Group aggregates, then each group's prefix from the aggregates before it.
   std::vector<std::int64_t> cuts{0};
   while (cuts.back() < n) cuts.push_back(std::min(n, cuts.back() + uniform(rng, 1, 9)));

@@ -122,11 +122,10 @@ struct RunStep {
     r.map = static_cast<std::uint8_t>(b.apply(a.apply(0)) | (b.apply(a.apply(1)) << 2) | (b.apply(a.apply(2)) << 4));
     return r;
   }
-  // Row i of a table with slices of q_len rows. Reads rows i-2 only where row i-1 is
-  // not the first of its slice (then row i-1 may be a second row, whose run holds i-2).
-  MASKLENS_HOST_DEVICE static constexpr RunStep at(const RowSpan* rows, std::int64_t i, std::int64_t q_len) noexcept {
+  // Row i of a table, row q of its slice. Reads row i-2 only where row i-1 is not the
+  // first of its slice (then row i-1 may be a second row, whose run holds i-2).
+  MASKLENS_HOST_DEVICE static constexpr RunStep at(const RowSpan* rows, std::int64_t i, std::int64_t q) noexcept {
     RunStep r;  // a slice's first row, or a row that may not share a run with the previous one
-    const std::int64_t q = i % q_len;
     if (q == 0 || !may_share_run(rows[i - 1], rows[i])) return r;
     // After a head: the second row. After a second or later row: on the step, or a new head.
     const bool on_step = q >= 2 && continues_step(rows[i - 2], rows[i - 1], rows[i]);
@@ -221,13 +220,16 @@ struct SpanRuns {
       SpanRuns out = shape_of(table);
       const RowSpan* rows = table.rows.data();
       const auto n = static_cast<std::int64_t>(table.rows.size());
-      std::uint8_t position = detail::kRunHead;
-      std::int64_t head = 0;
-      for (std::int64_t i = 1; i <= n; ++i) {
-        position = i < n ? detail::RunStep::at(rows, i, table.q_len).apply(position) : std::uint8_t{detail::kRunHead};
-        if (position != detail::kRunHead) continue;
-        out.runs.push_back(detail::make_run(rows, head, i));
-        head = i;
+      for (std::int64_t slice = 0; slice * table.q_len < n; ++slice) {
+        const RowSpan* first = rows + slice * table.q_len;
+        std::uint8_t position = detail::kRunHead;
+        std::int64_t head = 0;
+        for (std::int64_t q = 1; q <= table.q_len; ++q) {
+          position = q < table.q_len ? detail::RunStep::at(first, q, q).apply(position) : std::uint8_t{detail::kRunHead};
+          if (position != detail::kRunHead) continue;
+          out.runs.push_back(detail::make_run(rows, slice * table.q_len + head, slice * table.q_len + q));
+          head = q;
+        }
       }
       return out;
     });

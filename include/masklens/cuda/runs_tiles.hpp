@@ -60,7 +60,7 @@ MASKLENS_HOST_DEVICE inline ThreadRows thread_rows(const RowSpan* rows, std::int
   t.all = identity_step();
   for (int k = 0; k < kRunsRowsPerThread; ++k) {
     const std::int64_t i = t.begin + k;
-    t.steps[k] = i < n_rows ? RunStep::at(rows, i, q_len) : identity_step();
+    t.steps[k] = i < n_rows ? RunStep::at(rows, i, i % q_len) : identity_step();
     t.count += i < n_rows ? 1 : 0;
     t.all = RunStep::then(t.all, t.steps[k]);
   }
