@@ -68,8 +68,6 @@ TEST_CASE("gpu runs API: the size query needs no device; arguments are checked b
         ErrorCode::misaligned_pointer);
   CHECK(gpu::reduce_runs(fake(0x40000), bytes, rows, 8, 4, static_cast<SpanRun*>(fake(0x20004)), count).code() ==
         ErrorCode::misaligned_pointer);
-  CHECK(gpu::reduce_runs(fake(0x40004), bytes, rows, 8, 4, runs, count).message() ==
-        "d_temp_storage is not aligned to 256 bytes");
   auto empty = gpu::scan_runs(MaskView{});
   REQUIRE_FALSE(empty.ok());
   CHECK(empty.status().message() == "view is empty (data is null)");

@@ -60,8 +60,9 @@ SpanRuns device_runs(const SpanTable& t, cudaStream_t stream = nullptr) {
   REQUIRE_CUDA(cudaDeviceSynchronize());
   std::size_t temp_bytes = 0;
   REQUIRE(gpu::reduce_runs(nullptr, temp_bytes, nullptr, rows, t.q_len, nullptr, nullptr, stream).ok());
-  DeviceBuffer temp(temp_bytes);
-  const Status st = gpu::reduce_runs(temp.get(), temp_bytes, d_rows.get<RowSpan>(), rows, t.q_len,
+  // Storage 8 bytes past the allocation's start: any 8-byte boundary will do.
+  DeviceBuffer temp(temp_bytes + 8);
+  const Status st = gpu::reduce_runs(temp.get() + 8, temp_bytes, d_rows.get<RowSpan>(), rows, t.q_len,
                                      d_runs.get<SpanRun>(), d_count.get<std::int64_t>(), stream);
   REQUIRE_MESSAGE(st.ok(), st.to_string());
   std::int64_t count = -1;
@@ -343,8 +344,6 @@ TEST_CASE("reduce_runs: two-phase on the caller's stream, recorded into a CUDA g
     CHECK(call(temp.get(), temp_bytes, r, rows, t.q_len, out, nullptr) == "d_run_count is null");
     CHECK(call(temp.get(), temp_bytes, reinterpret_cast<RowSpan*>(d_rows.get() + 4), rows - 1, rows - 1, out, count) ==
           "d_rows is not aligned to RowSpan");
-    CHECK(call(temp.get<std::uint8_t>() + 8, temp_bytes, r, rows, t.q_len, out, count) ==
-          "d_temp_storage is not aligned to 256 bytes");
   }
   REQUIRE_CUDA(cudaStreamDestroy(stream));
 }

@@ -52,11 +52,12 @@ Status reduce_runs(void* d_temp_storage, std::size_t& temp_storage_bytes, const 
                                                   std::to_string(q_len) + ")");
   if (rows > kMaxRows)
     return error(ErrorCode::invalid_argument, "rows (" + std::to_string(rows) + ") must be at most 2^31 - 1");
+  // 255 spare bytes: the tile arrays start at the first 256-byte boundary of the storage.
+  const std::size_t needed = detail::runs_temp_layout(rows, nullptr, nullptr) + 255;
   if (d_temp_storage == nullptr) {
-    temp_storage_bytes = detail::runs_temp_layout(rows, nullptr, nullptr);
+    temp_storage_bytes = needed;
     return {};
   }
-  const std::size_t needed = detail::runs_temp_layout(rows, nullptr, nullptr);
   if (temp_storage_bytes < needed)
     return error(ErrorCode::invalid_argument, "temp_storage_bytes is " + std::to_string(temp_storage_bytes) +
                                                   "; pass what the size query set (" + std::to_string(needed) + ")");
@@ -69,10 +70,9 @@ Status reduce_runs(void* d_temp_storage, std::size_t& temp_storage_bytes, const 
     return error(ErrorCode::misaligned_pointer, "d_runs is not aligned to SpanRun");
   if (reinterpret_cast<std::uintptr_t>(d_run_count) % alignof(std::int64_t) != 0)
     return error(ErrorCode::misaligned_pointer, "d_run_count is not aligned to 8 bytes");
-  if (reinterpret_cast<std::uintptr_t>(d_temp_storage) % 256 != 0)
-    return error(ErrorCode::misaligned_pointer, "d_temp_storage is not aligned to 256 bytes");
   detail::RunsTemp temp{};
-  detail::runs_temp_layout(rows, d_temp_storage, &temp);
+  const auto aligned = (reinterpret_cast<std::uintptr_t>(d_temp_storage) + 255) & ~std::uintptr_t{255};
+  detail::runs_temp_layout(rows, reinterpret_cast<void*>(aligned), &temp);
   return check(detail::launch_reduce_runs(d_rows, rows, q_len, temp, d_runs, d_run_count, stream),
                "cudaLaunchKernelEx(run kernels)");
 }
