@@ -196,15 +196,21 @@ struct SpanRuns {
     std::int64_t next = 0;
     for (std::size_t i = 0; i < runs.size(); ++i) {
       const SpanRun& r = runs[i];
+      const bool tiles = r.row == next && r.length >= 1 && r.length <= rows() - r.row &&
+                         r.row / q_len == (r.row + r.length - 1) / q_len;
+      if (tiles) {
+        next = r.row + r.length;
+        continue;
+      }
       const std::string name = "span runs run " + text(static_cast<std::int64_t>(i));
       if (r.row != next)
-        return error(ErrorCode::invalid_argument, name + " starts at row " + text(r.row) + "; runs must tile the rows in order (expected " + text(next) + ")");
+        return error(ErrorCode::invalid_argument, name + " starts at row " + text(r.row) +
+                                                      "; runs must tile the rows in order (expected " + text(next) + ")");
       if (r.length < 1 || r.length > rows() - r.row)
-        return error(ErrorCode::invalid_argument, name + " length " + text(r.length) + " must be in [1, " + text(rows() - r.row) + "]");
-      if (r.row / q_len != (r.row + r.length - 1) / q_len)
-        return error(ErrorCode::invalid_argument, name + " (rows " + text(r.row) + " to " + text(r.row + r.length - 1) +
-                                                      ") crosses a slice boundary (q_len " + text(q_len) + ")");
-      next = r.row + r.length;
+        return error(ErrorCode::invalid_argument,
+                     name + " length " + text(r.length) + " must be in [1, " + text(rows() - r.row) + "]");
+      return error(ErrorCode::invalid_argument, name + " (rows " + text(r.row) + " to " + text(r.row + r.length - 1) +
+                                                    ") crosses a slice boundary (q_len " + text(q_len) + ")");
     }
     if (next != rows())
       return error(ErrorCode::invalid_argument, "span runs cover " + text(next) + " rows of " + text(rows()) +
