@@ -154,6 +154,7 @@ Buffers make_buffers(std::int64_t rows, const MaskView& any_view) {
   b.capacity = rows;
   CHECK_CUDA(cudaMalloc(&b.rows, rows * sizeof(RowSpan)));
   CHECK_CUDA(cudaMalloc(&b.runs_block, 64 + rows * sizeof(SpanRun)));
+  CHECK_CUDA(cudaMemset(b.runs_block, 0, 64 + rows * sizeof(SpanRun)));  // the copy reads 256 runs, written or not
   require(gpu::scan_spans(nullptr, b.scan_temp_bytes, any_view, nullptr), "scan_spans size");
   require(gpu::reduce_runs(nullptr, b.runs_temp_bytes, nullptr, rows, rows, nullptr, nullptr), "reduce_runs size");
   CHECK_CUDA(cudaMalloc(&b.scan_temp, std::max<std::size_t>(b.scan_temp_bytes, 1)));

@@ -108,15 +108,19 @@ Result<SpanRuns> scan_runs(const MaskView& device_view, Stream stream) {
   auto* d_count = reinterpret_cast<std::int64_t*>(base);
   auto* d_runs = reinterpret_cast<SpanRun*>(base + layout.runs_at);
   auto* d_rows = reinterpret_cast<RowSpan*>(base + layout.spans_at);
-  st = scan_spans(base + layout.scan_temp_at, scan_temp, device_view, d_rows, stream);
-  if (st.ok()) st = reduce_runs(base + layout.runs_temp_at, runs_temp, d_rows, rows, out.q_len, d_runs, d_count, stream);
-  // The count and the first runs in one copy: bytes [0, 64 + eager runs) of the block.
+  // The count and the first runs come back in one copy of bytes [0, 64 + eager runs) of
+  // the block: zeroed first, so that the copy reads no byte the kernels leave unwritten
+  // (the count's padding, the runs past the count; compute-sanitizer initcheck).
   const std::int64_t eager = std::min(rows, kEagerRuns);
+  const std::size_t head_bytes = layout.runs_at + static_cast<std::size_t>(eager) * sizeof(SpanRun);
+  st = check(cudaMemsetAsync(block, 0, head_bytes, stream), "cudaMemsetAsync(run count and first runs)");
+  if (st.ok()) st = scan_spans(base + layout.scan_temp_at, scan_temp, device_view, d_rows, stream);
+  if (st.ok()) st = reduce_runs(base + layout.runs_temp_at, runs_temp, d_rows, rows, out.q_len, d_runs, d_count, stream);
   std::vector<std::uint8_t> head;
   std::int64_t count = 0;
   if (st.ok()) {
     st = catch_alloc([&]() -> Status {
-      head.resize(layout.runs_at + static_cast<std::size_t>(eager) * sizeof(SpanRun));
+      head.resize(head_bytes);
       return {};
     });
   }
