@@ -156,7 +156,7 @@ Buffers make_buffers(std::int64_t rows, const MaskView& any_view) {
   CHECK_CUDA(cudaMalloc(&b.runs_block, 64 + rows * sizeof(SpanRun)));
   CHECK_CUDA(cudaMemset(b.runs_block, 0, 64 + rows * sizeof(SpanRun)));  // the copy reads 256 runs, written or not
   require(gpu::scan_spans(nullptr, b.scan_temp_bytes, any_view, nullptr), "scan_spans size");
-  require(gpu::reduce_runs(nullptr, b.runs_temp_bytes, nullptr, rows, rows, nullptr, nullptr), "reduce_runs size");
+  require(gpu::reduce_runs(nullptr, b.runs_temp_bytes, nullptr, rows, rows, nullptr, 1, nullptr), "reduce_runs size");
   CHECK_CUDA(cudaMalloc(&b.scan_temp, std::max<std::size_t>(b.scan_temp_bytes, 1)));
   CHECK_CUDA(cudaMalloc(&b.runs_temp, b.runs_temp_bytes));
   CHECK_CUDA(cudaMallocHost(&b.host, 64 + rows * sizeof(SpanRun)));
@@ -268,7 +268,7 @@ int main(int argc, char** argv) {
         std::size_t runs_temp = buf.runs_temp_bytes;
         const auto reduce_now = [&](cudaStream_t s) {
           require(gpu::reduce_runs(buf.runs_temp, runs_temp, buf.rows, L, L, reinterpret_cast<SpanRun*>(buf.runs_block + 64),
-                                   reinterpret_cast<std::int64_t*>(buf.runs_block), s),
+                                   buf.capacity, reinterpret_cast<std::int64_t*>(buf.runs_block), s),
                   "reduce_runs");
         };
         const float reduce = median_event_ms(reps, [&] { reduce_now(nullptr); });

@@ -30,7 +30,7 @@ TEST_CASE("gpu runs API: built without CUDA, every call says so") {
   REQUIRE(view.ok());
   const std::string why = "masklens was built without CUDA";
   std::size_t temp_bytes = 0;
-  const Status size = gpu::reduce_runs(nullptr, temp_bytes, nullptr, 6, 6, nullptr, nullptr);
+  const Status size = gpu::reduce_runs(nullptr, temp_bytes, nullptr, 6, 6, nullptr, 1, nullptr);
   CHECK(size.code() == ErrorCode::device_error);
   CHECK(begins_with(size.message(), why));
   auto runs = gpu::scan_runs(*view);
@@ -45,8 +45,8 @@ TEST_CASE("gpu runs API: built without CUDA, every call says so") {
 
 TEST_CASE("gpu runs API: the size query needs no device; arguments are checked before any CUDA call") {
   std::size_t small = 0, large = 0;
-  REQUIRE(gpu::reduce_runs(nullptr, small, nullptr, 7, 7, nullptr, nullptr).ok());
-  REQUIRE(gpu::reduce_runs(nullptr, large, nullptr, 69632 * 8, 69632, nullptr, nullptr).ok());
+  REQUIRE(gpu::reduce_runs(nullptr, small, nullptr, 7, 7, nullptr, 1, nullptr).ok());
+  REQUIRE(gpu::reduce_runs(nullptr, large, nullptr, 69632 * 8, 69632, nullptr, 1, nullptr).ok());
   CHECK(small > 0);
   CHECK(large > small);  // tile arrays grow with the rows
   std::size_t bytes = large;
@@ -54,19 +54,20 @@ TEST_CASE("gpu runs API: the size query needs no device; arguments are checked b
   auto* rows = static_cast<const RowSpan*>(fake(0x10000));
   auto* runs = static_cast<SpanRun*>(fake(0x20000));
   auto* count = static_cast<std::int64_t*>(fake(0x30000));
-  CHECK(gpu::reduce_runs(fake(0x40000), bytes, rows, 10, 4, runs, count).message() ==
+  CHECK(gpu::reduce_runs(fake(0x40000), bytes, rows, 10, 4, runs, 8, count).message() ==
         "rows (10) must be a positive multiple of q_len (4)");
-  CHECK(gpu::reduce_runs(fake(0x40000), bytes, rows, 0, 4, runs, count).code() == ErrorCode::invalid_argument);
-  CHECK(gpu::reduce_runs(fake(0x40000), bytes, rows, std::int64_t{1} << 31, 1, runs, count).message() ==
+  CHECK(gpu::reduce_runs(fake(0x40000), bytes, rows, 0, 4, runs, 8, count).code() == ErrorCode::invalid_argument);
+  CHECK(gpu::reduce_runs(fake(0x40000), bytes, rows, std::int64_t{1} << 31, 1, runs, 8, count).message() ==
         "rows (2147483648) must be at most 2^31 - 1");
   std::size_t none = 0;
-  CHECK(begins_with(gpu::reduce_runs(fake(0x40000), none, rows, 8, 4, runs, count).message(), "temp_storage_bytes is 0"));
-  CHECK(gpu::reduce_runs(fake(0x40000), bytes, nullptr, 8, 4, runs, count).message() == "d_rows is null");
-  CHECK(gpu::reduce_runs(fake(0x40000), bytes, rows, 8, 4, nullptr, count).message() == "d_runs is null");
-  CHECK(gpu::reduce_runs(fake(0x40000), bytes, rows, 8, 4, runs, nullptr).message() == "d_run_count is null");
-  CHECK(gpu::reduce_runs(fake(0x40000), bytes, static_cast<const RowSpan*>(fake(0x10004)), 8, 4, runs, count).code() ==
+  CHECK(begins_with(gpu::reduce_runs(fake(0x40000), none, rows, 8, 4, runs, 8, count).message(), "temp_storage_bytes is 0"));
+  CHECK(gpu::reduce_runs(fake(0x40000), bytes, rows, 8, 4, runs, 0, count).message() == "max_runs must be >= 1, got 0");
+  CHECK(gpu::reduce_runs(fake(0x40000), bytes, nullptr, 8, 4, runs, 8, count).message() == "d_rows is null");
+  CHECK(gpu::reduce_runs(fake(0x40000), bytes, rows, 8, 4, nullptr, 8, count).message() == "d_runs is null");
+  CHECK(gpu::reduce_runs(fake(0x40000), bytes, rows, 8, 4, runs, 8, nullptr).message() == "d_run_count is null");
+  CHECK(gpu::reduce_runs(fake(0x40000), bytes, static_cast<const RowSpan*>(fake(0x10004)), 8, 4, runs, 8, count).code() ==
         ErrorCode::misaligned_pointer);
-  CHECK(gpu::reduce_runs(fake(0x40000), bytes, rows, 8, 4, static_cast<SpanRun*>(fake(0x20004)), count).code() ==
+  CHECK(gpu::reduce_runs(fake(0x40000), bytes, rows, 8, 4, static_cast<SpanRun*>(fake(0x20004)), 8, count).code() ==
         ErrorCode::misaligned_pointer);
   auto empty = gpu::scan_runs(MaskView{});
   REQUIRE_FALSE(empty.ok());

@@ -252,7 +252,7 @@ detail::runs::KeyRows key_rows_of(const std::vector<RowSpan>& rows) {
 
 // The four kernels of cuda/span_runs.cuh, replayed: the same per-thread functions, an
 // exclusive scan over threads (and over tiles, 256 at a time) written out in order.
-SpanRuns replay_device_reduction(const SpanTable& t) {
+SpanRuns replay_device_reduction(const SpanTable& t, std::int64_t max_runs, std::int64_t* count_out = nullptr) {
   namespace g = masklens::gpu::detail;
   using masklens::detail::RunStep;
   const auto n_rows = static_cast<std::int64_t>(t.rows.size());
@@ -292,19 +292,23 @@ SpanRuns replay_device_reduction(const SpanTable& t) {
     carried = RunStep::then(carried, before);
     runs_before += offset;
   }
-  std::vector<SpanRun> runs(static_cast<std::size_t>(n_rows));
+  std::vector<SpanRun> runs(static_cast<std::size_t>(max_runs));
+  std::int64_t next_row = -1;
   for (std::int64_t tile = 0; tile < tiles; ++tile) {  // 3. heads write their runs
     RunStep before = g::identity_step();
     std::int64_t at = 0;
     for (const g::ThreadRows& mine : threads_of(tile)) {
       const std::uint8_t start = before.apply(tile_start[static_cast<std::size_t>(tile)]);
-      g::write_runs(mine, start, t.rows.data(), n_rows, t.q_len, runs.data(), tile_offset[static_cast<std::size_t>(tile)] + at);
+      g::write_runs(mine, start, t.rows.data(), n_rows, t.q_len, runs.data(), max_runs, &next_row,
+                    tile_offset[static_cast<std::size_t>(tile)] + at);
       at += g::heads_from(mine, start);
       before = RunStep::then(before, mine.all);
     }
   }
-  for (std::int64_t k = 0; k < runs_before; ++k) g::set_length(runs.data(), k, runs_before, n_rows);  // 4. lengths
-  runs.resize(static_cast<std::size_t>(runs_before));
+  const std::int64_t stored = std::min(runs_before, max_runs);
+  for (std::int64_t k = 0; k < stored; ++k) g::set_length(runs.data(), k, runs_before, n_rows, max_runs, &next_row);
+  runs.resize(static_cast<std::size_t>(stored));  // 4. lengths
+  if (count_out) *count_out = runs_before;
   SpanRuns out = SpanRuns::shape_of(t);
   out.runs = std::move(runs);
   return out;
@@ -330,11 +334,17 @@ TEST_CASE("span runs: the device's tiled reduction, replayed on the host, gives 
       for (std::int64_t i = 0; i < rows; ++i)
         t.rows.push_back(coin(rng, noise) ? random_row(rng, t.k_len, coin(rng, 0.3)) : spec.row(0, i % t.q_len));
       INFO("rows " << rows << " q_len " << t.q_len);
-      const SpanRuns replayed = replay_device_reduction(t);
       const Result<SpanRuns> encoded = SpanRuns::encode(t);
       REQUIRE(encoded.ok());
-      REQUIRE(replayed.runs.size() == encoded->runs.size());
-      for (std::size_t k = 0; k < replayed.runs.size(); ++k) REQUIRE(replayed.runs[k] == encoded->runs[k]);
+      const auto n = static_cast<std::int64_t>(encoded->runs.size());
+      // Room for every run (the most there can be: a run per row), and for fewer.
+      for (const std::int64_t room : {rows, n, std::max<std::int64_t>(1, n / 2), std::int64_t{1}}) {
+        std::int64_t count = 0;
+        const SpanRuns replayed = replay_device_reduction(t, room, &count);
+        CHECK(count == n);
+        REQUIRE(static_cast<std::int64_t>(replayed.runs.size()) == std::min(n, room));
+        for (std::size_t k = 0; k < replayed.runs.size(); ++k) REQUIRE(replayed.runs[k] == encoded->runs[k]);
+      }
     }
 }
 

@@ -48,30 +48,34 @@ class DeviceBuffer {
   void* p_ = nullptr;
 };
 
-// reduce_runs on the table's rows, on `stream`, back on the host.
-SpanRuns device_runs(const SpanTable& t, cudaStream_t stream = nullptr) {
+// reduce_runs on the table's rows with room for `room` runs (0: one per row, the most
+// there can be), on `stream`, back on the host; *count_out gets the count.
+SpanRuns device_runs(const SpanTable& t, cudaStream_t stream = nullptr, std::int64_t room = 0,
+                     std::int64_t* count_out = nullptr) {
   const auto rows = static_cast<std::int64_t>(t.rows.size());
-  DeviceBuffer d_rows(t.rows.size() * sizeof(RowSpan)), d_runs(t.rows.size() * sizeof(SpanRun)),
+  if (room == 0) room = rows;
+  DeviceBuffer d_rows(t.rows.size() * sizeof(RowSpan)), d_runs(static_cast<std::size_t>(room) * sizeof(SpanRun)),
       d_count(sizeof(std::int64_t));
   REQUIRE_CUDA(cudaMemcpy(d_rows.get(), t.rows.data(), t.rows.size() * sizeof(RowSpan), cudaMemcpyHostToDevice));
   // Leftovers must not pass for results.
-  REQUIRE_CUDA(cudaMemset(d_runs.get(), 0xab, t.rows.size() * sizeof(SpanRun)));
+  REQUIRE_CUDA(cudaMemset(d_runs.get(), 0xab, static_cast<std::size_t>(room) * sizeof(SpanRun)));
   REQUIRE_CUDA(cudaMemset(d_count.get(), 0xab, sizeof(std::int64_t)));
   REQUIRE_CUDA(cudaDeviceSynchronize());
   std::size_t temp_bytes = 0;
-  REQUIRE(gpu::reduce_runs(nullptr, temp_bytes, nullptr, rows, t.q_len, nullptr, nullptr, stream).ok());
+  REQUIRE(gpu::reduce_runs(nullptr, temp_bytes, nullptr, rows, t.q_len, nullptr, 1, nullptr, stream).ok());
   // Storage 8 bytes past the allocation's start: any 8-byte boundary will do.
   DeviceBuffer temp(temp_bytes + 8);
   const Status st = gpu::reduce_runs(temp.get() + 8, temp_bytes, d_rows.get<RowSpan>(), rows, t.q_len,
-                                     d_runs.get<SpanRun>(), d_count.get<std::int64_t>(), stream);
+                                     d_runs.get<SpanRun>(), room, d_count.get<std::int64_t>(), stream);
   REQUIRE_MESSAGE(st.ok(), st.to_string());
   std::int64_t count = -1;
   REQUIRE_CUDA(cudaMemcpyAsync(&count, d_count.get(), sizeof count, cudaMemcpyDeviceToHost, stream));
   REQUIRE_CUDA(cudaStreamSynchronize(stream));
   REQUIRE(count >= 1);
   REQUIRE(count <= rows);
+  if (count_out) *count_out = count;
   SpanRuns out = SpanRuns::shape_of(t);
-  out.runs.resize(static_cast<std::size_t>(count));
+  out.runs.resize(static_cast<std::size_t>(std::min(count, room)));
   REQUIRE_CUDA(cudaMemcpy(out.runs.data(), d_runs.get(), out.runs.size() * sizeof(SpanRun), cudaMemcpyDeviceToHost));
   return out;
 }
@@ -156,6 +160,15 @@ TEST_CASE("device runs equal the host encoding on random tables, across tile and
       Result<SpanRuns> host = SpanRuns::encode(t);
       REQUIRE(host.ok());
       require_same_runs(*host, device_runs(t));
+      // With room for fewer runs than there are: the count in full, the first runs stored.
+      const auto n = static_cast<std::int64_t>(host->runs.size());
+      if (n > 1) {
+        std::int64_t count = 0;
+        SpanRuns some = *host;
+        some.runs.resize(static_cast<std::size_t>(n / 2));
+        require_same_runs(some, device_runs(t, nullptr, n / 2, &count));
+        CHECK(count == n);
+      }
       ++compared;
     }
   // Every row its own run, and one run over every row.
@@ -216,27 +229,30 @@ TEST_CASE("scan_runs and inspect_runs equal encode(scan) and inspect on generate
   MESSAGE("scan_runs == encode(scan) and inspect_runs == inspect on " << compared << " masks");
 }
 
-TEST_CASE("more runs than the first copy brings: the rest follow") {
-  // Every row a different interval: 3000 runs, past the 256 copied with the count.
-  const std::int64_t L = 3000;
-  std::vector<std::uint8_t> m(static_cast<std::size_t>(L * L), 0);
-  for (std::int64_t q = 0; q < L; ++q) {
-    const std::int64_t lo = (q * 7919) % L, hi = std::min(L - 1, lo + (q * 31) % 97);
-    for (std::int64_t k = lo; k <= hi; ++k) m[static_cast<std::size_t>(q * L + k)] = 1;
+TEST_CASE("more runs than the first copy brings, and more than scan_runs makes room for: the rest follow") {
+  // A different interval per row (runs of two rows): 1500 runs, past the 256 copied with
+  // the count; then 10000 rows, 5000 runs, past the 4096 scan_runs has room for at first.
+  for (const std::int64_t L : {std::int64_t{3000}, std::int64_t{10000}}) {
+    std::vector<std::uint8_t> m(static_cast<std::size_t>(L * L), 0);
+    for (std::int64_t q = 0; q < L; ++q) {
+      const std::int64_t lo = (q * 7919) % L, hi = std::min(L - 1, lo + (q * 31) % 97);
+      for (std::int64_t k = lo; k <= hi; ++k) m[static_cast<std::size_t>(q * L + k)] = 1;
+    }
+    DeviceBuffer mask(m.size());
+    REQUIRE_CUDA(cudaMemcpy(mask.get(), m.data(), m.size(), cudaMemcpyHostToDevice));
+    REQUIRE_CUDA(cudaDeviceSynchronize());
+    const std::int64_t shape[] = {L, L};
+    auto view = MaskView::contiguous(mask.get(), ElementType::boolean, shape);
+    REQUIRE(view.ok());
+    auto runs = gpu::scan_runs(*view);
+    auto table = gpu::scan(*view);
+    REQUIRE(runs.ok());
+    REQUIRE(table.ok());
+    INFO("L " << L);
+    CHECK(static_cast<std::int64_t>(runs->runs.size()) > L / 3);
+    require_same_runs(*SpanRuns::encode(*table), *runs);
+    CHECK(structure_fields(*gpu::inspect_runs(*view)) == structure_fields(*classify(*table)));
   }
-  DeviceBuffer mask(m.size());
-  REQUIRE_CUDA(cudaMemcpy(mask.get(), m.data(), m.size(), cudaMemcpyHostToDevice));
-  REQUIRE_CUDA(cudaDeviceSynchronize());
-  const std::int64_t shape[] = {L, L};
-  auto view = MaskView::contiguous(mask.get(), ElementType::boolean, shape);
-  REQUIRE(view.ok());
-  auto runs = gpu::scan_runs(*view);
-  auto table = gpu::scan(*view);
-  REQUIRE(runs.ok());
-  REQUIRE(table.ok());
-  CHECK(runs->runs.size() > 1000);
-  require_same_runs(*SpanRuns::encode(*table), *runs);
-  CHECK(structure_fields(*gpu::inspect_runs(*view)) == structure_fields(*classify(*table)));
 }
 
 TEST_CASE("69632^2 bool causal and left-padded causal: one and two runs, the verdicts of inspect") {
@@ -298,14 +314,14 @@ TEST_CASE("reduce_runs: two-phase on the caller's stream, recorded into a CUDA g
   cudaStream_t stream = nullptr;
   REQUIRE_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   std::size_t temp_bytes = 0;
-  REQUIRE(gpu::reduce_runs(nullptr, temp_bytes, nullptr, rows, t.q_len, nullptr, nullptr, stream).ok());
+  REQUIRE(gpu::reduce_runs(nullptr, temp_bytes, nullptr, rows, t.q_len, nullptr, 1, nullptr, stream).ok());
   CHECK(temp_bytes > 0);
   DeviceBuffer temp(temp_bytes);
 
   SUBCASE("captured: a synchronisation inside would invalidate the capture") {
     REQUIRE_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
     const Status st = gpu::reduce_runs(temp.get(), temp_bytes, d_rows.get<RowSpan>(), rows, t.q_len,
-                                       d_runs.get<SpanRun>(), d_count.get<std::int64_t>(), stream);
+                                       d_runs.get<SpanRun>(), rows, d_count.get<std::int64_t>(), stream);
     cudaGraph_t graph = nullptr;
     const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
     REQUIRE_MESSAGE(st.ok(), st.to_string());
@@ -331,7 +347,7 @@ TEST_CASE("reduce_runs: two-phase on the caller's stream, recorded into a CUDA g
     const auto call = [&](void* tmp, std::size_t bytes, const RowSpan* r, std::int64_t n, std::int64_t q, SpanRun* out,
                           std::int64_t* count) {
       std::size_t b = bytes;
-      return gpu::reduce_runs(tmp, b, r, n, q, out, count, stream).message();
+      return gpu::reduce_runs(tmp, b, r, n, q, out, n, count, stream).message();
     };
     RowSpan* r = d_rows.get<RowSpan>();
     SpanRun* out = d_runs.get<SpanRun>();

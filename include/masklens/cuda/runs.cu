@@ -32,9 +32,11 @@ void keep_first(Status& first, Status next) {
 // Tiles are blocks of one launch: at most 2^31 - 1 of them.
 constexpr std::int64_t kMaxRows = (std::int64_t{1} << 31) - 1;
 
-// Runs copied back with the count in the first copy (16 KiB): the masks frameworks pass
-// have far fewer, so one copy and one synchronisation bring everything.
+// Runs copied back with the count in the first copy (16 KiB), and the room scan_runs
+// allocates: the masks frameworks pass have far fewer, so one copy and one
+// synchronisation bring everything; more than kRunRoom are reduced a second time.
 constexpr std::int64_t kEagerRuns = 256;
+constexpr std::int64_t kRunRoom = 4096;
 
 // The device block scan_runs allocates: [count, padded to 64 bytes][runs][spans][temps].
 struct Block {
@@ -46,7 +48,8 @@ std::size_t align256(std::size_t n) { return (n + 255) & ~std::size_t{255}; }
 }  // namespace
 
 Status reduce_runs(void* d_temp_storage, std::size_t& temp_storage_bytes, const RowSpan* d_rows, std::int64_t rows,
-                   std::int64_t q_len, SpanRun* d_runs, std::int64_t* d_run_count, Stream stream) {
+                   std::int64_t q_len, SpanRun* d_runs, std::int64_t max_runs, std::int64_t* d_run_count,
+                   Stream stream) {
   if (rows < 1 || q_len < 1 || rows % q_len != 0)
     return error(ErrorCode::invalid_argument, "rows (" + std::to_string(rows) + ") must be a positive multiple of q_len (" +
                                                   std::to_string(q_len) + ")");
@@ -61,6 +64,7 @@ Status reduce_runs(void* d_temp_storage, std::size_t& temp_storage_bytes, const 
   if (temp_storage_bytes < needed)
     return error(ErrorCode::invalid_argument, "temp_storage_bytes is " + std::to_string(temp_storage_bytes) +
                                                   "; pass what the size query set (" + std::to_string(needed) + ")");
+  if (max_runs < 1) return error(ErrorCode::invalid_argument, "max_runs must be >= 1, got " + std::to_string(max_runs));
   if (d_rows == nullptr) return error(ErrorCode::invalid_argument, "d_rows is null");
   if (d_runs == nullptr) return error(ErrorCode::invalid_argument, "d_runs is null");
   if (d_run_count == nullptr) return error(ErrorCode::invalid_argument, "d_run_count is null");
@@ -73,7 +77,7 @@ Status reduce_runs(void* d_temp_storage, std::size_t& temp_storage_bytes, const 
   detail::RunsTemp temp{};
   const auto aligned = (reinterpret_cast<std::uintptr_t>(d_temp_storage) + 255) & ~std::uintptr_t{255};
   detail::runs_temp_layout(rows, reinterpret_cast<void*>(aligned), &temp);
-  return check(detail::launch_reduce_runs(d_rows, rows, q_len, temp, d_runs, d_run_count, stream),
+  return check(detail::launch_reduce_runs(d_rows, rows, q_len, temp, d_runs, max_runs, d_run_count, stream),
                "cudaLaunchKernelEx(run kernels)");
 }
 
@@ -92,12 +96,12 @@ Result<SpanRuns> scan_runs(const MaskView& device_view, Stream stream) {
                                                   " rows to scan; runs are reduced for at most 2^31 - 1");
   std::size_t scan_temp = 0, runs_temp = 0;
   Status st = scan_spans(nullptr, scan_temp, device_view, nullptr, stream);
-  if (st.ok()) st = reduce_runs(nullptr, runs_temp, nullptr, rows, out.q_len, nullptr, nullptr, stream);
+  if (st.ok()) st = reduce_runs(nullptr, runs_temp, nullptr, rows, out.q_len, nullptr, 1, nullptr, stream);
   if (!st.ok()) return st;
-  const auto n = static_cast<std::size_t>(rows);
+  const std::int64_t room = std::min(rows, kRunRoom), eager = std::min(room, kEagerRuns);
   Block layout;
-  layout.spans_at = align256(layout.runs_at + n * sizeof(SpanRun));
-  layout.scan_temp_at = align256(layout.spans_at + n * sizeof(RowSpan));
+  layout.spans_at = align256(layout.runs_at + static_cast<std::size_t>(room) * sizeof(SpanRun));
+  layout.scan_temp_at = align256(layout.spans_at + static_cast<std::size_t>(rows) * sizeof(RowSpan));
   layout.runs_temp_at = align256(layout.scan_temp_at + std::max<std::size_t>(scan_temp, 1));
   layout.bytes = layout.runs_temp_at + runs_temp;
   // cudaMallocAsync leaves the pointer unspecified on failure; null means "nothing to free".
@@ -108,22 +112,21 @@ Result<SpanRuns> scan_runs(const MaskView& device_view, Stream stream) {
   auto* d_count = reinterpret_cast<std::int64_t*>(base);
   auto* d_runs = reinterpret_cast<SpanRun*>(base + layout.runs_at);
   auto* d_rows = reinterpret_cast<RowSpan*>(base + layout.spans_at);
+  void* runs_temp_at = base + layout.runs_temp_at;
   // The count and the first runs come back in one copy of bytes [0, 64 + eager runs) of
   // the block: zeroed first, so that the copy reads no byte the kernels leave unwritten
   // (the count's padding, the runs past the count; compute-sanitizer initcheck).
-  const std::int64_t eager = std::min(rows, kEagerRuns);
   const std::size_t head_bytes = layout.runs_at + static_cast<std::size_t>(eager) * sizeof(SpanRun);
   st = check(cudaMemsetAsync(block, 0, head_bytes, stream), "cudaMemsetAsync(run count and first runs)");
   if (st.ok()) st = scan_spans(base + layout.scan_temp_at, scan_temp, device_view, d_rows, stream);
-  if (st.ok()) st = reduce_runs(base + layout.runs_temp_at, runs_temp, d_rows, rows, out.q_len, d_runs, d_count, stream);
+  if (st.ok()) st = reduce_runs(runs_temp_at, runs_temp, d_rows, rows, out.q_len, d_runs, room, d_count, stream);
   std::vector<std::uint8_t> head;
   std::int64_t count = 0;
-  if (st.ok()) {
+  if (st.ok())
     st = catch_alloc([&]() -> Status {
       head.resize(head_bytes);
       return {};
     });
-  }
   if (st.ok())
     st = check(cudaMemcpyAsync(head.data(), block, head.size(), cudaMemcpyDeviceToHost, stream),
                "cudaMemcpyAsync(run count and first runs to the host)");
@@ -139,16 +142,27 @@ Result<SpanRuns> scan_runs(const MaskView& device_view, Stream stream) {
       out.runs.resize(static_cast<std::size_t>(count));
       return {};
     });
+  void* more = nullptr;  // room for every run, where there are more than `room`
   if (st.ok()) {
     const std::int64_t first = std::min(count, eager);
     std::memcpy(out.runs.data(), head.data() + layout.runs_at, static_cast<std::size_t>(first) * sizeof(SpanRun));
-    if (count > first) {
-      st = check(cudaMemcpyAsync(out.runs.data() + first, d_runs + first,
+    const SpanRun* from = d_runs;
+    if (count > room) {
+      st = check(cudaMallocAsync(&more, static_cast<std::size_t>(count) * sizeof(SpanRun), stream),
+                 "cudaMallocAsync(every run)");
+      if (!st.ok()) more = nullptr;
+      if (st.ok())
+        st = reduce_runs(runs_temp_at, runs_temp, d_rows, rows, out.q_len, static_cast<SpanRun*>(more), count, d_count,
+                         stream);
+      from = static_cast<const SpanRun*>(more);
+    }
+    if (st.ok() && count > first)
+      st = check(cudaMemcpyAsync(out.runs.data() + first, from + first,
                                  static_cast<std::size_t>(count - first) * sizeof(SpanRun), cudaMemcpyDeviceToHost,
                                  stream),
                  "cudaMemcpyAsync(runs to the host)");
-    }
   }
+  if (more) keep_first(st, check(cudaFreeAsync(more, stream), "cudaFreeAsync(every run)"));
   keep_first(st, check(cudaFreeAsync(block, stream), "cudaFreeAsync(runs)"));
   keep_first(st, check(cudaStreamSynchronize(stream), "cudaStreamSynchronize"));
   if (!st.ok()) return st;

@@ -23,20 +23,24 @@
 namespace masklens::gpu {
 
 // Reduces `rows` RowSpans at d_rows (device memory, slices of `q_len` rows laid out as
-// SpanTable::rows) to their runs: d_runs[0, n) (device memory with room for `rows` runs,
-// the most there can be) and n in *d_run_count (device memory), exactly the runs
-// SpanRuns::encode gives for the same rows. Two-phase: with d_temp_storage == nullptr
-// only temp_storage_bytes is set (no CUDA call is made). Enqueues on `stream` and
+// SpanTable::rows) to their runs, exactly the runs SpanRuns::encode gives for the same
+// rows: their number n in *d_run_count and the first min(n, max_runs) in d_runs (device
+// memory with room for max_runs runs; `rows` runs are the most there can be, and a
+// caller who finds n > max_runs calls again with room for n). Two-phase: with
+// d_temp_storage == nullptr only temp_storage_bytes is set (no CUDA call is made); the
+// storage needs no particular alignment beyond 8 bytes. Enqueues on `stream` and
 // returns; the runs are there once the stream reaches that point. invalid_argument for
-// rows < 1, q_len < 1, rows not a multiple of q_len, null or misaligned pointers.
+// rows < 1 or past 2^31 - 1, q_len < 1, rows not a multiple of q_len, max_runs < 1, null
+// pointers; misaligned_pointer for pointers off their type's alignment.
 [[nodiscard]] Status reduce_runs(void* d_temp_storage, std::size_t& temp_storage_bytes, const RowSpan* d_rows,
-                                 std::int64_t rows, std::int64_t q_len, SpanRun* d_runs, std::int64_t* d_run_count,
-                                 Stream stream = nullptr);
+                                 std::int64_t rows, std::int64_t q_len, SpanRun* d_runs, std::int64_t max_runs,
+                                 std::int64_t* d_run_count, Stream stream = nullptr);
 
 // The SpanRuns of a view of device memory, on the host: allocates on the stream
-// (cudaMallocAsync), scans (scan_spans), reduces, copies back the run count with the
-// first runs in one copy (the rest, if any, in a second), frees, synchronises the stream.
-// A row holding NaN / +inf is invalid_value naming the row, as scan() says it.
+// (cudaMallocAsync: the spans and room for 4096 runs), scans (scan_spans), reduces,
+// copies back the run count with the first 256 runs in one copy (the rest, if any, in a
+// second; past 4096 runs it reduces again into room for them all), frees, synchronises
+// the stream. A row holding NaN / +inf is invalid_value naming the row, as scan() says it.
 [[nodiscard]] Result<SpanRuns> scan_runs(const MaskView& device_view, Stream stream = nullptr);
 
 // A view of device memory to its structure: scan_runs() then classify(SpanRuns) on the

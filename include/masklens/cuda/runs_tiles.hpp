@@ -86,26 +86,36 @@ MASKLENS_HOST_DEVICE inline HeadCounts heads_per_start(const ThreadRows& t, RunS
   return c;
 }
 
-// Writes the run of every head among the thread's rows, from d_runs[at] on; the row
-// before them has position `start`. A run's length is left for set_length: here it is 1,
-// or 2 where the next row joins (a head's next row is its second iff it may share the
-// run), which is what make_run needs to read the step.
+// Writes the run of every head among the thread's rows, numbered from `at`, into
+// d_runs[0, max_runs); the first head past them leaves its row in *next_row (where the
+// last stored run ends). The row before the thread's rows has position `start`. A run's
+// length is left for set_length: here it is 1, or 2 where the next row joins (a head's
+// next row is its second iff it may share the run), which is what make_run needs to
+// read the step.
 MASKLENS_HOST_DEVICE inline void write_runs(const ThreadRows& t, std::uint8_t start, const RowSpan* rows,
                                             std::int64_t n_rows, std::int64_t q_len, SpanRun* d_runs,
-                                            std::int64_t at) noexcept {
+                                            std::int64_t max_runs, std::int64_t* next_row, std::int64_t at) noexcept {
   std::uint8_t position = start;
   for (int k = 0; k < kRunsRowsPerThread; ++k) {
     position = t.steps[k].apply(position);
     if (k >= t.count || position != kRunHead) continue;
     const std::int64_t i = t.begin + k;
-    const bool joins = i + 1 < n_rows && (i + 1) % q_len != 0 && masklens::detail::may_share_run(rows[i], rows[i + 1]);
-    d_runs[at++] = masklens::detail::make_run(rows, i, joins ? i + 2 : i + 1);
+    if (at < max_runs) {
+      const bool joins =
+          i + 1 < n_rows && (i + 1) % q_len != 0 && masklens::detail::may_share_run(rows[i], rows[i + 1]);
+      d_runs[at] = masklens::detail::make_run(rows, i, joins ? i + 2 : i + 1);
+    } else if (at == max_runs) {
+      *next_row = i;
+    }
+    ++at;
   }
 }
 
-// Run k of n ends where run k + 1 begins (the last at the last row).
-MASKLENS_HOST_DEVICE inline void set_length(SpanRun* d_runs, std::int64_t k, std::int64_t n, std::int64_t n_rows) noexcept {
-  const std::int64_t end = k + 1 < n ? d_runs[k + 1].row : n_rows;
+// Stored run k of n ends where run k + 1 begins: stored, or past max_runs at *next_row;
+// the last ends at the last row.
+MASKLENS_HOST_DEVICE inline void set_length(SpanRun* d_runs, std::int64_t k, std::int64_t n, std::int64_t n_rows,
+                                            std::int64_t max_runs, const std::int64_t* next_row) noexcept {
+  const std::int64_t end = k + 1 >= n ? n_rows : k + 1 < max_runs ? d_runs[k + 1].row : *next_row;
   d_runs[k].length = end - d_runs[k].row;
 }
 

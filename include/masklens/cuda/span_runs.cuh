@@ -45,6 +45,7 @@ struct RunsTemp {
   HeadCounts* tile_heads;     // [tiles] its heads per position of the row before it
   std::uint8_t* tile_start;   // [tiles] the position of the row before it
   std::int64_t* tile_offset;  // [tiles] the index of its first run
+  std::int64_t* next_row;     // [1] the first row of run max_runs, where the last stored run ends
 };
 
 inline std::size_t align_up(std::size_t n) noexcept { return (n + 255) & ~std::size_t{255}; }
@@ -52,16 +53,17 @@ inline std::size_t align_up(std::size_t n) noexcept { return (n + 255) & ~std::s
 // Bytes of temporary storage for `rows` rows, and the layout over `base` (null: sizes only).
 inline std::size_t runs_temp_layout(std::int64_t rows, void* base, RunsTemp* out) noexcept {
   const auto tiles = static_cast<std::size_t>(runs_tiles(rows));
-  const std::size_t sizes[4] = {align_up(tiles * sizeof(RunStep)), align_up(tiles * sizeof(HeadCounts)),
-                                align_up(tiles), align_up(tiles * sizeof(std::int64_t))};
+  const std::size_t sizes[5] = {align_up(tiles * sizeof(RunStep)), align_up(tiles * sizeof(HeadCounts)),
+                                align_up(tiles), align_up(tiles * sizeof(std::int64_t)), align_up(sizeof(std::int64_t))};
   if (base && out) {
     auto* p = static_cast<std::uint8_t*>(base);
     out->tile_step = reinterpret_cast<RunStep*>(p);
     out->tile_heads = reinterpret_cast<HeadCounts*>(p + sizes[0]);
     out->tile_start = p + sizes[0] + sizes[1];
     out->tile_offset = reinterpret_cast<std::int64_t*>(p + sizes[0] + sizes[1] + sizes[2]);
+    out->next_row = reinterpret_cast<std::int64_t*>(p + sizes[0] + sizes[1] + sizes[2] + sizes[3]);
   }
-  return sizes[0] + sizes[1] + sizes[2] + sizes[3];
+  return sizes[0] + sizes[1] + sizes[2] + sizes[3] + sizes[4];
 }
 
 // 1. Tile summaries: the tile's transition and its heads per position of the row before it.
@@ -111,9 +113,9 @@ __global__ void __launch_bounds__(kRunsThreads) runs_tile_prefix(std::int64_t ti
   if (threadIdx.x == 0) *d_run_count = runs_before;
 }
 
-// 3. Every head writes its run.
+// 3. Every head writes its run (those past max_runs are counted, not stored).
 __global__ void __launch_bounds__(kRunsThreads) runs_write(const RowSpan* rows, std::int64_t n_rows, std::int64_t q_len,
-                                                           RunsTemp temp, SpanRun* d_runs) {
+                                                           RunsTemp temp, SpanRun* d_runs, std::int64_t max_runs) {
   using Scan = cub::BlockScan<RunStep, kRunsThreads>;
   using CountScan = cub::BlockScan<std::int64_t, kRunsThreads>;
   __shared__ typename Scan::TempStorage scan;
@@ -124,24 +126,26 @@ __global__ void __launch_bounds__(kRunsThreads) runs_write(const RowSpan* rows, 
   const std::uint8_t start = before.apply(temp.tile_start[blockIdx.x]);
   std::int64_t at = 0;
   CountScan(count_scan).ExclusiveSum(heads_from(mine, start), at);
-  write_runs(mine, start, rows, n_rows, q_len, d_runs, temp.tile_offset[blockIdx.x] + at);
+  write_runs(mine, start, rows, n_rows, q_len, d_runs, max_runs, temp.next_row, temp.tile_offset[blockIdx.x] + at);
 }
 
-// 4. Lengths: each run ends where the next begins.
+// 4. Lengths: each stored run ends where the next begins.
 __global__ void __launch_bounds__(kRunsThreads) runs_lengths(std::int64_t n_rows, const std::int64_t* d_run_count,
-                                                             SpanRun* d_runs) {
-  const std::int64_t n = *d_run_count;
-  for (std::int64_t k = static_cast<std::int64_t>(blockIdx.x) * kRunsThreads + threadIdx.x; k < n;
+                                                             SpanRun* d_runs, std::int64_t max_runs,
+                                                             const std::int64_t* next_row) {
+  const std::int64_t n = *d_run_count, stored = n < max_runs ? n : max_runs;
+  for (std::int64_t k = static_cast<std::int64_t>(blockIdx.x) * kRunsThreads + threadIdx.x; k < stored;
        k += static_cast<std::int64_t>(gridDim.x) * kRunsThreads)
-    set_length(d_runs, k, n, n_rows);
+    set_length(d_runs, k, n, n_rows, max_runs, next_row);
 }
 
 // Enqueues the four kernels on `stream`; the first failing launch's status, or success.
 // Preconditions (checked by the entry point): 1 <= n_rows < 2^31, q_len >= 1, n_rows a
 // multiple of q_len, temp laid out by runs_temp_layout for n_rows, d_runs with room for
-// n_rows runs.
+// max_runs >= 1 runs.
 inline cudaError_t launch_reduce_runs(const RowSpan* d_rows, std::int64_t n_rows, std::int64_t q_len, RunsTemp temp,
-                                      SpanRun* d_runs, std::int64_t* d_run_count, cudaStream_t stream) {
+                                      SpanRun* d_runs, std::int64_t max_runs, std::int64_t* d_run_count,
+                                      cudaStream_t stream) {
   const std::int64_t tiles = runs_tiles(n_rows);
   cudaLaunchConfig_t config{};
   config.blockDim = dim3(kRunsThreads);
@@ -153,12 +157,16 @@ inline cudaError_t launch_reduce_runs(const RowSpan* d_rows, std::int64_t n_rows
   if (cudaError_t e = cudaLaunchKernelEx(&config, runs_tile_prefix, tiles, temp, d_run_count); e != cudaSuccess)
     return e;
   config.gridDim = dim3(static_cast<unsigned>(tiles));
-  if (cudaError_t e = cudaLaunchKernelEx(&config, runs_write, d_rows, n_rows, q_len, temp, d_runs); e != cudaSuccess)
+  if (cudaError_t e = cudaLaunchKernelEx(&config, runs_write, d_rows, n_rows, q_len, temp, d_runs, max_runs);
+      e != cudaSuccess)
     return e;
-  // Up to n_rows runs: blocks past the count return at once; past 2^20 blocks the grid loops.
-  const std::int64_t blocks = (n_rows + kRunsThreads - 1) / kRunsThreads;
+  // Up to min(n_rows, max_runs) runs: blocks past the count return at once; past 2^20
+  // blocks the grid loops.
+  const std::int64_t most = n_rows < max_runs ? n_rows : max_runs;
+  const std::int64_t blocks = (most + kRunsThreads - 1) / kRunsThreads;
   config.gridDim = dim3(static_cast<unsigned>(blocks < (1 << 20) ? blocks : (1 << 20)));
-  return cudaLaunchKernelEx(&config, runs_lengths, n_rows, static_cast<const std::int64_t*>(d_run_count), d_runs);
+  return cudaLaunchKernelEx(&config, runs_lengths, n_rows, static_cast<const std::int64_t*>(d_run_count), d_runs,
+                            max_runs, static_cast<const std::int64_t*>(temp.next_row));
 }
 
 }  // namespace masklens::gpu::detail
