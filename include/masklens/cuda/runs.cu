@@ -164,7 +164,10 @@ Result<SpanRuns> scan_runs(const MaskView& device_view, Stream stream) {
   }
   if (more) keep_first(st, check(cudaFreeAsync(more, stream), "cudaFreeAsync(every run)"));
   keep_first(st, check(cudaFreeAsync(block, stream), "cudaFreeAsync(runs)"));
-  keep_first(st, check(cudaStreamSynchronize(stream), "cudaStreamSynchronize"));
+  // The runs past the first copy are read only after a second synchronisation; with none
+  // (or after a failure, whatever was enqueued) the frees need no wait.
+  const bool copied_more = st.ok() && count > eager;
+  if (copied_more || !st.ok()) keep_first(st, check(cudaStreamSynchronize(stream), "cudaStreamSynchronize"));
   if (!st.ok()) return st;
   // A NaN / +inf row: named as scan() names it (the first flagged run's first row).
   for (const SpanRun& r : out.runs)

@@ -39,8 +39,9 @@ namespace masklens::gpu {
 // The SpanRuns of a view of device memory, on the host: allocates on the stream
 // (cudaMallocAsync: the spans and room for 4096 runs), scans (scan_spans), reduces,
 // copies back the run count with the first 256 runs in one copy (the rest, if any, in a
-// second; past 4096 runs it reduces again into room for them all), frees, synchronises
-// the stream. A row holding NaN / +inf is invalid_value naming the row, as scan() says it.
+// second; past 4096 runs it reduces again into room for them all), frees. It
+// synchronises the stream once, twice past 256 runs. A row holding NaN / +inf is
+// invalid_value naming the row, as scan() says it.
 [[nodiscard]] Result<SpanRuns> scan_runs(const MaskView& device_view, Stream stream = nullptr);
 
 // A view of device memory to its structure: scan_runs() then classify(SpanRuns) on the
