@@ -29,7 +29,8 @@ void keep_first(Status& first, Status next) {
   else first = Status(first.code(), first.message() + "; then " + next.message());
 }
 
-// Tiles are blocks of one launch: at most 2^31 - 1 of them.
+// The rows one reduction takes (64 GiB of spans): its tiles, a grid's blocks, stay under
+// 2^20, and the grid dimensions are unsigned.
 constexpr std::int64_t kMaxRows = (std::int64_t{1} << 31) - 1;
 
 // Runs copied back with the count in the first copy (16 KiB), and the room scan_runs

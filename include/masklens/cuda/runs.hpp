@@ -28,7 +28,7 @@ namespace masklens::gpu {
 // memory with room for max_runs runs; `rows` runs are the most there can be, and a
 // caller who finds n > max_runs calls again with room for n). Two-phase: with
 // d_temp_storage == nullptr only temp_storage_bytes is set (no CUDA call is made); the
-// storage needs no particular alignment beyond 8 bytes. Enqueues on `stream` and
+// storage may start at any address. Enqueues on `stream` and
 // returns; the runs are there once the stream reaches that point. invalid_argument for
 // rows < 1 or past 2^31 - 1, q_len < 1, rows not a multiple of q_len, max_runs < 1, null
 // pointers; misaligned_pointer for pointers off their type's alignment.
