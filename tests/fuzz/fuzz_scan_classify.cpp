@@ -1,7 +1,10 @@
 // libFuzzer: bytes -> a mask view -> scan -> classify; every row scans as the
-// element-by-element reference does, and a structured verdict renders back to the mask
-// element for element (the proof property).
+// element-by-element reference does, a structured verdict renders back to the mask
+// element for element (the proof property), and the table's runs expand back to it bit
+// for bit and classify to the same verdict, or the same error (classify_runs.hpp).
+#include <masklens/classify_runs.hpp>
 #include <masklens/masklens.hpp>
+#include <masklens/span_runs.hpp>
 
 #include <cstdint>
 #include <cstring>
@@ -35,8 +38,30 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
                                                                       view->stride(3) * esize, dtype, enc);
     if (!fast.same_keys(want) || fast.flags != want.flags) __builtin_trap();
   }
-  auto verdict = masklens::inspect(*view);
-  if (!verdict || verdict->kind == masklens::StructureKind::arbitrary) return 0;
+  auto table = masklens::scan(*view);
+  if (!table) return 0;
+  auto verdict = masklens::classify(*table);
+  // The runs: exact, and the verdict (or error) of the rows, on the run path held to it.
+  auto runs = masklens::SpanRuns::encode(*table);
+  if (!runs) __builtin_trap();
+  auto back = runs->expand();
+  if (!back || back->rows.size() != table->rows.size() ||
+      std::memcmp(back->rows.data(), table->rows.data(), table->rows.size() * sizeof(masklens::RowSpan)) != 0)
+    __builtin_trap();
+  const auto from_runs = masklens::detail::runs::classify_runs(*runs, {0, 64, 1 << 14}, nullptr);
+  if (from_runs.ok() != verdict.ok()) __builtin_trap();
+  if (!verdict) {
+    if (from_runs.status().to_string() != verdict.status().to_string()) __builtin_trap();
+    return 0;
+  }
+  const auto same = [](const masklens::MaskStructure& a, const masklens::MaskStructure& b) {
+    return a.batch == b.batch && a.heads == b.heads && a.q_len == b.q_len && a.k_len == b.k_len && a.kind == b.kind &&
+           a.alignment == b.alignment && a.window == b.window && a.chunk == b.chunk && a.prefix == b.prefix &&
+           a.blocks == b.blocks && a.segments == b.segments && a.kv_valid == b.kv_valid && a.q_valid == b.q_valid &&
+           a.empty_rows == b.empty_rows && a.finite_masked_rows == b.finite_masked_rows && a.bias == b.bias;
+  };
+  if (!same(*from_runs, *verdict)) __builtin_trap();
+  if (verdict->kind == masklens::StructureKind::arbitrary) return 0;
   for (std::int64_t r = 0; r < q; ++r)
     for (std::int64_t c = 0; c < k; ++c)
       if (verdict->allows(0, r, c) != masklens::attends(view->at(0, 0, r, c))) __builtin_trap();

@@ -1,0 +1,333 @@
+// The whole device step — scan on the GPU, runs to the host, classify, decide — against
+// one plain read of the mask (issue 13's goal: within 1.1x), on 65536^2 and 69632^2
+// bool and bf16 masks: causal, sliding window 4096, 3 packed documents, left-padded
+// causal. Per case, in one run:
+//   read       a vectorised 16-byte read of the mask's bytes (the baseline)
+//   scan       scan_spans (device, CUDA events)
+//   reduce     reduce_runs (device, CUDA events)
+//   copy       the run count and the runs to the host, synchronised (host clock)
+//   classify   classify(SpanRuns) on the host
+//   decide     decide(structure, call) on the host
+//   step       inspect_runs + decide as a program calls them (allocation on the stream's
+//              pool, one synchronisation): median, and its first call on the mask
+//   buffers    the same with the caller's buffers (no allocation): scan_spans,
+//              reduce_runs, the copy, classify, decide
+//   rows path  gpu::inspect + decide: every row to the host, classify(SpanTable)
+// Ratios are to the read. bf16 masks hold 0 / finfo(bf16).min as transformers writes them
+// (--neg-inf: 0 / -inf). Writes a JSON line per case with --json FILE; --only SUBSTRING
+// runs the cases whose name holds it.
+#include <cuda_runtime.h>
+#include <masklens/classify_runs.hpp>
+#include <masklens/cuda/runs.hpp>
+#include <masklens/cuda/scan.hpp>
+#include <masklens/masklens.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+using namespace masklens;
+
+namespace {
+
+#define CHECK_CUDA(x)                                                      \
+  do {                                                                     \
+    cudaError_t e_ = (x);                                                  \
+    if (e_ != cudaSuccess) {                                               \
+      std::fprintf(stderr, "%s failed: %s\n", #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                        \
+    }                                                                      \
+  } while (0)
+// The program owns the CUDA error state: peeking after <<<>>> reads this launch's error.
+#define CHECK_LAUNCH() CHECK_CUDA(cudaPeekAtLastError())
+
+void require(const Status& s, const char* what) {
+  if (!s.ok()) {
+    std::fprintf(stderr, "%s: %s\n", what, s.to_string().c_str());
+    std::exit(1);
+  }
+}
+
+__global__ void plain_read(const uint4* p, std::int64_t n, unsigned* out) {
+  unsigned acc = 0;
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  for (; i + 3 * stride < n; i += 4 * stride) {
+    const uint4 a = __ldg(p + i), b = __ldg(p + i + stride), c = __ldg(p + i + 2 * stride), d = __ldg(p + i + 3 * stride);
+    acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^ d.w;
+  }
+  for (; i < n; i += stride) {
+    const uint4 a = __ldg(p + i);
+    acc ^= a.x ^ a.y ^ a.z ^ a.w;
+  }
+  if (acc == 0x9e3779b9u) *out = acc;  // keeps the loads alive
+}
+
+// The structures of the cases: k <= q, inside a window, a document and the valid keys.
+struct Shape {
+  std::int64_t window = 0;           // 0: none
+  std::int64_t doc1 = 0, doc2 = 0;   // document starts (0: none)
+  std::int64_t pad = 0;              // keys before it are padding
+};
+
+__device__ __forceinline__ bool allowed(const Shape& s, std::int64_t q, std::int64_t k) {
+  const auto doc = [&](std::int64_t x) { return (s.doc1 && x >= s.doc1 ? 1 : 0) + (s.doc2 && x >= s.doc2 ? 1 : 0); };
+  return k <= q && (s.window == 0 || k > q - s.window) && k >= s.pad && doc(k) == doc(q);
+}
+
+// One block per row, threads over keys: bool 1 / 0, or bf16 0 / `masked`.
+__global__ void fill(std::uint8_t* m, std::int64_t L, int esize, std::uint16_t masked, Shape s) {
+  const std::int64_t q = blockIdx.x;
+  for (std::int64_t k = threadIdx.x; k < L; k += blockDim.x) {
+    const bool a = allowed(s, q, k);
+    if (esize == 1) m[q * L + k] = a ? 1 : 0;
+    else reinterpret_cast<std::uint16_t*>(m)[q * L + k] = a ? 0 : masked;
+  }
+}
+
+template <class F>
+float median_event_ms(int reps, F&& launch) {
+  cudaEvent_t a, b;
+  CHECK_CUDA(cudaEventCreate(&a));
+  CHECK_CUDA(cudaEventCreate(&b));
+  launch();  // warm-up
+  std::vector<float> t;
+  for (int i = 0; i < reps; ++i) {
+    CHECK_CUDA(cudaEventRecord(a));
+    launch();
+    CHECK_CUDA(cudaEventRecord(b));
+    CHECK_CUDA(cudaEventSynchronize(b));
+    float ms = 0;
+    CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms);
+  }
+  CHECK_CUDA(cudaEventDestroy(a));
+  CHECK_CUDA(cudaEventDestroy(b));
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+template <class F>
+double host_ms(F&& f) {
+  const auto a = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count();
+}
+
+template <class F>
+double median_host_ms(int reps, F&& f) {
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) t.push_back(host_ms(f));
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+AttentionCall call_for(std::int64_t L) {
+  AttentionCall c;
+  c.dtype = DType::bfloat16;
+  c.head_dim = 128;
+  c.heads = 32;
+  c.kv_heads = 8;
+  c.q_len = L;
+  c.k_len = L;
+  return c;
+}
+
+// The caller's buffers for the framework-style step: spans, runs + count, both temps,
+// a pinned host landing for the count and runs.
+struct Buffers {
+  RowSpan* rows = nullptr;
+  std::uint8_t* runs_block = nullptr;  // [count, 64 bytes][runs]
+  void* scan_temp = nullptr;
+  void* runs_temp = nullptr;
+  std::size_t scan_temp_bytes = 0, runs_temp_bytes = 0;
+  std::uint8_t* host = nullptr;  // pinned, same layout as runs_block
+  std::int64_t capacity = 0;     // rows
+};
+
+Buffers make_buffers(std::int64_t rows, const MaskView& any_view) {
+  Buffers b;
+  b.capacity = rows;
+  CHECK_CUDA(cudaMalloc(&b.rows, rows * sizeof(RowSpan)));
+  CHECK_CUDA(cudaMalloc(&b.runs_block, 64 + rows * sizeof(SpanRun)));
+  CHECK_CUDA(cudaMemset(b.runs_block, 0, 64 + rows * sizeof(SpanRun)));  // the copy reads 256 runs, written or not
+  require(gpu::scan_spans(nullptr, b.scan_temp_bytes, any_view, nullptr), "scan_spans size");
+  require(gpu::reduce_runs(nullptr, b.runs_temp_bytes, nullptr, rows, rows, nullptr, 1, nullptr), "reduce_runs size");
+  CHECK_CUDA(cudaMalloc(&b.scan_temp, std::max<std::size_t>(b.scan_temp_bytes, 1)));
+  CHECK_CUDA(cudaMalloc(&b.runs_temp, b.runs_temp_bytes));
+  CHECK_CUDA(cudaMallocHost(&b.host, 64 + rows * sizeof(SpanRun)));
+  return b;
+}
+
+// Count and runs to the host (pinned): the count with the first 256 runs, then the rest.
+double copy_runs(const Buffers& b, SpanRuns& out, cudaStream_t stream) {
+  return host_ms([&] {
+    const std::int64_t eager = std::min<std::int64_t>(b.capacity, 256);
+    CHECK_CUDA(cudaMemcpyAsync(b.host, b.runs_block, 64 + eager * sizeof(SpanRun), cudaMemcpyDeviceToHost, stream));
+    CHECK_CUDA(cudaStreamSynchronize(stream));
+    std::int64_t count = 0;
+    std::memcpy(&count, b.host, sizeof count);
+    if (count > eager) {
+      CHECK_CUDA(cudaMemcpyAsync(b.host + 64 + eager * sizeof(SpanRun), b.runs_block + 64 + eager * sizeof(SpanRun),
+                                 (count - eager) * sizeof(SpanRun), cudaMemcpyDeviceToHost, stream));
+      CHECK_CUDA(cudaStreamSynchronize(stream));
+    }
+    out.runs.resize(static_cast<std::size_t>(count));
+    std::memcpy(out.runs.data(), b.host + 64, count * sizeof(SpanRun));
+  });
+}
+
+FILE* json = nullptr;
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string only;
+  bool neg_inf = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--json" && i + 1 < argc) {
+      if ((json = std::fopen(argv[++i], "w")) == nullptr) {
+        std::fprintf(stderr, "cannot write %s\n", argv[i]);
+        return 1;
+      }
+    } else if (a == "--only" && i + 1 < argc) {
+      only = argv[++i];
+    } else if (a == "--neg-inf") {
+      neg_inf = true;
+    } else {
+      std::fprintf(stderr, "usage: device_step [--json FILE] [--only SUBSTRING] [--neg-inf]\n");
+      return 2;
+    }
+  }
+  const int reps = 20;
+  cudaDeviceProp prop{};
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device %s, %d SMs; bf16 masked value %s; times in ms, (x) = ratio to the plain read\n", prop.name,
+              prop.multiProcessorCount, neg_inf ? "-inf" : "finfo.min");
+  const unsigned read_grid = static_cast<unsigned>(prop.multiProcessorCount) * 8;
+  unsigned* sink = nullptr;
+  CHECK_CUDA(cudaMalloc(&sink, sizeof(unsigned)));
+  cudaStream_t stream = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+
+  const std::int64_t Lmax = 69632;
+  std::uint8_t* mask = nullptr;
+  CHECK_CUDA(cudaMalloc(&mask, Lmax * Lmax * 2));
+  const std::int64_t max_shape[] = {Lmax, Lmax};
+  Buffers buf = make_buffers(Lmax, *MaskView::contiguous(mask, ElementType::bfloat16, max_shape));
+
+  struct Structure {
+    const char* name;
+    Shape shape;
+  };
+  bool first_of_process = true;
+  std::printf("%-38s %7s %7s %7s %7s %8s %8s | %15s %7s %15s | %15s | %-s\n", "case", "read", "scan", "reduce", "copy",
+              "classify", "decide", "step (first)", "median", "buffers", "rows path", "runs / verdict");
+  for (const std::int64_t L : {std::int64_t{65536}, Lmax})
+    for (const int esize : {1, 2})
+      for (const Structure& st : {Structure{"causal", {}}, Structure{"window 4096", {4096, 0, 0, 0}},
+                                  Structure{"3 documents", {0, L / 3, 2 * L / 3, 0}},
+                                  Structure{"left-padded causal", {0, 0, 0, 1234}}}) {
+        const std::string name = std::string(esize == 1 ? "bool " : "bf16 ") + std::to_string(L) + "^2 " + st.name;
+        if (name.find(only) == std::string::npos) continue;
+        fill<<<static_cast<unsigned>(L), 256, 0, stream>>>(mask, L, esize, neg_inf ? 0xFF80 : 0xFF7F, st.shape);
+        CHECK_LAUNCH();
+        CHECK_CUDA(cudaStreamSynchronize(stream));
+        const std::int64_t shape[] = {L, L};
+        const MaskView view =
+            *MaskView::contiguous(mask, esize == 1 ? ElementType::boolean : ElementType::bfloat16, shape);
+        const AttentionCall call = call_for(L);
+        const std::int64_t bytes = L * L * esize;
+
+        // The whole step as a program calls it, first on this mask (the process's very
+        // first call also loads the kernels), then its median.
+        Result<MaskStructure> verdict = error(ErrorCode::invalid_argument, "not run");
+        const double first = host_ms([&] {
+          verdict = gpu::inspect_runs(view, stream);
+          require(verdict.status(), "inspect_runs");
+          require(decide(*verdict, call).status(), "decide");
+        });
+        const double step = median_host_ms(reps, [&] {
+          auto v = gpu::inspect_runs(view, stream);
+          require(v.status(), "inspect_runs");
+          require(decide(*v, call).status(), "decide");
+        });
+
+        const float read = median_event_ms(reps, [&] {
+          plain_read<<<read_grid, 256>>>(reinterpret_cast<const uint4*>(mask), bytes / 16, sink);
+        });
+        CHECK_LAUNCH();
+        const float scan = median_event_ms(reps, [&] {
+          require(gpu::scan_spans(buf.scan_temp, buf.scan_temp_bytes, view, buf.rows), "scan_spans");
+        });
+        std::size_t runs_temp = buf.runs_temp_bytes;
+        const auto reduce_now = [&](cudaStream_t s) {
+          require(gpu::reduce_runs(buf.runs_temp, runs_temp, buf.rows, L, L, reinterpret_cast<SpanRun*>(buf.runs_block + 64),
+                                   buf.capacity, reinterpret_cast<std::int64_t*>(buf.runs_block), s),
+                  "reduce_runs");
+        };
+        const float reduce = median_event_ms(reps, [&] { reduce_now(nullptr); });
+        CHECK_CUDA(cudaDeviceSynchronize());
+        // Copy, classify and decide on the runs just reduced.
+        SpanRuns runs;
+        runs.batch = runs.heads = runs.distinct_batch = runs.distinct_heads = 1;
+        runs.q_len = runs.k_len = L;
+        std::vector<double> copies;
+        for (int i = 0; i < reps; ++i) copies.push_back(copy_runs(buf, runs, stream));
+        std::sort(copies.begin(), copies.end());
+        const double copy = copies[copies.size() / 2];
+        Result<MaskStructure> from_runs = classify(runs);
+        require(from_runs.status(), "classify(SpanRuns)");
+        const double classify_ms = median_host_ms(reps * 10, [&] { (void)classify(runs); });
+        const double decide_ms = median_host_ms(reps * 10, [&] { (void)decide(*from_runs, call); });
+
+        // Framework style: the caller's buffers, no allocation, one stream.
+        const double buffers = median_host_ms(reps, [&] {
+          require(gpu::scan_spans(buf.scan_temp, buf.scan_temp_bytes, view, buf.rows, stream), "scan_spans");
+          reduce_now(stream);
+          SpanRuns r = runs;
+          copy_runs(buf, r, stream);
+          auto v = classify(r);
+          require(v.status(), "classify");
+          require(decide(*v, call).status(), "decide");
+        });
+        // Every row to the host, classify(SpanTable).
+        const double rows_path = median_host_ms(reps / 4, [&] {
+          auto v = gpu::inspect(view, stream);
+          require(v.status(), "inspect");
+          require(decide(*v, call).status(), "decide");
+        });
+        const std::string text = describe(*verdict);
+        const bool same = describe(*from_runs) == text;
+        std::printf("%-38s %7.3f %7.3f %7.3f %7.3f %8.4f %8.4f | %6.3f (%5.2fx) %7.3f (%5.2fx) %6.3f (%5.2fx) | %6.3f (%5.2fx) | %zu: %.40s%s%s\n",
+                    name.c_str(), read, scan, reduce, copy, classify_ms, decide_ms, first, first / read, step,
+                    step / read, buffers, buffers / read, rows_path, rows_path / read, runs.runs.size(), text.c_str(),
+                    same ? "" : " (VERDICTS DIFFER)", first_of_process ? " [first call of the process]" : "");
+        if (json)
+          std::fprintf(json,
+                       "{\"case\": \"%s\", \"bytes\": %lld, \"read_ms\": %.4f, \"scan_ms\": %.4f, \"reduce_ms\": %.4f, "
+                       "\"copy_ms\": %.4f, \"classify_ms\": %.5f, \"decide_ms\": %.5f, \"step_first_ms\": %.4f, "
+                       "\"step_ms\": %.4f, \"step_buffers_ms\": %.4f, \"rows_path_ms\": %.4f, \"runs\": %zu, "
+                       "\"step_ratio\": %.4f, \"step_buffers_ratio\": %.4f, \"first_of_process\": %s, \"verdict\": \"%s\"}\n",
+                       name.c_str(), static_cast<long long>(bytes), read, scan, reduce, copy, classify_ms, decide_ms,
+                       first, step, buffers, rows_path, runs.runs.size(), step / read, buffers / read,
+                       first_of_process ? "true" : "false", text.c_str());
+        first_of_process = false;
+        if (!same) return 1;
+      }
+  CHECK_CUDA(cudaFreeHost(buf.host));
+  CHECK_CUDA(cudaFree(buf.rows));
+  CHECK_CUDA(cudaFree(buf.runs_block));
+  CHECK_CUDA(cudaFree(buf.scan_temp));
+  CHECK_CUDA(cudaFree(buf.runs_temp));
+  CHECK_CUDA(cudaFree(mask));
+  CHECK_CUDA(cudaFree(sink));
+  CHECK_CUDA(cudaStreamDestroy(stream));
+  if (json && std::fclose(json) != 0) return 1;
+  return 0;
+}

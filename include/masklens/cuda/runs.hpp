@@ -1,0 +1,55 @@
+// masklens::gpu — runs on the device: the RowSpans of a scan reduced to the SpanRuns of
+// span_runs.hpp before they cross to the host, so the copy and the host's classify are
+// O(runs), not O(rows) (a causal mask: one run per slice instead of 69632 rows). Declared
+// for any C++20 compiler, as scan.hpp: the kernels are in span_runs.cuh, the definitions
+// in runs.cu (Meson: masklens_cuda_dep), and runs_none.cpp answers "built without CUDA".
+//
+// Conventions are scan.hpp's: two-phase temporary storage, the stream last, every CUDA
+// call checked and returned as a Status naming it, no synchronisation in reduce_runs()
+// and one in the convenience calls, the CUDA "last error" neither read nor cleared.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "../classify_runs.hpp"
+#include "../mask_view.hpp"
+#include "../row_span.hpp"
+#include "../span_runs.hpp"
+#include "../status.hpp"
+#include "../structure.hpp"
+#include "scan.hpp"
+
+namespace masklens::gpu {
+
+// Reduces `rows` RowSpans at d_rows (device memory, slices of `q_len` rows laid out as
+// SpanTable::rows) to their runs, exactly the runs SpanRuns::encode gives for the same
+// rows: their number n in *d_run_count and the first min(n, max_runs) in d_runs (device
+// memory with room for max_runs runs; `rows` runs are the most there can be, and a
+// caller who finds n > max_runs calls again with room for n). Two-phase: with
+// d_temp_storage == nullptr only temp_storage_bytes is set (no CUDA call is made); the
+// storage may start at any address. Enqueues on `stream` and
+// returns; the runs are there once the stream reaches that point. invalid_argument for
+// rows < 1 or past 2^31 - 1, q_len < 1, rows not a multiple of q_len, max_runs < 1, null
+// pointers; misaligned_pointer for pointers off their type's alignment.
+[[nodiscard]] Status reduce_runs(void* d_temp_storage, std::size_t& temp_storage_bytes, const RowSpan* d_rows,
+                                 std::int64_t rows, std::int64_t q_len, SpanRun* d_runs, std::int64_t max_runs,
+                                 std::int64_t* d_run_count, Stream stream = nullptr);
+
+// The SpanRuns of a view of device memory, on the host: allocates on the stream
+// (cudaMallocAsync: the spans and room for 4096 runs), scans (scan_spans), reduces,
+// copies back the run count with the first 256 runs in one copy (the rest, if any, in a
+// second; past 4096 runs it reduces again into room for them all), frees. It
+// synchronises the stream once, twice past 256 runs. A row holding NaN / +inf is
+// invalid_value naming the row, as scan() says it.
+[[nodiscard]] Result<SpanRuns> scan_runs(const MaskView& device_view, Stream stream = nullptr);
+
+// A view of device memory to its structure: scan_runs() then classify(SpanRuns) on the
+// host — the verdict of inspect() (scan.hpp), with O(runs) crossing to the host.
+[[nodiscard]] inline Result<MaskStructure> inspect_runs(const MaskView& device_view, Stream stream = nullptr) {
+  Result<SpanRuns> runs = scan_runs(device_view, stream);
+  if (!runs) return runs.status();
+  return classify(*runs);
+}
+
+}  // namespace masklens::gpu

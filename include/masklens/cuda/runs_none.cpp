@@ -1,0 +1,26 @@
+// The run reduction's entry points (runs.hpp) in a build without CUDA: each a clear
+// device_error, so a program that offers them compiles and links either way. Meson builds
+// this file into masklens_cuda_dep beside scan_none.cpp when nvcc is not found or
+// -Dcuda=disabled.
+#include "runs.hpp"
+
+namespace masklens::gpu {
+
+namespace {
+
+Status without_cuda() {
+  return error(ErrorCode::device_error,
+               "masklens was built without CUDA (configure with -Dcuda=enabled where nvcc is found)");
+}
+
+}  // namespace
+
+// The size query too: the temporary storage is the kernels' tile arrays, and there are none.
+Status reduce_runs(void*, std::size_t&, const RowSpan*, std::int64_t, std::int64_t, SpanRun*, std::int64_t,
+                   std::int64_t*, Stream) {
+  return without_cuda();
+}
+
+Result<SpanRuns> scan_runs(const MaskView&, Stream) { return without_cuda(); }
+
+}  // namespace masklens::gpu
