@@ -109,48 +109,37 @@ inline Result<TileGrid> tile_grid_for(const MaskView& view, TileSize size) {
 
 namespace detail {
 
-// Row q of slice (b, h): its span, with the attending keys of each k tile added into
-// counts[kt]. Spans merge (row_span.hpp), so the row is read as one segment per k tile.
-// 1-byte rows with unit stride count each tile 8 bytes at a time and look for the
-// first and last key only inside the first and last tiles that hold one.
-inline RowSpan scan_row_tiled(const MaskView& view, const AdditiveBits& bits, const TileGrid& g, std::int64_t b,
-                              std::int64_t h, std::int64_t q, std::int64_t* counts) noexcept {
-  const std::uint8_t* row = view.element_ptr(b, h, q, 0);
-  const std::int64_t nk = g.k_tiles();
+// Attending keys in [lo, hi) of a row, for any element type and key stride.
+inline std::int64_t count_attending(const MaskView& view, const AdditiveBits& bits, const std::uint8_t* row,
+                                    std::int64_t lo, std::int64_t hi) noexcept {
   const int esize = element_size(view.dtype());
-  if (view.stride(kKey) == 1 && esize == 1) {
-    const std::uint64_t invert = view.encoding().polarity == Polarity::true_attends ? 0 : kHigh;
-    std::int64_t first_tile = -1, last_tile = -1, total = 0;
-    for (std::int64_t kt = 0; kt < nk; ++kt) {
-      const std::int64_t n = count_attending_bytes(row, g.k_begin(kt), g.k_end(kt), invert);
-      counts[kt] += n;
-      if (n == 0) continue;
-      if (first_tile < 0) first_tile = kt;
-      last_tile = kt;
-      total += n;
-    }
-    if (total == 0) return RowSpan{};
-    const Polarity polarity = view.encoding().polarity;
-    const std::int64_t k0 = g.k_begin(first_tile), k1 = g.k_begin(last_tile);
-    RowSpan span;
-    span.first = k0 + scan_byte_row(row + k0, g.k_end(first_tile) - k0, polarity).first;
-    span.last = k1 + scan_byte_row(row + k1, g.k_end(last_tile) - k1, polarity).last;
-    span.count = total;
-    return span;
+  if (view.stride(kKey) == 1) {
+    if (esize == 1)
+      return count_attending_bytes(row, lo, hi, view.encoding().polarity == Polarity::true_attends ? 0 : kHigh);
+    if (esize == 2) return scan_additive_row<2>(row + lo * 2, hi - lo, bits).count;
+    return scan_additive_row<4>(row + lo * 4, hi - lo, bits).count;
   }
   const std::int64_t step = view.stride(kKey) * esize;
-  RowSpan span;
-  for (std::int64_t kt = 0; kt < nk; ++kt) {
-    const std::int64_t k0 = g.k_begin(kt), n = g.k_end(kt) - k0;
-    const std::uint8_t* start = row + k0 * step;
-    RowSpan piece;
-    if (view.stride(kKey) == 1 && esize == 2) piece = scan_additive_row<2>(start, n, bits);
-    else if (view.stride(kKey) == 1 && esize == 4) piece = scan_additive_row<4>(start, n, bits);
-    else piece = scan_generic_row(start, n, step, view.dtype(), view.encoding());
-    counts[kt] += piece.count;
-    if (piece.count > 0) piece.first += k0, piece.last += k0;
-    span = merge(span, piece);
+  return scan_generic_row(row + lo * step, hi - lo, step, view.dtype(), view.encoding()).count;
+}
+
+// Row q of slice (b, h): its span, exactly as scan() reads it, with the attending keys
+// of each k tile added into counts[kt]. A row that is an interval (every structured
+// mask's) gives its tiles' counts by arithmetic; any other row is counted again tile by
+// tile between its first and last keys, from cache (a row is K elements).
+inline RowSpan scan_row_tiled(const MaskView& view, const AdditiveBits& bits, const TileGrid& g, std::int64_t b,
+                              std::int64_t h, std::int64_t q, std::int64_t* counts) noexcept {
+  const RowSpan span = scan_row(view, bits, b, h, q);
+  if (span.count == 0) return span;
+  const std::int64_t last_tile = span.last / g.block_k;
+  if (span.is_interval()) {
+    for (std::int64_t kt = span.first / g.block_k; kt <= last_tile; ++kt)
+      counts[kt] += std::min(g.k_end(kt), span.last + 1) - std::max(g.k_begin(kt), span.first);
+    return span;
   }
+  const std::uint8_t* row = view.element_ptr(b, h, q, 0);
+  for (std::int64_t kt = span.first / g.block_k; kt <= last_tile; ++kt)
+    counts[kt] += count_attending(view, bits, row, std::max(g.k_begin(kt), span.first), std::min(g.k_end(kt), span.last + 1));
   return span;
 }
 
