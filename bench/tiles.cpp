@@ -15,6 +15,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -57,6 +58,9 @@ bool run_case(const char* name, const masklens::MaskView& view, const std::uint8
   Result<SpansAndTiles> both = error(ErrorCode::ok, "");
   const double t_tiles = median_seconds(reps, [&] { both = scan_with_tiles(view, TileSize{}, {1}); });
   if (!spans || !both) return std::fprintf(stderr, "%s: scan failed\n", name), false;
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  const double t_tiles_mt = median_seconds(reps, [&] { both = scan_with_tiles(view, TileSize{}, {0}); });
+  if (!both) return false;
   Result<BlockMaskTensors> tensors = error(ErrorCode::ok, "");
   const double t_tensors = median_seconds(reps, [&] { tensors = block_mask_tensors(both->tiles); });
   if (!tensors) return false;
@@ -71,6 +75,7 @@ bool run_case(const char* name, const masklens::MaskView& view, const std::uint8
               size / t_scan / 1e9, t_read / t_scan);
   std::printf("  scan_with_tiles 128x128 %8.2f ms  %6.2f GB/s  ratio %.2f of plain read, %.2f of scan\n",
               t_tiles * 1e3, size / t_tiles / 1e9, t_read / t_tiles, t_scan / t_tiles);
+  std::printf("  same, %u threads         %8.2f ms  %6.2f GB/s\n", cores, t_tiles_mt * 1e3, size / t_tiles_mt / 1e9);
   std::printf("  block_mask_tensors      %8.3f ms  (8 int32 tensors of %lld x %lld tiles)\n", t_tensors * 1e3,
               static_cast<long long>(both->tiles.grid.q_tiles()), static_cast<long long>(both->tiles.grid.k_tiles()));
   if (verdict->kind != StructureKind::arbitrary) {
