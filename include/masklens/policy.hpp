@@ -186,6 +186,11 @@ inline Candidate flex_candidate(const MaskStructure& s, Usage usage, const CallC
 // estimate already loses is left at it; this keeps decide() O(1) in the tile count
 // whenever another backend is cheaper.
 inline void refine_flex(const MaskStructure& s, const CallContext& c, Candidate* candidates, std::size_t n) noexcept {
+  // Past this many q tiles over the distinct batches (about 10 ms of counting) the
+  // attended-pairs estimate stands, so no structure makes decide() slow.
+  constexpr std::int64_t kMaxCountedTileRows = std::int64_t{1} << 20;
+  const TileGrid grid = structure_tile_grid(s, TileSize{});
+  if (grid.distinct_batch * grid.q_tiles() > kMaxCountedTileRows) return;
   for (std::size_t i = 0; i < n; ++i) {
     Candidate& flex = candidates[i];
     if (!flex.flex_untiled) continue;
