@@ -100,10 +100,12 @@ inline nlohmann::json to_json(const MaskStructure& s) {
   j["empty_rows"] = s.empty_rows;
   j["finite_masked_rows"] = s.finite_masked_rows;
   j["bias"] = s.bias;
-  j["tile_fractions"] = s.tile_fractions ? nlohmann::json{{"block", {s.tile_fractions->block_q, s.tile_fractions->block_k}},
-                                                          {"partial", s.tile_fractions->partial},
-                                                          {"full", s.tile_fractions->full}}
-                                         : nlohmann::json(nullptr);
+  // Written only when known (an arbitrary mask whose tiles were counted), so documents
+  // of masks without a tile summary read as before.
+  if (s.tile_fractions)
+    j["tile_fractions"] = {{"block", {s.tile_fractions->block_q, s.tile_fractions->block_k}},
+                           {"partial", s.tile_fractions->partial},
+                           {"full", s.tile_fractions->full}};
   return j;
 }
 

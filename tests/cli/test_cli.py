@@ -289,12 +289,16 @@ with tempfile.TemporaryDirectory() as tmp:
         text = run("inspect", path, "--tiles", tiles).stdout
         line = next((l for l in text.splitlines() if l.startswith("tiles ")), "")
         check(f"{counts['empty']} empty, {counts['partial']} partial, {counts['full']} full" in line, f"{what}: text {line!r}")
-        # An arbitrary mask carries the shares of its tiles (at 128 x 128 without --tiles).
+        # With --tiles, an arbitrary mask carries the shares of its tiles; an exact structure none.
         if doc["structure"]["kind"] == "arbitrary":
             shares = doc["structure"]["tile_fractions"]
             total = sum(counts.values())
             check(shares["block"] == [tq, tk] and abs(shares["partial"] - counts["partial"] / total) < 1e-12 and
                   abs(shares["full"] - counts["full"] / total) < 1e-12, f"{what}: tile_fractions {shares}")
+            plain = json.loads(run("inspect", path, "--json").stdout)
+            check("tile_fractions" not in plain["structure"], f"{what}: tile_fractions without --tiles")
+        else:
+            check("tile_fractions" not in doc["structure"], f"{what}: tile_fractions on {doc['structure']['kind']}")
     # torch itself, where it is installed: the same tensors as create_block_mask on the CPU.
     try:
         import torch
@@ -314,15 +318,18 @@ with tempfile.TemporaryDirectory() as tmp:
         for field in TILE_FIELDS:
             check(getattr(bm, field).tolist() == doc["tiles"][field], f"create_block_mask {field} differs")
 
-    # A block-sparse arbitrary mask goes to flex where it is offered, the tiles charged;
-    # policy --structure @doc reproduces it from the tile_fractions in the document.
+    # A block-sparse arbitrary mask goes to flex where it is offered once its tiles are
+    # counted (--tiles; without them every tile is charged as partial); policy
+    # --structure @doc reproduces it from the tile_fractions in the document.
     L, T = 512, 128
     keep = {(i, j) for i in range(L // T) for j in range(i + 1) if i == j or (i + j) % 3 == 0}
     attend = [1 if (q // T, k // T) in keep and k <= q + (q // T - k // T) * T else 0 for q in range(L) for k in range(L)]
     attend[5] = 1  # one stray element in an otherwise empty tile: no exact structure
     path = os.path.join(tmp, "block_sparse.npy")
     write_mask(path, attend, [L, L])
-    p = run("inspect", path, "--json", "--available", "torch,flex")
+    plain = json.loads(run("inspect", path, "--json", "--available", "torch,flex").stdout)
+    check(plain["policy"]["backend"] != "torch.flex_attention", f"block-sparse without --tiles: {plain['policy']['backend']}")
+    p = run("inspect", path, "--json", "--available", "torch,flex", "--tiles", "128")
     doc = json.loads(p.stdout)
     check(doc["structure"]["kind"] == "arbitrary", f"block-sparse: {doc['structure']['kind']}")
     check(doc["policy"]["backend"] == "torch.flex_attention" and doc["policy"]["mask"] == "keep",

@@ -287,7 +287,7 @@ Result<TileSize> parse_tiles(const std::string& text) {
   return TileSize{q, k};
 }
 
-// The tile summary inspect reports (--tiles) or charges flex on (an arbitrary mask).
+// The tile summary inspect reports and, for an arbitrary mask, charges flex on (--tiles).
 struct InspectTiles {
   std::optional<TileSize> requested;  // --tiles
   std::optional<TileSummary> summary;
@@ -319,21 +319,21 @@ int inspect_file(const std::string& path, const std::string& mask_dtype, const s
   if (!spans) return fail(spans.status());
   auto verdict = classify(*spans);
   if (!verdict) return fail(verdict.status());
-  // An arbitrary mask is charged for flex on its tiles (an exact structure's follow from
-  // its fields): counted on the host where this read did not count them.
-  if (verdict->kind == StructureKind::arbitrary || (tiles.requested && !tiles.summary)) {
-    if (!tiles.summary) {
-      auto counted = scan_tiles(view, tiles.requested.value_or(TileSize{}), ScanOptions{0});
+  if (tiles.requested) {
+    if (!tiles.summary) {  // the GPU's read gave spans only: count the tiles on the host
+      auto counted = scan_tiles(view, *tiles.requested, ScanOptions{0});
       if (!counted) return fail(counted.status());
       tiles.summary = std::move(*counted);
     }
+    // An arbitrary mask is charged for flex on its tiles (an exact structure's follow
+    // from its fields).
     if (verdict->kind == StructureKind::arbitrary) verdict->tile_fractions = tiles.summary->fractions();
   }
   auto call = make_call(call_options, view.dtype());
   if (!call) return fail(call.status());
   call->call.batch = view.batch();
   auto policy = decide(*verdict, call->call, call->env);
-  const TileSummary* shown = tiles.requested ? &*tiles.summary : nullptr;  // what --tiles asked to see
+  const TileSummary* shown = tiles.summary ? &*tiles.summary : nullptr;
   if (!png.empty())
     if (Status s = picture::write_png(png, view, *verdict, shown); !s.ok()) return fail(s);
   if (json) {
