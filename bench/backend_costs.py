@@ -102,6 +102,23 @@ def rates(report):
     m = dense_causal
     flex_dense = flex_runner(L, lambda b, h, qi, ki: m[0, 0, qi, ki])
     rate("torch.flex_attention reading the mask", timed(fwd_bwd(lambda: flex_dense(q, k, v))), full, "dense mask")
+    # What a partial tile costs over a full one (cost.hpp kFlexPartialTile*): every tile
+    # full (nothing masked) against every tile partial (one pair masked per 128 x 128
+    # tile), both computing every pair, with the mask_mod reading the dense mask and
+    # with an index rule.
+    every = torch.ones(L, L, dtype=torch.bool, device=DEV)
+    holes = every.clone()
+    holes[::128, 1::128] = False
+    for how, mods in (("reading the mask", (lambda b, h, qi, ki: every[qi, ki], lambda b, h, qi, ki: holes[qi, ki])),
+                      ("with an index rule", (lambda b, h, qi, ki: qi >= 0,
+                                              lambda b, h, qi, ki: ((qi % 128) != 0) | ((ki % 128) != 1)))):
+        run_full, run_partial = flex_runner(L, mods[0]), flex_runner(L, mods[1])  # BlockMasks built once
+        full_ms = timed(fwd_bwd(lambda: run_full(q, k, v)))
+        partial_ms = timed(fwd_bwd(lambda: run_partial(q, k, v)))
+        rate(f"torch.flex_attention {how}, every tile full", full_ms, full, "tiles")
+        rate(f"torch.flex_attention {how}, every tile partial", partial_ms, full, "tiles")
+        print(f"  partial / full tile, {how}: {partial_ms / full_ms:.2f}")
+    del every, holes
     rate("torch.sdpa.cudnn dense bool mask", timed(fwd_bwd(lambda: sdpa(SDPBackend.CUDNN_ATTENTION, q, k, v, mask=dense_causal))), full, "dense mask")
     rate("torch.sdpa.efficient dense bool mask", timed(fwd_bwd(lambda: sdpa(SDPBackend.EFFICIENT_ATTENTION, q, k, v, mask=dense_causal)), reps=3), full, "dense mask")
     rate("torch.sdpa.math dense bool mask", timed(fwd_bwd(lambda: sdpa(SDPBackend.MATH, q, k, v, mask=dense_causal)), reps=3, warm=1), full, "dense mask")

@@ -55,6 +55,11 @@ int main() {
   MaskStructure docs = causal;
   docs.batch = 2;
   docs.segments = {{0, 1000, 30000, 69632}, {0, 69632}};
+  Environment with_flex = torch_only;  // flex offered: an exact structure's tiles are counted when flex may win
+  with_flex.available |= kFamilyFlex;
+  MaskStructure block_sparse = causal;
+  block_sparse.kind = StructureKind::arbitrary;
+  block_sparse.tile_fractions = TileFractions{128, 128, 0.1, 0.2};
   const Case cases[] = {
       {"causal 69632 (seed), torch", causal, torch_only},
       {"causal 69632, all families", causal, everything},
@@ -62,6 +67,9 @@ int main() {
       {"packed docs, all families (varlen)", docs, everything},
       {"right-padded causal, torch plan", padded, torch_only},
       {"sliding window, torch varlen", window, torch_only},
+      {"sliding window, torch + flex (tiles)", window, with_flex},
+      {"causal 69632, torch + flex", causal, with_flex},
+      {"arbitrary with tile shares, flex", block_sparse, with_flex},
   };
   const AttentionCall call = testing::seed_call();
   volatile std::size_t sink = 0;

@@ -148,6 +148,16 @@ TEST_CASE("malformed structures are errors naming the field") {
        "structure.finite_masked_rows (9) must be <= empty_rows (8)"},
       {R"({"kind": "arbitrary", "empty_rows": 33})", ErrorCode::invalid_argument, "must be <= B*H*Q (32)"},
       {R"({"kind": "causal", "bias": "yes"})", ErrorCode::parse_error, "structure.bias"},
+      {R"({"kind": "arbitrary", "tile_fractions": {"block": [128], "partial": 0.1, "full": 0.2}})", ErrorCode::parse_error,
+       "structure.tile_fractions must be"},
+      {R"({"kind": "arbitrary", "tile_fractions": {"block": [128, 128], "partial": "0.1", "full": 0.2}})",
+       ErrorCode::parse_error, "structure.tile_fractions must be"},
+      {R"({"kind": "arbitrary", "tile_fractions": {"block": [128, 128], "partial": 0.9, "full": 0.2}})",
+       ErrorCode::invalid_argument, "sum to at most 1"},
+      {R"({"kind": "arbitrary", "tile_fractions": {"block": [0, 128], "partial": 0.1, "full": 0.2}})",
+       ErrorCode::invalid_argument, "structure.tile_fractions.block"},
+      {R"({"kind": "causal", "tile_fractions": {"block": [128, 128], "partial": 0.1, "full": 0.2}})",
+       ErrorCode::invalid_argument, "only arbitrary takes them"},
   };
   for (const Bad& c : cases) {
     INFO(c.text);
@@ -205,6 +215,37 @@ TEST_CASE("one modifier entry holds for every batch") {
   CHECK(s->empty_rows == per_batch->empty_rows);
   for (std::int64_t b = 0; b < 3; ++b)
     for (std::int64_t q = 0; q < 8; ++q) CHECK(s->row(b, q).same_keys(per_batch->row(b, q)));
+}
+
+TEST_CASE("an arbitrary mask's tile fractions round-trip; a tile summary serialises as torch's BlockMask tensors") {
+  MaskStructure s = make_structure(StructureKind::arbitrary, 2, 300, 200);
+  s.tile_fractions = TileFractions{128, 64, 0.123456789012345, 0.25};
+  const nlohmann::json j = to_json(s, nullptr);
+  CHECK(j["structure"]["tile_fractions"]["block"] == nlohmann::json({128, 64}));
+  auto back = structure_from_json(nlohmann::json::parse(j.dump()), 2, 1, 300, 200);
+  REQUIRE(back.ok());
+  REQUIRE(back->tile_fractions.has_value());
+  CHECK(back->tile_fractions->partial == s.tile_fractions->partial);  // exactly: the text round-trips a double
+  CHECK(back->tile_fractions->full == 0.25);
+  CHECK(back->tile_fractions->block_k == 64);
+  CHECK_FALSE(to_json(make_structure(StructureKind::causal, 1, 8, 8)).contains("tile_fractions"));
+
+  MaskStructure causal = make_structure(StructureKind::causal, 1, 5, 5);
+  auto tiles = tiles_from_structure(causal, TileSize{2, 2});
+  REQUIRE(tiles.ok());
+  auto bm = block_mask_tensors(*tiles);
+  REQUIRE(bm.ok());
+  const nlohmann::json t = to_json(*bm, tiles->tally());
+  CHECK(t["block"] == nlohmann::json({2, 2}));
+  CHECK(t["seq_lengths"] == nlohmann::json({5, 5}));
+  CHECK(t["shape"] == nlohmann::json({1, 1, 3, 3}));
+  CHECK(t["counts"] == nlohmann::json({{"empty", 3}, {"partial", 5}, {"full", 1}}));
+  // Shaped as torch's tensors: [1, 1, 3] counts, [1, 1, 3, 3] indices.
+  CHECK(t["kv_num_blocks"] == nlohmann::json::parse("[[[1, 1, 3]]]"));
+  CHECK(t["kv_indices"] == nlohmann::json::parse("[[[[0, 1, 2], [1, 0, 2], [0, 1, 2]]]]"));
+  CHECK(t["full_q_indices"] == nlohmann::json::parse("[[[[1, 0, 2], [0, 1, 2], [0, 1, 2]]]]"));
+  for (const char* key : {"full_kv_num_blocks", "full_kv_indices", "q_num_blocks", "q_indices", "full_q_num_blocks"})
+    CHECK(t.contains(key));
 }
 
 }  // TEST_SUITE

@@ -2,7 +2,8 @@
 // work, where work is the (query, key) pairs a kernel computes, times heads and
 // head_dim / 128, in units of 10^9. A kernel that skips masked tiles (causal, windows,
 // varlen, block-sparse) computes the attended pairs; one that reads a dense mask, or
-// the math kernel, computes every pair.
+// the math kernel, computes every pair; FlexAttention computes the pairs of its full and
+// partial tiles (flex_pairs).
 //
 // Rates are milliseconds per unit, forward and backward, bf16, measured on an H200
 // (sm90) with torch 2.11 / cuDNN 9.19 by bench/backend_costs.py on 2026-12-03 (1 x 4 x
@@ -40,9 +41,12 @@ constexpr CostRates cost_rates(Backend b, int /*sm*/) noexcept {
     case Backend::sdpa_math: return {51.7, 51.6, true};  // computes every pair either way
     case Backend::sdpa_causal_lower_right: return {6.8, 0, true};  // flash inside (efficient where flash refuses)
     case Backend::torch_varlen: return {6.6, 0, true};
-    // Compiled flex: block-sparse over the BlockMask; reading a dense mask, it is charged
-    // every pair at its attended rate (it skips only tiles the mask leaves empty).
-    case Backend::flex_attention: return {4.9, 5.7, true};
+    // Compiled flex computes whole tiles of its BlockMask: both rates are per pair of
+    // the tiles it computes (flex_pairs below), native with the structure's mask_mod
+    // (the 69632-token 4096 window: 5.53 ms for 16368 full and 1056 partial tiles),
+    // dense with a mask_mod that reads the mask (the 16384 causal mask: 3.04 ms for 8128
+    // full and 128 partial tiles), partial tiles weighted as flex_pairs weighs them.
+    case Backend::flex_attention: return {4.8, 5.6, true};
     case Backend::flash_attn:
     case Backend::flash_attn_varlen: return {6.8, 0, false};  // flash-attn 2: as torch's flash kernel
     case Backend::flash_attn3:
@@ -131,6 +135,27 @@ inline double attended_pairs(const MaskStructure& s) noexcept {
     total += pairs;
   }
   return total;
+}
+
+// FlexAttention skips empty tiles and computes every pair of the others; on a partial
+// tile it also evaluates the mask_mod on every pair, which a full tile skips. What a
+// partial tile costs over a full one: with the structure's rule (index arithmetic)
+// about 15 % (torch's BlockMask documentation: skipping the mask_mod on full tiles is
+// "about a 15% speedup" for causal); reading the dense mask, an estimate until
+// bench/backend_costs.py measures it ("flex reading the mask, every tile partial").
+inline constexpr double kFlexPartialTileRule = 1.15;
+inline constexpr double kFlexPartialTileMaskRead = 1.5;
+
+// Tile shares to charge flex on when a mask's tiles are unknown (an arbitrary mask
+// decided without its tile_fractions): every tile computed, every one partial.
+inline constexpr TileFractions kEveryTilePartial{128, 128, 1.0, 0.0};
+
+// The pairs flex is charged for, per head: those of its full tiles, and of its partial
+// ones at the partial-tile factor (reading the mask or not).
+inline double flex_pairs(const MaskStructure& s, const TileFractions& tiles, bool mask_mod_reads_mask) noexcept {
+  const double factor = mask_mod_reads_mask ? kFlexPartialTileMaskRead : kFlexPartialTileRule;
+  return static_cast<double>(s.batch) * static_cast<double>(s.q_len) * static_cast<double>(s.k_len) *
+         (tiles.full + factor * tiles.partial);
 }
 
 // Work units of `pairs` (query, key) pairs for the call: heads and head_dim / 128 scale them.

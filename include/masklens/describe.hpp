@@ -1,5 +1,6 @@
 // describe: one human-readable line for a MaskStructure, e.g.
-// "causal top_left, kv_valid [[0,7]], q_valid [[0,5]], segments [[0,3,10]], 2 empty rows".
+// "causal top_left, kv_valid [[0,7]], q_valid [[0,5]], segments [[0,3,10]], 2 empty rows";
+// an arbitrary mask with its tile shares: "arbitrary, tiles 128x128 10.0% partial 20.0% full".
 #pragma once
 
 #include <string>
@@ -53,6 +54,15 @@ inline std::string describe(const MaskStructure& s) {
   if (s.empty_rows) out += ", " + std::to_string(s.empty_rows) + " empty rows";
   if (s.finite_masked_rows) out += " (" + std::to_string(s.finite_masked_rows) + " masked by finite values)";
   if (s.bias) out += ", bias";
+  if (s.tile_fractions) {
+    // Shares as whole tenths of a percent, without <cstdio> or locale-dependent formatting.
+    const auto percent = [](double share) {
+      const auto tenths = static_cast<long long>(share * 1000 + 0.5);
+      return std::to_string(tenths / 10) + "." + std::to_string(tenths % 10) + "%";
+    };
+    out += ", tiles " + std::to_string(s.tile_fractions->block_q) + "x" + std::to_string(s.tile_fractions->block_k) +
+           " " + percent(s.tile_fractions->partial) + " partial " + percent(s.tile_fractions->full) + " full";
+  }
   return out;
 }
 

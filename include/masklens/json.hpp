@@ -10,6 +10,7 @@
 #include "policy.hpp"
 #include "status.hpp"
 #include "structure.hpp"
+#include "tiles.hpp"
 
 namespace masklens {
 
@@ -99,6 +100,46 @@ inline nlohmann::json to_json(const MaskStructure& s) {
   j["empty_rows"] = s.empty_rows;
   j["finite_masked_rows"] = s.finite_masked_rows;
   j["bias"] = s.bias;
+  // Written only when known (an arbitrary mask whose tiles were counted), so documents
+  // of masks without a tile summary read as before.
+  if (s.tile_fractions)
+    j["tile_fractions"] = {{"block", {s.tile_fractions->block_q, s.tile_fractions->block_k}},
+                           {"partial", s.tile_fractions->partial},
+                           {"full", s.tile_fractions->full}};
+  return j;
+}
+
+namespace detail {
+
+// A flat row-major tensor as nested JSON arrays of its shape.
+inline nlohmann::json nested(const std::int32_t* data, const std::int64_t* shape, int rank) {
+  nlohmann::json out = nlohmann::json::array();
+  if (rank == 1) {
+    for (std::int64_t i = 0; i < shape[0]; ++i) out.push_back(data[i]);
+    return out;
+  }
+  std::int64_t inner = 1;
+  for (int d = 1; d < rank; ++d) inner *= shape[d];
+  for (std::int64_t i = 0; i < shape[0]; ++i) out.push_back(nested(data + i * inner, shape + 1, rank - 1));
+  return out;
+}
+
+}  // namespace detail
+
+// A tile summary as the inspect document's "tiles" (docs/json.md): the block size, the
+// lengths, the stored slices' shape, the tile counts and torch BlockMask's eight tensors
+// as nested int32 lists (torch.tensor(doc["tiles"]["kv_indices"], dtype=torch.int32)).
+inline nlohmann::json to_json(const BlockMaskTensors& t, const TileTally& tally) {
+  nlohmann::json j;
+  const TileGrid& g = t.grid;
+  j["block"] = {g.block_q, g.block_k};
+  j["seq_lengths"] = {g.q_len, g.k_len};
+  j["shape"] = {g.distinct_batch, g.distinct_heads, g.q_tiles(), g.k_tiles()};
+  j["counts"] = {{"empty", tally.empty}, {"partial", tally.partial}, {"full", tally.full}};
+  for (BlockMaskField f : kBlockMaskFields) {
+    const Int32Tensor x = t.tensor(f);
+    j[std::string(to_string(f))] = detail::nested(x.data, x.shape.data(), x.rank);
+  }
   return j;
 }
 
@@ -256,6 +297,18 @@ inline Result<MaskStructure> structure_from_json(const nlohmann::json& doc, std:
     if (j.contains("bias") && !j["bias"].is_null()) {
       if (!j["bias"].is_boolean()) return error(ErrorCode::parse_error, "structure.bias must be true or false");
       s.bias = j["bias"].get<bool>();
+    }
+    if (j.contains("tile_fractions") && !j["tile_fractions"].is_null()) {
+      const nlohmann::json& t = j["tile_fractions"];
+      const bool well_typed = t.is_object() && t.contains("block") && t["block"].is_array() && t["block"].size() == 2 &&
+                              t["block"][0].is_number_integer() && t["block"][1].is_number_integer() &&
+                              t.contains("partial") && t["partial"].is_number() && t.contains("full") &&
+                              t["full"].is_number();
+      if (!well_typed)
+        return error(ErrorCode::parse_error,
+                     "structure.tile_fractions must be {\"block\": [q, k], \"partial\": share, \"full\": share}");
+      s.tile_fractions = TileFractions{t["block"][0].get<std::int64_t>(), t["block"][1].get<std::int64_t>(),
+                                       t["partial"].get<double>(), t["full"].get<double>()};
     }
     if (Status invalid = s.validate(); !invalid.ok()) return invalid;
     s.empty_rows = s.implied_empty_rows();

@@ -19,3 +19,6 @@
 #include "plan.hpp"
 #include "policy.hpp"
 #include "inspect.hpp"
+#include "tile_grid.hpp"
+#include "structure_tiles.hpp"
+#include "tiles.hpp"

@@ -29,6 +29,7 @@
 #include "plan.hpp"
 #include "status.hpp"
 #include "structure.hpp"
+#include "structure_tiles.hpp"
 
 namespace masklens {
 
@@ -149,6 +150,9 @@ struct Candidate {
   Usage usage = Usage::native;
   double cost_ms = 0;
   std::optional<ElementType> mask_cast;
+  // FlexAttention on an exact structure: cost_ms is the attended-pairs estimate every
+  // native kernel gets, until refine_flex() counts the structure's tiles.
+  bool flex_untiled = false;
 };
 
 // The mask must stay whenever dropping it would change the result.
@@ -159,6 +163,46 @@ inline bool must_keep_mask(const MaskStructure& s) noexcept {
 inline double call_cost(Backend b, Usage usage, double pairs, const CallContext& c) noexcept {
   const CostRates r = cost_rates(b, c.env.sm);
   return kCallOverheadMs + (usage == Usage::dense_mask ? r.dense : r.native) * work_units(pairs, c.call);
+}
+
+// FlexAttention's candidate: an arbitrary mask is charged on the tiles its scan counted
+// (every tile partial when it gave none); an exact structure first gets the estimate of
+// any native kernel, its attended pairs, and refine_flex() counts its tiles when it may win.
+inline Candidate flex_candidate(const MaskStructure& s, Usage usage, const CallContext& c) noexcept {
+  Candidate out{Backend::flex_attention, usage, 0, std::nullopt, false};
+  if (s.kind == StructureKind::arbitrary) {
+    const double pairs = flex_pairs(s, s.tile_fractions.value_or(kEveryTilePartial), usage == Usage::dense_mask);
+    out.cost_ms = call_cost(Backend::flex_attention, usage, pairs, c);
+  } else {
+    out.cost_ms = call_cost(Backend::flex_attention, usage, attended_pairs(s), c);
+    out.flex_untiled = true;
+  }
+  return out;
+}
+
+// Step 2, for flex on an exact structure: when its attended-pairs estimate is the
+// lowest, its cost becomes that of the tiles it computes (structure_tiles.hpp, O(q
+// tiles) per distinct batch). Tiles only add to the attended pairs, so a flex call whose
+// estimate already loses is left at it; this keeps decide() O(1) in the tile count
+// whenever another backend is cheaper.
+inline void refine_flex(const MaskStructure& s, const CallContext& c, Candidate* candidates, std::size_t n) noexcept {
+  // Past this many q tiles over the distinct batches (about 10 ms of counting) the
+  // attended-pairs estimate stands, so no structure makes decide() slow.
+  constexpr std::int64_t kMaxCountedTileRows = std::int64_t{1} << 20;
+  const TileGrid grid = structure_tile_grid(s, TileSize{});
+  if (grid.distinct_batch * grid.q_tiles() > kMaxCountedTileRows) return;
+  for (std::size_t i = 0; i < n; ++i) {
+    Candidate& flex = candidates[i];
+    if (!flex.flex_untiled) continue;
+    bool may_win = true;
+    for (std::size_t j = 0; j < n; ++j)
+      if (j != i && candidates[j].cost_ms < flex.cost_ms) may_win = false;
+    if (!may_win) continue;
+    const TileFractions tiles = structure_tile_fractions(s, TileSize{});  // FlexArgs' default 128 x 128
+    flex.cost_ms = call_cost(Backend::flex_attention, flex.usage,
+                             flex_pairs(s, tiles, flex.usage == Usage::dense_mask), c);
+    flex.flex_untiled = false;
+  }
 }
 
 // The kept mask's rules: the cast they ask for, or false when one refuses outright.
@@ -193,12 +237,13 @@ inline std::optional<Candidate> judge(const BackendInfo& b, const MaskStructure&
   const Defect* lost = nullptr;
   if (!must_keep_mask(s) && b.native && b.native(s, c, nullptr)) {
     lost = first_defect({b.id, Usage::native, c.call, c.env, s, std::nullopt});
+    if (!lost && b.id == Backend::flex_attention) return flex_candidate(s, Usage::native, c);
     if (!lost) {
       // The math kernel computes every pair whatever the mask.
       const double pairs = b.id == Backend::sdpa_math ? static_cast<double>(s.batch) * static_cast<double>(s.q_len) *
                                                             static_cast<double>(s.k_len)
                                                       : attended_pairs(s);
-      return Candidate{b.id, Usage::native, call_cost(b.id, Usage::native, pairs, c), std::nullopt};
+      return Candidate{b.id, Usage::native, call_cost(b.id, Usage::native, pairs, c), std::nullopt, false};
     }
   }
   if (b.dense && b.dense(s, c, nullptr)) {
@@ -216,9 +261,13 @@ inline std::optional<Candidate> judge(const BackendInfo& b, const MaskStructure&
       const std::optional<ElementType> passed = cast ? cast : c.call.mask_dtype;
       if (const Defect* d = first_defect({b.id, Usage::dense_mask, c.call, c.env, s, passed})) {
         lost = lost ? lost : d;
+      } else if (b.id == Backend::flex_attention) {
+        Candidate flex = flex_candidate(s, Usage::dense_mask, c);
+        flex.mask_cast = cast;
+        return flex;
       } else {
         const double full = static_cast<double>(s.batch) * static_cast<double>(s.q_len) * static_cast<double>(s.k_len);
-        return Candidate{b.id, Usage::dense_mask, call_cost(b.id, Usage::dense_mask, full, c), cast};
+        return Candidate{b.id, Usage::dense_mask, call_cost(b.id, Usage::dense_mask, full, c), cast, false};
       }
     }
   }
@@ -313,7 +362,7 @@ inline std::optional<Candidate> find_plan(const MaskStructure& s, const CallCont
   if (steps.empty()) return std::nullopt;
   const auto main = std::find_if(steps.begin(), steps.end(),
                                  [](const PlanStep& p) { return p.call.backend != Backend::zeros; });
-  return Candidate{main == steps.end() ? Backend::zeros : main->call.backend, Usage::plan_step, total, std::nullopt};
+  return Candidate{main == steps.end() ? Backend::zeros : main->call.backend, Usage::plan_step, total, std::nullopt, false};
 }
 
 // Step 5: the hazards that stay with the chosen call.
@@ -393,6 +442,8 @@ inline Result<Policy> decide(const MaskStructure& structure, const AttentionCall
         ++n_refused;
       }
     }
+
+    detail::refine_flex(s, context, candidates.data(), n_candidates);
 
     // Step 3.
     Policy policy;

@@ -6,12 +6,14 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "row_span.hpp"
 #include "status.hpp"
+#include "tile_grid.hpp"
 
 namespace masklens {
 
@@ -73,6 +75,11 @@ struct MaskStructure {
   std::int64_t empty_rows = 0;
   std::int64_t finite_masked_rows = 0;  // of those, rows masked by finite values (dense math attends uniformly)
   bool bias = false;                    // some attending element carries a non-zero additive value
+  // arbitrary only: the share of the mask's tiles that are partial and full, as a scan
+  // counted them (TileSummary::fractions(), tiles.hpp), so decide() can charge
+  // FlexAttention for the tiles it computes. Absent: every tile is charged as partial.
+  // Exact kinds take none: their tiles follow from their fields (structure_tiles.hpp).
+  std::optional<TileFractions> tile_fractions;
 
   [[nodiscard]] bool has_segments() const noexcept { return !segments.empty(); }
   [[nodiscard]] bool has_kv_valid() const noexcept { return !kv_valid.empty(); }
@@ -300,6 +307,19 @@ struct MaskStructure {
                    ") or one for every batch, got " + text(static_cast<std::int64_t>(n)));
       return {};
     };
+    if (tile_fractions) {
+      if (kind != StructureKind::arbitrary)
+        return bad("structure.tile_fractions are derived from an exact structure's fields; only arbitrary takes them");
+      const TileFractions& t = *tile_fractions;
+      if (t.block_q < 1 || t.block_q > kMaxExtent || t.block_k < 1 || t.block_k > kMaxExtent)
+        return bad("structure.tile_fractions.block must be two tile sizes in [1, 2^62], got [" + text(t.block_q) + ", " +
+                   text(t.block_k) + "]");
+      // Written with comparisons so that NaN fails; a sum of two shares of one count may
+      // round past 1 by an ulp.
+      if (!(t.partial >= 0 && t.full >= 0 && t.partial + t.full <= 1 + 1e-9))
+        return bad("structure.tile_fractions.partial and .full must be shares in [0, 1] that sum to at most 1, got " +
+                   std::to_string(t.partial) + " and " + std::to_string(t.full));
+    }
     if (Status st = entries("kv_valid", kv_valid.size()); !st.ok()) return st;
     for (std::size_t i = 0; i < kv_valid.size(); ++i) {
       const KeyRange& r = kv_valid[i];

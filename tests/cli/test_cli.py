@@ -1,5 +1,6 @@
 """End-to-end tests of the masklens command: make a mask of every kind, inspect it
-(text and JSON checked field by field), malformed .npy files, --png output, bad
+(text and JSON checked field by field), --tiles against a reference of torch's
+create_block_mask, malformed .npy files, --png output, bad
 arguments (exit 2, one line naming the option), and inputs that once crashed or hung
 it (huge masks, endless @FILE, a file truncated while it is read)."""
 import ast
@@ -96,6 +97,78 @@ def write_npy(path, header, data=b"", version=1):
         f.write(prefix + header + data)
 
 
+TILE_FIELDS = ["kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices",
+               "q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices"]
+
+
+def reference_tiles(attend, B, H, Q, K, bq, bk):
+    """torch's create_block_mask on a mask_mod that reads `attend` (flat 0/1 over
+    [B, H, Q, K]), written out as torch does it: pad to whole tiles with masked
+    elements, sum each tile, full = every pair of a whole tile, partial = some; each row
+    the stable descending argsort of its 0/1 marks; the q side is the transpose."""
+    nq, nk = -(-Q // bq), -(-K // bk)
+    out = {f: [[None] * H for _ in range(B)] for f in TILE_FIELDS}
+
+    def ordered(rows):
+        return [sum(r) for r in rows], [sorted(range(len(r)), key=lambda i: -r[i]) for r in rows]
+
+    for b in range(B):
+        for h in range(H):
+            count = [[0] * nk for _ in range(nq)]
+            base = (b * H + h) * Q * K
+            for q in range(Q):
+                row = count[q // bq]
+                for k in range(K):
+                    if attend[base + q * K + k]:
+                        row[k // bk] += 1
+            partial = [[1 if 0 < c < bq * bk else 0 for c in r] for r in count]
+            full = [[1 if c == bq * bk else 0 for c in r] for r in count]
+            for prefix, marks in (("", partial), ("full_", full)):
+                n, idx = ordered(marks)
+                out[prefix + "kv_num_blocks"][b][h], out[prefix + "kv_indices"][b][h] = n, idx
+                n, idx = ordered([list(col) for col in zip(*marks)])
+                out[prefix + "q_num_blocks"][b][h], out[prefix + "q_indices"][b][h] = n, idx
+    return out
+
+
+def write_mask(path, attend, shape, dtype="bool"):
+    """A C-order .npy of 0/1 `attend`: bool, or fp32 additive (0 attends, -inf masked)."""
+    if dtype == "bool":
+        data, descr = bytes(attend), "|b1"
+    else:
+        data, descr = b"".join(struct.pack("<f", 0.0 if a else float("-inf")) for a in attend), "<f4"
+    header = "{'descr': '%s', 'fortran_order': False, 'shape': (%s), }" % (descr, ", ".join(map(str, shape)) + ("," if len(shape) == 1 else ""))
+    header += " " * (-(len(header) + 11) % 64) + "\n"
+    write_npy(path, header, data)
+
+
+def png_pixels(path):
+    """(width, height, rows of (r, g, b)) of an 8-bit RGB PNG, every filter type undone."""
+    with open(path, "rb") as f:
+        blob = f.read()
+    width, height = struct.unpack(">II", blob[16:24])
+    at, idat = 8, b""
+    while at < len(blob):
+        n, kind = struct.unpack(">I4s", blob[at:at + 8])
+        if kind == b"IDAT":
+            idat += blob[at + 8:at + 8 + n]
+        at += 12 + n
+    raw, stride, rows, prev = zlib.decompress(idat), width * 3, [], bytes(width * 3)
+    for y in range(height):
+        kind, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+        for i in range(stride):
+            a, up, c = line[i - 3] if i >= 3 else 0, prev[i], prev[i - 3] if i >= 3 else 0
+            if kind == 1: line[i] = (line[i] + a) & 255
+            elif kind == 2: line[i] = (line[i] + up) & 255
+            elif kind == 3: line[i] = (line[i] + (a + up) // 2) & 255
+            elif kind == 4:
+                pa, pb, pc = abs(up - c), abs(a - c), abs(a + up - 2 * c)
+                line[i] = (line[i] + (a if pa <= pb and pa <= pc else up if pb <= pc else c)) & 255
+        prev = bytes(line)
+        rows.append([tuple(line[x * 3:x * 3 + 3]) for x in range(width)])
+    return width, height, rows
+
+
 with tempfile.TemporaryDirectory() as tmp:
     cases = [
         (["causal", "--shape", "1,1,96,96"], {"kind": "causal", "alignment": "top_left"}),
@@ -179,6 +252,108 @@ with tempfile.TemporaryDirectory() as tmp:
     width, height = struct.unpack(">II", blob[16:24])
     check((width, height) == (1000, 700), f"png size {(width, height)}")
     check(zlib.crc32(blob[12:29]) == struct.unpack(">I", blob[29:33])[0], "png IHDR crc")
+
+    # --- --tiles: torch's BlockMask tensors, as create_block_mask builds them. ---
+    rng = __import__("random").Random(14)
+    tile_cases = [([2, 3, 37, 53], "7x11", "bool"), ([1, 1, 64, 64], "16", "bool"), ([40, 70], "8x16", "bool"),
+                  ([2, 1, 30, 45], "6x9", "fp32"), ([1, 2, 19, 23], "32x5", "bool")]
+    for i, (shape, tiles, dtype) in enumerate(tile_cases):
+        B, H = ([1, 1] + shape)[-4], ([1, 1] + shape)[-3]
+        Q, K = shape[-2], shape[-1]
+        attend = []
+        for _ in range(B * H):  # blocks of random sizes, each empty, full or half dense
+            bq, bk = rng.randint(1, 12), rng.randint(1, 12)
+            modes = {(q0, k0): rng.randint(0, 2) for q0 in range(0, Q, bq) for k0 in range(0, K, bk)}
+            for q in range(Q):
+                for k in range(K):
+                    mode = modes[(q - q % bq, k - k % bk)]
+                    attend.append(1 if mode == 1 or (mode == 2 and rng.random() < 0.5) else 0)
+        path = os.path.join(tmp, f"tiles{i}.npy")
+        write_mask(path, attend, shape, dtype)
+        p = run("inspect", path, "--json", "--tiles", tiles)
+        if p.returncode != 0:
+            continue
+        doc = json.loads(p.stdout)
+        tq, tk = (int(x) for x in (tiles.split("x") if "x" in tiles else [tiles, tiles]))
+        want = reference_tiles(attend, B, H, Q, K, tq, tk)
+        got = doc["tiles"]
+        what = f"--tiles {tiles} on {dtype} {shape}"
+        check(got["block"] == [tq, tk] and got["seq_lengths"] == [Q, K], f"{what}: block {got['block']} seq {got['seq_lengths']}")
+        check(got["shape"] == [B, H, -(-Q // tq), -(-K // tk)], f"{what}: shape {got['shape']}")
+        for field in TILE_FIELDS:
+            check(got[field] == want[field], f"{what}: {field} {got[field]} != reference {want[field]}")
+        counts = got["counts"]
+        check(counts["partial"] == sum(map(sum, (r for b in want["kv_num_blocks"] for r in b))) and
+              counts["full"] == sum(map(sum, (r for b in want["full_kv_num_blocks"] for r in b))) and
+              sum(counts.values()) == B * H * got["shape"][2] * got["shape"][3], f"{what}: counts {counts}")
+        text = run("inspect", path, "--tiles", tiles).stdout
+        line = next((l for l in text.splitlines() if l.startswith("tiles ")), "")
+        check(f"{counts['empty']} empty, {counts['partial']} partial, {counts['full']} full" in line, f"{what}: text {line!r}")
+        # With --tiles, an arbitrary mask carries the shares of its tiles; an exact structure none.
+        if doc["structure"]["kind"] == "arbitrary":
+            shares = doc["structure"]["tile_fractions"]
+            total = sum(counts.values())
+            check(shares["block"] == [tq, tk] and abs(shares["partial"] - counts["partial"] / total) < 1e-12 and
+                  abs(shares["full"] - counts["full"] / total) < 1e-12, f"{what}: tile_fractions {shares}")
+            plain = json.loads(run("inspect", path, "--json").stdout)
+            check("tile_fractions" not in plain["structure"], f"{what}: tile_fractions without --tiles")
+        else:
+            check("tile_fractions" not in doc["structure"], f"{what}: tile_fractions on {doc['structure']['kind']}")
+    # torch itself, where it is installed: the same tensors as create_block_mask on the CPU.
+    try:
+        import torch
+        from torch.nn.attention.flex_attention import create_block_mask
+    except Exception:
+        torch = None
+        print("note: torch not importable, create_block_mask not compared")
+    if torch is not None:
+        path = os.path.join(tmp, "tiles0.npy")
+        shape, tiles = tile_cases[0][0], (7, 11)
+        doc = json.loads(run("inspect", path, "--json", "--tiles", "7x11").stdout)
+        with open(path, "rb") as f:
+            raw = f.read()
+        m = torch.frombuffer(bytearray(raw[-(shape[0] * shape[1] * shape[2] * shape[3]):]), dtype=torch.bool).reshape(shape)
+        bm = create_block_mask(lambda b, h, q, kv: m[b, h, q, kv], shape[0], shape[1], shape[2], shape[3],
+                               device="cpu", BLOCK_SIZE=tiles)
+        for field in TILE_FIELDS:
+            check(getattr(bm, field).tolist() == doc["tiles"][field], f"create_block_mask {field} differs")
+
+    # A block-sparse arbitrary mask goes to flex where it is offered once its tiles are
+    # counted (--tiles; without them every tile is charged as partial); policy
+    # --structure @doc reproduces it from the tile_fractions in the document.
+    L, T = 512, 128
+    keep = {(i, j) for i in range(L // T) for j in range(i + 1) if i == j or (i + j) % 3 == 0}
+    attend = [1 if (q // T, k // T) in keep and k <= q + (q // T - k // T) * T else 0 for q in range(L) for k in range(L)]
+    attend[5] = 1  # one stray element in an otherwise empty tile: no exact structure
+    path = os.path.join(tmp, "block_sparse.npy")
+    write_mask(path, attend, [L, L])
+    plain = json.loads(run("inspect", path, "--json", "--available", "torch,flex").stdout)
+    check(plain["policy"]["backend"] != "torch.flex_attention", f"block-sparse without --tiles: {plain['policy']['backend']}")
+    p = run("inspect", path, "--json", "--available", "torch,flex", "--tiles", "128")
+    doc = json.loads(p.stdout)
+    check(doc["structure"]["kind"] == "arbitrary", f"block-sparse: {doc['structure']['kind']}")
+    check(doc["policy"]["backend"] == "torch.flex_attention" and doc["policy"]["mask"] == "keep",
+          f"block-sparse mask with flex: {doc['policy']['backend']} {doc['policy']['mask']}")
+    check(doc["policy"]["call"]["block"] == [128, 128] and doc["policy"]["call"]["mask_mod_reads_mask"], f"block-sparse: {doc['policy']['call']}")
+    doc_path = os.path.join(tmp, "block_sparse.json")
+    with open(doc_path, "w") as f:
+        f.write(p.stdout)
+    q = run("policy", "--structure", "@" + doc_path, "--shape", f"1,1,{L},{L}", "--json", "--available", "torch,flex")
+    if q.returncode == 0:
+        check(json.loads(q.stdout)["policy"]["backend"] == "torch.flex_attention", "policy from the block-sparse document")
+    # The PNG shades the tiles: full ones green, partial ones amber, empty ones grey.
+    mask16 = os.path.join(tmp, "causal64.npy")
+    run("make", "causal", "--shape", "1,1,64,64", "-o", mask16)
+    png = os.path.join(tmp, "tiles.png")
+    run("inspect", mask16, "--tiles", "16", "--png", png)
+    width, height, pixels = png_pixels(png)
+    check((width, height) == (64, 64), f"tiles png size {(width, height)}")
+    full, partial, empty = pixels[40][5], pixels[40][40], pixels[5][60]
+    check(full[1] > full[0] and full[1] > full[2], f"a full tile is not green: {full}")
+    check(partial[0] > partial[2] + 50, f"a partial tile is not amber: {partial}")
+    check(empty[0] == empty[1] == empty[2], f"an empty tile is tinted: {empty}")
+    run("inspect", mask16, "--png", png)
+    check(png_pixels(png)[2][40][5][0] == png_pixels(png)[2][40][5][2], "a PNG without --tiles is tinted")
 
     # Malformed .npy files: clear errors, never a crash.
     bad = [
@@ -300,6 +475,9 @@ with tempfile.TemporaryDirectory() as tmp:
     bad_argument(["inspect", small_mask, "--mask-dtype", "fp8"], "--mask-dtype", "inspect --mask-dtype fp8")
     bad_argument(["inspect", small_mask, "--masked-threshold", "5"], "--masked-threshold", "positive threshold")
     bad_argument(["inspect", small_mask, "--masked-threshold", "nan"], "--masked-threshold", "NaN threshold")
+    for tiles in ("0", "-4", "abc", "128x", "0x64", "64x0", "12.5", "x", "", "128x64x2"):
+        bad_argument(["inspect", small_mask, "--tiles", tiles], "--tiles", f"inspect --tiles {tiles!r}")
+    bad_argument(["inspect", small_mask, "--tiles"], "--tiles", "--tiles without a value")
     p = run("inspect", small_mask, "--png", os.path.join(tmp, "no", "such", "dir.png"), ok=False)
     check(p.returncode == 1 and "cannot write" in p.stderr and "No such file" in p.stderr and p.stdout == "",
           f"--png into a missing folder: exit {p.returncode} {p.stderr!r}")

@@ -55,6 +55,12 @@ MaskStructure structure(Bytes& in) {
       s.kv_valid.push_back({start, start + 1 + in.next(static_cast<std::uint32_t>(s.k_len - start))});
     }
   s.bias = in.next(6) == 0;
+  // An arbitrary mask's tile shares, as its scan would count them.
+  if (!structured && in.next(2)) {
+    const double partial = in.next(101) / 100.0;
+    s.tile_fractions = TileFractions{1 + in.next(256), 1 + in.next(256), partial,
+                                     in.next(static_cast<std::uint32_t>(101 - partial * 100 + 0.5)) / 100.0};
+  }
   // Counts: an arbitrary structure's are given; a structured one implies its empty rows
   // (given as that count, or 0 = "derive it").
   const std::int64_t rows = s.batch * s.heads * s.q_len;
@@ -67,7 +73,7 @@ MaskStructure structure(Bytes& in) {
 
 // Breaks one field of a well-formed structure, the way a caller or a file could.
 void break_one_field(MaskStructure& s, Bytes& in) {
-  switch (in.next(16)) {
+  switch (in.next(17)) {
     case 0: s.kind = StructureKind::chunked; s.chunk = -static_cast<std::int64_t>(in.next(2)); break;  // 0 divides
     case 1: s.kind = StructureKind::sliding_window; s.window = in.next(2) ? 0 : INT64_MAX; break;
     case 2: s.kind = StructureKind::prefix_lm; s.prefix = -1; break;
@@ -96,7 +102,10 @@ void break_one_field(MaskStructure& s, Bytes& in) {
     case 13: s.finite_masked_rows = s.empty_rows + 1 + in.next(5); s.kind = StructureKind::arbitrary;
              s.segments.clear(); s.kv_valid.clear(); break;
     case 14: (in.next(2) ? s.q_len : s.batch) = -static_cast<std::int64_t>(in.next(2)); break;
-    default: s.kind = static_cast<StructureKind>(7 + in.next(9)); break;
+    case 15:  // tile shares out of range, or on an exact kind
+      s.tile_fractions = TileFractions{static_cast<std::int64_t>(in.next(2)), 128, in.next(2) ? -0.5 : 0.75, 0.5};
+      break;
+    default: s.kind = static_cast<StructureKind>(7 + in.next(9)); break;  // 16: an unknown kind
   }
 }
 

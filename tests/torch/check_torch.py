@@ -12,6 +12,10 @@
    kernel on the dense mask in fp32 (rows with no key: 0).
 3. Mask dtypes: every (mask dtype x query dtype) pair, with and without bias values:
    the chosen call (its mask cast included) must not raise and must match the reference.
+4. Tiles: `inspect --tiles` on every mask of 2, at 128 x 128 and at ragged 96 x 80 tiles,
+   against torch's create_block_mask on the GPU, tensor for tensor; and flex_attention
+   run on a BlockMask built from masklens' tensors (BlockMask.from_kv_blocks, the mask_mod
+   reading the mask) against the reference.
 
 usage: check_torch.py MASKLENS [--json OUT]
 """
@@ -345,10 +349,54 @@ def check_mask_dtypes(tmp):
             run_and_compare(f"mask {name}", dtype, path, m, extra, 3e-2)
 
 
+TILE_FIELDS = ["kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices",
+               "q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices"]
+
+
+def check_tiles(tmp):
+    """masklens' tile summary against create_block_mask, and flex run on it."""
+    from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
+    fn = FLEX.setdefault("fn", torch.compile(flex_attention, dynamic=False))
+    for name, mask in masks():
+        path = os.path.join(tmp, "tiles.npy")
+        np.save(path, mask.cpu().numpy())
+        B, H, Q, K = mask.shape
+        tensors = {}
+        for tiles in ((128, 128), (96, 80)):
+            got = masklens("inspect", path, "--json", "--tiles", f"{tiles[0]}x{tiles[1]}")["tiles"]
+            tensors[tiles] = got
+            bm = create_block_mask(lambda b, h, qi, ki: mask[b, h, qi, ki], B, H, Q, K, device=DEV, BLOCK_SIZE=tiles)
+            differ = [f for f in TILE_FIELDS if getattr(bm, f).tolist() != got[f]]
+            report["runs"].append({"mask": name, "tiles": list(tiles), "create_block_mask_differs": differ})
+            print(f"tiles {name:34s} {tiles[0]}x{tiles[1]}: {'differ: ' + str(differ) if differ else 'as create_block_mask'}")
+            if differ:
+                failures.append(f"tiles {name} {tiles}: {differ} differ from create_block_mask")
+        if name not in ("sliding window 128", "VLM blocks", "packed documents", "arbitrary", "causal bottom-right Q<K"):
+            continue
+        # flex on masklens' own tensors: the BlockMask torch would build, without building it.
+        got = tensors[(128, 128)]
+        t = {f: torch.tensor(got[f], dtype=torch.int32, device=DEV) for f in TILE_FIELDS}
+        block_mask = BlockMask.from_kv_blocks(t["kv_num_blocks"], t["kv_indices"], t["full_kv_num_blocks"],
+                                              t["full_kv_indices"], BLOCK_SIZE=tuple(got["block"]),
+                                              mask_mod=lambda b, h, qi, ki: mask[b, 0, qi, ki],
+                                              seq_lengths=tuple(got["seq_lengths"]))
+        q, k, v = (torch.randn(B, 4, n, 128, device=DEV, dtype=torch.bfloat16) for n in (Q, K, K))
+        try:
+            err = (fn(q, k, v, block_mask=block_mask).float() - reference(q, k, v, mask)).abs().max().item()
+        except Exception as e:
+            err = float("inf")
+            failures.append(f"tiles {name}: flex on masklens' BlockMask raised {type(e).__name__}: {e}")
+        report["runs"].append({"mask": name, "flex_on_tiles_max_abs_err": err})
+        print(f"tiles {name:34s} flex on masklens' BlockMask: max|err| {err:.2e}")
+        if not err < 2e-2:
+            failures.append(f"tiles {name}: flex on masklens' BlockMask max |err| {err}")
+
+
 check_rules()
 with tempfile.TemporaryDirectory() as tmp:
     check_runs(tmp)
     check_mask_dtypes(tmp)
+    check_tiles(tmp)
 agree = sum(r["torch"] == r["masklens"] for r in report["rules"])
 print(f"rules: {agree}/{len(report['rules'])} agree with torch; {len(notes)} conservative")
 for n in notes[:40]:

@@ -1,5 +1,6 @@
 // masklens — inspect and explain attention masks.
 //   masklens inspect MASK.npy [--json] [call options] [--mask-dtype bf16] [--png FILE] [--device cpu|cuda]
+//                             [--tiles N|QxK]
 //   masklens policy --structure JSON|@FILE|@- --shape B,H,Q,K [--json] [call options]
 //   masklens make KIND --shape B,H,Q,K [params] -o FILE.npy
 //   masklens samples DIR            writes a sample mask of every structure and inspects each
@@ -269,8 +270,31 @@ Status validate_inspect_options(const std::string& mask_dtype, const std::string
   return {};
 }
 
+// --tiles N (N x N) or QxK: query rows x keys per tile, each an integer >= 1.
+Result<TileSize> parse_tiles(const std::string& text) {
+  const auto bad = [&] {
+    return error(ErrorCode::invalid_argument,
+                 "--tiles wants a tile size N or QxK (query rows x keys), integers >= 1, got '" + text + "'");
+  };
+  const auto number = [](const std::string& digits) -> std::int64_t {
+    if (digits.empty() || digits.size() > 18 || digits.find_first_not_of("0123456789") != std::string::npos) return -1;
+    return std::stoll(digits);
+  };
+  const std::size_t x = text.find('x');
+  const std::int64_t q = number(text.substr(0, x));
+  const std::int64_t k = x == std::string::npos ? q : number(text.substr(x + 1));
+  if (q < 1 || k < 1) return bad();
+  return TileSize{q, k};
+}
+
+// The tile summary inspect reports and, for an arbitrary mask, charges flex on (--tiles).
+struct InspectTiles {
+  std::optional<TileSize> requested;  // --tiles
+  std::optional<TileSummary> summary;
+};
+
 int inspect_file(const std::string& path, const std::string& mask_dtype, const std::string& png, const std::string& device,
-                 double threshold, bool json, const CallOptions& call_options) {
+                 double threshold, bool json, const CallOptions& call_options, InspectTiles tiles = {}) {
   std::optional<ElementType> two_byte;
   if (mask_dtype == "bf16") two_byte = ElementType::bfloat16;
   else if (mask_dtype == "fp16") two_byte = ElementType::float16;
@@ -281,19 +305,45 @@ int inspect_file(const std::string& path, const std::string& mask_dtype, const s
   if (!file) return fail(file.status());
   const MaskView& view = file->view;
   Result<SpanTable> spans = error(ErrorCode::invalid_argument, "--device must be cpu or cuda, got " + device);
-  if (device == "cpu") spans = scan(view, ScanOptions{0});
-  else if (device == "cuda") spans = gpu::scan_host_mask(view);
+  if (device == "cpu" && tiles.requested) {
+    // The spans and the tiles from one read of the mask.
+    auto both = scan_with_tiles(view, *tiles.requested, ScanOptions{0});
+    if (!both) return fail(both.status());
+    spans = std::move(both->spans);
+    tiles.summary = std::move(both->tiles);
+  } else if (device == "cpu") {
+    spans = scan(view, ScanOptions{0});
+  } else if (device == "cuda") {
+    spans = gpu::scan_host_mask(view);
+  }
   if (!spans) return fail(spans.status());
   auto verdict = classify(*spans);
   if (!verdict) return fail(verdict.status());
+  if (tiles.requested) {
+    if (!tiles.summary) {  // the GPU's read gave spans only: count the tiles on the host
+      auto counted = scan_tiles(view, *tiles.requested, ScanOptions{0});
+      if (!counted) return fail(counted.status());
+      tiles.summary = std::move(*counted);
+    }
+    // An arbitrary mask is charged for flex on its tiles (an exact structure's follow
+    // from its fields).
+    if (verdict->kind == StructureKind::arbitrary) verdict->tile_fractions = tiles.summary->fractions();
+  }
   auto call = make_call(call_options, view.dtype());
   if (!call) return fail(call.status());
   call->call.batch = view.batch();
   auto policy = decide(*verdict, call->call, call->env);
+  const TileSummary* shown = tiles.summary ? &*tiles.summary : nullptr;
   if (!png.empty())
-    if (Status s = picture::write_png(png, view, *verdict); !s.ok()) return fail(s);
+    if (Status s = picture::write_png(png, view, *verdict, shown); !s.ok()) return fail(s);
   if (json) {
-    std::cout << to_json(*verdict, policy ? &*policy : nullptr).dump(2) << "\n";
+    nlohmann::json doc = to_json(*verdict, policy ? &*policy : nullptr);
+    if (shown) {
+      auto tensors = block_mask_tensors(*shown);
+      if (!tensors) return fail(tensors.status());
+      doc["tiles"] = to_json(*tensors, shown->tally());
+    }
+    std::cout << doc.dump(2) << "\n";
     return policy ? 0 : fail(policy.status());
   }
   std::printf("mask      %s  [%lld, %lld, %lld, %lld] %s  (scanned on %s)\n", path.c_str(),
@@ -302,6 +352,13 @@ int inspect_file(const std::string& path, const std::string& mask_dtype, const s
               std::string(to_string(view.dtype())).c_str(), device == "cuda" ? "the GPU" : "the CPU");
   std::fputs(picture::ascii_preview(view).c_str(), stdout);
   std::printf("structure %s\n", describe(*verdict).c_str());
+  if (shown) {
+    const TileTally t = shown->tally();
+    std::printf("tiles     %lldx%lld: %lld empty, %lld partial, %lld full (of %lld, over %lld stored slices)\n",
+                static_cast<long long>(shown->grid.block_q), static_cast<long long>(shown->grid.block_k),
+                static_cast<long long>(t.empty), static_cast<long long>(t.partial), static_cast<long long>(t.full),
+                static_cast<long long>(t.total()), static_cast<long long>(shown->grid.slices()));
+  }
   if (!policy) return fail(policy.status());
   print_policy(*policy, *verdict, view.dtype());
   return 0;
@@ -512,6 +569,9 @@ int run_command(int argc, char** argv) {
   inspect_cmd->add_option("--png", png, "write a picture of slice [0, 0]");
   inspect_cmd->add_option("--device", device, "scan on cpu or cuda")->capture_default_str();
   inspect_cmd->add_option("--masked-threshold", threshold, "additive values <= this are masked")->capture_default_str();
+  std::string tiles_text;
+  inspect_cmd->add_option("--tiles", tiles_text,
+                          "tile summary at N x N or QxK tiles (torch BlockMask tensors in the JSON; shaded in the PNG)");
   add_call_options(*inspect_cmd, call_options);
 
   std::string structure_text, shape_text;
@@ -564,7 +624,13 @@ int run_command(int argc, char** argv) {
   if (*inspect_cmd) {
     if (Status s = validate_call_options(call_options); !s.ok()) return fail(s);
     if (Status s = validate_inspect_options(mask_dtype, device, threshold); !s.ok()) return fail(s);
-    return inspect_file(path, mask_dtype, png, device, threshold, json, call_options);
+    InspectTiles tiles;
+    if (!tiles_text.empty() || inspect_cmd->count("--tiles") > 0) {
+      auto size = parse_tiles(tiles_text);
+      if (!size) return fail(size.status());
+      tiles.requested = *size;
+    }
+    return inspect_file(path, mask_dtype, png, device, threshold, json, call_options, tiles);
   }
 
   if (*policy_cmd) {

@@ -1,5 +1,6 @@
 // A picture of a mask slice (libpng): allowed keys light, masked keys dark, empty rows
-// red, kv_valid edges and document edges blue. Large masks are downsampled to at most
+// red, kv_valid edges and document edges blue; with a tile summary, partial tiles amber
+// and full tiles green. Large masks are downsampled to at most
 // `max_side` pixels per side; a pixel's grey level is the share of allowed keys it covers.
 #pragma once
 
@@ -26,7 +27,10 @@ inline Size picture_size(const MaskView& v, std::int64_t max_side) {
   return {(v.k_len() + factor - 1) / factor, (v.q_len() + factor - 1) / factor};
 }
 
-inline Status write_png(const std::string& path, const MaskView& v, const MaskStructure& s, std::int64_t max_side = 1024) {
+// With `tiles`, each pixel is tinted by the state of the tile it falls in (slice [0, 0]):
+// partial tiles amber, full tiles green, empty tiles left as they are.
+inline Status write_png(const std::string& path, const MaskView& v, const MaskStructure& s,
+                        const TileSummary* tiles = nullptr, std::int64_t max_side = 1024) {
   const std::int64_t factor = std::max<std::int64_t>(1, (std::max(v.q_len(), v.k_len()) + max_side - 1) / max_side);
   const Size size = picture_size(v, max_side);
   std::vector<std::uint8_t> rgb(static_cast<std::size_t>(size.width * size.height * 3), 0);
@@ -49,6 +53,16 @@ inline Status write_png(const std::string& path, const MaskView& v, const MaskSt
       const auto level = static_cast<std::uint8_t>(40 + 215 * allowed[static_cast<std::size_t>(px)] / std::max<std::int64_t>(1, cells));
       std::uint8_t* p = &rgb[static_cast<std::size_t>((py * size.width + px) * 3)];
       p[0] = p[1] = p[2] = level;
+      if (tiles) {
+        const TileState state = tiles->state_at(0, 0, py * factor / tiles->grid.block_q, px * factor / tiles->grid.block_k);
+        const auto tint = [&](int r, int g, int b) {  // 40 % of the tint over the grey level
+          p[0] = static_cast<std::uint8_t>((3 * level + 2 * r) / 5);
+          p[1] = static_cast<std::uint8_t>((3 * level + 2 * g) / 5);
+          p[2] = static_cast<std::uint8_t>((3 * level + 2 * b) / 5);
+        };
+        if (state == TileState::partial) tint(255, 170, 0);
+        else if (state == TileState::full) tint(40, 200, 90);
+      }
       if (empty_rows) p[0] = 200, p[1] = p[2] = 40;
     }
   }

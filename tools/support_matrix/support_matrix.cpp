@@ -39,6 +39,12 @@ std::string fixed(double v) {
   return buf;
 }
 
+std::string shortest(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
 std::string render() {
   std::ostringstream out;
   out << "# Backends\n\n"
@@ -96,7 +102,11 @@ std::string render() {
          "per call " << fixed(kCallOverheadMs * 1000) << " us of overhead plus a rate times the work, in ms per 10^9 "
          "(query, key) pairs x heads x head_dim / 128,\n"
          "forward and backward, bf16. Native calls that skip masked tiles pay for the attended pairs; a dense\n"
-         "mask (and the math kernel) pays for every pair. A plan pays for each of its calls. Measured rates come\n"
+         "mask (and the math kernel) pays for every pair. FlexAttention pays for the pairs of the tiles it computes,\n"
+         "full and partial, a partial tile at " << shortest(kFlexPartialTileRule) << "x with the structure's mask_mod and at "
+      << shortest(kFlexPartialTileMaskRead) << "x when the mask_mod reads\n"
+         "the dense mask (estimates); an exact structure's tiles follow from its fields, an arbitrary mask's from\n"
+         "its scan (`tile_fractions`; without them every tile counts as partial). A plan pays for each of its calls. Measured rates come\n"
          "from `bench/backend_costs.py` on an H200 (bench/README.md); the others are estimates from the\n"
          "libraries' own reports until measured.\n\n"
          "| backend | native | dense mask | measured |\n|---|---|---|---|\n";

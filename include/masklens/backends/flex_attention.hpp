@@ -1,6 +1,8 @@
 // torch.nn.attention.flex_attention: any structure as a BlockMask whose mask_mod is
 // the structure's rule (built from its fields by the caller); an arbitrary mask is
-// read through its dense tensor in the mask_mod, which keeps flex correct for it.
+// read through its dense tensor in the mask_mod, which keeps flex correct for it. Its
+// BlockMask can come from the mask's tile summary (tiles.hpp, BlockMask.from_kv_blocks)
+// instead of create_block_mask; decide() charges it on those tiles (cost.hpp).
 #pragma once
 
 #include "backend.hpp"
@@ -29,9 +31,11 @@ inline bool dense(const MaskStructure& s, const CallContext&, Call* out) {
   // Rows masked only by finite values attend uniformly in the dense softmax; a bool
   // mask_mod would leave them empty.
   if (s.bias || s.finite_masked_rows > 0) return false;
-  return emit(out, [] {
+  return emit(out, [&s] {
     FlexArgs a;
     a.mask_mod_reads_mask = true;
+    // The tiles an arbitrary mask was counted at (and charged on) are the BlockMask's.
+    if (s.tile_fractions) a.block_q = s.tile_fractions->block_q, a.block_k = s.tile_fractions->block_k;
     return dropping(Backend::flex_attention, a, MaskUse::keep);
   });
 }
