@@ -19,3 +19,4 @@
 #include "plan.hpp"
 #include "policy.hpp"
 #include "inspect.hpp"
+#include "scan_threads.hpp"
