@@ -35,7 +35,8 @@ class Tensors:
 
 
 def _expand_kv(q, k, v):
-    """K and V repeated to the query's heads (GQA the call cannot take natively)."""
+    """K and V repeated to the query's heads: only for an SDPA kernel that takes no
+    enable_gqa (the varlen, flex and flash-attn runners take fewer key heads as they are)."""
     groups = q.shape[1] // k.shape[1]
     if groups == 1:
         return k, v
@@ -137,10 +138,10 @@ def _varlen_layout(call, t: Tensors, q):
 def run_varlen(call, t: Tensors, q, k, v, attend=None):
     """Packs the sequences into [total, heads, dim], runs the varlen kernel, unpacks into a
     zero [B, H, Q, Dv] output. `attend` replaces the kernel (tests run the packing on the
-    CPU with it)."""
+    CPU with it). GQA goes in as it is: K and V keep their fewer heads, which every
+    varlen kernel here takes (flash's varlen forward and backward, behind torch's
+    varlen_attn as behind flash-attn 2 and 3, need only heads % kv_heads == 0)."""
     a = call.args
-    if q.shape[1] != k.shape[1]:
-        k, v = _expand_kv(q, k, v)
     qb, qi, kb, ki, cu_q, cu_k, max_q, max_k = _varlen_layout(call, t, q)
     qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, L, H, D]
     qp, kp, vp = qt[qb, qi], kt[kb, ki], vt[kb, ki]
