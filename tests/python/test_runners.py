@@ -277,3 +277,44 @@ def test_rows_masked_only_by_finite_values_keep_torchs_result():
     assert got[:, :, :4].abs().max() > 0  # the uniform rows are not zeroed
     for a, b in zip(grads(got, (q, k, v)), grads(want, (q, k, v))):
         assert_close(a, b, 1e-5)
+
+
+def sdp_flags():
+    b = torch.backends.cuda
+    return (b.flash_sdp_enabled(), b.mem_efficient_sdp_enabled(), b.math_sdp_enabled(), b.cudnn_sdp_enabled())
+
+
+def set_sdp_flags(state):
+    b = torch.backends.cuda
+    for enable, on in zip((b.enable_flash_sdp, b.enable_mem_efficient_sdp, b.enable_math_sdp, b.enable_cudnn_sdp), state):
+        enable(on)
+
+
+@pytest.mark.parametrize("backend", list(_run._KERNELS))
+def test_kernel_switches_are_sdpa_kernels(backend, monkeypatch):
+    """The drop-in selects a CUDA kernel with torch.backends.cuda's public switches
+    instead of the sdpa_kernel context (20 µs a call): during the call they read as
+    sdpa_kernel sets them, from any starting state, and are restored after it, also
+    when the call raises. (The switches are process state: this runs on the CPU.)"""
+    from torch.nn.attention import sdpa_kernel
+    with sdpa_kernel(_run._KERNELS[backend]):
+        want = sdp_flags()
+    seen = []
+
+    def record(*args, **kwargs):
+        seen.append(sdp_flags())
+        if kwargs.get("scale") == -1.0:
+            raise RuntimeError("kernel failed")
+        return "out"
+    monkeypatch.setattr(_run.F, "scaled_dot_product_attention", record)
+    start = sdp_flags()
+    try:
+        for state in [(True, True, True, True), want, (False, True, False, True)]:
+            set_sdp_flags(state)
+            assert _run._sdpa_on_kernels(_run._KERNEL_FLAGS[backend], 0, 0, 0, None, 0.0, False, None, False) == "out"
+            assert seen[-1] == want and sdp_flags() == state
+            with pytest.raises(RuntimeError, match="kernel failed"):
+                _run._sdpa_on_kernels(_run._KERNEL_FLAGS[backend], 0, 0, 0, None, 0.0, False, -1.0, False)
+            assert seen[-1] == want and sdp_flags() == state
+    finally:
+        set_sdp_flags(start)
