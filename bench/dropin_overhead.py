@@ -2,10 +2,10 @@
 beside the bare torch call it stands for, on tensors so small that the kernel costs
 next to nothing, so the difference is the drop-in's own host work.
 
-  cached       the same mask again (no scan, no decision): a causal mask (dropped for
-               is_causal=True) against F.sdpa(is_causal=True); a mask whose rows
-               0..3 attend to nothing (the decided call, then those rows zeroed) and
-               a sliding window, each against F.sdpa(attn_mask=mask)
+  cached       the same mask again (no scan, no decision): a causal mask [1, 1, L, L]
+               and [L, L] (dropped for is_causal=True) against F.sdpa(is_causal=True);
+               a mask whose rows 0..3 attend to nothing (the decided call, then those
+               rows zeroed) and a sliding window, each against F.sdpa(attn_mask=mask)
   first call   masklens.forget(mask) before each call: scan + classify + decide + the
                call, against the same baseline
   switches     selecting one SDPA kernel for a call: the sdpa_kernel context manager
@@ -82,12 +82,15 @@ def compare(baseline, candidate, calls=None):
 
 
 def main():
+    if DEV == "cpu":
+        torch.set_num_threads(1)  # tensors this small run on one thread anyway; no pool to wake
     g = torch.Generator(device=DEV).manual_seed(0)
     q, k, v = (torch.randn(B, H, L, D, device=DEV, dtype=DTYPE, generator=g) for _ in range(3))
     i = torch.arange(L, device=DEV)
     causal = (i[None, :] <= i[:, None])[None, None]
     masks = {
         "causal (dropped: is_causal=True)": (causal, dict(is_causal=True)),
+        "causal as a 2-D [L, L] mask (dropped)": (causal[0, 0], dict(is_causal=True)),
         "causal, rows 0..3 attend to nothing": (causal & (i[None, :] >= 4), None),
         "sliding window 4": (causal & (i[:, None] - i[None, :] < 4), None),
     }
