@@ -286,7 +286,8 @@ def sdp_flags():
 
 def set_sdp_flags(state):
     b = torch.backends.cuda
-    for enable, on in zip((b.enable_flash_sdp, b.enable_mem_efficient_sdp, b.enable_math_sdp, b.enable_cudnn_sdp), state):
+    switches = (b.enable_flash_sdp, b.enable_mem_efficient_sdp, b.enable_math_sdp, b.enable_cudnn_sdp)
+    for enable, on in zip(switches, state):
         enable(on)
 
 
