@@ -3,9 +3,10 @@ attn_implementation="masklens", each beside its baseline measured in the same ru
 
   seed        1 x 4 x 69632 x 256 bf16, dense bool causal mask [1, 1, L, L], forward +
               backward: F.sdpa with the mask (default dispatch; forced to the efficient
-              kernel, whose result is wrong), is_causal=True bare, the drop-in on its
-              first call (device scan + classify + decide + the call) and cached (no
-              scan), with the masklens step split from masklens.last_timing().
+              kernel, whose result is wrong), is_causal=True bare (default dispatch, and
+              forced to the kernel the drop-in runs), the drop-in on its first call
+              (device scan + classify + decide + the call) and cached (no scan), with
+              the masklens step split from masklens.last_timing().
   structures  1 x 4 x 69632 x 128 bf16, forward + backward: three packed documents, a
               4096 sliding window, left-padded causal (1000 pad rows): the drop-in vs
               the dense mask on the default dispatch and vs the best native call,
@@ -13,11 +14,19 @@ attn_implementation="masklens", each beside its baseline measured in the same ru
   llama       a 28-layer Llama of tiny width, 32k tokens, batch 1, left padding through
               attention_mask: forward with attn_implementation="masklens" vs "sdpa",
               scans per forward, logits difference.
+  flex        (not in the default --cases) 1 x 4 x 16384 x 128 bf16, a 1024 sliding
+              window with only FlexAttention available: the drop-in's first call
+              (scan + decide + BlockMask + torch.compile of flex_attention), its first
+              backward (compiles the backward), a new mask tensor of the same structure
+              (no compile) and warm calls, beside a user's own compiled flex_attention
+              measured the same way. Each side runs in a fresh process (its first call
+              is the process's first compile) with Inductor's caches disabled: the
+              first call of a program's first run.
 
 Every time is the median of several runs after a warm-up (CUDA events around whole
 calls, Python included: the GPU idles while the host works, and the events see it).
 
-usage: python3 bench/dropin.py [--quick] [--json OUT] [--cases seed,structures,llama] [--L N]
+usage: python3 bench/dropin.py [--quick] [--json OUT] [--cases seed,structures,llama,flex] [--L N] [--flex-L N]
 Run against the in-tree build with PYTHONPATH=build-dir/python (bench/README.md).
 """
 import argparse
@@ -36,6 +45,7 @@ from torch_baselines import median_ms  # noqa: E402  (one timing loop for every 
 from backend_costs import flex_runner, varlen  # noqa: E402
 
 import masklens  # noqa: E402
+from masklens import _run  # noqa: E402
 from masklens.torch import scaled_dot_product_attention as dropin  # noqa: E402
 
 # Without CUDA the script runs its logic on the CPU at the sizes given (a smoke test of
@@ -48,6 +58,8 @@ parser.add_argument("--cases", default="seed,structures,llama")
 parser.add_argument("--L", type=int, default=69632, help="tokens of the seed and structure cases")
 parser.add_argument("--llama-L", type=int, default=32768, help="tokens of the llama case")
 parser.add_argument("--no-flex", action="store_true", help="skip the compiled flex_attention baseline")
+parser.add_argument("--flex-L", type=int, default=16384, help="tokens of the flex case")
+parser.add_argument("--flex-part", choices=["own", "dropin"], help=argparse.SUPPRESS)  # the flex case's child run
 ARGS = parser.parse_args()
 REPS, WARM = (3, 1) if ARGS.quick else (7, 2)
 
@@ -88,7 +100,8 @@ def table(title, rows, baseline_key="baseline"):
         if r.get(baseline_key):
             b = rows[r[baseline_key]]["ms"]
             extra.append(f"{r['ms'] / b:5.2f}x the time of '{r[baseline_key]}'")
-        for k in ("rel_err", "max_err", "dq_norm", "grad_max_err", "overhead_ms", "scans_per_forward"):
+        for k in ("rel_err", "max_err", "dq_norm", "grad_max_err", "overhead_ms", "overhead_vs_same_kernel_ms",
+                  "scans_per_forward"):
             if r.get(k) is not None:
                 extra.append(f"{k} {r[k]:.4g}")
         print(f"  {name:58s} {r['ms']:9.2f} ms  " + "  ".join(extra))
@@ -148,11 +161,23 @@ def seed(report):
     before = masklens.scan_count()
     measure("drop-in, cached (same mask again)", grads_of(lambda: dropin(q, k, v, attn_mask=mask), (q, k, v), go))
     cached_scans = masklens.scan_count() - before
+    policy, verdict = masklens.torch.inspect(q, k, v, mask)
+    same_kernel = None
+    if policy.backend in _run._KERNELS and DEV == "cuda":
+        # The bare call on the kernel the drop-in runs: what is left over it is the
+        # drop-in's host work, not a kernel choice (the default dispatch may pick another).
+        same_kernel = f"F.sdpa is_causal=True forced to the drop-in's kernel ({policy.backend})"
+
+        def forced():
+            with sdpa_kernel(_run._KERNELS[policy.backend]):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        measure(same_kernel, grads_of(forced, (q, k, v), go))
     base = rows["F.sdpa is_causal=True (no mask)"]["ms"]
     for name in ("drop-in, first call on the mask (scan + decide + call)", "drop-in, cached (same mask again)"):
         rows[name]["overhead_ms"] = rows[name]["ms"] - base
+        if same_kernel:
+            rows[name]["overhead_vs_same_kernel_ms"] = rows[name]["ms"] - rows[same_kernel]["ms"]
     step = {k: statistics.median(t[k] for t in split) for k in ("scan_ms", "classify_ms", "decide_ms")}
-    policy, verdict = masklens.torch.inspect(q, k, v, mask)
     report["seed"] = {"shape": [1, 4, L, D], "rows": rows, "step_ms": step, "scans_when_cached": cached_scans,
                       "structure": verdict.structure.describe(), "backend": policy.backend,
                       "mask_use": policy.call.mask, "scan_on": split[-1]["device"]}
@@ -274,7 +299,114 @@ def llama(report):
     empty_cache()
 
 
+def flex_part(part):
+    """One side of the flex case, in a process of its own (the first call is a process's
+    first compile): "own" times a user's own compiled flex_attention, "dropin" the
+    drop-in with only FlexAttention available. Prints one JSON line of wall ms."""
+    import torch._inductor.config as inductor_config
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    from masklens import _env
+    inductor_config.force_disable_caches = True  # compile cold: nothing from an earlier run
+    L, D = ARGS.flex_L, 128
+    W = min(1024, L // 4)
+    training = DEV == "cuda"  # flex has no CPU backward: a CPU smoke run times forwards
+    q, k, v = qkv(L, D)
+    if not training:
+        q, k, v = (t.detach() for t in (q, k, v))
+    go = torch.randn_like(q)
+    i = torch.arange(L, device=DEV)
+    mask = ((i[None, :] <= i[:, None]) & (i[:, None] - i[None, :] < W))[None, None]
+
+    def mod(b, h, qi, ki):
+        return (ki <= qi) & (qi - ki < W)
+
+    def wall_ms(fn):
+        if DEV == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        out = fn()
+        if DEV == "cuda":
+            torch.cuda.synchronize()
+        return (time.perf_counter() - t0) * 1e3, out
+
+    def first(make_out):
+        fwd_ms, out = wall_ms(make_out)
+        bwd_ms = wall_ms(lambda: torch.autograd.grad(out, (q, k, v), go))[0] if training else 0.0
+        return fwd_ms, bwd_ms
+
+    def warm(make_out):
+        return timed(grads_of(make_out, (q, k, v), go) if training else make_out)
+
+    result = {"L": L, "window": W, "training": training}
+    if part == "own":
+        own = torch.compile(flex_attention, dynamic=False)
+        result["first_fwd_ms"], result["first_bwd_ms"] = first(
+            lambda: own(q, k, v, block_mask=create_block_mask(mod, None, None, L, L, device=DEV)))
+        result["new_mask_ms"] = sum(first(lambda: own(q, k, v, block_mask=create_block_mask(
+            mod, None, None, L, L, device=DEV))))
+        block_mask = create_block_mask(mod, None, None, L, L, device=DEV)
+        result["warm_ms"] = warm(lambda: own(q, k, v, block_mask=block_mask))
+    else:
+        real_environment = _env.environment
+        # Only flex offered (sm 90 claimed on a CPU smoke run, where flex is otherwise refused).
+        only_flex = {"available": {"flex"}, **({} if DEV == "cuda" else {"sm": 90})}
+        _env.environment = lambda *a, **kw: real_environment(*a, **{**kw, **only_flex})
+        result["first_fwd_ms"], result["first_bwd_ms"] = first(lambda: dropin(q, k, v, attn_mask=mask))
+        policy, verdict = masklens.torch.inspect(q, k, v, mask)
+        result["backend"], result["structure"] = policy.backend, verdict.structure.describe()
+        fresh = mask.clone()  # a new tensor, the same structure: a scan and a BlockMask, nothing compiled
+        result["new_mask_ms"] = sum(first(lambda: dropin(q, k, v, attn_mask=fresh)))
+        before = masklens.scan_count()
+        result["warm_ms"] = warm(lambda: dropin(q, k, v, attn_mask=fresh))
+        result["scans_when_cached"] = masklens.scan_count() - before
+    print("FLEX_PART " + json.dumps(result), flush=True)
+
+
+def flex(report):
+    """First call vs warm of the drop-in running compiled FlexAttention, beside a user's
+    own compiled flex_attention, each side in a fresh process (module docstring)."""
+    import subprocess
+    parts = {}
+    for part in ("own", "dropin"):
+        cmd = [sys.executable, os.path.abspath(__file__), "--flex-part", part, "--flex-L", str(ARGS.flex_L)]
+        if ARGS.quick:
+            cmd.append("--quick")
+        run = subprocess.run(cmd, capture_output=True, text=True)
+        lines = [line for line in run.stdout.splitlines() if line.startswith("FLEX_PART ")]
+        if run.returncode != 0 or not lines:
+            raise RuntimeError(f"flex part {part} failed ({run.returncode}):\n{run.stdout[-2000:]}\n"
+                               f"{run.stderr[-4000:]}")
+        parts[part] = json.loads(lines[-1][len("FLEX_PART "):])
+    own, ml = parts["own"], parts["dropin"]
+    assert ml["backend"] == "torch.flex_attention", ml["backend"]
+    both = " + backward" if ml["training"] else ""
+    own_first = "own compiled flex_attention: first call, forward (BlockMask + compile)"
+    rows = {
+        own_first: {"ms": own["first_fwd_ms"]},
+        "drop-in: first call, forward (scan + decide + BlockMask + compile)": {"ms": ml["first_fwd_ms"],
+                                                                              "baseline": own_first},
+    }
+    if ml["training"]:
+        own_bwd = "own compiled flex_attention: first backward (compile)"
+        rows[own_bwd] = {"ms": own["first_bwd_ms"]}
+        rows["drop-in: first backward (compile)"] = {"ms": ml["first_bwd_ms"], "baseline": own_bwd}
+    rows[f"own compiled flex_attention: new BlockMask, forward{both}"] = {"ms": own["new_mask_ms"]}
+    rows[f"drop-in: new mask tensor, same structure (scan + BlockMask), forward{both}"] = {
+        "ms": ml["new_mask_ms"], "baseline": f"own compiled flex_attention: new BlockMask, forward{both}"}
+    rows[f"own compiled flex_attention: warm, forward{both}"] = {"ms": own["warm_ms"]}
+    rows[f"drop-in: warm (cached), forward{both}"] = {"ms": ml["warm_ms"],
+                                                    "baseline": f"own compiled flex_attention: warm, forward{both}"}
+    report["flex"] = {"shape": [1, 4, ml["L"], 128], "window": ml["window"], "training": ml["training"],
+                      "structure": ml["structure"], "scans_when_cached": ml["scans_when_cached"], "rows": rows}
+    table(f"flex: 1 x 4 x {ml['L']} x 128 bf16, sliding window {ml['window']}, only FlexAttention available; each "
+          "side in a fresh process, Inductor's caches disabled (cold compile); first calls in wall ms", rows)
+    print(f"  decision {ml['structure']} -> {ml['backend']}; scans in warm calls: {ml['scans_when_cached']}")
+
+
 def main():
+    if ARGS.flex_part:
+        return flex_part(ARGS.flex_part)
     import importlib.metadata
     gpu = torch.cuda.get_device_name() if DEV == "cuda" else "none: a CPU smoke run, figures meaningless"
     report = {"date": time.strftime("%Y-%m-%d"), "gpu": gpu, "torch": torch.__version__,
@@ -289,7 +421,7 @@ def main():
     t0 = time.perf_counter()
     for case in ARGS.cases.split(","):
         start = time.perf_counter()
-        {"seed": seed, "structures": structures, "llama": llama}[case](report)
+        {"seed": seed, "structures": structures, "llama": llama, "flex": flex}[case](report)
         report.setdefault("wall_s", {})[case] = time.perf_counter() - start
         print(f"  ({case}: {report['wall_s'][case]:.1f} s)")
     report["wall_s"]["total"] = time.perf_counter() - t0

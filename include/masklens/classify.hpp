@@ -10,13 +10,12 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cstdint>
-#include <map>
 #include <numeric>
 #include <optional>
-#include <set>
 #include <span>
-#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "row_span.hpp"
@@ -274,16 +273,16 @@ struct BaseEvidence {
 
 inline BaseEvidence gather_evidence(const std::vector<UniqueBatch>& batches, std::int64_t d) {
   BaseEvidence ev;
-  std::map<std::int64_t, std::int64_t> block_end;  // start -> largest end seen
-  std::set<std::vector<std::int64_t>> seen_starts;
-  std::set<std::int64_t> seen_ends;
+  // Vectors, sorted once at the end, rather than ordered sets: <map> and <set> would
+  // cost every consumer's parse more than they save here (bench/README.md, issue 15).
+  std::vector<std::pair<std::int64_t, std::int64_t>> runs;  // (start, end) of each run
+  std::vector<std::int64_t> empty_edges;                     // where rows turn empty, per batch
   for (std::size_t i = 0; i < batches.size(); ++i) {
     std::vector<std::int64_t> starts;  // the first distinct positive row starts, in row order
     std::int64_t run_start = -1, run_last = -1;
     const auto close_run = [&] {
       if (run_start >= 0) {
-        auto [it, inserted] = block_end.emplace(run_start, run_last + 1);
-        if (!inserted) it->second = std::max(it->second, run_last + 1);
+        runs.emplace_back(run_start, run_last + 1);
       }
       run_start = -1;
     };
@@ -342,17 +341,12 @@ inline BaseEvidence gather_evidence(const std::vector<UniqueBatch>& batches, std
     }
     // Every distinct batch counts: padding can hide the chunk in all batches but one
     // (issue 11: [3,1,3,4], kv_valid [[3,4],[0,0],[0,2]] shows it only in the third).
-    // Batches with the same starts add the same candidates: each set is taken once.
+    // Batches with the same starts add the same candidates (at most 25 numbers), which
+    // the sort below makes unique.
     if (first_empty_after_rows > 0) {
       starts.push_back(first_empty_after_rows);
-      // Where rows turn empty past the valid keys is a chunk boundary, a multiple of the
-      // chunk: its divisors hold the chunk even when no single batch shows it (two
-      // batches ending at 4 and 6 show chunk 2 only together).
-      if (seen_ends.insert(first_empty_after_rows).second)
-        for (std::int64_t f = 1; f <= first_empty_after_rows / f; ++f)
-          if (first_empty_after_rows % f == 0) ev.chunks.insert(ev.chunks.end(), {f, first_empty_after_rows / f});
+      empty_edges.push_back(first_empty_after_rows);
     }
-    if (!seen_starts.insert(starts).second) continue;
     for (std::size_t j = 0; j < starts.size(); ++j) {
       ev.chunks.push_back(starts[j]);
       for (std::size_t k = 0; k < j; ++k) {
@@ -361,6 +355,14 @@ inline BaseEvidence gather_evidence(const std::vector<UniqueBatch>& batches, std
       }
     }
   }
+  // Where rows turn empty past the valid keys is a chunk boundary, a multiple of the
+  // chunk: its divisors hold the chunk even when no single batch shows it (two batches
+  // ending at 4 and 6 show chunk 2 only together). Each distinct edge once.
+  std::sort(empty_edges.begin(), empty_edges.end());
+  empty_edges.erase(std::unique(empty_edges.begin(), empty_edges.end()), empty_edges.end());
+  for (const std::int64_t edge : empty_edges)
+    for (std::int64_t f = 1; f <= edge / f; ++f)
+      if (edge % f == 0) ev.chunks.insert(ev.chunks.end(), {f, edge / f});
   for (auto* list : {&ev.chunks, &ev.windows}) {
     std::sort(list->begin(), list->end());
     list->erase(std::unique(list->begin(), list->end()), list->end());
@@ -368,8 +370,9 @@ inline BaseEvidence gather_evidence(const std::vector<UniqueBatch>& batches, std
   // The window binds wherever rows show it at full length: the largest candidate first.
   std::reverse(ev.windows.begin(), ev.windows.end());
   // Documents and kv_valid truncate a block differently in each batch; the pieces of
-  // one block overlap, and their union is the block.
-  for (const auto& [start, end] : block_end) {
+  // one block overlap, and their union is the block (runs sorted by start, then end).
+  std::sort(runs.begin(), runs.end());
+  for (const auto& [start, end] : runs) {
     if (!ev.blocks.empty() && start < ev.blocks.back().end)
       ev.blocks.back().end = std::max(ev.blocks.back().end, end);
     else
@@ -394,7 +397,13 @@ inline bool chunk_bounds_rows(const std::vector<UniqueBatch>& batches, std::int6
 
 inline std::vector<UniqueBatch> unique_batches(const SpanTable& t) {
   std::vector<UniqueBatch> out;
-  std::unordered_multimap<std::uint64_t, std::size_t> by_hash;
+  // A hash table of the batches seen, chained through vectors (<unordered_map> would
+  // cost every consumer's parse more than it saves here: bench/README.md, issue 15):
+  // bucket h % buckets holds the last unique batch of such a hash, `next` the one before.
+  constexpr std::size_t kNone = SIZE_MAX;
+  const std::size_t buckets = std::bit_ceil(static_cast<std::size_t>(t.distinct_batch));
+  std::vector<std::size_t> head(buckets, kNone), next;
+  std::vector<std::uint64_t> hashes;  // of each unique batch
   for (std::int64_t b = 0; b < t.distinct_batch; ++b) {
     const std::span<const RowSpan> rows = t.slice(b, 0);
     std::uint64_t h = 1469598103934665603ULL;
@@ -404,17 +413,19 @@ inline std::vector<UniqueBatch> unique_batches(const SpanTable& t) {
       h = (h ^ v) * 1099511628211ULL;
     }
     std::optional<std::size_t> found;
-    auto [lo, hi] = by_hash.equal_range(h);
-    for (auto it = lo; it != hi && !found; ++it) {
-      const auto& other = out[it->second].rows;
-      if (std::equal(rows.begin(), rows.end(), other.begin(),
-                     [](const RowSpan& a, const RowSpan& c) { return a.same_keys(c); }))
-        found = it->second;
+    std::size_t& bucket = head[h & (buckets - 1)];
+    for (std::size_t i = bucket; i != kNone && !found; i = next[i]) {
+      const auto& other = out[i].rows;
+      if (hashes[i] == h && std::equal(rows.begin(), rows.end(), other.begin(),
+                                       [](const RowSpan& a, const RowSpan& c) { return a.same_keys(c); }))
+        found = i;
     }
     if (!found) {
       found = out.size();
       out.push_back({rows, {}});
-      by_hash.emplace(h, *found);
+      next.push_back(bucket);
+      hashes.push_back(h);
+      bucket = *found;
     }
     if (t.distinct_batch > 1) out[*found].logical.push_back(b);
   }

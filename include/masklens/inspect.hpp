@@ -1,4 +1,5 @@
 // inspect: view -> structure in one call (host scan, then the shared classifier).
+// scan_threads.hpp adds inspect(view, ScanOptions), the scan split over threads.
 #pragma once
 
 #include "classify.hpp"
@@ -7,8 +8,8 @@
 
 namespace masklens {
 
-inline Result<MaskStructure> inspect(const MaskView& view, ScanOptions options = {}) {
-  Result<SpanTable> spans = scan(view, options);
+inline Result<MaskStructure> inspect(const MaskView& view) {
+  Result<SpanTable> spans = scan(view);
   if (!spans) return spans.status();
   return classify(*spans);
 }

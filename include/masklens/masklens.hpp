@@ -19,6 +19,7 @@
 #include "plan.hpp"
 #include "policy.hpp"
 #include "inspect.hpp"
+#include "scan_threads.hpp"
 #include "tile_grid.hpp"
 #include "structure_tiles.hpp"
 #include "tiles.hpp"

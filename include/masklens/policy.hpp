@@ -16,7 +16,6 @@
 #include <algorithm>
 #include <array>
 #include <cstdio>
-#include <iterator>
 #include <optional>
 #include <string>
 #include <vector>
@@ -492,8 +491,7 @@ inline Result<Policy> decide(const MaskStructure& structure, const AttentionCall
     for (std::size_t i = 0; i < n_candidates; ++i)
       if (&candidates[i] != best) slower(candidates[i], 0);
     if (plan && best != &*plan) slower(*plan, static_cast<std::int64_t>(plan_steps.size()));
-    std::move(refused.begin(), refused.begin() + static_cast<std::ptrdiff_t>(n_refused),
-              std::back_inserter(policy.rejected));
+    for (std::size_t i = 0; i < n_refused; ++i) policy.rejected.push_back(std::move(refused[i]));
     if (!plan_note.empty() && best->usage != Usage::plan_step)
       policy.hazards.push_back({HazardKind::plan, "no plan: " + plan_note});
     detail::add_hazards(policy, s, context, *best);

@@ -1,7 +1,9 @@
 // The host scanner: MaskView -> SpanTable in one pass over each distinct slice. It is
 // the oracle every other scanner (the GPU one included) is tested against, and it is
 // fast enough to be the real thing for host masks: 1-byte masks with unit key stride
-// read 8 bytes at a time, additive masks 16 bytes at a time (additive_bits.hpp).
+// read 8 bytes at a time, additive masks 16 bytes at a time (additive_bits.hpp). This
+// header scans on the calling thread; scan_threads.hpp splits the rows over threads (kept
+// apart: <thread> is a tenth of a second of every consumer's parse, bench/README.md).
 #pragma once
 
 #include <algorithm>
@@ -9,7 +11,6 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "additive_bits.hpp"
@@ -19,11 +20,6 @@
 #include "status.hpp"
 
 namespace masklens {
-
-struct ScanOptions {
-  // Host threads to split rows over; 0 = std::thread::hardware_concurrency().
-  int threads = 1;
-};
 
 namespace detail {
 
@@ -210,56 +206,44 @@ inline Status invalid_element_error(const MaskView& view, std::int64_t b, std::i
   return error(ErrorCode::invalid_value, "mask holds NaN or +inf");
 }
 
-}  // namespace detail
-
-// Scans every distinct slice of `view` into a SpanTable.
-inline Result<SpanTable> scan(const MaskView& view, ScanOptions options = {}) {
+// The table for `view`, its rows not yet scanned, or why there is none.
+inline Result<SpanTable> table_for_scan(const MaskView& view) {
   if (view.data() == nullptr) return error(ErrorCode::invalid_argument, "view is empty (data is null)");
-  Result<SpanTable> made = SpanTable::for_view(view);
-  if (!made) return made.status();
-  SpanTable& table = made.value();
-  const std::int64_t q_len = table.q_len;
-  const std::int64_t total_rows = table.distinct_slices() * q_len;
+  return SpanTable::for_view(view);
+}
+
+// Scans rows [begin, end) of `table` (row r: distinct slice r / q_len, query r % q_len).
+inline void scan_rows(const MaskView& view, SpanTable& table, std::int64_t begin, std::int64_t end) noexcept {
   const AdditiveBits bits = additive_bits(view.dtype(), view.encoding().masked_threshold);
-
-  const auto scan_rows = [&](std::int64_t begin, std::int64_t end) noexcept {
-    for (std::int64_t r = begin; r < end; ++r) {
-      const std::int64_t slice = r / q_len;
-      const std::int64_t b = slice / table.distinct_heads, h = slice % table.distinct_heads;
-      table.rows[static_cast<std::size_t>(r)] = detail::scan_row(view, bits, b, h, r % q_len);
-    }
-  };
-
-  unsigned threads = options.threads > 0 ? static_cast<unsigned>(options.threads)
-                                         : std::max(1u, std::thread::hardware_concurrency());
-  threads = static_cast<unsigned>(std::min<std::int64_t>(threads, total_rows));
-  if (threads <= 1) {
-    scan_rows(0, total_rows);
-  } else {
-    Status spawn = catch_alloc([&]() -> Status {
-      std::vector<std::jthread> pool;
-      pool.reserve(threads);
-      const std::int64_t per = (total_rows + threads - 1) / threads;
-      for (unsigned t = 0; t < threads; ++t) {
-        const std::int64_t begin = std::min(total_rows, t * per), end = std::min(total_rows, begin + per);
-        try {
-          pool.emplace_back(scan_rows, begin, end);
-        } catch (const std::system_error&) {
-          scan_rows(begin, end);  // no thread to be had: do the share here
-        }
-      }
-      return {};
-    });
-    if (!spawn.ok()) return spawn;
+  const std::int64_t q_len = table.q_len;
+  for (std::int64_t r = begin; r < end; ++r) {
+    const std::int64_t slice = r / q_len;
+    const std::int64_t b = slice / table.distinct_heads, h = slice % table.distinct_heads;
+    table.rows[static_cast<std::size_t>(r)] = scan_row(view, bits, b, h, r % q_len);
   }
+}
 
-  for (std::int64_t r = 0; r < total_rows; ++r) {
+// Once every row is scanned: the error naming the first NaN / +inf element, or ok.
+inline Status check_scanned_rows(const MaskView& view, const SpanTable& table) {
+  const std::int64_t q_len = table.q_len;
+  for (std::int64_t r = 0; r < table.distinct_slices() * q_len; ++r) {
     if (table.rows[static_cast<std::size_t>(r)].flags & kRowInvalid) {
       const std::int64_t slice = r / q_len;
-      return detail::invalid_element_error(view, slice / table.distinct_heads, slice % table.distinct_heads,
-                                           r % q_len);
+      return invalid_element_error(view, slice / table.distinct_heads, slice % table.distinct_heads, r % q_len);
     }
   }
+  return {};
+}
+
+}  // namespace detail
+
+// Scans every distinct slice of `view` into a SpanTable, on the calling thread
+// (scan_threads.hpp: scan(view, ScanOptions{threads})).
+inline Result<SpanTable> scan(const MaskView& view) {
+  Result<SpanTable> made = detail::table_for_scan(view);
+  if (!made) return made;
+  detail::scan_rows(view, *made, 0, made->distinct_slices() * made->q_len);
+  if (Status invalid = detail::check_scanned_rows(view, *made); !invalid.ok()) return invalid;
   return made;
 }
 

@@ -23,6 +23,7 @@
 #include "mask_view.hpp"
 #include "row_span.hpp"
 #include "scan.hpp"
+#include "scan_threads.hpp"
 #include "span_table.hpp"
 #include "status.hpp"
 #include "structure.hpp"

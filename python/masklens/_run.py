@@ -1,6 +1,10 @@
 """Running a Policy with torch: one typed call, or a plan of them, on [B, H, Q, D]
 tensors. Every path is differentiable; rows that attend to nothing are zeroed by the
-caller (masklens.torch) from the verdict, whatever the kernel wrote there."""
+caller (masklens.torch) from the verdict, whatever the kernel wrote there.
+
+prepare() reads a Policy once into a Prepared runner: the drop-in keeps one per (mask,
+call), so a cached call reads no property of the C++ objects (each read converts a
+string or copies a struct) and runs only the torch calls themselves."""
 from __future__ import annotations
 
 import functools
@@ -8,7 +12,7 @@ import inspect as _pyinspect
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention import SDPBackend
 
 _KERNELS = {
     "torch.sdpa.flash": [SDPBackend.FLASH_ATTENTION],
@@ -18,6 +22,38 @@ _KERNELS = {
     # CausalBias dispatches to flash or efficient itself.
     "torch.sdpa.causal_lower_right": [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION],
 }
+# sdpa_kernel(backends) on a CUDA tensor, through torch.backends.cuda's public switches:
+# the four kernels' flags set for the call and restored after it (left alone where they
+# already say so). sdpa_kernel does the same by name (getattr on formatted names inside
+# a generator context): ~20 µs a call where this takes ~1.5 µs (bench/dropin_overhead.py).
+# It also turns off the "overrideable" backend, which serves only out-of-tree
+# (PrivateUse1) devices, never a CUDA tensor.
+_cuda_backends = torch.backends.cuda
+_SWITCHES = ((SDPBackend.FLASH_ATTENTION, _cuda_backends.flash_sdp_enabled, _cuda_backends.enable_flash_sdp),
+             (SDPBackend.EFFICIENT_ATTENTION, _cuda_backends.mem_efficient_sdp_enabled,
+              _cuda_backends.enable_mem_efficient_sdp),
+             (SDPBackend.MATH, _cuda_backends.math_sdp_enabled, _cuda_backends.enable_math_sdp),
+             (SDPBackend.CUDNN_ATTENTION, _cuda_backends.cudnn_sdp_enabled, _cuda_backends.enable_cudnn_sdp))
+# Per SDPA backend name: the switches' states (in _SWITCHES order) that select it.
+_KERNEL_FLAGS = {name: tuple(backend in kernels for backend, _, _ in _SWITCHES) for name, kernels in _KERNELS.items()}
+
+
+def _sdpa_on_kernels(flags, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+    """F.scaled_dot_product_attention with only the kernels `flags` names enabled."""
+    before = tuple(enabled() for _, enabled, _ in _SWITCHES)
+    if before == flags:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                                              scale=scale, enable_gqa=enable_gqa)
+    for (_, _, enable), on in zip(_SWITCHES, flags):
+        enable(on)
+    try:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                                              scale=scale, enable_gqa=enable_gqa)
+    finally:
+        for (_, _, enable), on in zip(_SWITCHES, before):
+            enable(on)
+
+
 _TYPES = {"bool": torch.bool, "uint8": torch.uint8, "int8": torch.int8, "float16": torch.float16,
           "bfloat16": torch.bfloat16, "float32": torch.float32}
 
@@ -35,7 +71,8 @@ class Tensors:
 
 
 def _expand_kv(q, k, v):
-    """K and V repeated to the query's heads (GQA the call cannot take natively)."""
+    """K and V repeated to the query's heads: only for an SDPA kernel that takes no
+    enable_gqa (the varlen, flex and flash-attn runners take fewer key heads as they are)."""
     groups = q.shape[1] // k.shape[1]
     if groups == 1:
         return k, v
@@ -44,45 +81,55 @@ def _expand_kv(q, k, v):
 
 def kept_mask(call, mask, query_dtype):
     """The dense mask as the call passes it: cast, then in its form."""
-    if call.mask_cast:
-        mask = mask.to(_TYPES[call.mask_cast])
-    if call.mask_form == "additive":
+    return _kept_mask(call.mask_cast, call.mask_form, mask, query_dtype)
+
+
+def _kept_mask(mask_cast, mask_form, mask, query_dtype):
+    if mask_cast:
+        mask = mask.to(_TYPES[mask_cast])
+    if mask_form == "additive":
         attends = mask if mask.dtype == torch.bool else (mask != 0) if not mask.is_floating_point() else None
         if attends is not None:
             mask = torch.zeros((), dtype=query_dtype, device=mask.device).masked_fill(~attends, float("-inf"))
         else:
             mask = mask.to(query_dtype)
-    elif call.mask_form == "inverted":
+    elif mask_form == "inverted":
         mask = ~(mask if mask.dtype == torch.bool else mask != 0)
-    elif call.mask_form == "flattened":
+    elif mask_form == "flattened":
         raise NotImplementedError("masklens.torch does not run FlashInfer's flattened custom masks")
     return mask
 
 
-def run_sdpa(call, t: Tensors, q, k, v, mask):
+def _sdpa_runner(call):
+    """run(t, q, k, v, mask) for an SDPA call, its arguments read once."""
     a = call.args
-    attn_mask = None
-    if call.mask == "keep":
-        attn_mask = kept_mask(call, mask, q.dtype)
-    elif call.mask == "replace":
-        from torch.nn.attention.bias import causal_lower_right
-        attn_mask = causal_lower_right(q.shape[2], k.shape[2])
+    use = call.mask
+    mask_cast, mask_form = call.mask_cast, call.mask_form
     enable_gqa = bool(a.enable_gqa) if a is not None else False
-    if q.shape[1] != k.shape[1] and not enable_gqa:
-        k, v = _expand_kv(q, k, v)
-    kwargs = {"enable_gqa": True} if enable_gqa else {}
     is_causal = bool(a.is_causal) if a is not None else False
+    flags = _KERNEL_FLAGS[call.backend]
+    if use == "replace":
+        from torch.nn.attention.bias import causal_lower_right
 
-    def go():
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=t.dropout_p,
-                                              is_causal=is_causal, scale=t.scale, **kwargs)
+    def run(t, q, k, v, mask):
+        attn_mask = None
+        if use == "keep":
+            attn_mask = _kept_mask(mask_cast, mask_form, mask, q.dtype)
+        elif use == "replace":
+            attn_mask = causal_lower_right(q.shape[2], k.shape[2])
+        if not enable_gqa and q.shape[1] != k.shape[1]:
+            k, v = _expand_kv(q, k, v)
+        if not q.is_cuda:
+            # On the CPU only the math kernel is decided (masklens.torch's CPU environment);
+            # torch's CPU kernels are exact for every mask, so its own dispatch runs it.
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=t.dropout_p,
+                                                  is_causal=is_causal, scale=t.scale, enable_gqa=enable_gqa)
+        return _sdpa_on_kernels(flags, q, k, v, attn_mask, t.dropout_p, is_causal, t.scale, enable_gqa)
+    return run
 
-    if q.device.type != "cuda":
-        # On the CPU only the math kernel is decided (masklens.torch's CPU environment);
-        # torch's CPU kernels are exact for every mask, so its own dispatch runs it.
-        return go()
-    with sdpa_kernel(_KERNELS[call.backend]):
-        return go()
+
+def run_sdpa(call, t: Tensors, q, k, v, mask):
+    return _sdpa_runner(call)(t, q, k, v, mask)
 
 
 def _pack_index(sequences, side, device, batch):
@@ -113,8 +160,7 @@ def _varlen_params():
     return varlen_attn, frozenset(_pyinspect.signature(varlen_attn).parameters)
 
 
-def _varlen_layout(call, t: Tensors, q):
-    a = call.args
+def _varlen_layout(a, t: Tensors, q):
     key = ("varlen", q.device, q.shape[0])
     layout = t.derived.get(key)
     if layout is None:
@@ -134,14 +180,14 @@ def _varlen_layout(call, t: Tensors, q):
     return layout
 
 
-def run_varlen(call, t: Tensors, q, k, v, attend=None):
+def run_varlen(call, t: Tensors, q, k, v, attend=None, args=None):
     """Packs the sequences into [total, heads, dim], runs the varlen kernel, unpacks into a
     zero [B, H, Q, Dv] output. `attend` replaces the kernel (tests run the packing on the
-    CPU with it)."""
-    a = call.args
-    if q.shape[1] != k.shape[1]:
-        k, v = _expand_kv(q, k, v)
-    qb, qi, kb, ki, cu_q, cu_k, max_q, max_k = _varlen_layout(call, t, q)
+    CPU with it). GQA goes in as it is: K and V keep their fewer heads, which every
+    varlen kernel here takes (flash's varlen forward and backward, behind torch's
+    varlen_attn as behind flash-attn 2 and 3, need only heads % kv_heads == 0)."""
+    a = args if args is not None else call.args  # a prepared call passes them: read once
+    qb, qi, kb, ki, cu_q, cu_k, max_q, max_k = _varlen_layout(a, t, q)
     qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, L, H, D]
     qp, kp, vp = qt[qb, qi], kt[kb, ki], vt[kb, ki]
     if attend is not None:
@@ -178,9 +224,9 @@ def run_varlen(call, t: Tensors, q, k, v, attend=None):
     return out.transpose(1, 2)
 
 
-def run_flash_attn(call, t: Tensors, q, k, v):
+def run_flash_attn(call, t: Tensors, q, k, v, args=None):
     """flash-attn's fixed-length kernel: [B, L, H, D] in and out, GQA native."""
-    a = call.args
+    a = args if args is not None else call.args
     from flash_attn import flash_attn_func
     kwargs = {"causal": a.causal, "softmax_scale": t.scale, "dropout_p": t.dropout_p}
     if a.window_left >= 0:
@@ -252,10 +298,10 @@ def mask_mod_for(structure, device, mask=None):
 _compiled_flex = None
 
 
-def run_flex(call, t: Tensors, q, k, v, compiled=True):
+def run_flex(call, t: Tensors, q, k, v, compiled=True, args=None):
     global _compiled_flex
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-    a = call.args
+    a = args if args is not None else call.args
     B, Q, K = q.shape[0], q.shape[2], k.shape[2]
     key = ("flex", q.device, B, a.block_q, a.block_k, a.mask_mod_reads_mask)
     block_mask = t.derived.get(key)
@@ -274,17 +320,23 @@ def run_flex(call, t: Tensors, q, k, v, compiled=True):
     return fn(q, k, v, block_mask=block_mask, scale=t.scale, **kwargs)
 
 
-def run_call(call, t: Tensors, q, k, v, mask):
+def prepare_call(call):
+    """run(t, q, k, v, mask) for one typed call."""
     b = call.backend
     if b in _KERNELS:
-        return run_sdpa(call, t, q, k, v, mask)
+        return _sdpa_runner(call)
+    a = call.args
     if b in ("torch.varlen_attn", "flash_attn.varlen", "flash_attn3.varlen"):
-        return run_varlen(call, t, q, k, v)
+        return lambda t, q, k, v, mask: run_varlen(call, t, q, k, v, args=a)
     if b == "torch.flex_attention":
-        return run_flex(call, t, q, k, v)
+        return lambda t, q, k, v, mask: run_flex(call, t, q, k, v, args=a)
     if b == "flash_attn":
-        return run_flash_attn(call, t, q, k, v)
+        return lambda t, q, k, v, mask: run_flash_attn(call, t, q, k, v, args=a)
     raise RuntimeError(f"masklens: masklens.torch has no runner for {b}")
+
+
+def run_call(call, t: Tensors, q, k, v, mask):
+    return prepare_call(call)(t, q, k, v, mask)
 
 
 class _ContiguousGrad(torch.autograd.Function):
@@ -302,26 +354,54 @@ class _ContiguousGrad(torch.autograd.Function):
         return grad.contiguous()
 
 
+def _plan_runner(policy, structure):
+    """run(t, q, k, v, mask) for a plan: each step on q[b, :, q_range] and k/v[b, :,
+    k_range], written into a zero output; zeros steps leave their rows 0. A structure
+    of batch 1 stands for every batch. Each step reads contiguous copies of its slices
+    and gets a contiguous gradient back, the layouts the fused kernels' backward passes
+    are built for."""
+    steps = [(step.batch, *step.q_range, *step.k_range, prepare_call(step.call))
+             for step in policy.plan if step.call.backend != "zeros"]
+    broadcast = structure.batch == 1
+
+    def run(t, q, k, v, mask):
+        out = q.new_zeros(q.shape[0], q.shape[1], q.shape[2], v.shape[-1])
+        all_batches = broadcast and q.shape[0] > 1
+        for b, qs, qe, ks, ke, step in steps:
+            bs = slice(None) if all_batches else slice(b, b + 1)
+            piece = step(t, q[bs, :, qs:qe].contiguous(), k[bs, :, ks:ke].contiguous(), v[bs, :, ks:ke].contiguous(),
+                         None)
+            out[bs, :, qs:qe] = _ContiguousGrad.apply(piece) if piece.requires_grad else piece
+        return out
+    return run
+
+
 def run_plan(policy, t: Tensors):
-    """Each step on q[b, :, q_range] and k/v[b, :, k_range], written into a zero output;
-    zeros steps leave their rows 0. A structure of batch 1 stands for every batch. Each
-    step reads contiguous copies of its slices and gets a contiguous gradient back, the
-    layouts the fused kernels' backward passes are built for."""
-    q, k, v = t.q, t.k, t.v
-    out = q.new_zeros(q.shape[0], q.shape[1], q.shape[2], v.shape[-1])
-    all_batches = t.structure.batch == 1 and q.shape[0] > 1
-    for step in policy.plan:
-        if step.call.backend == "zeros":
-            continue
-        (qs, qe), (ks, ke) = step.q_range, step.k_range
-        bs = slice(None) if all_batches else slice(step.batch, step.batch + 1)
-        piece = run_call(step.call, t, q[bs, :, qs:qe].contiguous(), k[bs, :, ks:ke].contiguous(),
-                         v[bs, :, ks:ke].contiguous(), None)
-        out[bs, :, qs:qe] = _ContiguousGrad.apply(piece) if piece.requires_grad else piece
-    return out
+    return _plan_runner(policy, t.structure)(t, t.q, t.k, t.v, None)
+
+
+class Prepared:
+    """A Policy read once, as the drop-in keeps it per (mask, call): `run(t, q, k, v,
+    mask)`, whether the call reads the dense mask (`needs_mask`: the drop-in builds the
+    mask's 4-D view only then) and whether rows that attend to nothing must be zeroed."""
+
+    __slots__ = ("policy", "structure", "run", "needs_mask", "zero_rows")
+
+    def __init__(self, policy, structure):
+        self.policy = policy
+        self.structure = structure
+        if policy.is_plan:
+            self.run = _plan_runner(policy, structure)
+            self.needs_mask = False  # steps run unmasked calls
+        else:
+            call = policy.call
+            self.run = prepare_call(call)
+            a = call.args
+            self.needs_mask = call.mask == "keep" or (a is not None and a.type == "flex" and a.mask_mod_reads_mask)
+        self.zero_rows = structure.empty_rows > structure.finite_masked_rows
 
 
 def run_policy(policy, t: Tensors):
-    if policy.is_plan:
-        return run_plan(policy, t)
-    return run_call(policy.call, t, t.q, t.k, t.v, t.mask)
+    """Runs a Policy, or the Prepared one the drop-in keeps."""
+    p = policy if type(policy) is Prepared else Prepared(policy, t.structure)
+    return p.run(t, t.q, t.k, t.v, t.mask)

@@ -35,7 +35,7 @@ def masklens_mask(*args, **kwargs):
 
 def _skip_scan(query, attention_mask) -> bool:
     return (attention_mask is None or query.shape[2] == 1 or torch.compiler.is_compiling()
-            or (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+            or (query.is_cuda and torch.cuda.is_current_stream_capturing())
             or not isinstance(attention_mask, torch.Tensor))
 
 

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 import masklens
-from helpers import assert_close, qkv, rows_cols
+from helpers import assert_close, qkv, reference, rows_cols
 from masklens.torch import scaled_dot_product_attention as sdpa
 
 L = 32
@@ -170,3 +170,78 @@ def test_torch_compile_keeps_the_decision_out_of_the_graph():
     out = f(q, k, v, mask)
     assert masklens.scan_count() == before
     assert_close(out, F.scaled_dot_product_attention(q, k, v, attn_mask=mask), 1e-6)
+
+
+def counting_decide(monkeypatch):
+    """Counts masklens._core.decide calls made by the drop-in."""
+    from masklens import torch as mt
+    calls = []
+    real = mt._core.decide
+
+    def decide(*args):
+        calls.append(1)
+        return real(*args)
+    monkeypatch.setattr(mt._core, "decide", decide)
+    return calls
+
+
+def test_a_cached_call_neither_scans_nor_decides(monkeypatch):
+    """The second call on a mask costs no scan and no decision, for each call kind the
+    mask meets (training and inference decide apart, each once), with masks taking
+    turns (a model's full and sliding layers) and a mask that needs zeroed rows."""
+    decides = counting_decide(monkeypatch)
+    i, j = rows_cols(L, L)
+    causal = causal_mask().clone()
+    padded = ((j <= i) & (j >= 4)).expand(2, 1, L, L).clone()  # rows 0..3 attend to nothing
+    window = ((j <= i) & (i - j < 8)).expand(2, 1, L, L).clone()
+    q, k, v = qkv(2, 4, L, L)
+    before = masklens.scan_count()
+    for mask in (causal, padded, window):
+        sdpa(q, k, v, attn_mask=mask)  # training: q requires grad
+        with torch.no_grad():
+            sdpa(q, k, v, attn_mask=mask)
+    assert (masklens.scan_count() - before, len(decides)) == (3, 6)
+    for _ in range(3):
+        for mask in (causal, padded, window):
+            out = sdpa(q, k, v, attn_mask=mask)
+            assert not masklens.last_timing()["scanned"] and masklens.last_timing()["decide_ms"] == 0
+            assert_close(out, reference(q, k, v, mask), 1e-5)
+            with torch.no_grad():
+                assert_close(sdpa(q, k, v, attn_mask=mask), reference(q, k, v, mask), 1e-5)
+    assert (masklens.scan_count() - before, len(decides)) == (3, 6)
+
+
+def test_forget_reaches_the_drop_ins_fast_path():
+    """A write torch cannot see, then masklens.forget: the next drop-in call scans again
+    and follows the new mask (the memo of the last mask is dropped with the entry)."""
+    mask = causal_mask(1).clone().contiguous()
+    q, k, v = qkv(1, 4, L, L, grad=False)
+    sdpa(q, k, v, attn_mask=mask)
+    mask.numpy()[0, 0, 10, :] = False  # row 10 attends to nothing now; _version does not move
+    before = masklens.scan_count()
+    sdpa(q, k, v, attn_mask=mask)
+    assert masklens.scan_count() == before  # the documented blind spot
+    masklens.forget(mask)
+    out = sdpa(q, k, v, attn_mask=mask)
+    assert masklens.scan_count() == before + 1
+    assert_close(out, reference(q, k, v, mask), 1e-5)
+    assert torch.all(out[0, :, 10] == 0)
+
+
+def test_the_last_mask_memo_lets_the_entry_die_with_its_mask():
+    """What was derived from a mask (here the rows that attend, a tensor on the mask's
+    device) is freed when the mask is, although the drop-in remembers the last mask."""
+    import gc
+    import weakref
+    from masklens import _cache
+    i, j = rows_cols(L, L)
+    mask = ((j <= i) & (j >= 4)).expand(2, 1, L, L).clone()
+    q, k, v = qkv(2, 4, L, L, grad=False)
+    sdpa(q, k, v, attn_mask=mask)
+    sdpa(q, k, v, attn_mask=mask)
+    derived = [t for t in _cache.cached_entry(mask, (2, 1, L, L)).derived.values() if isinstance(t, torch.Tensor)]
+    assert derived
+    refs = [weakref.ref(t) for t in derived]
+    del derived, mask
+    gc.collect()
+    assert all(r() is None for r in refs)

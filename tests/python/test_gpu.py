@@ -67,6 +67,45 @@ def test_drop_in_matches_reference(name, flex, monkeypatch):
     assert masklens.scan_count() == before
 
 
+@pytest.mark.parametrize("name,family,backend", [
+    ("packed documents", "torch", "torch.varlen_attn"),
+    ("sliding window 256", "torch", "torch.varlen_attn"),
+    ("packed documents", "flex", "torch.flex_attention"),
+    ("left padded causal", "flex", "torch.flex_attention"),
+])
+def test_gqa_runs_without_expanding_kv(name, family, backend, monkeypatch):
+    """8 query heads over 2 key heads with enable_gqa=True: torch's varlen_attn and
+    compiled FlexAttention take K and V with their 2 heads (no repeat_interleave), and
+    output and gradients (of K and V too, summed over each group) match the reference."""
+    from masklens import _env, _run
+    from masklens.torch import inspect
+    real = _env.environment
+    monkeypatch.setattr(_env, "environment", lambda *a, **kw: real(*a, **{**kw, "available": {family}}))
+
+    def refuse(q, k, v):
+        raise AssertionError(f"K/V expanded from {k.shape[1]} to {q.shape[1]} heads")
+    monkeypatch.setattr(_run, "_expand_kv", refuse)
+    mask = masks()[name]
+    B, _, Q, K = mask.shape
+    g = torch.Generator(device=DEV).manual_seed(0)
+    q, k, v = (torch.randn(B, h, n, 128, device=DEV, generator=g, dtype=torch.bfloat16).requires_grad_()
+               for h, n in ((8, Q), (2, K), (2, K)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        policy = inspect(q, k, v, mask, enable_gqa=True)[0]
+        out = sdpa(q, k, v, attn_mask=mask, enable_gqa=True)
+    assert policy.backend == backend and not policy.is_plan
+    assert not any(h.kind == "gqa_expand" for h in policy.hazards)
+    ref = reference32(q, k, v, mask)
+    assert_close(out.float(), ref, 2e-2)
+    w = torch.randn_like(ref)
+    g1 = torch.autograd.grad((out.float() * w).sum(), (q, k, v))
+    g2 = torch.autograd.grad((ref * w).sum(), (q, k, v))
+    for a, b in zip(g1, g2):
+        assert a.shape == b.shape
+        assert_close(a.float(), b.float(), 5e-2 * max(1.0, b.abs().max().item()))
+
+
 def test_seed_case_drops_the_mask_for_is_causal():
     L = 8192
     mask = torch.ones(L, L, dtype=torch.bool, device=DEV).tril()

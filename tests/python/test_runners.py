@@ -35,7 +35,8 @@ def zero_empty_rows(out, mask):
 
 
 def sdpa_per_sequence(qp, kp, vp, cu_q, cu_k, max_q, max_k, causal, window, scale):
-    """varlen_attn's semantics on the CPU: each sequence alone, bottom-right causal, window (left, right)."""
+    """varlen_attn's semantics on the CPU: each sequence alone, bottom-right causal, window
+    (left, right); K and V may have fewer heads than Q (GQA, as flash's varlen takes it)."""
     outs = []
     for n in range(len(cu_q) - 1):
         qs, qe, ks, ke = cu_q[n].item(), cu_q[n + 1].item(), cu_k[n].item(), cu_k[n + 1].item()
@@ -48,7 +49,7 @@ def sdpa_per_sequence(qp, kp, vp, cu_q, cu_k, max_q, max_k, causal, window, scal
             allow &= j <= p + max(window[1], 0)
         if window[0] >= 0:
             allow &= j >= p - window[0]
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=allow, scale=scale)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=allow, scale=scale, enable_gqa=k.shape[1] != q.shape[1])
         outs.append(o[0].transpose(0, 1))
     return torch.cat(outs)
 
@@ -120,6 +121,78 @@ def test_varlen_packing(name):
     t = tensors(policy, s, q, k, v, mask)
     out = zero_empty_rows(_run.run_varlen(policy.call, t, q, k, v, attend=sdpa_per_sequence), mask)
     assert_close(out, reference(q, k, v, mask), 1e-5)
+
+
+def no_expansion(monkeypatch):
+    """Fails the test if a runner repeats K and V to the query's heads."""
+    def refuse(q, k, v):
+        raise AssertionError(f"K/V expanded from {k.shape[1]} to {q.shape[1]} heads")
+    monkeypatch.setattr(_run, "_expand_kv", refuse)
+
+
+@pytest.mark.parametrize("name", ["packed documents", "sliding window 16", "chunked 16", "2-D packed documents"])
+def test_varlen_takes_gqa_without_expanding(name, monkeypatch):
+    """8 query heads over 2 key heads: the packed K and V keep 2 heads (the kernel gets
+    them as flash's varlen does), and output and gradients equal the reference."""
+    mask = MASKS[name]
+    q, k, v = qkv(2, 8, L, L, Hk=2, dtype=torch.float32)
+    s = masklens.scan(mask).structure
+    call = masklens.AttentionCall()
+    call.training, call.heads, call.kv_heads, call.head_dim = True, 8, 2, 16
+    policy = masklens.decide(s, call, masklens.environment("cpu", sm=90, torch="2.11", available={"torch"}))
+    if policy.backend != "torch.varlen_attn" or policy.is_plan:
+        pytest.skip(f"{policy.backend} is decided here, not varlen")
+    assert not any(h.kind == "gqa_expand" for h in policy.hazards)
+    no_expansion(monkeypatch)
+    heads_seen = []
+
+    def attend(qp, kp, vp, *args, **kwargs):
+        heads_seen.append((qp.shape[1], kp.shape[1], vp.shape[1]))
+        return sdpa_per_sequence(qp, kp, vp, *args, **kwargs)
+
+    out = zero_empty_rows(_run.run_varlen(policy.call, tensors(policy, s, q, k, v, mask), q, k, v, attend=attend), mask)
+    assert heads_seen == [(8, 2, 2)]
+    ref = reference(q, k, v, mask)
+    assert_close(out, ref, 1e-5)
+    for a, b in zip(grads(out, (q, k, v)), grads(ref, (q, k, v))):
+        assert a.shape == b.shape
+        assert_close(a, b, 1e-4)
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize("name", ["sliding window 16", "packed documents", "2-D sliding window 16"])
+def test_flex_takes_gqa_without_expanding(name, monkeypatch):
+    """FlexAttention with enable_gqa: K and V keep their 2 heads; output (and, through
+    flex's eager reference, gradients) equal the dense reference."""
+    fa = pytest.importorskip("torch.nn.attention.flex_attention")
+    mask = MASKS[name]
+    q, k, v = qkv(2, 8, L, L, Hk=2, dtype=torch.float32)
+    s = masklens.scan(mask).structure
+    call = masklens.AttentionCall()
+    call.training, call.heads, call.kv_heads, call.head_dim = True, 8, 2, 16
+    policy = masklens.decide(s, call, masklens.environment("cpu", sm=90, available={"flex"}))
+    assert policy.backend == "torch.flex_attention"
+    assert not any(h.kind == "gqa_expand" for h in policy.hazards)
+    no_expansion(monkeypatch)
+    seen = []
+    real_flex = fa.flex_attention
+
+    def flex(q_, k_, v_, **kwargs):
+        seen.append((q_.shape[1], k_.shape[1], kwargs.get("enable_gqa")))
+        return real_flex(q_, k_, v_, **kwargs)
+
+    monkeypatch.setattr(fa, "flex_attention", flex)
+    # torch refuses flex's backward on the CPU up front; its eager implementation (the
+    # dense reference flex is tested against upstream) computes it all the same.
+    if hasattr(fa, "_validate_device"):
+        monkeypatch.setattr(fa, "_validate_device", lambda *a: None)
+    out = _run.run_flex(policy.call, tensors(policy, s, q, k, v, mask), q, k, v, compiled=False)
+    assert seen == [(8, 2, True)]
+    ref = reference(q, k, v, mask)
+    assert_close(out, ref, 1e-5)
+    for a, b in zip(grads(out, (q, k, v)), grads(ref, (q, k, v))):
+        assert a.shape == b.shape
+        assert_close(a, b, 1e-4)
 
 
 @pytest.mark.parametrize("name", list(MASKS))
@@ -204,3 +277,45 @@ def test_rows_masked_only_by_finite_values_keep_torchs_result():
     assert got[:, :, :4].abs().max() > 0  # the uniform rows are not zeroed
     for a, b in zip(grads(got, (q, k, v)), grads(want, (q, k, v))):
         assert_close(a, b, 1e-5)
+
+
+def sdp_flags():
+    b = torch.backends.cuda
+    return (b.flash_sdp_enabled(), b.mem_efficient_sdp_enabled(), b.math_sdp_enabled(), b.cudnn_sdp_enabled())
+
+
+def set_sdp_flags(state):
+    b = torch.backends.cuda
+    switches = (b.enable_flash_sdp, b.enable_mem_efficient_sdp, b.enable_math_sdp, b.enable_cudnn_sdp)
+    for enable, on in zip(switches, state):
+        enable(on)
+
+
+@pytest.mark.parametrize("backend", list(_run._KERNELS))
+def test_kernel_switches_are_sdpa_kernels(backend, monkeypatch):
+    """The drop-in selects a CUDA kernel with torch.backends.cuda's public switches
+    instead of the sdpa_kernel context (20 µs a call): during the call they read as
+    sdpa_kernel sets them, from any starting state, and are restored after it, also
+    when the call raises. (The switches are process state: this runs on the CPU.)"""
+    from torch.nn.attention import sdpa_kernel
+    with sdpa_kernel(_run._KERNELS[backend]):
+        want = sdp_flags()
+    seen = []
+
+    def record(*args, **kwargs):
+        seen.append(sdp_flags())
+        if kwargs.get("scale") == -1.0:
+            raise RuntimeError("kernel failed")
+        return "out"
+    monkeypatch.setattr(_run.F, "scaled_dot_product_attention", record)
+    start = sdp_flags()
+    try:
+        for state in [(True, True, True, True), want, (False, True, False, True)]:
+            set_sdp_flags(state)
+            assert _run._sdpa_on_kernels(_run._KERNEL_FLAGS[backend], 0, 0, 0, None, 0.0, False, None, False) == "out"
+            assert seen[-1] == want and sdp_flags() == state
+            with pytest.raises(RuntimeError, match="kernel failed"):
+                _run._sdpa_on_kernels(_run._KERNEL_FLAGS[backend], 0, 0, 0, None, 0.0, False, -1.0, False)
+            assert seen[-1] == want and sdp_flags() == state
+    finally:
+        set_sdp_flags(start)
