@@ -13,13 +13,16 @@
 #include <nanobind/stl/vector.h>
 
 #include <masklens/call_args.hpp>
+#include <masklens/classify_runs.hpp>
 #include <masklens/describe.hpp>
 #include <masklens/masklens.hpp>
 
+#include "device_runs.hpp"
 #include "device_view.hpp"
 #include "status_error.hpp"
 
 #include <array>
+#include <optional>
 #include <cstring>
 #include <memory>
 #include <new>
@@ -140,18 +143,39 @@ nb::dict py_args(const std::vector<NamedArg>& args) {
   return d;
 }
 
-// The scan's result: the structure, and the spans it was proven from (kept for the
-// rows that attend to nothing, which an arbitrary structure cannot list).
+// The scan's result: the structure, and the rows it was proven from (kept for the rows
+// that attend to nothing, which an arbitrary structure cannot list): the span table of
+// a host scan, or the span runs of a device scan (O(runs); expanded only where a caller
+// asks for every row).
 struct Verdict {
   MaskStructure structure;
-  SpanTable spans;
+  SpanTable spans;               // a host scan's rows
+  std::optional<SpanRuns> runs;  // a device scan's runs (then `spans` is empty)
 };
 
-// The host half of a device scan: the span table masklens._cuda copies the spans into,
-// sized from the same view, then checked and classified here (masklens._cache).
-struct DeviceScan {
-  SpanTable table;
+// A row attends (1) when it has a key, or is masked only by finite values: those attend
+// uniformly in torch's dense softmax (only rows with no key at all come out 0).
+inline bool attends(const RowSpan& r) noexcept { return !r.empty() || (r.flags & kRowFiniteMasked); }
+inline bool attends(const SpanRun& r) noexcept {
+  return r.row_class() != RowClass::empty || (r.flags & kRowFiniteMasked);
+}
+
+// The host half of a device scan (masklens._cache.device_scan): the layout of the one
+// device block (device_runs.hpp), host memory for the run count and the first runs
+// (one copy, not zero-filled: the copy writes every byte of it) and for the runs past
+// them, where there are; finish() classifies the runs.
+struct DeviceRuns {
+  SpanRuns shape;  // the table's shape; runs filled by finish()
+  python::RunsBlock block;
+  std::unique_ptr<std::uint8_t[]> head;
+  std::vector<SpanRun> rest;  // runs [eager, count), sized by rest_buffer(count)
   bool finished = false;
+
+  [[nodiscard]] std::int64_t count() const noexcept {
+    std::int64_t n = 0;
+    std::memcpy(&n, head.get() + block.count_at, sizeof n);
+    return n;
+  }
 };
 
 constexpr std::pair<const char*, BackendFamily> kFamilies[] = {
@@ -248,19 +272,42 @@ NB_MODULE(_core, m) {
           "attending_rows",
           [](const Verdict& v) {
             // [distinct batch, distinct heads, Q]: broadcasts against [B, H, Q] as the mask did.
-            const SpanTable& t = v.spans;
-            auto* rows = new std::uint8_t[t.rows.size()];
-            // Rows masked only by finite values attend uniformly in torch's dense softmax:
-            // they count as attending (only rows with no key at all come out 0).
-            for (std::size_t i = 0; i < t.rows.size(); ++i)
-              rows[i] = !t.rows[i].empty() || (t.rows[i].flags & kRowFiniteMasked) ? 1 : 0;
+            const std::int64_t db = v.runs ? v.runs->distinct_batch : v.spans.distinct_batch;
+            const std::int64_t dh = v.runs ? v.runs->distinct_heads : v.spans.distinct_heads;
+            const std::int64_t q_len = v.runs ? v.runs->q_len : v.spans.q_len;
+            const auto n = static_cast<std::size_t>(db * dh * q_len);
+            auto* rows = new std::uint8_t[n];
+            if (v.runs) {
+              for (const SpanRun& r : v.runs->runs)  // a run at a time: one fill per run
+                std::memset(rows + r.row, attends(r) ? 1 : 0, static_cast<std::size_t>(r.length));
+            } else {
+              for (std::size_t i = 0; i < n; ++i) rows[i] = attends(v.spans.rows[i]) ? 1 : 0;
+            }
             nb::capsule owner(rows, [](void* p) noexcept { delete[] static_cast<std::uint8_t*>(p); });
-            const std::size_t shape[3] = {static_cast<std::size_t>(t.distinct_batch),
-                                          static_cast<std::size_t>(t.distinct_heads), static_cast<std::size_t>(t.q_len)};
+            const std::size_t shape[3] = {static_cast<std::size_t>(db), static_cast<std::size_t>(dh),
+                                          static_cast<std::size_t>(q_len)};
             return nb::ndarray<nb::numpy, bool, nb::ndim<3>>(reinterpret_cast<bool*>(rows), 3, shape, owner);
           },
           "Whether each row attends to any key (or is masked only by finite values): bool [distinct batch, "
-          "distinct heads, Q].");
+          "distinct heads, Q].")
+      .def_prop_ro(
+          "run_count",
+          [](const Verdict& v) {
+            return v.runs ? std::optional<std::int64_t>(static_cast<std::int64_t>(v.runs->runs.size())) : std::nullopt;
+          },
+          "Runs of rows a device scan brought to the host (span_runs.hpp); None for a host scan's span table.")
+      .def_prop_ro(
+          "runs",
+          [](const Verdict& v) {
+            std::vector<std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
+                                   std::int64_t, std::uint32_t>>
+                out;
+            if (v.runs)
+              for (const SpanRun& r : v.runs->runs)
+                out.emplace_back(r.row, r.length, r.first, r.last, r.d_first, r.d_last, r.count, r.flags);
+            return out;
+          },
+          "A device scan's runs as (row, length, first, last, d_first, d_last, count, flags); [] for a host scan.");
 
   m.def(
       "scan",
@@ -305,41 +352,94 @@ NB_MODULE(_core, m) {
       "Scan a host mask (a DLPack array: a torch CPU tensor or a numpy array; strides in elements, 0 broadcasts) "
       "and classify it. Raises MaskError naming the first bad element or field.");
 
-  nb::class_<DeviceScan>(m, "DeviceScan",
-                         "The host span table of a device scan: masklens._cuda.scan() fills it at `address`, "
-                         "finish() classifies it.")
+  nb::class_<DeviceRuns>(m, "DeviceRuns",
+                         "The host half of a device scan: the device block's layout, host memory masklens._cuda "
+                         "copies the run count and runs into, and finish() to classify them.")
       .def(
           "__init__",
-          [](DeviceScan* self, std::uintptr_t data, const std::string& dtype, const std::vector<std::int64_t>& shape,
-             const std::vector<std::int64_t>& strides, float masked_threshold) {
+          [](DeviceRuns* self, std::uintptr_t data, const std::string& dtype, const std::vector<std::int64_t>& shape,
+             const std::vector<std::int64_t>& strides, float masked_threshold, std::size_t scan_temp_bytes,
+             std::size_t reduce_temp_bytes) {
             const MaskView view = take(python::view_of(data, dtype, shape, strides, masked_threshold));
-            new (self) DeviceScan{take(SpanTable::for_view(view))};
+            SpanRuns runs;
+            runs.batch = view.batch();
+            runs.heads = view.heads();
+            runs.q_len = view.q_len();
+            runs.k_len = view.k_len();
+            runs.distinct_batch = view.stride(kBatch) == 0 ? 1 : view.batch();
+            runs.distinct_heads = view.stride(kHeads) == 0 ? 1 : view.heads();
+            if (Status st = runs.validate_shape(); !st.ok()) raise(st);
+            if (runs.distinct_slices() > (std::int64_t{1} << 31) / runs.q_len)
+              raise(error(ErrorCode::invalid_argument, "the view has " + std::to_string(runs.rows()) +
+                                                           " rows to scan; runs are reduced for at most 2^31 - 1"));
+            const python::RunsBlock block = python::runs_block(runs.rows(), scan_temp_bytes, reduce_temp_bytes);
+            new (self) DeviceRuns{std::move(runs), block, std::unique_ptr<std::uint8_t[]>(new std::uint8_t[block.head_bytes()]),
+                                  {}, false};
           },
-          "data"_a, "dtype"_a, "shape"_a, "strides"_a, "masked_threshold"_a)
-      .def_prop_ro("address", [](const DeviceScan& d) { return reinterpret_cast<std::uintptr_t>(d.table.rows.data()); })
-      .def_prop_ro("nbytes", [](const DeviceScan& d) { return d.table.rows.size() * sizeof(RowSpan); })
+          "data"_a, "dtype"_a, "shape"_a, "strides"_a, "masked_threshold"_a, "scan_temp_bytes"_a, "reduce_temp_bytes"_a)
+      .def_prop_ro("block_bytes", [](const DeviceRuns& d) { return d.block.bytes; })
+      .def_prop_ro(
+          "layout",
+          [](const DeviceRuns& d) {
+            nb::dict l;
+            l["count"] = d.block.count_at;
+            l["runs"] = d.block.runs_at;
+            l["spans"] = d.block.spans_at;
+            l["scan_temp"] = d.block.scan_temp_at;
+            l["reduce_temp"] = d.block.reduce_temp_at;
+            l["bytes"] = d.block.bytes;
+            return l;
+          },
+          "Byte offsets of the block's parts: count, runs (room of them), spans (one per row), scan and reduce temps.")
+      .def_prop_ro("rows", [](const DeviceRuns& d) { return d.block.rows; })
+      .def_prop_ro("room", [](const DeviceRuns& d) { return d.block.room; }, "Runs the block holds.")
+      .def_prop_ro("eager", [](const DeviceRuns& d) { return d.block.eager; }, "Runs that come back with the count.")
+      .def_prop_ro("head_address", [](const DeviceRuns& d) { return reinterpret_cast<std::uintptr_t>(d.head.get()); })
+      .def_prop_ro("head_bytes", [](const DeviceRuns& d) { return d.block.head_bytes(); })
+      .def(
+          "rest_buffer",
+          [](DeviceRuns& d, std::int64_t count) {
+            if (count <= d.block.eager || count > d.block.rows)
+              raise(error(ErrorCode::invalid_argument, "rest_buffer is for counts in (" + std::to_string(d.block.eager) +
+                                                           ", " + std::to_string(d.block.rows) + "], got " +
+                                                           std::to_string(count)));
+            d.rest.resize(static_cast<std::size_t>(count - d.block.eager));
+            return std::make_pair(reinterpret_cast<std::uintptr_t>(d.rest.data()), d.rest.size() * sizeof(SpanRun));
+          },
+          "count"_a, "(address, bytes) of host memory for runs [eager, count).")
       .def(
           "finish",
-          [](DeviceScan& d) {
-            if (d.finished) raise(error(ErrorCode::invalid_argument, "DeviceScan.finish() was called already"));
+          [](DeviceRuns& d) {
+            if (d.finished) raise(error(ErrorCode::invalid_argument, "DeviceRuns.finish() was called already"));
             d.finished = true;
+            const std::int64_t count = d.count();
+            if (count < 1 || count > d.block.rows)
+              raise(error(ErrorCode::device_error, "the run reduction returned " + std::to_string(count) + " runs for " +
+                                                       std::to_string(d.block.rows) + " rows"));
+            const std::int64_t first = std::min(count, d.block.eager);
+            if (count > first && static_cast<std::int64_t>(d.rest.size()) != count - first)
+              raise(error(ErrorCode::invalid_argument, std::to_string(count) + " runs, of which " +
+                                                           std::to_string(d.rest.size()) +
+                                                           " past the first copy were brought: call rest_buffer(count)"));
             Verdict v;
-            v.spans = std::move(d.table);
-            const SpanTable& t = v.spans;
-            // As gpu::scan() words it: the mask is on the device, so the row is named.
-            for (std::size_t r = 0; r < t.rows.size(); ++r)
-              if (t.rows[r].flags & kRowInvalid) {
-                const auto slice = static_cast<std::int64_t>(r) / t.q_len;
+            SpanRuns& runs = v.runs.emplace(std::move(d.shape));
+            runs.runs.resize(static_cast<std::size_t>(count));
+            std::memcpy(runs.runs.data(), d.head.get() + d.block.runs_at, static_cast<std::size_t>(first) * sizeof(SpanRun));
+            std::copy(d.rest.begin(), d.rest.end(), runs.runs.begin() + first);
+            // As gpu::scan_runs() words it: the mask is on the device, so the row is named
+            // (the first flagged run's first row).
+            for (const SpanRun& r : runs.runs)
+              if (r.flags & kRowInvalid) {
+                const std::int64_t slice = r.row / runs.q_len;
                 raise(error(ErrorCode::invalid_value,
-                            "mask row [" + std::to_string(slice / t.distinct_heads) + ", " +
-                                std::to_string(slice % t.distinct_heads) + ", " +
-                                std::to_string(static_cast<std::int64_t>(r) % t.q_len) +
+                            "mask row [" + std::to_string(slice / runs.distinct_heads) + ", " +
+                                std::to_string(slice % runs.distinct_heads) + ", " + std::to_string(r.row % runs.q_len) +
                                 "] holds NaN or +inf; an additive mask holds 0, a bias, or -inf / a value <= the "
                                 "threshold"));
               }
             {
               nb::gil_scoped_release unlocked;
-              Result<MaskStructure> s = classify(v.spans);
+              Result<MaskStructure> s = classify(runs);
               if (!s) {
                 nb::gil_scoped_acquire locked;
                 raise(s.status());
@@ -348,7 +448,7 @@ NB_MODULE(_core, m) {
             }
             return v;
           },
-          "The Verdict of the spans now at `address` (MaskError naming a NaN / +inf row).");
+          "The Verdict of the runs now in host memory, classified in O(runs) (MaskError naming a NaN / +inf row).");
 
   m.def("describe", [](const MaskStructure& s) { return describe(s); });
 

@@ -195,6 +195,33 @@ def test_device_and_host_verdicts_agree(name):
 
 
 @needs_cuda_scan
+@pytest.mark.parametrize("rows", [200, 300, 5000])
+def test_device_runs_past_the_first_copy_and_the_room(rows):
+    """Rows with holes are a run each: 200 come with the count (one synchronisation),
+    300 need a second copy, 5000 exceed the block's room and are reduced again. The
+    verdict, its rows that attend nothing and its runs equal the host's."""
+    from masklens import _cache
+    i, j = rows_cols(rows, 64)
+    mask = ((j % 3 != 1) & (i % 7 != 0)).to(DEV)[None, None]  # holes in every row, every 7th row empty
+    device = _cache.scan(mask)
+    assert masklens.last_timing()["device"] == "cuda"
+    assert device.run_count == rows
+    host = _cache.scan(mask, device=False)
+    same_verdict(device, host)
+    assert [r[0] for r in device.runs] == list(range(rows))
+
+
+@needs_cuda_scan
+def test_device_runs_of_structured_masks_are_few():
+    from masklens import _cache
+    L = 8192
+    i, j = (t.to(DEV) for t in rows_cols(L, L))
+    c = j <= i
+    assert _cache.scan(c[None, None].expand(2, 4, L, L)).run_count == 1  # broadcast: one slice, one run
+    assert _cache.scan((c & (i - j < 4096))[None, None]).run_count == 2
+
+
+@needs_cuda_scan
 def test_device_scan_names_a_nan_row():
     mask = torch.zeros(2, 1, 64, 64, device=DEV)
     mask[1, 0, 9, 2] = float("nan")
