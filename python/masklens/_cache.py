@@ -232,6 +232,41 @@ def scan(mask, masked_threshold: float = -1000.0, device: bool = True):
     return verdict
 
 
+def tile_size(tiles) -> tuple[int, int]:
+    """A tile size as inspect(tiles=...) and block_mask() take it: N (N x N) or (q, k)."""
+    if isinstance(tiles, int) and not isinstance(tiles, bool):
+        return tiles, tiles
+    try:
+        q, k = tiles
+        if isinstance(q, int) and isinstance(k, int) and not isinstance(q, bool) and not isinstance(k, bool):
+            return q, k
+    except (TypeError, ValueError):
+        pass
+    raise _core.MaskError(f"invalid_argument: tiles must be a tile size N or (q, k), integers >= 1, got {tiles!r}")
+
+
+def scan_with_tiles(mask, size, masked_threshold: float = -1000.0):
+    """(Verdict, TileSummary) of a host-readable mask at `size` (q, k), from one read on
+    the host (a CUDA tensor is copied there first; no warning: the caller asked for host
+    tiles). An arbitrary verdict's structure carries its tile fractions."""
+    global _scans
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    is_tensor = torch is not None and isinstance(mask, torch.Tensor)
+    t0 = time.perf_counter()
+    verdict, tiles = _core.scan_with_tiles(_host_array(mask, warn=False) if is_tensor else mask, size[0], size[1],
+                                           masked_threshold)
+    timing["device"] = "host"
+    timing["scan_ms"] = (time.perf_counter() - t0) * 1e3
+    timing["classify_ms"] = 0.0
+    timing["scanned"] = True
+    with _lock:
+        _scans += 1
+    return verdict, tiles
+
+
 def _remember(mask, entry) -> None:
     global _last
 

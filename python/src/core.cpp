@@ -178,6 +178,51 @@ struct DeviceRuns {
   }
 };
 
+// A host mask (DLPack array) as a MaskView: its element type, 1 to 4 dims, strides in
+// elements (0 broadcasts).
+MaskView host_view(const nb::ndarray<nb::ro, nb::device::cpu>& mask, float masked_threshold) {
+  const ElementType type = element_of(mask.dtype());
+  if (mask.ndim() < 1 || mask.ndim() > 4)
+    raise(error(ErrorCode::invalid_shape, "mask must have 1 to 4 dims, got " + std::to_string(mask.ndim())));
+  std::array<std::int64_t, 4> shape{}, strides{};
+  for (std::size_t i = 0; i < mask.ndim(); ++i) {
+    shape[i] = static_cast<std::int64_t>(mask.shape(i));
+    strides[i] = mask.stride(i);
+  }
+  MaskEncoding enc;
+  enc.masked_threshold = masked_threshold;
+  return take(MaskView::make(mask.data(), type, std::span<const std::int64_t>(shape.data(), mask.ndim()),
+                             std::span<const std::int64_t>(strides.data(), mask.ndim()), enc));
+}
+
+// Threads pay off only on large masks: spawning them costs more than a small scan.
+ScanOptions scan_options(const MaskView& view, int threads) {
+  const double bytes = static_cast<double>(view.q_len()) * static_cast<double>(view.k_len()) *
+                       (view.stride(kBatch) ? static_cast<double>(view.batch()) : 1.0) *
+                       (view.stride(kHeads) ? static_cast<double>(view.heads()) : 1.0) *
+                       static_cast<double>(element_size(view.dtype()));
+  return ScanOptions{threads > 0 ? threads : (bytes < (8 << 20) ? 1 : 0)};
+}
+
+TileSize tile_size(std::int64_t block_q, std::int64_t block_k) {
+  if (block_q < 1 || block_k < 1)
+    raise(error(ErrorCode::invalid_argument, "tile size must be two integers >= 1, got " + std::to_string(block_q) +
+                                                 " x " + std::to_string(block_k)));
+  return TileSize{block_q, block_k};
+}
+
+// One of BlockMask's tensors as a numpy int32 array over the C++ vector, no copy: the
+// array keeps the BlockMaskTensors object (`self`) alive. Writable, so torch.from_numpy
+// shares it as it is (it warns on read-only arrays); the object is the caller's.
+template <BlockMaskField kField>
+nb::ndarray<nb::numpy, std::int32_t> tensor_array(nb::pointer_and_handle<BlockMaskTensors> self) {
+  const Int32Tensor x = self.p->tensor(kField);
+  std::size_t shape[4];
+  for (int d = 0; d < x.rank; ++d) shape[d] = static_cast<std::size_t>(x.shape[static_cast<std::size_t>(d)]);
+  return nb::ndarray<nb::numpy, std::int32_t>(const_cast<std::int32_t*>(x.data), static_cast<std::size_t>(x.rank),
+                                              shape, self.h);
+}
+
 constexpr std::pair<const char*, BackendFamily> kFamilies[] = {
     {"torch", kFamilyTorch}, {"flash_attn", kFamilyFlashAttn},   {"flash_attn3", kFamilyFlashAttn3},
     {"flex", kFamilyFlex},   {"xformers", kFamilyXformers},     {"te", kFamilyTransformerEngine},
@@ -244,6 +289,9 @@ NB_MODULE(_core, m) {
       .def_prop_rw("q_valid", get_modifier<&MaskStructure::q_valid>, set_modifier<&MaskStructure::q_valid>,
                    nb::arg("value").none(),
                    "Per batch valid query rows (start, end), or None: the others attend nothing.")
+      .def_rw("tile_fractions", &MaskStructure::tile_fractions, nb::arg("value").none(),
+              "An arbitrary mask's shares of partial and full tiles (TileFractions), where its tiles were counted "
+              "(inspect(tiles=...)); None otherwise.")
       .def_rw("empty_rows", &MaskStructure::empty_rows)
       .def_rw("finite_masked_rows", &MaskStructure::finite_masked_rows)
       .def_rw("bias", &MaskStructure::bias)
@@ -312,28 +360,11 @@ NB_MODULE(_core, m) {
   m.def(
       "scan",
       [](nb::ndarray<nb::ro, nb::device::cpu> mask, float masked_threshold, int threads) {
-        const ElementType type = element_of(mask.dtype());
-        if (mask.ndim() < 1 || mask.ndim() > 4)
-          raise(error(ErrorCode::invalid_shape, "mask must have 1 to 4 dims, got " + std::to_string(mask.ndim())));
-        std::array<std::int64_t, 4> shape{}, strides{};
-        for (std::size_t i = 0; i < mask.ndim(); ++i) {
-          shape[i] = static_cast<std::int64_t>(mask.shape(i));
-          strides[i] = mask.stride(i);
-        }
-        MaskEncoding enc;
-        enc.masked_threshold = masked_threshold;
-        const MaskView view =
-            take(MaskView::make(mask.data(), type, std::span<const std::int64_t>(shape.data(), mask.ndim()),
-                                std::span<const std::int64_t>(strides.data(), mask.ndim()), enc));
-        // Threads pay off only on large masks: spawning them costs more than a small scan.
-        const double bytes = static_cast<double>(view.q_len()) * static_cast<double>(view.k_len()) *
-                             (view.stride(kBatch) ? static_cast<double>(view.batch()) : 1.0) *
-                             (view.stride(kHeads) ? static_cast<double>(view.heads()) : 1.0) * element_size(type);
+        const MaskView view = host_view(mask, masked_threshold);
         Verdict v;
         {
           nb::gil_scoped_release unlocked;
-          ScanOptions options{threads > 0 ? threads : (bytes < (8 << 20) ? 1 : 0)};
-          Result<SpanTable> spans = scan(view, options);
+          Result<SpanTable> spans = scan(view, scan_options(view, threads));
           if (!spans) {
             nb::gil_scoped_acquire locked;
             raise(spans.status());
@@ -369,7 +400,7 @@ NB_MODULE(_core, m) {
             runs.distinct_batch = view.stride(kBatch) == 0 ? 1 : view.batch();
             runs.distinct_heads = view.stride(kHeads) == 0 ? 1 : view.heads();
             if (Status st = runs.validate_shape(); !st.ok()) raise(st);
-            if (runs.distinct_slices() > (std::int64_t{1} << 31) / runs.q_len)
+            if (runs.distinct_slices() > ((std::int64_t{1} << 31) - 1) / runs.q_len)
               raise(error(ErrorCode::invalid_argument, "the view has " + std::to_string(runs.rows()) +
                                                            " rows to scan; runs are reduced for at most 2^31 - 1"));
             const python::RunsBlock block = python::runs_block(runs.rows(), scan_temp_bytes, reduce_temp_bytes);
@@ -449,6 +480,133 @@ NB_MODULE(_core, m) {
             return v;
           },
           "The Verdict of the runs now in host memory, classified in O(runs) (MaskError naming a NaN / +inf row).");
+
+  // --- Tiles (tiles.hpp, docs/tiles.md) -----------------------------------------------
+  nb::class_<TileFractions>(m, "TileFractions",
+                            "Shares of a mask's block_q x block_k tiles that are partial and full (the rest empty).")
+      .def(nb::init<>())
+      .def_rw("block_q", &TileFractions::block_q)
+      .def_rw("block_k", &TileFractions::block_k)
+      .def_rw("partial", &TileFractions::partial)
+      .def_rw("full", &TileFractions::full)
+      .def("__repr__", [](const TileFractions& t) {
+        return "<TileFractions " + std::to_string(t.block_q) + "x" + std::to_string(t.block_k) +
+               " partial=" + std::to_string(t.partial) + " full=" + std::to_string(t.full) + ">";
+      });
+
+  nb::class_<BlockMaskTensors>(m, "BlockMaskTensors",
+                               "torch BlockMask's eight int32 tensors of a tile summary (numpy arrays over masklens' "
+                               "memory, no copy): the kv side from_kv_blocks takes, and the q side it would derive.")
+      .def_prop_ro("block_size", [](const BlockMaskTensors& t) { return std::make_pair(t.grid.block_q, t.grid.block_k); })
+      .def_prop_ro("seq_lengths", [](const BlockMaskTensors& t) { return std::make_pair(t.grid.q_len, t.grid.k_len); })
+      .def_prop_ro("kv_num_blocks", &tensor_array<BlockMaskField::kv_num_blocks>)
+      .def_prop_ro("kv_indices", &tensor_array<BlockMaskField::kv_indices>)
+      .def_prop_ro("full_kv_num_blocks", &tensor_array<BlockMaskField::full_kv_num_blocks>)
+      .def_prop_ro("full_kv_indices", &tensor_array<BlockMaskField::full_kv_indices>)
+      .def_prop_ro("q_num_blocks", &tensor_array<BlockMaskField::q_num_blocks>)
+      .def_prop_ro("q_indices", &tensor_array<BlockMaskField::q_indices>)
+      .def_prop_ro("full_q_num_blocks", &tensor_array<BlockMaskField::full_q_num_blocks>)
+      .def_prop_ro("full_q_indices", &tensor_array<BlockMaskField::full_q_indices>)
+      .def_prop_ro_static("fields", [](nb::handle) {
+        std::vector<std::string> out;
+        for (BlockMaskField f : kBlockMaskFields) out.emplace_back(to_string(f));
+        return out;
+      }, "The eight tensors' names, torch's (BlockMask attributes, from_kv_blocks keywords).");
+
+  nb::class_<TileSummary>(m, "TileSummary",
+                          "Which tiles of a mask are empty, partial or full: [distinct batch, distinct heads, q tiles, "
+                          "k tiles] (a stride-0 batch or head dimension summarised once).")
+      .def_prop_ro("batch", [](const TileSummary& t) { return t.grid.batch; })
+      .def_prop_ro("heads", [](const TileSummary& t) { return t.grid.heads; })
+      .def_prop_ro("q_len", [](const TileSummary& t) { return t.grid.q_len; })
+      .def_prop_ro("k_len", [](const TileSummary& t) { return t.grid.k_len; })
+      .def_prop_ro("block_size", [](const TileSummary& t) { return std::make_pair(t.grid.block_q, t.grid.block_k); })
+      .def_prop_ro("shape",
+                   [](const TileSummary& t) {
+                     return std::make_tuple(t.grid.distinct_batch, t.grid.distinct_heads, t.grid.q_tiles(),
+                                            t.grid.k_tiles());
+                   })
+      .def_prop_ro("counts",
+                   [](const TileSummary& t) {
+                     const TileTally c = t.tally();
+                     nb::dict d;
+                     d["empty"] = c.empty;
+                     d["partial"] = c.partial;
+                     d["full"] = c.full;
+                     return d;
+                   },
+                   "Tiles of each state over the stored slices.")
+      .def("fractions", &TileSummary::fractions, "The shares decide() charges flex on (TileFractions).")
+      .def_prop_ro(
+          "states",
+          [](nb::pointer_and_handle<TileSummary> self) {
+            const TileGrid& g = self.p->grid;
+            const std::size_t shape[4] = {static_cast<std::size_t>(g.distinct_batch),
+                                          static_cast<std::size_t>(g.distinct_heads),
+                                          static_cast<std::size_t>(g.q_tiles()), static_cast<std::size_t>(g.k_tiles())};
+            return nb::ndarray<nb::numpy, const std::uint8_t>(
+                reinterpret_cast<const std::uint8_t*>(self.p->states.data()), 4, shape, self.h);
+          },
+          "uint8 [B', H', q_tiles, k_tiles]: 0 empty, 1 partial, 2 full (no copy).")
+      .def(
+          "block_mask",
+          [](const TileSummary& t) {
+            Result<BlockMaskTensors> r{error(ErrorCode::invalid_argument, "")};
+            {
+              nb::gil_scoped_release unlocked;
+              r = block_mask_tensors(t);
+            }
+            return take(std::move(r));
+          },
+          "torch BlockMask's eight tensors, entry for entry what create_block_mask builds for the same mask.");
+
+  m.def(
+      "tiles_from_structure",
+      [](const MaskStructure& s, std::int64_t block_q, std::int64_t block_k) {
+        const TileSize size = tile_size(block_q, block_k);
+        Result<TileSummary> r{error(ErrorCode::invalid_argument, "")};
+        {
+          nb::gil_scoped_release unlocked;
+          r = tiles_from_structure(s, size);
+        }
+        return take(std::move(r));
+      },
+      "structure"_a, "block_q"_a = 128, "block_k"_a = 128,
+      "An exact structure's tiles from its fields (no mask is read); equal, tile for tile, to scanning any mask it "
+      "describes. MaskError for an arbitrary structure.");
+
+  m.def(
+      "scan_with_tiles",
+      [](nb::ndarray<nb::ro, nb::device::cpu> mask, std::int64_t block_q, std::int64_t block_k, float masked_threshold,
+         int threads) {
+        const MaskView view = host_view(mask, masked_threshold);
+        const TileSize size = tile_size(block_q, block_k);
+        Verdict v;
+        TileSummary tiles;
+        {
+          nb::gil_scoped_release unlocked;
+          Result<SpansAndTiles> both = scan_with_tiles(view, size, scan_options(view, threads));
+          if (!both) {
+            nb::gil_scoped_acquire locked;
+            raise(both.status());
+          }
+          v.spans = std::move(both->spans);
+          tiles = std::move(both->tiles);
+          Result<MaskStructure> s = classify(v.spans);
+          if (!s) {
+            nb::gil_scoped_acquire locked;
+            raise(s.status());
+          }
+          v.structure = std::move(s).value();
+        }
+        // An arbitrary mask is charged for flex on its tiles (an exact structure's follow
+        // from its fields), as the CLI's inspect --tiles does.
+        if (v.structure.kind == StructureKind::arbitrary) v.structure.tile_fractions = tiles.fractions();
+        return std::make_pair(std::move(v), std::move(tiles));
+      },
+      "mask"_a, "block_q"_a = 128, "block_k"_a = 128, "masked_threshold"_a = -1000.0f, "threads"_a = 0,
+      "Scan a host mask and count its tiles in the same read: (Verdict, TileSummary). An arbitrary verdict's "
+      "structure carries the tiles' fractions.");
 
   m.def("describe", [](const MaskStructure& s) { return describe(s); });
 
