@@ -178,7 +178,7 @@ def test_bad_tile_sizes_and_structures_are_refused():
         _core.tiles_from_structure(exact)
     exact.tile_fractions = None
     # 100 x 100 causal at 16: 7 diagonal tiles and the 6 others of the ragged last q tile are partial
-    assert _core.tiles_from_structure(exact, 16).counts == {"empty": 21, "partial": 13, "full": 15}
+    assert _core.tiles_from_structure(exact, 16, 16).counts == {"empty": 21, "partial": 13, "full": 15}
 
 
 def test_inspect_tiles_of_a_float_mask_use_the_threshold():
