@@ -187,7 +187,8 @@ def seed(report):
                       "mask_use": policy.call.mask, "scan_on": split[-1]["device"]}
     table(f"seed: 1 x 4 x {L} x {D} bf16, dense bool causal mask, forward + backward", rows)
     print(f"  masklens step (median of first calls): scan {step['scan_ms']:.3f} ms on {split[-1]['device']} "
-          f"({step['scan_ms'] / read_ms:.2f}x one read of the mask, {read_ms:.3f} ms; {step['runs']} runs to the host), "
+          f"({step['scan_ms'] / read_ms:.2f}x one read of the mask, {read_ms:.3f} ms; "
+          f"{step['runs']} runs to the host), "
           f"classify {step['classify_ms']:.3f} ms, decide {step['decide_ms']:.3f} ms; "
           f"decision {verdict.structure.describe()} -> {policy.backend} (mask {policy.call.mask}); "
           f"scans in {REPS + 1} cached calls: {cached_scans}")

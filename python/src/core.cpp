@@ -404,8 +404,9 @@ NB_MODULE(_core, m) {
               raise(error(ErrorCode::invalid_argument, "the view has " + std::to_string(runs.rows()) +
                                                            " rows to scan; runs are reduced for at most 2^31 - 1"));
             const python::RunsBlock block = python::runs_block(runs.rows(), scan_temp_bytes, reduce_temp_bytes);
-            new (self) DeviceRuns{std::move(runs), block, std::unique_ptr<std::uint8_t[]>(new std::uint8_t[block.head_bytes()]),
-                                  {}, false};
+            // Not zero-filled: the head copy writes every byte before finish() reads it.
+            std::unique_ptr<std::uint8_t[]> head(new std::uint8_t[block.head_bytes()]);
+            new (self) DeviceRuns{std::move(runs), block, std::move(head), {}, false};
           },
           "data"_a, "dtype"_a, "shape"_a, "strides"_a, "masked_threshold"_a, "scan_temp_bytes"_a, "reduce_temp_bytes"_a)
       .def_prop_ro("block_bytes", [](const DeviceRuns& d) { return d.block.bytes; })
@@ -431,9 +432,9 @@ NB_MODULE(_core, m) {
           "rest_buffer",
           [](DeviceRuns& d, std::int64_t count) {
             if (count <= d.block.eager || count > d.block.rows)
-              raise(error(ErrorCode::invalid_argument, "rest_buffer is for counts in (" + std::to_string(d.block.eager) +
-                                                           ", " + std::to_string(d.block.rows) + "], got " +
-                                                           std::to_string(count)));
+              raise(error(ErrorCode::invalid_argument,
+                          "rest_buffer is for counts in (" + std::to_string(d.block.eager) + ", " +
+                              std::to_string(d.block.rows) + "], got " + std::to_string(count)));
             d.rest.resize(static_cast<std::size_t>(count - d.block.eager));
             return std::make_pair(reinterpret_cast<std::uintptr_t>(d.rest.data()), d.rest.size() * sizeof(SpanRun));
           },
@@ -445,17 +446,18 @@ NB_MODULE(_core, m) {
             d.finished = true;
             const std::int64_t count = d.count();
             if (count < 1 || count > d.block.rows)
-              raise(error(ErrorCode::device_error, "the run reduction returned " + std::to_string(count) + " runs for " +
-                                                       std::to_string(d.block.rows) + " rows"));
+              raise(error(ErrorCode::device_error, "the run reduction returned " + std::to_string(count) +
+                                                       " runs for " + std::to_string(d.block.rows) + " rows"));
             const std::int64_t first = std::min(count, d.block.eager);
             if (count > first && static_cast<std::int64_t>(d.rest.size()) != count - first)
-              raise(error(ErrorCode::invalid_argument, std::to_string(count) + " runs, of which " +
-                                                           std::to_string(d.rest.size()) +
-                                                           " past the first copy were brought: call rest_buffer(count)"));
+              raise(error(ErrorCode::invalid_argument,
+                          std::to_string(count) + " runs, of which " + std::to_string(d.rest.size()) +
+                              " past the first copy were brought: call rest_buffer(count)"));
             Verdict v;
             SpanRuns& runs = v.runs.emplace(std::move(d.shape));
             runs.runs.resize(static_cast<std::size_t>(count));
-            std::memcpy(runs.runs.data(), d.head.get() + d.block.runs_at, static_cast<std::size_t>(first) * sizeof(SpanRun));
+            std::memcpy(runs.runs.data(), d.head.get() + d.block.runs_at,
+                        static_cast<std::size_t>(first) * sizeof(SpanRun));
             std::copy(d.rest.begin(), d.rest.end(), runs.runs.begin() + first);
             // As gpu::scan_runs() words it: the mask is on the device, so the row is named
             // (the first flagged run's first row).
@@ -464,7 +466,8 @@ NB_MODULE(_core, m) {
                 const std::int64_t slice = r.row / runs.q_len;
                 raise(error(ErrorCode::invalid_value,
                             "mask row [" + std::to_string(slice / runs.distinct_heads) + ", " +
-                                std::to_string(slice % runs.distinct_heads) + ", " + std::to_string(r.row % runs.q_len) +
+                                std::to_string(slice % runs.distinct_heads) + ", " +
+                                std::to_string(r.row % runs.q_len) +
                                 "] holds NaN or +inf; an additive mask holds 0, a bias, or -inf / a value <= the "
                                 "threshold"));
               }
@@ -497,7 +500,8 @@ NB_MODULE(_core, m) {
   nb::class_<BlockMaskTensors>(m, "BlockMaskTensors",
                                "torch BlockMask's eight int32 tensors of a tile summary (numpy arrays over masklens' "
                                "memory, no copy): the kv side from_kv_blocks takes, and the q side it would derive.")
-      .def_prop_ro("block_size", [](const BlockMaskTensors& t) { return std::make_pair(t.grid.block_q, t.grid.block_k); })
+      .def_prop_ro("block_size",
+                   [](const BlockMaskTensors& t) { return std::make_pair(t.grid.block_q, t.grid.block_k); })
       .def_prop_ro("seq_lengths", [](const BlockMaskTensors& t) { return std::make_pair(t.grid.q_len, t.grid.k_len); })
       .def_prop_ro("kv_num_blocks", &tensor_array<BlockMaskField::kv_num_blocks>)
       .def_prop_ro("kv_indices", &tensor_array<BlockMaskField::kv_indices>)

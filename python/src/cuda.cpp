@@ -136,10 +136,12 @@ NB_MODULE(_cuda, m) {
           Status r = check(cudaMemsetAsync(base, 0, b.head_bytes(), s), "cudaMemsetAsync(run count and first runs)");
           std::size_t scan_temp = b.scan_temp_bytes, reduce_temp = b.reduce_temp_bytes;
           if (r.ok())
-            r = gpu::scan_spans(base + b.scan_temp_at, scan_temp, view, reinterpret_cast<RowSpan*>(base + b.spans_at), s);
+            r = gpu::scan_spans(base + b.scan_temp_at, scan_temp, view, reinterpret_cast<RowSpan*>(base + b.spans_at),
+                                s);
           if (r.ok())
-            r = gpu::reduce_runs(base + b.reduce_temp_at, reduce_temp, reinterpret_cast<const RowSpan*>(base + b.spans_at),
-                                 b.rows, view.q_len(), reinterpret_cast<SpanRun*>(base + b.runs_at), b.room,
+            r = gpu::reduce_runs(base + b.reduce_temp_at, reduce_temp,
+                                 reinterpret_cast<const RowSpan*>(base + b.spans_at), b.rows, view.q_len(),
+                                 reinterpret_cast<SpanRun*>(base + b.runs_at), b.room,
                                  reinterpret_cast<std::int64_t*>(base + b.count_at), s);
           if (r.ok())
             r = check(cudaMemcpyAsync(reinterpret_cast<void*>(h_head), base, b.head_bytes(), cudaMemcpyDeviceToHost, s),
@@ -163,8 +165,8 @@ NB_MODULE(_cuda, m) {
       "copy_rest",
       [](std::uintptr_t data, const std::string& dtype, const std::vector<std::int64_t>& shape,
          const std::vector<std::int64_t>& strides, float masked_threshold, std::uintptr_t d_block,
-         std::size_t block_bytes, std::uintptr_t d_more, std::int64_t count, std::uintptr_t h_rest, std::size_t rest_bytes,
-         std::uintptr_t stream, int device) {
+         std::size_t block_bytes, std::uintptr_t d_more, std::int64_t count, std::uintptr_t h_rest,
+         std::size_t rest_bytes, std::uintptr_t stream, int device) {
         const MaskView view = take(python::view_of(data, dtype, shape, strides, masked_threshold));
         const python::RunsBlock b = checked_block(view, d_block, block_bytes);
         if (count <= b.eager || count > b.rows)
@@ -172,8 +174,8 @@ NB_MODULE(_cuda, m) {
                                                        std::to_string(b.rows) + "], got " + std::to_string(count)));
         const auto bytes = static_cast<std::size_t>(count - b.eager) * sizeof(SpanRun);
         if (h_rest == 0 || rest_bytes != bytes)
-          raise(error(ErrorCode::invalid_argument, "host run buffer must hold " + std::to_string(bytes) + " bytes, got " +
-                                                       std::to_string(h_rest == 0 ? 0 : rest_bytes)));
+          raise(error(ErrorCode::invalid_argument, "host run buffer must hold " + std::to_string(bytes) +
+                                                       " bytes, got " + std::to_string(h_rest == 0 ? 0 : rest_bytes)));
         if (count > b.room && d_more == 0)
           raise(error(ErrorCode::invalid_argument, std::to_string(count) + " runs exceed the block's room (" +
                                                        std::to_string(b.room) + "): pass device room for them all"));
@@ -184,13 +186,15 @@ NB_MODULE(_cuda, m) {
           const SpanRun* from = reinterpret_cast<const SpanRun*>(base + b.runs_at);
           if (count > b.room) {  // reduce again into room for every run (the spans are still there)
             std::size_t reduce_temp = b.reduce_temp_bytes;
-            r = gpu::reduce_runs(base + b.reduce_temp_at, reduce_temp, reinterpret_cast<const RowSpan*>(base + b.spans_at),
-                                 b.rows, view.q_len(), reinterpret_cast<SpanRun*>(d_more), count,
+            r = gpu::reduce_runs(base + b.reduce_temp_at, reduce_temp,
+                                 reinterpret_cast<const RowSpan*>(base + b.spans_at), b.rows, view.q_len(),
+                                 reinterpret_cast<SpanRun*>(d_more), count,
                                  reinterpret_cast<std::int64_t*>(base + b.count_at), s);
             from = reinterpret_cast<const SpanRun*>(d_more);
           }
           if (r.ok())
-            r = check(cudaMemcpyAsync(reinterpret_cast<void*>(h_rest), from + b.eager, bytes, cudaMemcpyDeviceToHost, s),
+            r = check(cudaMemcpyAsync(reinterpret_cast<void*>(h_rest), from + b.eager, bytes,
+                                      cudaMemcpyDeviceToHost, s),
                       "cudaMemcpyAsync(runs to the host)");
           if (r.ok()) r = check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
           return r;
