@@ -318,3 +318,18 @@ def test_last_timing_says_when_the_cache_answered():
     assert first["scanned"] and first["device"] == "host"
     masklens.scan(m)
     assert not masklens.last_timing()["scanned"]
+
+
+def test_runs_past_the_head_must_be_brought_before_finish():
+    m = torch.ones(300, 8, dtype=torch.bool)
+    table = _core.DeviceRuns(*args_of(m), 1, 1)
+    head = np.zeros(table.head_bytes, dtype=np.uint8)
+    head[:8] = np.frombuffer(np.int64(300).tobytes(), dtype=np.uint8)  # 300 runs: 44 past the head
+    ctypes.memmove(table.head_address, head.ctypes.data, table.head_bytes)
+    with pytest.raises(masklens.MaskError, match=r"^invalid_argument: rest_buffer is for counts in \(256, 300\]"):
+        table.rest_buffer(256)
+    with pytest.raises(masklens.MaskError, match="300 runs, of which 0 past the first copy were brought"):
+        table.finish()
+    table = _core.DeviceRuns(*args_of(m), 1, 1)
+    address, nbytes = table.rest_buffer(300)
+    assert address != 0 and nbytes == 44 * 64
