@@ -178,11 +178,17 @@ def seed(report):
         if same_kernel:
             rows[name]["overhead_vs_same_kernel_ms"] = rows[name]["ms"] - rows[same_kernel]["ms"]
     step = {k: statistics.median(t[k] for t in split) for k in ("scan_ms", "classify_ms", "decide_ms")}
+    # The scan's baseline: one read of the mask's bytes (a sum over them), same device.
+    read_ms = timed(lambda: mask.view(torch.uint8).sum(dtype=torch.int64))
+    step["read_ms"] = read_ms
+    step["runs"] = verdict.run_count
     report["seed"] = {"shape": [1, 4, L, D], "rows": rows, "step_ms": step, "scans_when_cached": cached_scans,
                       "structure": verdict.structure.describe(), "backend": policy.backend,
                       "mask_use": policy.call.mask, "scan_on": split[-1]["device"]}
     table(f"seed: 1 x 4 x {L} x {D} bf16, dense bool causal mask, forward + backward", rows)
-    print(f"  masklens step (median of first calls): scan {step['scan_ms']:.3f} ms on {split[-1]['device']}, "
+    print(f"  masklens step (median of first calls): scan {step['scan_ms']:.3f} ms on {split[-1]['device']} "
+          f"({step['scan_ms'] / read_ms:.2f}x one read of the mask, {read_ms:.3f} ms; "
+          f"{step['runs']} runs to the host), "
           f"classify {step['classify_ms']:.3f} ms, decide {step['decide_ms']:.3f} ms; "
           f"decision {verdict.structure.describe()} -> {policy.backend} (mask {policy.call.mask}); "
           f"scans in {REPS + 1} cached calls: {cached_scans}")

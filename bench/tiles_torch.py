@@ -1,81 +1,219 @@
-"""torch's create_block_mask on a dense mask (mask_mod = lambda b, h, q, kv: mask[b, h, q, kv]),
-the baseline of the tile summary (bench/tiles.cpp on the host; the device scanner's
-tiles when it has them), on the same masks: bool causal and bool block-sparse at L x L.
+"""torch BlockMasks of dense masks, three ways side by side in one run, and flex attention
+on masklens' BlockMask against the dense mask on torch's default dispatch.
 
-    python3 bench/tiles_torch.py [--device cpu|cuda] [--length 16384] [--reps 3]
+    python3 bench/tiles_torch.py [--device cuda] [--lengths 32768,65536] [--reps 5] [--quick]
+                                 [--flex-length 69632] [--no-flex] [--masklens PATH]
 
-Prints the median milliseconds of create_block_mask (BLOCK_SIZE 128) and checks its
-tensors against `masklens inspect --tiles 128 --json` on the same mask when --masklens
-names the command (a small L keeps the JSON readable: the comparison runs at 1024)."""
+Per mask (sliding window 4096, packed documents, random block-sparse; bool [1, 1, L, L]):
+  masklens, from structure   the structure's tiles (tiles.hpp, no read of the mask) and the
+                             eight tensors on the device: BlockMask(...) with the q side
+  masklens, scan + structure masklens.torch.block_mask(mask): the scan (on the device where
+                             masklens._cuda is built) then the above; exact structures only
+  masklens, host scan        one host read that gives spans and tiles (scan_with_tiles); a
+                             CUDA mask is copied to the host first (the copy is counted):
+                             what block_mask() does for an arbitrary CUDA mask until a
+                             device tile summary is bound
+  create_block_mask          torch's, mask_mod = lambda b, h, q, kv: mask[b, h, q, kv]
+  torch pad+sum              the dense mask padded to whole tiles, summed per tile, sorted
+                             into the same eight tensors: the fastest plain-torch baseline
+Every BlockMask is checked equal to the pad+sum one (and create_block_mask's). Then, at
+--flex-length with a 4096 window: compiled flex_attention on masklens' BlockMask against
+F.scaled_dot_product_attention with the dense bool mask (default dispatch), forward +
+backward, bf16, [1, 8, L, 128]. --quick: 3 repetitions (fits in about 3 minutes on an
+H200). Prints median milliseconds and each way's ratio to create_block_mask.
+
+--masklens PATH checks `masklens inspect --tiles 128 --json` against create_block_mask on
+small masks (the CLI's JSON), as before."""
 import argparse
 import json
 import os
 import subprocess
+import sys
 import tempfile
 import time
 
 import numpy as np
 import torch
-from torch.nn.attention.flex_attention import create_block_mask
+import torch.nn.functional as F
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 FIELDS = ["kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices",
           "q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices"]
 
 
-def masks(L, device):
+def masks(L, device, window=4096):
     i = torch.arange(L, device=device)
-    causal = (i[None, :] <= i[:, None])[None, None]
+    causal = i[None, :] <= i[:, None]
+    yield "window 4096", (causal & (i[:, None] - i[None, :] < window))[None, None]
+    del causal
     gen = torch.Generator().manual_seed(14)
+    cuts = torch.sort(torch.randint(1, L, (max(L // 4096, 2),), generator=gen)).values.to(device)
+    docs = torch.bucketize(i, cuts, right=True)
+    yield "packed documents", ((i[None, :] <= i[:, None]) & (docs[:, None] == docs[None, :]))[None, None]
+    del docs
     n = (L + 127) // 128
     keep = torch.rand(n, n, generator=gen) < 0.25
     keep |= torch.eye(n, dtype=torch.bool)
-    keep = torch.tril(keep).to(device)
-    blocks = keep.repeat_interleave(128, 0).repeat_interleave(128, 1)[:L, :L]
-    yield "bool causal", causal
-    yield "bool block-sparse", (blocks & causal[0, 0])[None, None]
+    keep = keep.to(device)
+    yield "block-sparse", keep.repeat_interleave(128, 0).repeat_interleave(128, 1)[:L, :L][None, None]
 
 
-def timed(fn, reps, device):
-    times = []
-    for _ in range(reps):
+def timed(fn, reps, device, before=None):
+    """Median milliseconds of `reps` calls after one untimed warm-up call."""
+    times, out = [], None
+    for rep in range(reps + 1):
+        if before is not None:
+            before()
+        out = None
         if device == "cuda":
             torch.cuda.synchronize()
         start = time.perf_counter()
         out = fn()
         if device == "cuda":
             torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
+        if rep:
+            times.append(time.perf_counter() - start)
     times.sort()
     return times[len(times) // 2] * 1e3, out
 
 
+def ordered(states):
+    """torch's _dense_to_ordered: per row, the count and the indices of the set tiles
+    ascending, then the others ascending (a stable descending sort of the 0/1 row)."""
+    num = states.sum(-1, dtype=torch.int32)
+    idx = torch.argsort(states.to(torch.int8), dim=-1, descending=True, stable=True).to(torch.int32)
+    return num, idx
+
+
+def pad_sum_block_mask(m, block=128):
+    """The baseline: tile counts by a padded sum of the dense mask, then the eight tensors."""
+    B, H, Q, K = m.shape
+    nq, nk = -(-Q // block), -(-K // block)
+    if (nq * block, nk * block) != (Q, K):
+        m = F.pad(m, (0, nk * block - K, 0, nq * block - Q))
+    counts = m.view(B, H, nq, block, nk, block).sum(dim=(3, 5), dtype=torch.int32)
+    full = counts == block * block
+    partial = (counts > 0) & ~full
+    kv_num, kv_idx = ordered(partial)
+    fkv_num, fkv_idx = ordered(full)
+    q_num, q_idx = ordered(partial.transpose(-1, -2))
+    fq_num, fq_idx = ordered(full.transpose(-1, -2))
+    return dict(zip(FIELDS, (kv_num, kv_idx, fkv_num, fkv_idx, q_num, q_idx, fq_num, fq_idx)))
+
+
+def same(bm, tensors):
+    get = (lambda f: getattr(bm, f)) if not isinstance(bm, dict) else bm.__getitem__
+    return all(torch.equal(get(f).expand(tensors[f].shape), tensors[f]) for f in FIELDS)
+
+
+def bench_block_masks(L, device, reps, check_create):
+    import masklens
+    import masklens.torch as mt
+    from masklens import _cache, _core, _run
+    print(f"\nBlockMask of a bool [1, 1, {L}, {L}] mask ({L * L / 2**30:.1f} GiB), BLOCK_SIZE 128, median of {reps}:")
+    print(f"  {'mask':18s} {'way':28s} {'ms':>10s} {'vs create_block_mask':>22s}")
+    for name, m in masks(L, device):
+        rows = []
+        ref_ms, ref = timed(lambda: pad_sum_block_mask(m), reps, device)
+        structure = masklens.scan(m).structure
+        exact = structure.kind != "arbitrary"
+        if exact:
+            ms, bm = timed(lambda: _run.block_mask_from_tiles(_core.tiles_from_structure(structure, 128, 128),
+                                                              _run.mask_mod_for(structure, device), device),
+                           reps, device)
+            rows.append(("masklens, from structure", ms, same(bm, ref)))
+            ms, bm = timed(lambda: mt.block_mask(m, 128), reps, device, before=masklens.forget)
+            rows.append(("masklens, scan + structure", ms, same(bm, ref)))
+        if device == "cpu" or not exact:
+            ms, bm = timed(lambda: _run.block_mask_from_tiles(_cache.scan_with_tiles(m, (128, 128))[1], None, device),
+                           reps, device)
+            rows.append(("masklens, host scan" + (" (copy)" if device == "cuda" else ""), ms, same(bm, ref)))
+        cb_ms, cb = timed(lambda: create_block_mask(lambda b, h, q, kv: m[b, h, q, kv], 1, 1, L, L, device=device,
+                                                    BLOCK_SIZE=128), reps, device)
+        create_ok = same(cb, ref) if check_create else None
+        del cb
+        rows.append(("torch pad+sum", ref_ms, True))
+        for way, ms, ok in rows:
+            print(f"  {name:18s} {way:28s} {ms:10.2f} {cb_ms / ms:21.1f}x{'' if ok else '  MISMATCH'}")
+        print(f"  {name:18s} {'create_block_mask':28s} {cb_ms:10.2f} {1.0:21.1f}x"
+              f"{'' if create_ok in (True, None) else '  MISMATCH'}")
+        if not all(ok for _, _, ok in rows) or create_ok is False:
+            raise SystemExit(f"{name}: a BlockMask differs from the pad+sum reference")
+        del m
+        if device == "cuda":
+            torch.cuda.empty_cache()
+
+
+def bench_flex(L, device, reps, window=4096, heads=8, dim=128):
+    import masklens.torch as mt
+    print(f"\nflex_attention at [1, {heads}, {L}, {dim}] bf16, window {window}: forward + backward, median of {reps}")
+    i = torch.arange(L, device=device)
+    dense = ((i[None, :] <= i[:, None]) & (i[:, None] - i[None, :] < window))[None, None]
+    bm = mt.block_mask(dense, 128)
+    g = torch.Generator(device=device).manual_seed(0)
+    q, k, v = (torch.randn(1, heads, L, dim, device=device, dtype=torch.bfloat16, generator=g).requires_grad_()
+               for _ in range(3))
+    w = torch.randn(1, heads, L, dim, device=device, dtype=torch.bfloat16, generator=g)
+    flex = torch.compile(flex_attention, dynamic=False)
+
+    def step(fn):
+        def run():
+            out = fn()
+            q.grad = k.grad = v.grad = None
+            (out * w).sum().backward()
+            return out.detach()
+        return run
+    t0 = time.perf_counter()
+    step(lambda: flex(q, k, v, block_mask=bm))()  # compile
+    compile_s = time.perf_counter() - t0
+    flex_ms, out_flex = timed(step(lambda: flex(q, k, v, block_mask=bm)), reps, device)
+    dense_ms, out_dense = timed(step(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=dense)), reps, device)
+    err = (out_flex.float() - out_dense.float()).abs().max().item()
+    print(f"  compiled flex on masklens' BlockMask   {flex_ms:10.2f} ms  (compile {compile_s:.1f} s)")
+    print(f"  SDPA, dense bool mask (default dispatch) {dense_ms:8.2f} ms  -> flex {dense_ms / flex_ms:.1f}x faster; "
+          f"max |out diff| {err:.3g}")
+
+
+def check_cli(cli):
+    import masklens  # noqa: F401
+    small = 1024
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, m in masks(small, "cpu", window=300):
+            path = os.path.join(tmp, "m.npy")
+            np.save(path, m.numpy())
+            doc = json.loads(subprocess.run([cli, "inspect", path, "--json", "--tiles", "128"],
+                                            capture_output=True, text=True, check=True).stdout)
+            bm = create_block_mask(lambda b, h, q, kv: m[b, h, q, kv], 1, 1, small, small, device="cpu",
+                                   BLOCK_SIZE=128)
+            ok = all(getattr(bm, f).tolist() == doc["tiles"][f] for f in FIELDS)
+            print(f"  {name:18s} masklens --tiles == create_block_mask at {small}: {ok}")
+            if not ok:
+                raise SystemExit(1)
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--length", type=int, default=16384)
-    ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--masklens", help="the masklens command, to compare tensors")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--lengths", default="32768,65536")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--quick", action="store_true", help="3 repetitions")
+    ap.add_argument("--flex-length", type=int, default=69632)
+    ap.add_argument("--no-flex", action="store_true")
+    ap.add_argument("--no-create-check", action="store_true", help="skip comparing create_block_mask's tensors")
+    ap.add_argument("--masklens", help="the masklens command, to compare its JSON tiles with create_block_mask")
     args = ap.parse_args()
-    L = args.length
-    print(f"torch {torch.__version__}, device {args.device}, {torch.get_num_threads()} threads, L = {L}")
-    for name, m in masks(L, args.device):
-        ms, _ = timed(lambda: create_block_mask(lambda b, h, q, kv: m[b, h, q, kv], 1, 1, L, L,
-                                                device=args.device, BLOCK_SIZE=128), args.reps, args.device)
-        print(f"  {name:20s} create_block_mask {ms:10.1f} ms  ({m.numel() / 2**20:.0f} MiB mask)")
+    reps = 3 if args.quick else args.reps
+    import masklens
+    dev = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU, {torch.get_num_threads()} threads"
+    print(f"torch {torch.__version__}, masklens {masklens.__version__}, {dev}; "
+          f"device scan: {masklens.has_cuda_scan()}")
+    for L in (int(x) for x in args.lengths.split(",")):
+        bench_block_masks(L, args.device, reps, not args.no_create_check)
+    if not args.no_flex and args.device == "cuda":
+        bench_flex(args.flex_length, args.device, reps)
     if args.masklens:
-        small = 1024
-        with tempfile.TemporaryDirectory() as tmp:
-            for name, m in masks(small, "cpu"):
-                path = os.path.join(tmp, "m.npy")
-                np.save(path, m.numpy())
-                doc = json.loads(subprocess.run([args.masklens, "inspect", path, "--json", "--tiles", "128"],
-                                                capture_output=True, text=True, check=True).stdout)
-                bm = create_block_mask(lambda b, h, q, kv: m[b, h, q, kv], 1, 1, small, small, device="cpu",
-                                       BLOCK_SIZE=128)
-                same = all(getattr(bm, f).tolist() == doc["tiles"][f] for f in FIELDS)
-                print(f"  {name:20s} masklens --tiles == create_block_mask at {small}: {same}")
-                if not same:
-                    raise SystemExit(1)
+        check_cli(args.masklens)
+    sys.stdout.flush()
 
 
 if __name__ == "__main__":

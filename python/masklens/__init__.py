@@ -15,16 +15,18 @@ import logging
 
 from . import _cache, _core
 from ._cache import forget, forward, scan_count
-from ._core import (AttentionCall, Call, Environment, FlexArgs, Hazard, KernelArgs, MaskError, MaskStructure,
-                    PlanStep, Policy, Rejection, SdpaArgs, VarlenArgs, Verdict, decide, describe)
+from ._core import (AttentionCall, BlockMaskTensors, Call, Environment, FlexArgs, Hazard, KernelArgs, MaskError,
+                    MaskStructure, PlanStep, Policy, Rejection, SdpaArgs, TileFractions, TileSummary, VarlenArgs,
+                    Verdict, decide, describe, tiles_from_structure)
 from ._env import environment
 
 __version__ = _core.__version__
 JSON_SCHEMA = _core.JSON_SCHEMA
 logger = logging.getLogger("masklens")
 
-__all__ = ["AttentionCall", "Call", "Environment", "FlexArgs", "Hazard", "KernelArgs", "MaskError", "MaskStructure",
-           "PlanStep", "Policy", "Rejection", "Report", "SdpaArgs", "VarlenArgs", "Verdict", "decide", "describe",
+__all__ = ["AttentionCall", "BlockMaskTensors", "Call", "Environment", "FlexArgs", "Hazard", "KernelArgs", "MaskError",
+           "MaskStructure", "PlanStep", "Policy", "Rejection", "Report", "SdpaArgs", "TileFractions", "TileSummary",
+           "VarlenArgs", "Verdict", "decide", "describe", "tiles_from_structure",
            "cuda_scan_unavailable", "environment", "explain", "forget", "forward", "has_cuda_scan", "inspect",
            "last_timing", "scan", "scan_count", "set_strict", "strict"]
 
@@ -127,8 +129,9 @@ class Report:
     """What masklens proved about a mask and decided for a call."""
 
     def __init__(self, verdict: Verdict, policy: Policy | None, call: AttentionCall, env: Environment,
-                 error: str | None = None):
+                 error: str | None = None, tiles: TileSummary | None = None):
         self.verdict = verdict
+        self.tiles = tiles  # the tile summary inspect(tiles=...) counted, else None
         self.structure: MaskStructure = verdict.structure
         self.policy = policy
         self.call = call
@@ -146,8 +149,11 @@ class Report:
     def to_dict(self) -> dict:
         """The JSON contract (docs/json.md, schema 2), as the CLI's --json prints it."""
         s = self.structure
-        return {"schema": JSON_SCHEMA, "shape": [s.batch, s.heads, s.q_len, s.k_len],
-                "structure": structure_dict(s), "policy": policy_dict(self.policy, s) if self.policy else None}
+        d = {"schema": JSON_SCHEMA, "shape": [s.batch, s.heads, s.q_len, s.k_len],
+             "structure": structure_dict(s), "policy": policy_dict(self.policy, s) if self.policy else None}
+        if self.tiles is not None:
+            d["tiles"] = tiles_dict(self.tiles)
+        return d
 
     def __str__(self) -> str:
         return explain_text(self)
@@ -175,6 +181,19 @@ def structure_dict(s: MaskStructure) -> dict:
     d["empty_rows"] = s.empty_rows
     d["finite_masked_rows"] = s.finite_masked_rows
     d["bias"] = s.bias
+    t = s.tile_fractions
+    if t is not None:  # written only when known, as the CLI writes it
+        d["tile_fractions"] = {"block": [t.block_q, t.block_k], "partial": t.partial, "full": t.full}
+    return d
+
+
+def tiles_dict(tiles: TileSummary) -> dict:
+    """The document's "tiles" (docs/json.md): BlockMask's eight tensors as nested lists."""
+    t = tiles.block_mask()
+    d = {"block": list(tiles.block_size), "seq_lengths": [tiles.q_len, tiles.k_len], "shape": list(tiles.shape),
+         "counts": tiles.counts}
+    for name in BlockMaskTensors.fields:
+        d[name] = getattr(t, name).tolist()
     return d
 
 
@@ -236,15 +255,29 @@ def _split_fields(overrides: dict):
 
 
 def inspect(mask, query=None, key=None, value=None, *, masked_threshold: float = -1000.0,
-            max_plan_calls: int = 64, strict: bool = False, **fields) -> Report:
+            max_plan_calls: int = 64, strict: bool = False, tiles=None, **fields) -> Report:
     """Scans `mask` (torch tensor or numpy array, 1-4 dims, broadcast as SDPA broadcasts it),
     and decides the call for query/key/value ([B, H, L, D]) where given. The call and the
     environment come from the tensors and what is installed (the tensors' GPU, else the
     current one, else the CPU); every AttentionCall and Environment field can be given by
     keyword (dtype="bf16", head_dim=256, sm=90, torch="2.11", available={"torch", "flex"}).
-    With strict=True a mask no available backend computes correctly raises MaskError."""
+    With strict=True a mask no available backend computes correctly raises MaskError.
+    tiles=N or (q, k) counts the mask's tiles too (Report.tiles, "tiles" in to_dict(), as
+    the CLI's inspect --tiles): from the same read of a host mask; for a CUDA mask from its
+    structure's fields when exact, else from a host copy. An arbitrary mask's structure
+    then carries its tile fractions, which decide() charges flex on."""
     call_fields, env_fields = _split_fields(dict(fields))
-    verdict = scan(mask, masked_threshold)
+    summary = None
+    if tiles is None:
+        verdict = scan(mask, masked_threshold)
+    else:
+        size = _cache.tile_size(tiles)
+        on_device = str(getattr(getattr(mask, "device", None), "type", "cpu")) == "cuda"
+        verdict = scan(mask, masked_threshold) if on_device else None
+        if verdict is not None and verdict.structure.kind != "arbitrary":
+            summary = tiles_from_structure(verdict.structure, *size)
+        else:
+            verdict, summary = _cache.scan_with_tiles(mask, size, masked_threshold)
     call = make_call(mask, query, key, value, **call_fields)
     device = None
     for t in (query, mask):
@@ -259,7 +292,7 @@ def inspect(mask, query=None, key=None, value=None, *, masked_threshold: float =
         if strict:
             raise
         policy, error = None, str(e)
-    return Report(verdict, policy, call, env, error)
+    return Report(verdict, policy, call, env, error, summary)
 
 
 def explain_text(report: Report) -> str:

@@ -14,8 +14,9 @@ for one forward only: from one call of the "masklens" transformers mask function
 next, or inside `with masklens.forward():`; outside those every call scans.
 
 A CUDA mask is scanned on its device by masklens._cuda where that module was built: on
-the tensor's current stream, into one block from torch's caching allocator, with one
-synchronisation of that stream. Without it the mask is copied to the host (once-warned).
+the tensor's current stream, into one block from torch's caching allocator; the row
+spans are reduced to runs there and only the runs cross to the host (one
+synchronisation of that stream; two past 256 runs). Without it the mask is copied to the host (once-warned).
 """
 from __future__ import annotations
 
@@ -168,10 +169,12 @@ def _stream_of(device) -> int:
 
 
 def device_scan(mask, masked_threshold: float = -1000.0):
-    """Scans a CUDA tensor on its device with masklens._cuda (which must be loaded): the
-    two-phase scan into one block of torch's caching allocator (the spans, then the
-    temporary storage), on the tensor's current stream, the spans copied into a
-    _core.DeviceScan with one synchronisation of that stream, then classified."""
+    """Scans a CUDA tensor on its device with masklens._cuda (which must be loaded), on the
+    tensor's current stream, into one block of torch's caching allocator laid out by a
+    _core.DeviceRuns (run count, runs, spans, the scan's and the run reduction's
+    temporary storage): the spans are reduced to runs on the device, the count and the
+    first 256 runs come back in one copy with one synchronisation of that stream (the
+    rest, if any, with a second), and the runs are classified in O(runs)."""
     import torch
 
     t0 = time.perf_counter()
@@ -181,19 +184,26 @@ def device_scan(mask, masked_threshold: float = -1000.0):
         raise _core.MaskError(f"unsupported_dtype: mask dtype {mask.dtype} is not a mask type "
                               "(bool, uint8, int8, float16, bfloat16, float32)")
     shape, strides, ptr = list(mask.shape), list(mask.stride()), mask.data_ptr()
-    temp_bytes, span_bytes = cuda.query(ptr, dtype, shape, strides, masked_threshold)
-    table = _core.DeviceScan(ptr, dtype, shape, strides, masked_threshold)
-    # The allocator's blocks are 512-byte aligned and span_bytes is a multiple of a
-    # RowSpan (32 bytes), so both parts are aligned as scan_spans() requires.
-    buf = torch.empty(span_bytes + temp_bytes, dtype=torch.uint8, device=mask.device)
-    base = buf.data_ptr()
+    scan_temp, reduce_temp = cuda.query_runs(ptr, dtype, shape, strides, masked_threshold)
+    runs = _core.DeviceRuns(ptr, dtype, shape, strides, masked_threshold, scan_temp, reduce_temp)
+    # The allocator's blocks are 512-byte aligned; the layout's parts start 256-aligned.
+    block = torch.empty(runs.block_bytes, dtype=torch.uint8, device=mask.device)
+    base = block.data_ptr()
     stream = _stream_of(mask.device)
-    cuda.scan(ptr, dtype, shape, strides, masked_threshold, base + span_bytes, temp_bytes, base, table.address,
-              table.nbytes, stream, mask.device.index)
+    device = mask.device.index
+    count = cuda.scan_runs(ptr, dtype, shape, strides, masked_threshold, base, runs.block_bytes, runs.head_address,
+                           runs.head_bytes, stream, device)
+    if count > runs.eager:  # rare: more runs than the first copy brings
+        more = None
+        if count > runs.room:  # the run reduction runs again, into room for them all
+            more = torch.empty(count * 64, dtype=torch.uint8, device=mask.device)
+        address, nbytes = runs.rest_buffer(count)
+        cuda.copy_rest(ptr, dtype, shape, strides, masked_threshold, base, runs.block_bytes,
+                       0 if more is None else more.data_ptr(), count, address, nbytes, stream, device)
     t1 = time.perf_counter()
-    verdict = table.finish()
+    verdict = runs.finish()
     timing["device"] = "cuda"
-    timing["scan_ms"] = (t1 - t0) * 1e3
+    timing["scan_ms"] = (t1 - t0) * 1e3  # the device part: allocation, kernels, copies, synchronisation
     timing["classify_ms"] = (time.perf_counter() - t1) * 1e3
     return verdict
 
@@ -220,6 +230,41 @@ def scan(mask, masked_threshold: float = -1000.0, device: bool = True):
     with _lock:
         _scans += 1
     return verdict
+
+
+def tile_size(tiles) -> tuple[int, int]:
+    """A tile size as inspect(tiles=...) and block_mask() take it: N (N x N) or (q, k)."""
+    if isinstance(tiles, int) and not isinstance(tiles, bool):
+        return tiles, tiles
+    try:
+        q, k = tiles
+        if isinstance(q, int) and isinstance(k, int) and not isinstance(q, bool) and not isinstance(k, bool):
+            return q, k
+    except (TypeError, ValueError):
+        pass
+    raise _core.MaskError(f"invalid_argument: tiles must be a tile size N or (q, k), integers >= 1, got {tiles!r}")
+
+
+def scan_with_tiles(mask, size, masked_threshold: float = -1000.0):
+    """(Verdict, TileSummary) of a host-readable mask at `size` (q, k), from one read on
+    the host (a CUDA tensor is copied there first; no warning: the caller asked for host
+    tiles). An arbitrary verdict's structure carries its tile fractions."""
+    global _scans
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    is_tensor = torch is not None and isinstance(mask, torch.Tensor)
+    t0 = time.perf_counter()
+    verdict, tiles = _core.scan_with_tiles(_host_array(mask, warn=False) if is_tensor else mask, size[0], size[1],
+                                           masked_threshold)
+    timing["device"] = "host"
+    timing["scan_ms"] = (time.perf_counter() - t0) * 1e3
+    timing["classify_ms"] = 0.0
+    timing["scanned"] = True
+    with _lock:
+        _scans += 1
+    return verdict, tiles
 
 
 def _remember(mask, entry) -> None:

@@ -258,13 +258,19 @@ def mask_mod_for(structure, device, mask=None):
         blocks[start:end] = n
     docs = None
     if s.segments is not None:
-        docs = torch.stack([torch.bucketize(torch.arange(Q, device=device), torch.tensor(seg[1:-1], device=device,
-                                                                                          dtype=torch.long), right=True)
-                            for seg in s.segments])
+        # Row q's document: how many document starts (offsets past 0) are <= q, as a
+        # cumulative sum of start marks (torch.bucketize costs ~10 ms on a busy CPU).
+        def documents(seg):
+            starts = torch.tensor(seg[1:-1], device=device, dtype=torch.long)
+            marks = torch.zeros(Q, device=device, dtype=torch.int32)
+            return marks.index_add_(0, starts, torch.ones_like(starts, dtype=torch.int32)).cumsum(0, dtype=torch.int32)
+        docs = torch.stack([documents(seg) for seg in s.segments])
     kv = torch.tensor(s.kv_valid, device=device, dtype=torch.long) if s.kv_valid is not None else None
+    qv = torch.tensor(s.q_valid, device=device, dtype=torch.long) if s.q_valid is not None else None
     # Modifiers hold one entry per batch, or one for every batch (a broadcast mask).
     docs_batch = docs is not None and docs.shape[0] > 1
     kv_batch = kv is not None and kv.shape[0] > 1
+    qv_batch = qv is not None and qv.shape[0] > 1
     last_block = blocks.shape[0] - 1
 
     def mask_mod(b, h, qi, ki):
@@ -291,8 +297,47 @@ def mask_mod_for(structure, device, mask=None):
         if kv is not None:
             kb = b if kv_batch else 0
             ok = ok & (ki >= kv[kb, 0]) & (ki < kv[kb, 1])
+        if qv is not None:  # rows outside q_valid attend nothing: their tiles are empty
+            qb = b if qv_batch else 0
+            ok = ok & (qi >= qv[qb, 0]) & (qi < qv[qb, 1])
         return ok
     return mask_mod
+
+
+_BLOCK_MASK_TAKES_Q_SIDE = None
+
+
+def block_mask_from_tiles(tiles, mask_mod, device):
+    """A torch BlockMask over masklens' tile summary (a _core.TileSummary): its eight int32
+    tensors (the kv side, and the q side torch would derive for the backward) shared from
+    numpy without a copy and moved to `device`. Through BlockMask's constructor where it
+    takes the q side (torch 2.11 does), else BlockMask.from_kv_blocks deriving it."""
+    global _BLOCK_MASK_TAKES_Q_SIDE
+    from torch.nn.attention.flex_attention import BlockMask
+    t = tiles.block_mask()
+    arrays = {name: torch.from_numpy(getattr(t, name)).to(device) for name in t.fields}
+    if _BLOCK_MASK_TAKES_Q_SIDE is None:
+        _BLOCK_MASK_TAKES_Q_SIDE = "q_num_blocks" in _pyinspect.signature(BlockMask.__init__).parameters
+    if _BLOCK_MASK_TAKES_Q_SIDE:
+        return BlockMask(seq_lengths=tuple(t.seq_lengths), BLOCK_SIZE=tuple(t.block_size), mask_mod=mask_mod, **arrays)
+    return BlockMask.from_kv_blocks(arrays["kv_num_blocks"], arrays["kv_indices"], arrays["full_kv_num_blocks"],
+                                    arrays["full_kv_indices"], BLOCK_SIZE=tuple(t.block_size), mask_mod=mask_mod,
+                                    seq_lengths=tuple(t.seq_lengths))
+
+
+def flex_block_mask(t: Tensors, a, device):
+    """The BlockMask of the call from masklens' tiles, or None where they are not at hand:
+    an exact structure's tiles from its fields (no read of the mask), a kept CPU mask's
+    from one host read. A kept CUDA mask: None (create_block_mask then evaluates the
+    mask_mod on the device; no device tile summary is bound yet)."""
+    from . import _core
+    if not a.mask_mod_reads_mask:
+        tiles = _core.tiles_from_structure(t.structure, a.block_q, a.block_k)
+        return block_mask_from_tiles(tiles, mask_mod_for(t.structure, device), device)
+    if t.mask.device.type == "cpu":
+        _, tiles = _core.scan_with_tiles(t.mask.detach(), a.block_q, a.block_k)
+        return block_mask_from_tiles(tiles, mask_mod_for(t.structure, device, t.mask), device)
+    return None
 
 
 _compiled_flex = None
@@ -305,11 +350,13 @@ def run_flex(call, t: Tensors, q, k, v, compiled=True, args=None):
     B, Q, K = q.shape[0], q.shape[2], k.shape[2]
     key = ("flex", q.device, B, a.block_q, a.block_k, a.mask_mod_reads_mask)
     block_mask = t.derived.get(key)
-    if block_mask is None:
-        mask_mod = mask_mod_for(t.structure, q.device, t.mask if a.mask_mod_reads_mask else None)
-        # A kept mask may differ per head: its block mask then spans the mask's heads.
-        H = t.mask.shape[1] if a.mask_mod_reads_mask and t.mask.shape[1] > 1 else None
-        block_mask = create_block_mask(mask_mod, B, H, Q, K, device=q.device, BLOCK_SIZE=(a.block_q, a.block_k))
+    if block_mask is None:  # memoised with the verdict (the entry's derived values)
+        block_mask = flex_block_mask(t, a, q.device)
+        if block_mask is None:
+            mask_mod = mask_mod_for(t.structure, q.device, t.mask if a.mask_mod_reads_mask else None)
+            # A kept mask may differ per head: its block mask then spans the mask's heads.
+            H = t.mask.shape[1] if a.mask_mod_reads_mask and t.mask.shape[1] > 1 else None
+            block_mask = create_block_mask(mask_mod, B, H, Q, K, device=q.device, BLOCK_SIZE=(a.block_q, a.block_k))
         t.derived[key] = block_mask
     fn = flex_attention
     if compiled:

@@ -188,3 +188,48 @@ def inspect(query, key, value, attn_mask, dropout_p=0.0, enable_gqa=False):
     training = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
     prepared = _decide(entry, query, key, value, attn_mask, dropout_p, training, enable_gqa)
     return (prepared.policy if prepared is not None else None), entry.verdict
+
+
+def block_mask(mask_or_report, block_size=128, *, mask=None, device=None, masked_threshold: float = -1000.0):
+    """A torch FlexAttention BlockMask from masklens' tiles (BlockMask.from_kv_blocks' layout,
+    with the q side masklens writes too), at block_size = N or (q, k).
+
+    `mask_or_report` is a mask (torch tensor or numpy array, 1-4 dims) or a masklens.Report.
+    An exact structure's tiles come from its fields (no read of the mask past the scan)
+    and its mask_mod from its fields; an arbitrary mask's tiles from a host scan (a CUDA
+    mask is copied to the host for it) and its mask_mod reads the mask
+    (`mask[b, h, q, kv]`): a Report of an arbitrary mask needs `mask=` (its tiles are
+    reused when inspect(tiles=...) counted them at this size). The tensors are on
+    `device` (default: the mask's, else the CPU)."""
+    import masklens
+    size = _cache.tile_size(block_size)
+    tiles = None
+    if isinstance(mask_or_report, masklens.Report):
+        structure = mask_or_report.structure
+        have = mask_or_report.tiles
+        if have is not None and tuple(have.block_size) == size:
+            tiles = have
+    else:
+        mask, structure = mask_or_report, None
+    if mask is not None and not isinstance(mask, torch.Tensor):
+        mask = torch.as_tensor(mask)
+    if device is None:
+        device = mask.device if mask is not None else torch.device("cpu")
+    if structure is None:
+        if mask.device.type == "cuda":
+            structure = masklens.scan(mask, masked_threshold).structure
+        if structure is None or structure.kind == "arbitrary":
+            verdict, tiles = _cache.scan_with_tiles(mask, size, masked_threshold)
+            structure = verdict.structure
+    if structure.kind != "arbitrary":
+        if tiles is None:
+            tiles = _core.tiles_from_structure(structure, *size)
+        return _run.block_mask_from_tiles(tiles, _run.mask_mod_for(structure, device), device)
+    if mask is None:
+        raise _core.MaskError("invalid_argument: the BlockMask of an arbitrary mask reads the mask: pass mask=")
+    if tiles is None:
+        _, tiles = _cache.scan_with_tiles(mask, size, masked_threshold)
+    attends = mask if mask.dtype == torch.bool else (mask > masked_threshold if mask.is_floating_point() else mask != 0)
+    while attends.dim() < 4:
+        attends = attends.unsqueeze(0)
+    return _run.block_mask_from_tiles(tiles, _run.mask_mod_for(structure, device, attends.to(device)), device)

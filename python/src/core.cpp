@@ -13,13 +13,16 @@
 #include <nanobind/stl/vector.h>
 
 #include <masklens/call_args.hpp>
+#include <masklens/classify_runs.hpp>
 #include <masklens/describe.hpp>
 #include <masklens/masklens.hpp>
 
+#include "device_runs.hpp"
 #include "device_view.hpp"
 #include "status_error.hpp"
 
 #include <array>
+#include <optional>
 #include <cstring>
 #include <memory>
 #include <new>
@@ -140,19 +143,85 @@ nb::dict py_args(const std::vector<NamedArg>& args) {
   return d;
 }
 
-// The scan's result: the structure, and the spans it was proven from (kept for the
-// rows that attend to nothing, which an arbitrary structure cannot list).
+// The scan's result: the structure, and the rows it was proven from (kept for the rows
+// that attend to nothing, which an arbitrary structure cannot list): the span table of
+// a host scan, or the span runs of a device scan (O(runs); expanded only where a caller
+// asks for every row).
 struct Verdict {
   MaskStructure structure;
-  SpanTable spans;
+  SpanTable spans;               // a host scan's rows
+  std::optional<SpanRuns> runs;  // a device scan's runs (then `spans` is empty)
 };
 
-// The host half of a device scan: the span table masklens._cuda copies the spans into,
-// sized from the same view, then checked and classified here (masklens._cache).
-struct DeviceScan {
-  SpanTable table;
+// A row attends (1) when it has a key, or is masked only by finite values: those attend
+// uniformly in torch's dense softmax (only rows with no key at all come out 0).
+inline bool attends(const RowSpan& r) noexcept { return !r.empty() || (r.flags & kRowFiniteMasked); }
+inline bool attends(const SpanRun& r) noexcept {
+  return r.row_class() != RowClass::empty || (r.flags & kRowFiniteMasked);
+}
+
+// The host half of a device scan (masklens._cache.device_scan): the layout of the one
+// device block (device_runs.hpp), host memory for the run count and the first runs
+// (one copy, not zero-filled: the copy writes every byte of it) and for the runs past
+// them, where there are; finish() classifies the runs.
+struct DeviceRuns {
+  SpanRuns shape;  // the table's shape; runs filled by finish()
+  python::RunsBlock block;
+  std::unique_ptr<std::uint8_t[]> head;
+  std::vector<SpanRun> rest;  // runs [eager, count), sized by rest_buffer(count)
   bool finished = false;
+
+  [[nodiscard]] std::int64_t count() const noexcept {
+    std::int64_t n = 0;
+    std::memcpy(&n, head.get() + block.count_at, sizeof n);
+    return n;
+  }
 };
+
+// A host mask (DLPack array) as a MaskView: its element type, 1 to 4 dims, strides in
+// elements (0 broadcasts).
+MaskView host_view(const nb::ndarray<nb::ro, nb::device::cpu>& mask, float masked_threshold) {
+  const ElementType type = element_of(mask.dtype());
+  if (mask.ndim() < 1 || mask.ndim() > 4)
+    raise(error(ErrorCode::invalid_shape, "mask must have 1 to 4 dims, got " + std::to_string(mask.ndim())));
+  std::array<std::int64_t, 4> shape{}, strides{};
+  for (std::size_t i = 0; i < mask.ndim(); ++i) {
+    shape[i] = static_cast<std::int64_t>(mask.shape(i));
+    strides[i] = mask.stride(i);
+  }
+  MaskEncoding enc;
+  enc.masked_threshold = masked_threshold;
+  return take(MaskView::make(mask.data(), type, std::span<const std::int64_t>(shape.data(), mask.ndim()),
+                             std::span<const std::int64_t>(strides.data(), mask.ndim()), enc));
+}
+
+// Threads pay off only on large masks: spawning them costs more than a small scan.
+ScanOptions scan_options(const MaskView& view, int threads) {
+  const double bytes = static_cast<double>(view.q_len()) * static_cast<double>(view.k_len()) *
+                       (view.stride(kBatch) ? static_cast<double>(view.batch()) : 1.0) *
+                       (view.stride(kHeads) ? static_cast<double>(view.heads()) : 1.0) *
+                       static_cast<double>(element_size(view.dtype()));
+  return ScanOptions{threads > 0 ? threads : (bytes < (8 << 20) ? 1 : 0)};
+}
+
+TileSize tile_size(std::int64_t block_q, std::int64_t block_k) {
+  if (block_q < 1 || block_k < 1)
+    raise(error(ErrorCode::invalid_argument, "tile size must be two integers >= 1, got " + std::to_string(block_q) +
+                                                 " x " + std::to_string(block_k)));
+  return TileSize{block_q, block_k};
+}
+
+// One of BlockMask's tensors as a numpy int32 array over the C++ vector, no copy: the
+// array keeps the BlockMaskTensors object (`self`) alive. Writable, so torch.from_numpy
+// shares it as it is (it warns on read-only arrays); the object is the caller's.
+template <BlockMaskField kField>
+nb::ndarray<nb::numpy, std::int32_t> tensor_array(nb::pointer_and_handle<BlockMaskTensors> self) {
+  const Int32Tensor x = self.p->tensor(kField);
+  std::size_t shape[4];
+  for (int d = 0; d < x.rank; ++d) shape[d] = static_cast<std::size_t>(x.shape[static_cast<std::size_t>(d)]);
+  return nb::ndarray<nb::numpy, std::int32_t>(const_cast<std::int32_t*>(x.data), static_cast<std::size_t>(x.rank),
+                                              shape, self.h);
+}
 
 constexpr std::pair<const char*, BackendFamily> kFamilies[] = {
     {"torch", kFamilyTorch}, {"flash_attn", kFamilyFlashAttn},   {"flash_attn3", kFamilyFlashAttn3},
@@ -220,6 +289,9 @@ NB_MODULE(_core, m) {
       .def_prop_rw("q_valid", get_modifier<&MaskStructure::q_valid>, set_modifier<&MaskStructure::q_valid>,
                    nb::arg("value").none(),
                    "Per batch valid query rows (start, end), or None: the others attend nothing.")
+      .def_rw("tile_fractions", &MaskStructure::tile_fractions, nb::arg("value").none(),
+              "An arbitrary mask's shares of partial and full tiles (TileFractions), where its tiles were counted "
+              "(inspect(tiles=...)); None otherwise.")
       .def_rw("empty_rows", &MaskStructure::empty_rows)
       .def_rw("finite_masked_rows", &MaskStructure::finite_masked_rows)
       .def_rw("bias", &MaskStructure::bias)
@@ -248,45 +320,51 @@ NB_MODULE(_core, m) {
           "attending_rows",
           [](const Verdict& v) {
             // [distinct batch, distinct heads, Q]: broadcasts against [B, H, Q] as the mask did.
-            const SpanTable& t = v.spans;
-            auto* rows = new std::uint8_t[t.rows.size()];
-            // Rows masked only by finite values attend uniformly in torch's dense softmax:
-            // they count as attending (only rows with no key at all come out 0).
-            for (std::size_t i = 0; i < t.rows.size(); ++i)
-              rows[i] = !t.rows[i].empty() || (t.rows[i].flags & kRowFiniteMasked) ? 1 : 0;
+            const std::int64_t db = v.runs ? v.runs->distinct_batch : v.spans.distinct_batch;
+            const std::int64_t dh = v.runs ? v.runs->distinct_heads : v.spans.distinct_heads;
+            const std::int64_t q_len = v.runs ? v.runs->q_len : v.spans.q_len;
+            const auto n = static_cast<std::size_t>(db * dh * q_len);
+            auto* rows = new std::uint8_t[n];
+            if (v.runs) {
+              for (const SpanRun& r : v.runs->runs)  // a run at a time: one fill per run
+                std::memset(rows + r.row, attends(r) ? 1 : 0, static_cast<std::size_t>(r.length));
+            } else {
+              for (std::size_t i = 0; i < n; ++i) rows[i] = attends(v.spans.rows[i]) ? 1 : 0;
+            }
             nb::capsule owner(rows, [](void* p) noexcept { delete[] static_cast<std::uint8_t*>(p); });
-            const std::size_t shape[3] = {static_cast<std::size_t>(t.distinct_batch),
-                                          static_cast<std::size_t>(t.distinct_heads), static_cast<std::size_t>(t.q_len)};
+            const std::size_t shape[3] = {static_cast<std::size_t>(db), static_cast<std::size_t>(dh),
+                                          static_cast<std::size_t>(q_len)};
             return nb::ndarray<nb::numpy, bool, nb::ndim<3>>(reinterpret_cast<bool*>(rows), 3, shape, owner);
           },
           "Whether each row attends to any key (or is masked only by finite values): bool [distinct batch, "
-          "distinct heads, Q].");
+          "distinct heads, Q].")
+      .def_prop_ro(
+          "run_count",
+          [](const Verdict& v) {
+            return v.runs ? std::optional<std::int64_t>(static_cast<std::int64_t>(v.runs->runs.size())) : std::nullopt;
+          },
+          "Runs of rows a device scan brought to the host (span_runs.hpp); None for a host scan's span table.")
+      .def_prop_ro(
+          "runs",
+          [](const Verdict& v) {
+            std::vector<std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
+                                   std::int64_t, std::uint32_t>>
+                out;
+            if (v.runs)
+              for (const SpanRun& r : v.runs->runs)
+                out.emplace_back(r.row, r.length, r.first, r.last, r.d_first, r.d_last, r.count, r.flags);
+            return out;
+          },
+          "A device scan's runs as (row, length, first, last, d_first, d_last, count, flags); [] for a host scan.");
 
   m.def(
       "scan",
       [](nb::ndarray<nb::ro, nb::device::cpu> mask, float masked_threshold, int threads) {
-        const ElementType type = element_of(mask.dtype());
-        if (mask.ndim() < 1 || mask.ndim() > 4)
-          raise(error(ErrorCode::invalid_shape, "mask must have 1 to 4 dims, got " + std::to_string(mask.ndim())));
-        std::array<std::int64_t, 4> shape{}, strides{};
-        for (std::size_t i = 0; i < mask.ndim(); ++i) {
-          shape[i] = static_cast<std::int64_t>(mask.shape(i));
-          strides[i] = mask.stride(i);
-        }
-        MaskEncoding enc;
-        enc.masked_threshold = masked_threshold;
-        const MaskView view =
-            take(MaskView::make(mask.data(), type, std::span<const std::int64_t>(shape.data(), mask.ndim()),
-                                std::span<const std::int64_t>(strides.data(), mask.ndim()), enc));
-        // Threads pay off only on large masks: spawning them costs more than a small scan.
-        const double bytes = static_cast<double>(view.q_len()) * static_cast<double>(view.k_len()) *
-                             (view.stride(kBatch) ? static_cast<double>(view.batch()) : 1.0) *
-                             (view.stride(kHeads) ? static_cast<double>(view.heads()) : 1.0) * element_size(type);
+        const MaskView view = host_view(mask, masked_threshold);
         Verdict v;
         {
           nb::gil_scoped_release unlocked;
-          ScanOptions options{threads > 0 ? threads : (bytes < (8 << 20) ? 1 : 0)};
-          Result<SpanTable> spans = scan(view, options);
+          Result<SpanTable> spans = scan(view, scan_options(view, threads));
           if (!spans) {
             nb::gil_scoped_acquire locked;
             raise(spans.status());
@@ -305,41 +383,97 @@ NB_MODULE(_core, m) {
       "Scan a host mask (a DLPack array: a torch CPU tensor or a numpy array; strides in elements, 0 broadcasts) "
       "and classify it. Raises MaskError naming the first bad element or field.");
 
-  nb::class_<DeviceScan>(m, "DeviceScan",
-                         "The host span table of a device scan: masklens._cuda.scan() fills it at `address`, "
-                         "finish() classifies it.")
+  nb::class_<DeviceRuns>(m, "DeviceRuns",
+                         "The host half of a device scan: the device block's layout, host memory masklens._cuda "
+                         "copies the run count and runs into, and finish() to classify them.")
       .def(
           "__init__",
-          [](DeviceScan* self, std::uintptr_t data, const std::string& dtype, const std::vector<std::int64_t>& shape,
-             const std::vector<std::int64_t>& strides, float masked_threshold) {
+          [](DeviceRuns* self, std::uintptr_t data, const std::string& dtype, const std::vector<std::int64_t>& shape,
+             const std::vector<std::int64_t>& strides, float masked_threshold, std::size_t scan_temp_bytes,
+             std::size_t reduce_temp_bytes) {
             const MaskView view = take(python::view_of(data, dtype, shape, strides, masked_threshold));
-            new (self) DeviceScan{take(SpanTable::for_view(view))};
+            SpanRuns runs;
+            runs.batch = view.batch();
+            runs.heads = view.heads();
+            runs.q_len = view.q_len();
+            runs.k_len = view.k_len();
+            runs.distinct_batch = view.stride(kBatch) == 0 ? 1 : view.batch();
+            runs.distinct_heads = view.stride(kHeads) == 0 ? 1 : view.heads();
+            if (Status st = runs.validate_shape(); !st.ok()) raise(st);
+            if (runs.distinct_slices() > ((std::int64_t{1} << 31) - 1) / runs.q_len)
+              raise(error(ErrorCode::invalid_argument, "the view has " + std::to_string(runs.rows()) +
+                                                           " rows to scan; runs are reduced for at most 2^31 - 1"));
+            const python::RunsBlock block = python::runs_block(runs.rows(), scan_temp_bytes, reduce_temp_bytes);
+            // Not zero-filled: the head copy writes every byte before finish() reads it.
+            std::unique_ptr<std::uint8_t[]> head(new std::uint8_t[block.head_bytes()]);
+            new (self) DeviceRuns{std::move(runs), block, std::move(head), {}, false};
           },
-          "data"_a, "dtype"_a, "shape"_a, "strides"_a, "masked_threshold"_a)
-      .def_prop_ro("address", [](const DeviceScan& d) { return reinterpret_cast<std::uintptr_t>(d.table.rows.data()); })
-      .def_prop_ro("nbytes", [](const DeviceScan& d) { return d.table.rows.size() * sizeof(RowSpan); })
+          "data"_a, "dtype"_a, "shape"_a, "strides"_a, "masked_threshold"_a, "scan_temp_bytes"_a, "reduce_temp_bytes"_a)
+      .def_prop_ro("block_bytes", [](const DeviceRuns& d) { return d.block.bytes; })
+      .def_prop_ro(
+          "layout",
+          [](const DeviceRuns& d) {
+            nb::dict l;
+            l["count"] = d.block.count_at;
+            l["runs"] = d.block.runs_at;
+            l["spans"] = d.block.spans_at;
+            l["scan_temp"] = d.block.scan_temp_at;
+            l["reduce_temp"] = d.block.reduce_temp_at;
+            l["bytes"] = d.block.bytes;
+            return l;
+          },
+          "Byte offsets of the block's parts: count, runs (room of them), spans (one per row), scan and reduce temps.")
+      .def_prop_ro("rows", [](const DeviceRuns& d) { return d.block.rows; })
+      .def_prop_ro("room", [](const DeviceRuns& d) { return d.block.room; }, "Runs the block holds.")
+      .def_prop_ro("eager", [](const DeviceRuns& d) { return d.block.eager; }, "Runs that come back with the count.")
+      .def_prop_ro("head_address", [](const DeviceRuns& d) { return reinterpret_cast<std::uintptr_t>(d.head.get()); })
+      .def_prop_ro("head_bytes", [](const DeviceRuns& d) { return d.block.head_bytes(); })
+      .def(
+          "rest_buffer",
+          [](DeviceRuns& d, std::int64_t count) {
+            if (count <= d.block.eager || count > d.block.rows)
+              raise(error(ErrorCode::invalid_argument,
+                          "rest_buffer is for counts in (" + std::to_string(d.block.eager) + ", " +
+                              std::to_string(d.block.rows) + "], got " + std::to_string(count)));
+            d.rest.resize(static_cast<std::size_t>(count - d.block.eager));
+            return std::make_pair(reinterpret_cast<std::uintptr_t>(d.rest.data()), d.rest.size() * sizeof(SpanRun));
+          },
+          "count"_a, "(address, bytes) of host memory for runs [eager, count).")
       .def(
           "finish",
-          [](DeviceScan& d) {
-            if (d.finished) raise(error(ErrorCode::invalid_argument, "DeviceScan.finish() was called already"));
+          [](DeviceRuns& d) {
+            if (d.finished) raise(error(ErrorCode::invalid_argument, "DeviceRuns.finish() was called already"));
             d.finished = true;
+            const std::int64_t count = d.count();
+            if (count < 1 || count > d.block.rows)
+              raise(error(ErrorCode::device_error, "the run reduction returned " + std::to_string(count) +
+                                                       " runs for " + std::to_string(d.block.rows) + " rows"));
+            const std::int64_t first = std::min(count, d.block.eager);
+            if (count > first && static_cast<std::int64_t>(d.rest.size()) != count - first)
+              raise(error(ErrorCode::invalid_argument,
+                          std::to_string(count) + " runs, of which " + std::to_string(d.rest.size()) +
+                              " past the first copy were brought: call rest_buffer(count)"));
             Verdict v;
-            v.spans = std::move(d.table);
-            const SpanTable& t = v.spans;
-            // As gpu::scan() words it: the mask is on the device, so the row is named.
-            for (std::size_t r = 0; r < t.rows.size(); ++r)
-              if (t.rows[r].flags & kRowInvalid) {
-                const auto slice = static_cast<std::int64_t>(r) / t.q_len;
+            SpanRuns& runs = v.runs.emplace(std::move(d.shape));
+            runs.runs.resize(static_cast<std::size_t>(count));
+            std::memcpy(runs.runs.data(), d.head.get() + d.block.runs_at,
+                        static_cast<std::size_t>(first) * sizeof(SpanRun));
+            std::copy(d.rest.begin(), d.rest.end(), runs.runs.begin() + first);
+            // As gpu::scan_runs() words it: the mask is on the device, so the row is named
+            // (the first flagged run's first row).
+            for (const SpanRun& r : runs.runs)
+              if (r.flags & kRowInvalid) {
+                const std::int64_t slice = r.row / runs.q_len;
                 raise(error(ErrorCode::invalid_value,
-                            "mask row [" + std::to_string(slice / t.distinct_heads) + ", " +
-                                std::to_string(slice % t.distinct_heads) + ", " +
-                                std::to_string(static_cast<std::int64_t>(r) % t.q_len) +
+                            "mask row [" + std::to_string(slice / runs.distinct_heads) + ", " +
+                                std::to_string(slice % runs.distinct_heads) + ", " +
+                                std::to_string(r.row % runs.q_len) +
                                 "] holds NaN or +inf; an additive mask holds 0, a bias, or -inf / a value <= the "
                                 "threshold"));
               }
             {
               nb::gil_scoped_release unlocked;
-              Result<MaskStructure> s = classify(v.spans);
+              Result<MaskStructure> s = classify(runs);
               if (!s) {
                 nb::gil_scoped_acquire locked;
                 raise(s.status());
@@ -348,7 +482,135 @@ NB_MODULE(_core, m) {
             }
             return v;
           },
-          "The Verdict of the spans now at `address` (MaskError naming a NaN / +inf row).");
+          "The Verdict of the runs now in host memory, classified in O(runs) (MaskError naming a NaN / +inf row).");
+
+  // --- Tiles (tiles.hpp, docs/tiles.md) -----------------------------------------------
+  nb::class_<TileFractions>(m, "TileFractions",
+                            "Shares of a mask's block_q x block_k tiles that are partial and full (the rest empty).")
+      .def(nb::init<>())
+      .def_rw("block_q", &TileFractions::block_q)
+      .def_rw("block_k", &TileFractions::block_k)
+      .def_rw("partial", &TileFractions::partial)
+      .def_rw("full", &TileFractions::full)
+      .def("__repr__", [](const TileFractions& t) {
+        return "<TileFractions " + std::to_string(t.block_q) + "x" + std::to_string(t.block_k) +
+               " partial=" + std::to_string(t.partial) + " full=" + std::to_string(t.full) + ">";
+      });
+
+  nb::class_<BlockMaskTensors>(m, "BlockMaskTensors",
+                               "torch BlockMask's eight int32 tensors of a tile summary (numpy arrays over masklens' "
+                               "memory, no copy): the kv side from_kv_blocks takes, and the q side it would derive.")
+      .def_prop_ro("block_size",
+                   [](const BlockMaskTensors& t) { return std::make_pair(t.grid.block_q, t.grid.block_k); })
+      .def_prop_ro("seq_lengths", [](const BlockMaskTensors& t) { return std::make_pair(t.grid.q_len, t.grid.k_len); })
+      .def_prop_ro("kv_num_blocks", &tensor_array<BlockMaskField::kv_num_blocks>)
+      .def_prop_ro("kv_indices", &tensor_array<BlockMaskField::kv_indices>)
+      .def_prop_ro("full_kv_num_blocks", &tensor_array<BlockMaskField::full_kv_num_blocks>)
+      .def_prop_ro("full_kv_indices", &tensor_array<BlockMaskField::full_kv_indices>)
+      .def_prop_ro("q_num_blocks", &tensor_array<BlockMaskField::q_num_blocks>)
+      .def_prop_ro("q_indices", &tensor_array<BlockMaskField::q_indices>)
+      .def_prop_ro("full_q_num_blocks", &tensor_array<BlockMaskField::full_q_num_blocks>)
+      .def_prop_ro("full_q_indices", &tensor_array<BlockMaskField::full_q_indices>)
+      .def_prop_ro_static("fields", [](nb::handle) {
+        std::vector<std::string> out;
+        for (BlockMaskField f : kBlockMaskFields) out.emplace_back(to_string(f));
+        return out;
+      }, "The eight tensors' names, torch's (BlockMask attributes, from_kv_blocks keywords).");
+
+  nb::class_<TileSummary>(m, "TileSummary",
+                          "Which tiles of a mask are empty, partial or full: [distinct batch, distinct heads, q tiles, "
+                          "k tiles] (a stride-0 batch or head dimension summarised once).")
+      .def_prop_ro("batch", [](const TileSummary& t) { return t.grid.batch; })
+      .def_prop_ro("heads", [](const TileSummary& t) { return t.grid.heads; })
+      .def_prop_ro("q_len", [](const TileSummary& t) { return t.grid.q_len; })
+      .def_prop_ro("k_len", [](const TileSummary& t) { return t.grid.k_len; })
+      .def_prop_ro("block_size", [](const TileSummary& t) { return std::make_pair(t.grid.block_q, t.grid.block_k); })
+      .def_prop_ro("shape",
+                   [](const TileSummary& t) {
+                     return std::make_tuple(t.grid.distinct_batch, t.grid.distinct_heads, t.grid.q_tiles(),
+                                            t.grid.k_tiles());
+                   })
+      .def_prop_ro("counts",
+                   [](const TileSummary& t) {
+                     const TileTally c = t.tally();
+                     nb::dict d;
+                     d["empty"] = c.empty;
+                     d["partial"] = c.partial;
+                     d["full"] = c.full;
+                     return d;
+                   },
+                   "Tiles of each state over the stored slices.")
+      .def("fractions", &TileSummary::fractions, "The shares decide() charges flex on (TileFractions).")
+      .def_prop_ro(
+          "states",
+          [](nb::pointer_and_handle<TileSummary> self) {
+            const TileGrid& g = self.p->grid;
+            const std::size_t shape[4] = {static_cast<std::size_t>(g.distinct_batch),
+                                          static_cast<std::size_t>(g.distinct_heads),
+                                          static_cast<std::size_t>(g.q_tiles()), static_cast<std::size_t>(g.k_tiles())};
+            return nb::ndarray<nb::numpy, const std::uint8_t>(
+                reinterpret_cast<const std::uint8_t*>(self.p->states.data()), 4, shape, self.h);
+          },
+          "uint8 [B', H', q_tiles, k_tiles]: 0 empty, 1 partial, 2 full (no copy).")
+      .def(
+          "block_mask",
+          [](const TileSummary& t) {
+            Result<BlockMaskTensors> r{error(ErrorCode::invalid_argument, "")};
+            {
+              nb::gil_scoped_release unlocked;
+              r = block_mask_tensors(t);
+            }
+            return take(std::move(r));
+          },
+          "torch BlockMask's eight tensors, entry for entry what create_block_mask builds for the same mask.");
+
+  m.def(
+      "tiles_from_structure",
+      [](const MaskStructure& s, std::int64_t block_q, std::int64_t block_k) {
+        const TileSize size = tile_size(block_q, block_k);
+        Result<TileSummary> r{error(ErrorCode::invalid_argument, "")};
+        {
+          nb::gil_scoped_release unlocked;
+          r = tiles_from_structure(s, size);
+        }
+        return take(std::move(r));
+      },
+      "structure"_a, "block_q"_a = 128, "block_k"_a = 128,
+      "An exact structure's tiles from its fields (no mask is read); equal, tile for tile, to scanning any mask it "
+      "describes. MaskError for an arbitrary structure.");
+
+  m.def(
+      "scan_with_tiles",
+      [](nb::ndarray<nb::ro, nb::device::cpu> mask, std::int64_t block_q, std::int64_t block_k, float masked_threshold,
+         int threads) {
+        const MaskView view = host_view(mask, masked_threshold);
+        const TileSize size = tile_size(block_q, block_k);
+        Verdict v;
+        TileSummary tiles;
+        {
+          nb::gil_scoped_release unlocked;
+          Result<SpansAndTiles> both = scan_with_tiles(view, size, scan_options(view, threads));
+          if (!both) {
+            nb::gil_scoped_acquire locked;
+            raise(both.status());
+          }
+          v.spans = std::move(both->spans);
+          tiles = std::move(both->tiles);
+          Result<MaskStructure> s = classify(v.spans);
+          if (!s) {
+            nb::gil_scoped_acquire locked;
+            raise(s.status());
+          }
+          v.structure = std::move(s).value();
+        }
+        // An arbitrary mask is charged for flex on its tiles (an exact structure's follow
+        // from its fields), as the CLI's inspect --tiles does.
+        if (v.structure.kind == StructureKind::arbitrary) v.structure.tile_fractions = tiles.fractions();
+        return std::make_pair(std::move(v), std::move(tiles));
+      },
+      "mask"_a, "block_q"_a = 128, "block_k"_a = 128, "masked_threshold"_a = -1000.0f, "threads"_a = 0,
+      "Scan a host mask and count its tiles in the same read: (Verdict, TileSummary). An arbitrary verdict's "
+      "structure carries the tiles' fractions.");
 
   m.def("describe", [](const MaskStructure& s) { return describe(s); });
 

@@ -4,10 +4,13 @@
 // and copies CUDA masks to the host instead (masklens._cache).
 //
 // Memory comes from the caller (torch's caching allocator, in Python): scan.hpp's
-// two-phase convention. query() says how many bytes of temporary storage and of spans
-// a view needs; scan() enqueues the kernel on the caller's stream, copies the spans
-// into host memory the caller owns (a masklens._core.DeviceScan), and synchronises that
-// stream once. No allocation, no device-wide synchronisation.
+// two-phase convention. query_runs() gives the temporary sizes of the scan and of the
+// run reduction (cuda/runs.hpp); masklens._core.DeviceRuns lays out one block from them
+// (device_runs.hpp); scan_runs() scans into it, reduces the spans to runs, copies the
+// run count and the first 256 runs into host memory DeviceRuns owns, and synchronises
+// the caller's stream once; copy_rest() brings more runs, where there are, with a
+// second. O(runs) cross to the host, not O(rows). No allocation, no device-wide
+// synchronisation.
 #include <cuda_runtime.h>
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/pair.h>
@@ -15,13 +18,16 @@
 #include <nanobind/stl/vector.h>
 
 #include <masklens/cuda/check.cuh>
+#include <masklens/cuda/runs.hpp>
 #include <masklens/cuda/scan.hpp>
 
 #include <cstdint>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "device_runs.hpp"
 #include "device_view.hpp"
 #include "status_error.hpp"
 
@@ -36,6 +42,47 @@ using masklens::python::take;
 // cudaErrorInvalidDevice: invalid device ordinal"), with the same helpers.
 using masklens::gpu::detail::check;
 using masklens::gpu::detail::keep_first;
+
+namespace {
+
+// Both size queries; neither makes a CUDA call.
+std::pair<std::size_t, std::size_t> sizes_of(const MaskView& view) {
+  std::size_t scan_temp = 0, reduce_temp = 0;
+  const std::int64_t rows = gpu::span_rows(view);
+  if (Status st = gpu::scan_spans(nullptr, scan_temp, view, nullptr); !st.ok()) raise(st);
+  if (Status st = gpu::reduce_runs(nullptr, reduce_temp, nullptr, rows, view.q_len(), nullptr, 1, nullptr); !st.ok())
+    raise(st);
+  return {scan_temp, reduce_temp};
+}
+
+// The block of `view` as masklens._core.DeviceRuns laid it out, checked against the
+// caller's pointer and size.
+python::RunsBlock checked_block(const MaskView& view, std::uintptr_t d_block, std::size_t block_bytes) {
+  const auto [scan_temp, reduce_temp] = sizes_of(view);
+  const python::RunsBlock b = python::runs_block(gpu::span_rows(view), scan_temp, reduce_temp);
+  if (d_block == 0) raise(error(ErrorCode::invalid_argument, "device block is null"));
+  if (d_block % 256 != 0) raise(error(ErrorCode::misaligned_pointer, "device block is not 256-byte aligned"));
+  if (block_bytes != b.bytes)
+    raise(error(ErrorCode::invalid_argument, "device block holds " + std::to_string(block_bytes) +
+                                                 " bytes; this view's layout needs " + std::to_string(b.bytes)));
+  return b;
+}
+
+// Runs `work` with `device` current (the stream belongs to the tensor's device; launches
+// go to the current one), the GIL released, and the previous device restored.
+template <class Work>
+Status on_device(int device, Work&& work) {
+  nb::gil_scoped_release unlocked;
+  int previous = -1;
+  Status st = check(cudaGetDevice(&previous), "cudaGetDevice");
+  const bool switched = st.ok() && previous != device;
+  if (switched) st = check(cudaSetDevice(device), "cudaSetDevice");
+  if (st.ok()) st = work();
+  if (switched) keep_first(st, check(cudaSetDevice(previous), "cudaSetDevice(back)"));
+  return st;
+}
+
+}  // namespace
 
 NB_MODULE(_cuda, m) {
   m.doc() = "masklens device scanner for CUDA tensors, on the caller's stream and memory";
@@ -56,57 +103,107 @@ NB_MODULE(_cuda, m) {
       "device_count", [] { return take(gpu::device_count()); },
       "CUDA devices this process can use; MaskError (device_error) naming the call when none.");
 
+  // The size queries of both phases (no CUDA call): (scan temporary bytes, run
+  // reduction temporary bytes), for masklens._core.DeviceRuns to lay out the block.
   m.def(
-      "query",
+      "query_runs",
       [](std::uintptr_t data, const std::string& dtype, const std::vector<std::int64_t>& shape,
          const std::vector<std::int64_t>& strides, float masked_threshold) {
         const MaskView view = take(python::view_of(data, dtype, shape, strides, masked_threshold));
-        std::size_t temp_bytes = 0;
-        if (Status st = gpu::scan_spans(nullptr, temp_bytes, view, nullptr); !st.ok()) raise(st);
-        const auto span_bytes = static_cast<std::size_t>(gpu::span_rows(view)) * sizeof(RowSpan);
-        return std::make_pair(temp_bytes, span_bytes);
+        return sizes_of(view);
       },
       "data"_a, "dtype"_a, "shape"_a, "strides"_a, "masked_threshold"_a,
-      "(temporary storage bytes, span bytes) the scan of this view needs: the size query. No CUDA call.");
+      "(scan temporary storage bytes, run reduction temporary storage bytes) of this view: the size query. "
+      "No CUDA call.");
 
   m.def(
-      "scan",
+      "scan_runs",
       [](std::uintptr_t data, const std::string& dtype, const std::vector<std::int64_t>& shape,
-         const std::vector<std::int64_t>& strides, float masked_threshold, std::uintptr_t d_temp,
-         std::size_t temp_bytes, std::uintptr_t d_spans, std::uintptr_t h_spans, std::size_t span_bytes,
-         std::uintptr_t stream, int device) {
+         const std::vector<std::int64_t>& strides, float masked_threshold, std::uintptr_t d_block,
+         std::size_t block_bytes, std::uintptr_t h_head, std::size_t head_bytes, std::uintptr_t stream, int device) {
         const MaskView view = take(python::view_of(data, dtype, shape, strides, masked_threshold));
-        const auto bytes = static_cast<std::size_t>(gpu::span_rows(view)) * sizeof(RowSpan);
-        if (span_bytes != bytes)
-          raise(error(ErrorCode::invalid_argument, "span buffers hold " + std::to_string(span_bytes) +
-                                                       " bytes; this view needs " + std::to_string(bytes)));
-        if (h_spans == 0) raise(error(ErrorCode::invalid_argument, "host span buffer is null"));
-        // gpu::Stream and cudaStream_t are the same type (CUstream_st*).
-        const cudaStream_t cuda_stream = reinterpret_cast<cudaStream_t>(stream);
-        Status st;
-        {
-          nb::gil_scoped_release unlocked;
-          // The stream belongs to the tensor's device; launches go to the current one.
-          int previous = -1;
-          st = check(cudaGetDevice(&previous), "cudaGetDevice");
-          const bool switched = st.ok() && previous != device;
-          if (switched) st = check(cudaSetDevice(device), "cudaSetDevice");
-          if (st.ok())
-            st = gpu::scan_spans(reinterpret_cast<void*>(d_temp), temp_bytes, view,
-                                 reinterpret_cast<RowSpan*>(d_spans), cuda_stream);
-          if (st.ok())
-            st = check(cudaMemcpyAsync(reinterpret_cast<void*>(h_spans), reinterpret_cast<const void*>(d_spans), bytes,
-                                       cudaMemcpyDeviceToHost, cuda_stream),
-                       "cudaMemcpyAsync(spans to the host)");
-          // The one synchronisation: the host reads the spans only after it.
-          if (st.ok())
-            st = check(cudaStreamSynchronize(cuda_stream), "cudaStreamSynchronize");
-          if (switched) keep_first(st, check(cudaSetDevice(previous), "cudaSetDevice(back)"));
-        }
+        const python::RunsBlock b = checked_block(view, d_block, block_bytes);
+        if (h_head == 0) raise(error(ErrorCode::invalid_argument, "host head buffer is null"));
+        if (head_bytes != b.head_bytes())
+          raise(error(ErrorCode::invalid_argument, "host head buffer holds " + std::to_string(head_bytes) +
+                                                       " bytes; this view's block copies " +
+                                                       std::to_string(b.head_bytes())));
+        auto* base = reinterpret_cast<std::uint8_t*>(d_block);
+        const cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);  // gpu::Stream is the same type
+        Status st = on_device(device, [&]() -> Status {
+          // The head copy reads bytes the kernels may leave unwritten (the count's padding,
+          // runs past the count): zeroed first, so initcheck sees no unwritten byte copied.
+          Status r = check(cudaMemsetAsync(base, 0, b.head_bytes(), s), "cudaMemsetAsync(run count and first runs)");
+          std::size_t scan_temp = b.scan_temp_bytes, reduce_temp = b.reduce_temp_bytes;
+          if (r.ok())
+            r = gpu::scan_spans(base + b.scan_temp_at, scan_temp, view, reinterpret_cast<RowSpan*>(base + b.spans_at),
+                                s);
+          if (r.ok())
+            r = gpu::reduce_runs(base + b.reduce_temp_at, reduce_temp,
+                                 reinterpret_cast<const RowSpan*>(base + b.spans_at), b.rows, view.q_len(),
+                                 reinterpret_cast<SpanRun*>(base + b.runs_at), b.room,
+                                 reinterpret_cast<std::int64_t*>(base + b.count_at), s);
+          if (r.ok())
+            r = check(cudaMemcpyAsync(reinterpret_cast<void*>(h_head), base, b.head_bytes(), cudaMemcpyDeviceToHost, s),
+                      "cudaMemcpyAsync(run count and first runs to the host)");
+          // The one synchronisation when the head brings every run.
+          if (r.ok()) r = check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+          return r;
+        });
+        if (!st.ok()) raise(st);
+        std::int64_t count = 0;
+        std::memcpy(&count, reinterpret_cast<const void*>(h_head + b.count_at), sizeof count);
+        return count;
+      },
+      "data"_a, "dtype"_a, "shape"_a, "strides"_a, "masked_threshold"_a, "d_block"_a, "block_bytes"_a, "h_head"_a,
+      "head_bytes"_a, "stream"_a, "device"_a,
+      "Scans the device view into the block's spans on `stream` (a cudaStream_t as an int; 0 is the legacy default "
+      "stream), reduces them to runs, copies the count and the first runs to h_head and synchronises the stream "
+      "once. Returns the run count. Every pointer is the caller's; the layout is masklens._core.DeviceRuns'.");
+
+  m.def(
+      "copy_rest",
+      [](std::uintptr_t data, const std::string& dtype, const std::vector<std::int64_t>& shape,
+         const std::vector<std::int64_t>& strides, float masked_threshold, std::uintptr_t d_block,
+         std::size_t block_bytes, std::uintptr_t d_more, std::int64_t count, std::uintptr_t h_rest,
+         std::size_t rest_bytes, std::uintptr_t stream, int device) {
+        const MaskView view = take(python::view_of(data, dtype, shape, strides, masked_threshold));
+        const python::RunsBlock b = checked_block(view, d_block, block_bytes);
+        if (count <= b.eager || count > b.rows)
+          raise(error(ErrorCode::invalid_argument, "copy_rest is for counts in (" + std::to_string(b.eager) + ", " +
+                                                       std::to_string(b.rows) + "], got " + std::to_string(count)));
+        const auto bytes = static_cast<std::size_t>(count - b.eager) * sizeof(SpanRun);
+        if (h_rest == 0 || rest_bytes != bytes)
+          raise(error(ErrorCode::invalid_argument, "host run buffer must hold " + std::to_string(bytes) +
+                                                       " bytes, got " + std::to_string(h_rest == 0 ? 0 : rest_bytes)));
+        if (count > b.room && d_more == 0)
+          raise(error(ErrorCode::invalid_argument, std::to_string(count) + " runs exceed the block's room (" +
+                                                       std::to_string(b.room) + "): pass device room for them all"));
+        auto* base = reinterpret_cast<std::uint8_t*>(d_block);
+        const cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
+        Status st = on_device(device, [&]() -> Status {
+          Status r;
+          const SpanRun* from = reinterpret_cast<const SpanRun*>(base + b.runs_at);
+          if (count > b.room) {  // reduce again into room for every run (the spans are still there)
+            std::size_t reduce_temp = b.reduce_temp_bytes;
+            r = gpu::reduce_runs(base + b.reduce_temp_at, reduce_temp,
+                                 reinterpret_cast<const RowSpan*>(base + b.spans_at), b.rows, view.q_len(),
+                                 reinterpret_cast<SpanRun*>(d_more), count,
+                                 reinterpret_cast<std::int64_t*>(base + b.count_at), s);
+            from = reinterpret_cast<const SpanRun*>(d_more);
+          }
+          if (r.ok())
+            r = check(cudaMemcpyAsync(reinterpret_cast<void*>(h_rest), from + b.eager, bytes,
+                                      cudaMemcpyDeviceToHost, s),
+                      "cudaMemcpyAsync(runs to the host)");
+          if (r.ok()) r = check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+          return r;
+        });
         if (!st.ok()) raise(st);
       },
-      "data"_a, "dtype"_a, "shape"_a, "strides"_a, "masked_threshold"_a, "d_temp"_a, "temp_bytes"_a, "d_spans"_a,
-      "h_spans"_a, "span_bytes"_a, "stream"_a, "device"_a,
-      "Scans the device view into d_spans on `stream` (a cudaStream_t as an int; 0 is the legacy default stream), "
-      "copies the spans to h_spans and synchronises the stream once. Every pointer is the caller's.");
+      "data"_a, "dtype"_a, "shape"_a, "strides"_a, "masked_threshold"_a, "d_block"_a, "block_bytes"_a, "d_more"_a,
+      "count"_a, "h_rest"_a, "rest_bytes"_a, "stream"_a, "device"_a,
+      "After scan_runs() returned more runs than came with the count: copies runs [eager, count) to h_rest "
+      "(reducing again into d_more, device room for `count` runs, where they exceed the block's room) and "
+      "synchronises the stream: the second synchronisation.");
 }

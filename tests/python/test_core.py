@@ -166,7 +166,7 @@ def _cli():
         if p and os.path.exists(p):
             return p
     here = os.path.dirname(__file__)
-    for build in ("build", "build-py", "build-cli"):
+    for build in ("build", "build-py", "buildpy", "build-cli"):
         p = os.path.join(here, "..", "..", build, "tools", "masklens")
         if os.path.exists(p):
             return p
@@ -213,4 +213,26 @@ def test_to_dict_equals_the_cli_json(tmp_path, name, opts):
         args += ["--kv-heads", str(opts["kv_heads"])]
     want = json.loads(subprocess.run(args, capture_output=True, text=True, check=True).stdout)
     got = masklens.inspect(mask, sm=90, torch="2.11", cudnn="9.19", available={"torch", "flex"}, **opts).to_dict()
+    assert json.loads(json.dumps(got)) == want
+
+
+@pytest.mark.parametrize("name", ["causal", "window", "left padded", "packed", "bottom right", "additive bias",
+                                  "arbitrary"])
+@pytest.mark.parametrize("tiles,flag", [(16, "16"), ((16, 8), "16x8"), (32, "32")])
+def test_to_dict_with_tiles_equals_the_cli_json(tmp_path, name, tiles, flag):
+    """inspect(tiles=...) is the CLI's inspect --tiles: the "tiles" document, and for an
+    arbitrary mask its tile_fractions and the flex charge that follows from them."""
+    cli = _cli()
+    if cli is None:
+        pytest.skip("the masklens command is not built")
+    mask = _masks()[name]
+    path = tmp_path / "mask.npy"
+    np.save(path, mask.numpy())
+    args = [cli, "inspect", str(path), "--json", "--tiles", flag, "--dtype", "bf16", "--head-dim", "128",
+            "--heads", "8", "--sm", "90", "--torch", "2.11", "--cudnn", "9.19", "--available", "torch,flex"]
+    want = json.loads(subprocess.run(args, capture_output=True, text=True, check=True).stdout)
+    report = masklens.inspect(mask, tiles=tiles, dtype="bfloat16", head_dim=128, heads=8, sm=90, torch="2.11",
+                              cudnn="9.19", available={"torch", "flex"})
+    got = report.to_dict()
+    assert "tiles" in want and ("tile_fractions" in want["structure"]) == (name == "arbitrary")
     assert json.loads(json.dumps(got)) == want

@@ -1,8 +1,9 @@
 """masklens._cuda on any machine: it is present exactly where the build made it, loads
 after torch, sizes its buffers as _core does, checks its arguments before any CUDA
-call, and fails with a MaskError (never a crash) where no GPU can be used. The Python
-half of a device scan (buffer layout, DeviceScan, classification) runs here with a
-stand-in for the kernel that writes the spans a scan of the same mask produces."""
+call, and fails with a MaskError (never a crash) where no GPU can be used. The host
+half of a device scan (the block's layout, DeviceRuns, runs past the first copy, the
+classification of runs, a NaN row named) runs here with a stand-in for the kernels that
+writes the runs a scan of the same mask reduces to."""
 import ctypes
 import importlib.util
 
@@ -22,6 +23,9 @@ except ImportError:  # a package without the build record cannot have been built
 
 needs_module = pytest.mark.skipif(not BUILT, reason="masklens was built without its CUDA module")
 ROWSPAN = np.dtype([("first", "<i8"), ("last", "<i8"), ("count", "<i8"), ("flags", "<u4"), ("reserved", "<u4")])
+SPANRUN = np.dtype([("row", "<i8"), ("length", "<i8"), ("first", "<i8"), ("last", "<i8"), ("d_first", "<i8"),
+                    ("d_last", "<i8"), ("count", "<i8"), ("flags", "<u4"), ("reserved", "<u4")])
+assert SPANRUN.itemsize == 64
 
 
 def test_module_is_present_exactly_where_it_was_built():
@@ -52,14 +56,35 @@ SHAPES = [  # (description, tensor): the span table holds one slice per distinct
 ]
 
 
+def layout_of(m, scan_temp=1, reduce_temp=4000):
+    return _core.DeviceRuns(*args_of(m), scan_temp, reduce_temp)
+
+
+@pytest.mark.parametrize("name,m,slices", SHAPES, ids=[s[0] for s in SHAPES])
+def test_device_block_layout(name, m, slices):
+    """One block: count (64 bytes), room for min(rows, 4096) runs, one span per row of each
+    distinct slice, then both temporary storages, each part 256-byte aligned, none
+    overlapping; the head (count and first runs) is the block's first bytes."""
+    rows = slices * m.shape[-2]
+    r = layout_of(m, scan_temp=24, reduce_temp=777)
+    lay = r.layout
+    assert r.rows == rows and r.room == min(rows, 4096) and r.eager == min(rows, 256)
+    assert lay["count"] == 0 and lay["runs"] == 64
+    for part in ("spans", "scan_temp", "reduce_temp"):
+        assert lay[part] % 256 == 0
+    assert lay["spans"] >= 64 + r.room * 64
+    assert lay["scan_temp"] >= lay["spans"] + rows * 32
+    assert lay["reduce_temp"] >= lay["scan_temp"] + 24
+    assert r.block_bytes == lay["bytes"] == lay["reduce_temp"] + 777
+    assert r.head_bytes == 64 + r.eager * 64 and r.head_address != 0
+
+
 @needs_module
 @pytest.mark.parametrize("name,m,slices", SHAPES, ids=[s[0] for s in SHAPES])
-def test_both_modules_size_the_same_table(name, m, slices):
+def test_size_queries(name, m, slices):
     from masklens import _cuda
-    temp_bytes, span_bytes = _cuda.query(*args_of(m))
-    assert temp_bytes >= 1  # a null temp pointer always means "size query"
-    assert span_bytes == slices * m.shape[-2] * 32
-    assert _core.DeviceScan(*args_of(m)).nbytes == span_bytes
+    scan_temp, reduce_temp = _cuda.query_runs(*args_of(m))
+    assert scan_temp >= 1 and reduce_temp >= 1  # a null temp pointer always means "size query"
 
 
 @needs_module
@@ -67,17 +92,25 @@ def test_arguments_are_checked_before_any_cuda_call():
     from masklens import _cuda
     m = torch.ones(2, 1, 8, 8, dtype=torch.bool)
     ptr, dtype, shape, strides, t = args_of(m)
-    table = _core.DeviceScan(ptr, dtype, shape, strides, t)
+    runs = layout_of(m, *_cuda.query_runs(ptr, dtype, shape, strides, t))
     with pytest.raises(masklens.MaskError, match="^unsupported_dtype: .*int64"):
-        _cuda.query(ptr, "int64", shape, strides, t)
+        _cuda.query_runs(ptr, "int64", shape, strides, t)
     with pytest.raises(masklens.MaskError, match="^invalid_stride: "):
-        _cuda.query(ptr, dtype, shape, strides[:3], t)
+        _cuda.query_runs(ptr, dtype, shape, strides[:3], t)
     with pytest.raises(masklens.MaskError, match="^invalid_argument: mask data pointer is null"):
-        _core.DeviceScan(0, dtype, shape, strides, t)
-    with pytest.raises(masklens.MaskError, match="^invalid_argument: span buffers hold 32 bytes; this view needs 512"):
-        _cuda.scan(ptr, dtype, shape, strides, t, 4096, 1, 8192, table.address, 32, 0, 0)
-    with pytest.raises(masklens.MaskError, match="^invalid_argument: host span buffer is null"):
-        _cuda.scan(ptr, dtype, shape, strides, t, 4096, 1, 8192, 0, table.nbytes, 0, 0)
+        _core.DeviceRuns(0, dtype, shape, strides, t, 1, 1)
+    block = 1 << 20
+    with pytest.raises(masklens.MaskError, match="^invalid_argument: device block holds 32 bytes; this view's layout"):
+        _cuda.scan_runs(ptr, dtype, shape, strides, t, block, 32, runs.head_address, runs.head_bytes, 0, 0)
+    with pytest.raises(masklens.MaskError, match="^misaligned_pointer: device block is not 256-byte aligned"):
+        _cuda.scan_runs(ptr, dtype, shape, strides, t, block + 8, runs.block_bytes, runs.head_address,
+                        runs.head_bytes, 0, 0)
+    with pytest.raises(masklens.MaskError, match="^invalid_argument: host head buffer is null"):
+        _cuda.scan_runs(ptr, dtype, shape, strides, t, block, runs.block_bytes, 0, runs.head_bytes, 0, 0)
+    with pytest.raises(masklens.MaskError, match="^invalid_argument: host head buffer holds 64 bytes"):
+        _cuda.scan_runs(ptr, dtype, shape, strides, t, block, runs.block_bytes, runs.head_address, 64, 0, 0)
+    with pytest.raises(masklens.MaskError, match=r"^invalid_argument: copy_rest is for counts in \(16, 16\], got 3"):
+        _cuda.copy_rest(ptr, dtype, shape, strides, t, block, runs.block_bytes, 0, 3, 4096, 64, 0, 0)
 
 
 @needs_module
@@ -85,9 +118,9 @@ def test_arguments_are_checked_before_any_cuda_call():
 def test_without_a_gpu_the_scan_names_the_failing_cuda_call():
     from masklens import _cuda
     m = torch.ones(8, 8, dtype=torch.bool)
-    table = _core.DeviceScan(*args_of(m))
+    runs = layout_of(m, *_cuda.query_runs(*args_of(m)))
     with pytest.raises(masklens.MaskError, match=r"^device_error: cuda\w+: cudaError"):
-        _cuda.scan(*args_of(m), 4096, 1, 8192, table.address, table.nbytes, 0, 0)
+        _cuda.scan_runs(*args_of(m), 1 << 20, runs.block_bytes, runs.head_address, runs.head_bytes, 0, 0)
     with pytest.raises(masklens.MaskError, match=r"^device_error: cudaGetDeviceCount"):
         _cuda.device_count()
 
@@ -111,24 +144,71 @@ def spans_of(m):
     return out
 
 
+def encode_runs(spans, q_len):
+    """span_runs.hpp's encoding, written again here: walking each slice from its first row,
+    a row starts a new run at the slice's first row, when its class, flags or padding
+    word differ from the row before, when it or the row before has holes, or when the run
+    has two rows or more and the row is not the next term of their progression."""
+    def cls(r):
+        if r["count"] == 0:
+            return "empty"
+        return "interval" if r["count"] == r["last"] - r["first"] + 1 else "holed"
+
+    out = []
+    for i, r in enumerate(spans):
+        prev = spans[i - 1] if i % q_len else None
+        joins = (prev is not None and cls(r) != "holed" and cls(r) == cls(prev) and r["flags"] == prev["flags"]
+                 and r["reserved"] == prev["reserved"])
+        if joins and out[-1]["length"] >= 2:
+            before = spans[i - 2]
+            joins = (int(r["first"]) - int(prev["first"]) == int(prev["first"]) - int(before["first"])
+                     and int(r["last"]) - int(prev["last"]) == int(prev["last"]) - int(before["last"]))
+        if joins:
+            run = out[-1]
+            if run["length"] == 1:
+                run["d_first"], run["d_last"] = int(r["first"]) - run["first"], int(r["last"]) - run["last"]
+            run["length"] += 1
+        else:
+            out.append(dict(row=i, length=1, first=int(r["first"]), last=int(r["last"]), d_first=0, d_last=0,
+                            count=int(r["count"]), flags=int(r["flags"]), reserved=int(r["reserved"])))
+    table = np.zeros(len(out), dtype=SPANRUN)
+    for i, run in enumerate(out):
+        table[i] = tuple(run[f] for f in SPANRUN.names)
+    return table
+
+
 class FakeCuda:
-    """Stands in for masklens._cuda: checks the buffers device_scan() hands it and writes
-    the spans the kernel would, as the real scan's device-to-host copy does."""
+    """Stands in for masklens._cuda: checks the block device_scan() hands it against the
+    layout, and writes what the device would: the run count and the first runs into the
+    head (one copy), the runs past them on copy_rest()."""
 
-    def __init__(self, spans, flags_row=None):
-        self.spans, self.flags_row, self.calls = spans, flags_row, []
+    def __init__(self, spans, q_len, flags_row=None):
+        spans = spans.copy()
+        if flags_row is not None:
+            spans["flags"][flags_row] = 4  # kRowInvalid: the row held NaN / +inf
+        self.runs, self.calls = encode_runs(spans, q_len), []
 
-    def query(self, data, dtype, shape, strides, threshold):
-        return 24, self.spans.nbytes
+    def query_runs(self, data, dtype, shape, strides, threshold):
+        return 24, 1000
 
-    def scan(self, data, dtype, shape, strides, threshold, d_temp, temp_bytes, d_spans, h_spans, span_bytes, stream,
-             device):
-        self.calls.append(dict(d_temp=d_temp, temp_bytes=temp_bytes, d_spans=d_spans, span_bytes=span_bytes,
+    def scan_runs(self, data, dtype, shape, strides, threshold, d_block, block_bytes, h_head, head_bytes, stream,
+                  device):
+        self.calls.append(dict(call="scan_runs", d_block=d_block, block_bytes=block_bytes, head_bytes=head_bytes,
                                stream=stream, dtype=dtype, shape=shape, strides=strides))
-        spans = self.spans.copy()
-        if self.flags_row is not None:
-            spans["flags"][self.flags_row] = 4  # kRowInvalid: the row held NaN / +inf
-        ctypes.memmove(h_spans, spans.ctypes.data, span_bytes)
+        eager = (head_bytes - 64) // 64
+        head = np.zeros(head_bytes, dtype=np.uint8)
+        head[:8] = np.frombuffer(np.int64(len(self.runs)).tobytes(), dtype=np.uint8)
+        first = self.runs[:eager]
+        head[64:64 + first.nbytes] = np.frombuffer(first.tobytes(), dtype=np.uint8)
+        ctypes.memmove(h_head, head.ctypes.data, head_bytes)
+        return len(self.runs)
+
+    def copy_rest(self, data, dtype, shape, strides, threshold, d_block, block_bytes, d_more, count, h_rest,
+                  rest_bytes, stream, device):
+        self.calls.append(dict(call="copy_rest", d_more=d_more, count=count, rest_bytes=rest_bytes))
+        rest = self.runs[count - rest_bytes // 64:count]
+        assert rest.nbytes == rest_bytes
+        ctypes.memmove(h_rest, rest.ctypes.data, rest_bytes)
 
 
 def masks():
@@ -145,43 +225,89 @@ def masks():
     }
 
 
-@pytest.mark.parametrize("name", list(masks()))
-def test_device_scan_python_half_matches_the_host_scan(name, monkeypatch):
-    m = masks()[name]
-    fake = FakeCuda(spans_of(m))
+def fake_scan(m, monkeypatch, flags_row=None, stream=12345):
+    fake = FakeCuda(spans_of(m), m.shape[-2], flags_row)
     monkeypatch.setattr(_cache, "_cuda", fake)
-    monkeypatch.setattr(_cache, "_stream_of", lambda device: 12345)
+    monkeypatch.setattr(_cache, "_stream_of", lambda device: stream)
+    return fake
+
+
+@pytest.mark.parametrize("name", list(masks()))
+def test_device_scan_host_half_matches_the_host_scan(name, monkeypatch):
+    m = masks()[name]
+    fake = fake_scan(m, monkeypatch)
     verdict = _cache.device_scan(m)
     t = masklens.last_timing()
     assert t["device"] == "cuda" and t["scan_ms"] >= 0 and t["classify_ms"] >= 0
     host = _cache.scan(m)
     assert verdict.structure.describe() == host.structure.describe()
     assert np.array_equal(verdict.attending_rows(), host.attending_rows())
+    assert verdict.run_count == len(fake.runs) and host.run_count is None
+    assert [c["call"] for c in fake.calls] == ["scan_runs"]  # the runs came with the count: one synchronisation
     call = fake.calls[0]
-    # One block: the spans first, the temporary storage right after them.
-    assert call["span_bytes"] == fake.spans.nbytes and call["temp_bytes"] == 24
-    assert call["d_temp"] == call["d_spans"] + call["span_bytes"]
+    layout = _core.DeviceRuns(*args_of(m), 24, 1000)
+    assert call["block_bytes"] == layout.block_bytes and call["head_bytes"] == layout.head_bytes
+    # (the block's 256-byte alignment is torch's CUDA allocator's, 512; _cuda checks it)
     assert call["stream"] == 12345 and call["dtype"] == "bool"
     assert call["strides"] == list(m.stride())  # stride 0 passed as it is: broadcast slices scanned once
+
+
+def test_device_scan_runs_are_few():
+    """What the run path is for: a causal mask is one run per distinct slice, a sliding
+    window two, packed documents one per document."""
+    L = 40
+    ms = masks()
+    assert len(encode_runs(spans_of(ms["causal, stride-0 batch and heads"]), L)) == 1
+    assert len(encode_runs(spans_of(ms["sliding window 5"]), L)) == 2
+    assert len(encode_runs(spans_of(ms["packed documents"]), L)) == 3
+
+
+@pytest.mark.parametrize("q", [300, 5000])
+def test_device_scan_brings_runs_past_the_first_copy(q, monkeypatch):
+    """More than 256 runs come back with a second copy; more than the block's room (4096)
+    are reduced again into device room for them all. A mask whose every row has holes is
+    one run per row: q runs, classified (arbitrary) with the rows that attend nothing."""
+    i, j = rows_cols(q, 16)
+    m = ((j % 2 == 0) & (i % 5 != 0))[None, None]
+    fake = fake_scan(m, monkeypatch)
+    assert len(fake.runs) == q
+    verdict = _cache.device_scan(m)
+    assert [c["call"] for c in fake.calls] == ["scan_runs", "copy_rest"]
+    rest = fake.calls[1]
+    assert rest["count"] == q and rest["rest_bytes"] == (q - 256) * 64
+    assert (rest["d_more"] != 0) == (q > 4096)
+    assert verdict.run_count == q
+    host = _cache.scan(m)
+    assert verdict.structure.describe() == host.structure.describe() == f"arbitrary, {q // 5} empty rows"
+    assert np.array_equal(verdict.attending_rows(), host.attending_rows())
+    assert [r[0] for r in verdict.runs] == list(range(q))
 
 
 def test_device_scan_names_an_invalid_row(monkeypatch):
     m = torch.ones(2, 3, 40, 40, dtype=torch.bool)
     # Slice 4 of 6 is (batch 1, head 1); row 17 of it.
-    monkeypatch.setattr(_cache, "_cuda", FakeCuda(spans_of(m), flags_row=4 * 40 + 17))
-    monkeypatch.setattr(_cache, "_stream_of", lambda device: 0)
+    fake_scan(m, monkeypatch, flags_row=4 * 40 + 17, stream=0)
     with pytest.raises(masklens.MaskError, match=r"^invalid_value: mask row \[1, 1, 17\] holds NaN or \+inf"):
         _cache.device_scan(m)
 
 
-def test_device_scan_table_is_classified_once():
+def test_device_runs_are_classified_once_and_checked():
     m = torch.ones(4, 4, dtype=torch.bool)
-    table = _core.DeviceScan(*args_of(m))
-    spans = spans_of(m[None, None])
-    ctypes.memmove(table.address, spans.ctypes.data, table.nbytes)
-    assert table.finish().structure.kind == "full"
+    runs = encode_runs(spans_of(m[None, None]), 4)
+    table = _core.DeviceRuns(*args_of(m), 1, 1)
+    head = np.zeros(table.head_bytes, dtype=np.uint8)
+    head[:8] = np.frombuffer(np.int64(len(runs)).tobytes(), dtype=np.uint8)
+    head[64:64 + runs.nbytes] = np.frombuffer(runs.tobytes(), dtype=np.uint8)
+    ctypes.memmove(table.head_address, head.ctypes.data, table.head_bytes)
+    v = table.finish()
+    assert v.structure.kind == "full" and v.run_count == 1
     with pytest.raises(masklens.MaskError, match="finish\\(\\) was called already"):
         table.finish()
+    bad = _core.DeviceRuns(*args_of(m), 1, 1)
+    head[:8] = np.frombuffer(np.int64(9).tobytes(), dtype=np.uint8)  # more runs than rows: a broken reduction
+    ctypes.memmove(bad.head_address, head.ctypes.data, bad.head_bytes)
+    with pytest.raises(masklens.MaskError, match="^device_error: the run reduction returned 9 runs for 4 rows"):
+        bad.finish()
 
 
 def test_last_timing_says_when_the_cache_answered():
@@ -192,3 +318,18 @@ def test_last_timing_says_when_the_cache_answered():
     assert first["scanned"] and first["device"] == "host"
     masklens.scan(m)
     assert not masklens.last_timing()["scanned"]
+
+
+def test_runs_past_the_head_must_be_brought_before_finish():
+    m = torch.ones(300, 8, dtype=torch.bool)
+    table = _core.DeviceRuns(*args_of(m), 1, 1)
+    head = np.zeros(table.head_bytes, dtype=np.uint8)
+    head[:8] = np.frombuffer(np.int64(300).tobytes(), dtype=np.uint8)  # 300 runs: 44 past the head
+    ctypes.memmove(table.head_address, head.ctypes.data, table.head_bytes)
+    with pytest.raises(masklens.MaskError, match=r"^invalid_argument: rest_buffer is for counts in \(256, 300\]"):
+        table.rest_buffer(256)
+    with pytest.raises(masklens.MaskError, match="300 runs, of which 0 past the first copy were brought"):
+        table.finish()
+    table = _core.DeviceRuns(*args_of(m), 1, 1)
+    address, nbytes = table.rest_buffer(300)
+    assert address != 0 and nbytes == 44 * 64

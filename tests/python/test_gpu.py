@@ -195,6 +195,33 @@ def test_device_and_host_verdicts_agree(name):
 
 
 @needs_cuda_scan
+@pytest.mark.parametrize("rows", [200, 300, 5000])
+def test_device_runs_past_the_first_copy_and_the_room(rows):
+    """Rows with holes are a run each: 200 come with the count (one synchronisation),
+    300 need a second copy, 5000 exceed the block's room and are reduced again. The
+    verdict, its rows that attend nothing and its runs equal the host's."""
+    from masklens import _cache
+    i, j = rows_cols(rows, 64)
+    mask = ((j % 3 != 1) & (i % 7 != 0)).to(DEV)[None, None]  # holes in every row, every 7th row empty
+    device = _cache.scan(mask)
+    assert masklens.last_timing()["device"] == "cuda"
+    assert device.run_count == rows
+    host = _cache.scan(mask, device=False)
+    same_verdict(device, host)
+    assert [r[0] for r in device.runs] == list(range(rows))
+
+
+@needs_cuda_scan
+def test_device_runs_of_structured_masks_are_few():
+    from masklens import _cache
+    L = 8192
+    i, j = (t.to(DEV) for t in rows_cols(L, L))
+    c = j <= i
+    assert _cache.scan(c[None, None].expand(2, 4, L, L)).run_count == 1  # broadcast: one slice, one run
+    assert _cache.scan((c & (i - j < 4096))[None, None]).run_count == 2
+
+
+@needs_cuda_scan
 def test_device_scan_names_a_nan_row():
     mask = torch.zeros(2, 1, 64, 64, device=DEV)
     mask[1, 0, 9, 2] = float("nan")
@@ -255,3 +282,64 @@ def test_without_the_cuda_module_a_cuda_mask_is_copied_once_with_a_warning(monke
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # once only
         _cache.scan(mask)
+
+
+def tile_masks(L=1000):
+    """Ragged lengths (not a multiple of 128) on purpose, on the device."""
+    i, j = (t.to(DEV) for t in rows_cols(L, L))
+    c = j <= i
+    docs = torch.bucketize(torch.arange(L, device=DEV), torch.tensor([300, 700], device=DEV), right=True)
+    g = torch.Generator(device=DEV).manual_seed(0)
+    tiles_on = torch.rand(2, 1, 8, 8, device=DEV, generator=g) < 0.4
+    sparse = tiles_on.repeat_interleave(128, 2).repeat_interleave(128, 3)[:, :, :L, :L] | (j == i)
+    return {
+        "causal": c[None, None],
+        "sliding window 256": (c & (i - j < 256))[None, None],
+        "packed documents": (c & (docs[:, None] == docs[None, :]))[None, None],
+        "left padded causal": torch.stack([c & (j >= s) for s in (0, 100)])[:, None],
+        "block sparse": sparse,
+    }
+
+
+TILE_MASKS = ["causal", "sliding window 256", "packed documents", "left padded causal", "block sparse"]
+
+
+@pytest.mark.parametrize("name", TILE_MASKS)
+@pytest.mark.parametrize("size", [128, (128, 64)])
+def test_block_mask_from_masklens_tiles_equals_create_block_mask(name, size):
+    """BlockMask from masklens' tiles (from_kv_blocks' layout, q side included) on the
+    device: every tensor equals torch's create_block_mask of the dense mask."""
+    import masklens.torch as mt
+    from torch.nn.attention.flex_attention import create_block_mask
+    mask = tile_masks()[name]
+    B, H, Q, K = mask.shape
+    bq, bk = (size, size) if isinstance(size, int) else size
+    ours = mt.block_mask(mask, size)
+    theirs = create_block_mask(lambda b, h, q, kv: mask[b, h, q.clamp(max=Q - 1), kv.clamp(max=K - 1)], B, H, Q, K,
+                               device=DEV, BLOCK_SIZE=(bq, bk))
+    assert tuple(ours.BLOCK_SIZE) == tuple(theirs.BLOCK_SIZE) and tuple(ours.seq_lengths) == tuple(theirs.seq_lengths)
+    for f in ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices", "q_num_blocks", "q_indices",
+              "full_q_num_blocks", "full_q_indices"):
+        a, b = getattr(ours, f), getattr(theirs, f)
+        assert a.device.type == "cuda" and a.dtype == torch.int32
+        assert torch.equal(a.expand(b.shape), b), f
+
+
+@pytest.mark.parametrize("name", TILE_MASKS)
+def test_compiled_flex_on_masklens_block_mask_matches_the_dense_reference(name):
+    import masklens.torch as mt
+    from torch.nn.attention.flex_attention import flex_attention
+    mask = tile_masks()[name]
+    B, _, Q, K = mask.shape
+    g = torch.Generator(device=DEV).manual_seed(1)
+    q, k, v = (torch.randn(B, 4, n, 64, device=DEV, generator=g, dtype=torch.bfloat16).requires_grad_()
+               for n in (Q, K, K))
+    bm = mt.block_mask(mask, 128)
+    out = torch.compile(flex_attention, dynamic=False)(q, k, v, block_mask=bm)
+    ref = reference32(q, k, v, mask)
+    assert_close(out.float(), ref, 2e-2)
+    w = torch.randn_like(ref)
+    g1 = torch.autograd.grad((out.float() * w).sum(), (q, k, v))
+    g2 = torch.autograd.grad((ref * w).sum(), (q, k, v))
+    for a, b in zip(g1, g2):
+        assert_close(a.float(), b.float(), 5e-2 * max(1.0, b.abs().max().item()))

@@ -1,0 +1,233 @@
+"""Tile summaries in Python (tiles.hpp, docs/tiles.md), on the CPU: the bindings (no
+copies, shapes, errors), tiles from a structure against tiles of a scan, torch
+BlockMasks from masklens' tiles against torch's own create_block_mask for every
+structure kind and random block-sparse masks with ragged lengths, and the drop-in's
+flex runner (eager flex) on masklens' BlockMask against the dense reference."""
+import numpy as np
+import pytest
+import torch
+
+import masklens
+import masklens.torch
+from masklens import _core, _env, _run
+from helpers import assert_close, qkv, reference, rows_cols
+
+fa = pytest.importorskip("torch.nn.attention.flex_attention")
+FIELDS = ["kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices",
+          "q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices"]
+
+
+def structured(Q=100, K=100):
+    """Masks of every exact kind (and modifiers), ragged lengths on purpose."""
+    i, j = rows_cols(Q, K)
+    d = K - Q
+    tl, br = j <= i, j <= i + d
+    docs = torch.bucketize(torch.arange(max(Q, K)), torch.tensor([17, 60]), right=True)
+    blocks = torch.bucketize(torch.arange(K), torch.tensor([30, 45]), right=True)
+    start = torch.tensor([0, 9, 40])
+    return {
+        "full": torch.ones(Q, K, dtype=torch.bool),
+        "causal": tl,
+        "causal bottom-right": br,
+        "sliding window 23": tl & (i - j < 23),
+        "chunked 24": tl & (i // 24 == j // 24),
+        "prefix-lm 33": tl | (j < 33),
+        "causal blocks": tl | ((blocks[None, :] == blocks[:, None][:Q]) & (j >= 30) & (j < 45) & (i >= 30) & (i < 45)),
+        "packed documents": tl & (docs[:Q, None] == docs[None, :K]),
+        "left padding per batch": torch.stack([tl & (j >= s) for s in start])[:, None],
+        "query padding (q_valid)": torch.stack([tl & (i < e) for e in (Q, 70)])[:, None],
+        "bottom-right Q<K": rows_cols(40, K)[1] <= rows_cols(40, K)[0] + (K - 40),
+    }
+
+
+def block_sparse(B, H, Q, K, bq, bk, density, seed):
+    """Random tiles of bq x bk switched on (some whole, some with holes), cut to Q x K."""
+    g = torch.Generator().manual_seed(seed)
+    nq, nk = -(-Q // bq), -(-K // bk)
+    on = torch.rand(B, H, nq, nk, generator=g) < density
+    dense = on.repeat_interleave(bq, 2).repeat_interleave(bk, 3)[:, :, :Q, :K]
+    holes = torch.rand(B, H, Q, K, generator=g) < 0.1
+    half = (torch.rand(B, H, nq, nk, generator=g) < 0.5).repeat_interleave(bq, 2).repeat_interleave(bk, 3)[:, :, :Q, :K]
+    return dense & ~(holes & half)
+
+
+def as4(m):
+    while m.dim() < 4:
+        m = m.unsqueeze(0)
+    return m
+
+
+def torch_block_mask(mask, bq, bk):
+    """torch's own BlockMask of a dense mask: create_block_mask over every (batch, head)."""
+    m = as4(mask)
+    B, H, Q, K = m.shape
+
+    def lookup(b, h, q, kv):
+        return m[b, h, q.clamp(max=Q - 1), kv.clamp(max=K - 1)]
+    return fa.create_block_mask(lookup, B, H, Q, K, device="cpu", BLOCK_SIZE=(bq, bk))
+
+
+def assert_same_block_mask(ours, theirs):
+    """Equal tensors, ours broadcast (a stride-0 batch or head is stored once) to torch's."""
+    assert tuple(ours.BLOCK_SIZE) == tuple(theirs.BLOCK_SIZE)
+    assert tuple(ours.seq_lengths) == tuple(theirs.seq_lengths)
+    for name in FIELDS:
+        a, b = getattr(ours, name), getattr(theirs, name)
+        assert a.dtype == b.dtype == torch.int32, name
+        assert torch.equal(a.expand(b.shape), b), name
+
+
+def test_tensors_are_numpy_arrays_over_masklens_memory():
+    m = structured()["sliding window 23"]
+    _, tiles = _core.scan_with_tiles(m, 32, 16)
+    t = tiles.block_mask()
+    assert t.fields == FIELDS
+    assert t.block_size == (32, 16) and t.seq_lengths == (100, 100)
+    kv = t.kv_indices
+    assert kv.dtype == np.int32 and kv.shape == (1, 1, 4, 7)
+    assert t.kv_num_blocks.shape == (1, 1, 4) and t.q_indices.shape == (1, 1, 7, 4)
+    # Two reads are views of the same memory (no copy), alive after the object is dropped.
+    assert t.kv_indices.__array_interface__["data"][0] == kv.__array_interface__["data"][0]
+    del t
+    assert kv.sum() >= 0
+    shared = torch.from_numpy(kv)
+    assert shared.data_ptr() == kv.__array_interface__["data"][0]
+    assert tiles.states.shape == (1, 1, 4, 7) and tiles.states.dtype == np.uint8
+    counts = tiles.counts
+    assert counts == {s: int((tiles.states == v).sum()) for s, v in (("empty", 0), ("partial", 1), ("full", 2))}
+    assert sum(counts.values()) == 28
+    f = tiles.fractions()
+    assert (f.block_q, f.block_k) == (32, 16) and f.partial == counts["partial"] / 28 and f.full == counts["full"] / 28
+
+
+@pytest.mark.parametrize("name", list(structured()))
+@pytest.mark.parametrize("size", [(16, 16), (32, 16), (128, 128), (7, 50)])
+def test_tiles_from_structure_equal_the_tiles_of_a_scan(name, size):
+    mask = structured()[name]
+    verdict, scanned = _core.scan_with_tiles(mask, *size)
+    s = verdict.structure
+    assert s.kind != "arbitrary", name
+    assert s.tile_fractions is None  # only an arbitrary mask is charged on counted tiles
+    derived = _core.tiles_from_structure(s, *size)
+    B, H = as4(mask).shape[:2]
+    a = torch.from_numpy(np.array(derived.states)).expand(B, H, -1, -1)
+    b = torch.from_numpy(np.array(scanned.states)).expand(B, H, -1, -1)
+    assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("name", list(structured()))
+@pytest.mark.parametrize("size", [(16, 16), (32, 16), (128, 128)])
+def test_block_mask_of_a_structure_equals_create_block_mask(name, size):
+    mask = structured()[name]
+    ours = masklens.torch.block_mask(mask, size)
+    assert_same_block_mask(ours, torch_block_mask(mask, *size))
+    # From a report: the structure's tiles, no mask needed.
+    report = masklens.inspect(mask)
+    assert_same_block_mask(masklens.torch.block_mask(report, size), torch_block_mask(mask, *size))
+    # The mask_mod is the structure's rule: the dense mask it describes.
+    m = as4(mask)
+    B, H, Q, K = m.shape
+    dense = fa.create_mask(ours.mask_mod, B, H, Q, K, device="cpu")
+    assert torch.equal(dense, m.expand(B, H, Q, K))
+
+
+@pytest.mark.parametrize("shape,size,density,seed", [
+    ((1, 1, 256, 256), (64, 64), 0.3, 0),
+    ((2, 3, 200, 130), (32, 16), 0.4, 1),   # ragged in both lengths, per head
+    ((2, 1, 77, 301), (16, 64), 0.5, 2),
+    ((1, 2, 129, 129), (128, 128), 0.7, 3),
+])
+def test_block_mask_of_a_block_sparse_mask_equals_create_block_mask(shape, size, density, seed):
+    mask = block_sparse(*shape, *size, density, seed)
+    assert masklens.scan(mask).structure.kind == "arbitrary"
+    ours = masklens.torch.block_mask(mask, size)
+    assert_same_block_mask(ours, torch_block_mask(mask, *size))
+    report = masklens.inspect(mask, tiles=size)
+    assert report.structure.tile_fractions is not None
+    assert report.structure.tile_fractions.partial == report.tiles.fractions().partial
+    assert_same_block_mask(masklens.torch.block_mask(report, size, mask=mask), torch_block_mask(mask, *size))
+    with pytest.raises(masklens.MaskError, match="pass mask="):
+        masklens.torch.block_mask(report, size)
+
+
+def test_broadcast_dims_are_stored_once():
+    L = 96
+    i, j = rows_cols(L, L)
+    g = torch.Generator().manual_seed(5)
+    base = torch.rand(1, 3, L, L, generator=g) < 0.3
+    mask = base.expand(4, 3, L, L)  # stride-0 batch
+    ours = masklens.torch.block_mask(mask, 32)
+    assert ours.kv_num_blocks.shape == (1, 3, 3)
+    assert_same_block_mask(ours, torch_block_mask(mask, 32, 32))
+
+
+def test_bad_tile_sizes_and_structures_are_refused():
+    m = structured()["causal"]
+    for bad in ((16,), "16", 2.5, True, (16, None)):
+        with pytest.raises(masklens.MaskError, match="^invalid_argument: tiles must be a tile size N or"):
+            masklens.inspect(m, tiles=bad)
+    for bad in (0, (16, 0), (-1, 16)):
+        with pytest.raises(masklens.MaskError, match="^invalid_argument: tile size must be two integers >= 1"):
+            masklens.torch.block_mask(m, bad)
+    s = masklens.scan(torch.rand(8, 8) < 0.5).structure
+    with pytest.raises(masklens.MaskError, match="^invalid_argument: tiles_from_structure needs an exact structure"):
+        _core.tiles_from_structure(s)
+    exact = masklens.scan(m).structure
+    exact.tile_fractions = _core.TileFractions()
+    with pytest.raises(masklens.MaskError, match="tile_fractions are derived from an exact structure"):
+        _core.tiles_from_structure(exact)
+    exact.tile_fractions = None
+    # 100 x 100 causal at 16: 7 diagonal tiles and the 6 others of the ragged last q tile are partial
+    assert _core.tiles_from_structure(exact, 16, 16).counts == {"empty": 21, "partial": 13, "full": 15}
+
+
+def test_inspect_tiles_of_a_float_mask_use_the_threshold():
+    i, j = rows_cols(64, 64)
+    add = torch.zeros(64, 64).masked_fill(~(j <= i), -1e9)
+    r = masklens.inspect(add, tiles=16)
+    assert r.structure.kind == "causal" and r.tiles.counts == {"empty": 6, "partial": 4, "full": 6}
+    assert r.to_dict()["tiles"]["kv_num_blocks"] == [[[1, 1, 1, 1]]]
+
+
+def flex_only(monkeypatch):
+    """Decide as on an H100 with only FlexAttention, and run flex eagerly on the CPU."""
+    real = _env.environment
+    monkeypatch.setattr(_env, "environment",
+                        lambda *a, **kw: real(*a, **{**kw, "sm": 90, "available": {"flex"}}))
+    monkeypatch.setattr(_run, "_compiled_flex", fa.flex_attention)
+    built = []
+    real_from_tiles = _run.block_mask_from_tiles
+
+    def from_tiles(*a, **kw):
+        built.append(real_from_tiles(*a, **kw))
+        return built[-1]
+    monkeypatch.setattr(_run, "block_mask_from_tiles", from_tiles)
+    created = []
+    real_create = fa.create_block_mask
+    monkeypatch.setattr(fa, "create_block_mask", lambda *a, **kw: created.append(a) or real_create(*a, **kw))
+    return built, created
+
+
+DROPIN = {**{k: structured()[k] for k in ("causal", "sliding window 23", "packed documents", "left padding per batch",
+                                          "query padding (q_valid)", "chunked 24")},
+          "block sparse": block_sparse(2, 1, 100, 100, 16, 16, 0.4, 7)}
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize("name", list(DROPIN))
+def test_drop_in_flex_runs_on_masklens_block_mask(name, monkeypatch):
+    mask = DROPIN[name]
+    built, created = flex_only(monkeypatch)
+    B = as4(mask).shape[0] if as4(mask).shape[0] > 1 else 2  # a mask of batch 1 broadcast over 2
+    q, k, v = qkv(B, 2, mask.shape[-2], mask.shape[-1], dtype=torch.float32, grad=False)  # no CPU backward
+    masklens.forget()
+    policy, _ = masklens.torch.inspect(q, k, v, mask)
+    assert policy.backend == "torch.flex_attention"
+    out = masklens.torch.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    assert_close(out, reference(q, k, v, mask), 1e-5)
+    assert len(built) == 1 and created == []  # masklens' tiles, not create_block_mask
+    # Memoised with the verdict: the second call builds nothing.
+    masklens.torch.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    assert len(built) == 1
+    bm = built[0]
+    assert_same_block_mask(bm, torch_block_mask(as4(mask).expand(B, 1, *mask.shape[-2:]), *bm.BLOCK_SIZE))
