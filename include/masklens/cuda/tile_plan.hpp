@@ -43,7 +43,7 @@ struct KeyTileDivider {
     d.divisor = block_k < k_len ? block_k : k_len;
     d.wide = k_len > kFastKeys;
     if (!d.wide) {
-      const int l = std::bit_width(static_cast<std::uint64_t>(d.divisor - 1));  // ceil(log2 divisor)
+      const int l = static_cast<int>(std::bit_width(static_cast<std::uint64_t>(d.divisor - 1)));  // ceil(log2 divisor)
       d.shift = 31 + l;
       const std::uint64_t p = std::uint64_t{1} << d.shift, div = static_cast<std::uint64_t>(d.divisor);
       d.multiplier = static_cast<std::uint32_t>((p + div - 1) / div);  // < 2^32: see above
