@@ -144,7 +144,7 @@ int cases(int full) {
 
 TEST_SUITE("cuda") {
 
-TEST_CASE("device tiles, BlockMask tensors and spans equal the host's on generated and mutated masks") {
+TEST_CASE("device tiles: tiles, BlockMask tensors and spans equal the host's on generated and mutated masks") {
   Rng rng(test_seed(1404));
   const ElementType types[] = {ElementType::boolean, ElementType::uint8, ElementType::int8,
                                ElementType::float16, ElementType::bfloat16, ElementType::float32};
@@ -193,7 +193,7 @@ TEST_CASE("device tiles, BlockMask tensors and spans equal the host's on generat
   MESSAGE("device == host on " << compared << " masks");
 }
 
-TEST_CASE("block-structured masks: every state, whole and ragged tiles, both kernels, counters in shared and in global memory") {
+TEST_CASE("device tiles: block-structured masks, every state, whole and ragged tiles, both kernels, counters in shared and in global memory") {
   Rng rng(test_seed(1405));
   const ElementType types[] = {ElementType::boolean, ElementType::bfloat16, ElementType::float16, ElementType::float32,
                                ElementType::uint8};
@@ -234,7 +234,7 @@ TEST_CASE("block-structured masks: every state, whole and ragged tiles, both ker
   CHECK(seen.full > 0);
 }
 
-TEST_CASE("32768^2 sliding window and packed documents on the device equal tiles_from_structure") {
+TEST_CASE("device tiles: 32768^2 sliding window and packed documents equal tiles_from_structure") {
   const std::int64_t L = 32768;
   DeviceBuffer mask(static_cast<std::size_t>(L * L));
   const std::int64_t shape[] = {L, L};
@@ -272,7 +272,7 @@ TEST_CASE("32768^2 sliding window and packed documents on the device equal tiles
   }
 }
 
-TEST_CASE("a tile of 2^32 elements: counted in 64 bits, full; one masked element makes it partial") {
+TEST_CASE("device tiles: a tile of 2^32 elements is counted in 64 bits, full; one masked element makes it partial") {
   const std::int64_t L = 65536;
   DeviceBuffer mask(static_cast<std::size_t>(L * L));
   REQUIRE_CUDA(cudaMemset(mask.get(), 1, static_cast<std::size_t>(L * L)));
@@ -299,7 +299,7 @@ TEST_CASE("a tile of 2^32 elements: counted in 64 bits, full; one masked element
   CHECK(small->tiles.state(0, 511, 12345 / 128) == TileState::partial);
 }
 
-TEST_CASE("two-phase into the caller's arrays on the caller's stream: null arrays skipped, records into a CUDA graph") {
+TEST_CASE("device tiles: two-phase into the caller's arrays on the caller's stream, null arrays skipped, records into a CUDA graph") {
   Rng rng(test_seed(1406));
   DenseMask m = block_mask(rng, 2, 3, 300, 2500, ElementType::bfloat16, false, 16);
   const TileSize size{64, 128};
@@ -388,7 +388,7 @@ TEST_CASE("two-phase into the caller's arrays on the caller's stream: null array
   REQUIRE_CUDA(cudaStreamDestroy(stream));
 }
 
-TEST_CASE("NaN in a mask: a device mask names the row, a host mask the element, the two-phase spans flag it") {
+TEST_CASE("device tiles: NaN in a device mask names the row, in a host mask the element, the two-phase spans flag it") {
   std::vector<float> m(4 * 300, 0.0f);
   m[2 * 300 + 7] = std::numeric_limits<float>::quiet_NaN();
   const std::int64_t shape[] = {4, 300};
@@ -415,7 +415,7 @@ TEST_CASE("NaN in a mask: a device mask names the row, a host mask the element, 
   for (int r = 0; r < 4; ++r) CHECK(static_cast<bool>(spans[static_cast<std::size_t>(r)].flags & kRowInvalid) == (r == 2));
 }
 
-TEST_CASE("a CUDA error pending from the caller's own work is neither cleared nor taken for the tile scan's") {
+TEST_CASE("device tiles: a CUDA error pending from the caller's own work is neither cleared nor taken for the tile scan's") {
   std::vector<std::uint8_t> m(200 * 300);
   for (std::size_t i = 0; i < m.size(); ++i) m[i] = i % 300 <= i / 300;
   const std::int64_t shape[] = {200, 300};
