@@ -177,7 +177,9 @@ TEST_CASE("device tiles: tiles, BlockMask tensors and spans equal the host's on 
     }
     const TileSize sizes[] = {{128, 128}, {64, 128}, {96, 80}, {16, 16}, {7, 13}, {1, 1}, {128, 64},
                               {uniform(rng, 1, 64), uniform(rng, 1, 400)}};
-    const TileSize size = sizes[uniform(rng, 0, 7)];
+    TileSize size = sizes[uniform(rng, 0, 7)];
+    // Tiny tiles of a large mask make millions of tiles for the host to check: 16 x 64 there.
+    if (size.q * size.k < 256 && q_len * k_len > 200000) size = TileSize{16, 64};
     const std::int64_t offset = esize * uniform(rng, 0, 16 / esize);
     INFO(dense.describe << " encoding " << encoding << " tiles " << text(size) << " offset " << offset);
     auto device = gpu::scan_host_mask_with_tiles(dense.view, size, offset);
