@@ -45,6 +45,7 @@ install_tree() {
   local root=$dest$prefix f
   for f in include/masklens/masklens.hpp include/masklens/cuda/scan.hpp include/masklens/cuda/scan.cu \
            include/masklens/cuda/scan_none.cpp include/masklens/cuda/runs.cu include/masklens/cuda/runs_none.cpp \
+           include/masklens/cuda/tiles.cu include/masklens/cuda/tiles_none.cpp \
            share/pkgconfig/masklens.pc \
            share/cmake/masklens/masklensConfig.cmake share/cmake/masklens/masklensConfigVersion.cmake; do
     [ -f "$root/$f" ] || fail "not installed: $f" || return 1

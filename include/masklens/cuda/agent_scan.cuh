@@ -131,11 +131,12 @@ struct AgentScanRow {
 
   __device__ explicit AgentScanRow(const ScanParams& params) : s(params), fresh_reader(params) {}
 
-  __device__ Accumulator scan(std::int64_t r, int lane) const {
+  // Row r's keys this thread reads, added to `acc` (a fresh accumulator: A{}, or one
+  // the kernel set up, as a tile accumulator with its block's counters).
+  __device__ Accumulator scan(std::int64_t r, int lane, Accumulator acc = Accumulator{}) const {
     const std::int64_t slice = r / s.q_len, q = r - slice * s.q_len;
     const std::int64_t b = slice / s.distinct_heads, h = slice - b * s.distinct_heads;
     const std::uint8_t* row = s.data + b * s.stride_bytes[0] + h * s.stride_bytes[1] + q * s.stride_bytes[2];
-    Accumulator acc{};
     ElementReader<Esize> reader = fresh_reader;  // nothing known of this row yet
     if (s.stride_bytes[3] != Esize) {
       for (std::int64_t k = lane; k < s.k_len; k += ThreadsPerRow)

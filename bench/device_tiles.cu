@@ -1,0 +1,319 @@
+// Tile summaries on the device: the spans, the tile counts and torch's eight BlockMask
+// tensors at 128 x 128 from one read of the mask (gpu::scan_spans_tiles into the
+// caller's arrays), each case side by side in the same run with a plain read of the same
+// bytes (a vectorised 16-byte load kernel that only reads: the ceiling) and with
+// gpu::scan_spans alone (the spans without tiles):
+//   bool 32768^2 and 65536^2 (1 and 4 GiB): a sliding window of 4096, three packed
+//   causal documents (cut inside tiles), random block-sparse (128-blocks kept at 25% and
+//   on the diagonal, causal); and a bf16 sliding window at 32768^2 (2 GiB).
+// CUDA events, median of --reps (20). Prints a markdown table for bench/README.md; with
+// a path (or --json PATH), also one JSON line per case. Each case's tiles are checked
+// first (states against tiles_from_structure, or the blocks the mask was built from):
+// it exits 1 if a case is wrong, as its figures would then measure a wrong scan.
+//
+//   ./build-gpu/bench/device_tiles [out.jsonl] [--reps N] [--only SUBSTRING]
+//
+// nvcc for its own kernels (the plain read, the fills); masklens comes from
+// masklens_cuda_dep as any program gets it.
+#include <cuda_runtime.h>
+#include <masklens/cuda/scan.hpp>
+#include <masklens/cuda/tiles.hpp>
+#include <masklens/masklens.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+using namespace masklens;
+
+namespace {
+
+#define CHECK_CUDA(x)                                                      \
+  do {                                                                     \
+    cudaError_t e_ = (x);                                                  \
+    if (e_ != cudaSuccess) {                                               \
+      std::fprintf(stderr, "%s failed: %s\n", #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                        \
+    }                                                                      \
+  } while (0)
+#define CHECK_LAUNCH() CHECK_CUDA(cudaPeekAtLastError())
+
+void check_ok(const Status& s) {
+  if (!s.ok()) {
+    std::fprintf(stderr, "%s\n", s.to_string().c_str());
+    std::exit(1);
+  }
+}
+
+__global__ void plain_read(const uint4* p, std::int64_t n, unsigned* out) {
+  unsigned acc = 0;
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  for (; i + 3 * stride < n; i += 4 * stride) {
+    const uint4 a = __ldg(p + i), b = __ldg(p + i + stride), c = __ldg(p + i + 2 * stride), d = __ldg(p + i + 3 * stride);
+    acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^ d.w;
+  }
+  for (; i < n; i += stride) {
+    const uint4 a = __ldg(p + i);
+    acc ^= a.x ^ a.y ^ a.z ^ a.w;
+  }
+  if (acc == 0x9e3779b9u) *out = acc;  // keeps the loads alive
+}
+
+// The masks, element (q, k) of an L x L mask.
+struct Window {  // q - 4096 < k <= q
+  std::int64_t w;
+  __device__ bool operator()(std::int64_t q, std::int64_t k) const { return k <= q && k > q - w; }
+};
+struct Documents {  // causal inside three documents [0, a), [a, b), [b, L)
+  std::int64_t a, b;
+  __device__ bool operator()(std::int64_t q, std::int64_t k) const {
+    const std::int64_t start = q < a ? 0 : q < b ? a : b;
+    return k <= q && k >= start;
+  }
+};
+// 128-blocks (i, j), j <= i, kept on the diagonal and at 25% below it, then causal.
+__host__ __device__ inline bool kept_block(std::int64_t i, std::int64_t j) {
+  if (j > i) return false;
+  if (j == i) return true;
+  std::uint64_t h = static_cast<std::uint64_t>(i) * 0x9e3779b97f4a7c15ull ^ static_cast<std::uint64_t>(j) * 0xc2b2ae3d27d4eb4full;
+  h ^= h >> 29;
+  h *= 0xbf58476d1ce4e5b9ull;
+  h ^= h >> 32;
+  return h % 4 == 0;
+}
+struct BlockSparse {
+  __device__ bool operator()(std::int64_t q, std::int64_t k) const { return k <= q && kept_block(q / 128, k / 128); }
+};
+
+template <class T, class Rule>
+__global__ void fill(T* m, std::int64_t L, T attend, T masked, Rule rule) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < L * L;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+    m[i] = rule(i / L, i % L) ? attend : masked;
+}
+
+template <class F>
+float median_ms(int reps, F&& launch) {
+  cudaEvent_t a, b;
+  CHECK_CUDA(cudaEventCreate(&a));
+  CHECK_CUDA(cudaEventCreate(&b));
+  launch();  // warm-up
+  CHECK_LAUNCH();
+  CHECK_CUDA(cudaDeviceSynchronize());
+  std::vector<float> t;
+  for (int i = 0; i < reps; ++i) {
+    CHECK_CUDA(cudaEventRecord(a));
+    launch();
+    CHECK_CUDA(cudaEventRecord(b));
+    CHECK_CUDA(cudaEventSynchronize(b));
+    float ms = 0;
+    CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms);
+  }
+  CHECK_CUDA(cudaEventDestroy(a));
+  CHECK_CUDA(cudaEventDestroy(b));
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+struct Options {
+  FILE* json = nullptr;
+  int reps = 20;
+  std::string only;
+};
+
+// The tiles the case must have: from the structure, or from the blocks it was built of.
+Result<TileSummary> expected_tiles(const std::string& kind, std::int64_t L) {
+  if (kind == "window") {
+    MaskStructure s = make_structure(StructureKind::sliding_window, 1, L, L);
+    s.window = 4096;
+    return tiles_from_structure(s);
+  }
+  if (kind == "documents") {
+    MaskStructure s = make_structure(StructureKind::causal, 1, L, L);
+    s.segments = {{0, L * 27 / 100, L * 61 / 100, L}};
+    return tiles_from_structure(s);
+  }
+  auto made = TileSummary::for_grid(*make_tile_grid(1, 1, L, L, TileSize{}));
+  if (!made) return made;
+  const std::int64_t n = L / 128;
+  for (std::int64_t i = 0; i < n; ++i)
+    for (std::int64_t j = 0; j <= i; ++j)
+      if (kept_block(i, j)) made->states[static_cast<std::size_t>(i * n + j)] = j == i ? TileState::partial : TileState::full;
+  return made;
+}
+
+struct Bench {
+  Options options;
+  unsigned* sink = nullptr;
+  unsigned read_grid = 0;
+  bool all_right = true;
+
+  bool wanted(const std::string& name) const {
+    return options.only.empty() || name.find(options.only) != std::string::npos;
+  }
+
+  void run_case(const std::string& name, const MaskView& view, const TileSummary& expected) {
+    const double bytes = static_cast<double>(view.extent_bytes());
+    // Right first: the convenience call (same kernels) against the expected tiles.
+    auto check = gpu::scan_with_tiles(view);
+    check_ok(check.status());
+    auto tensors = block_mask_tensors(expected);
+    check_ok(tensors.status());
+    bool right = check->tiles.states == expected.states;
+    for (const BlockMaskField f : kBlockMaskFields) right = right && check->block_mask.values(f) == tensors->values(f);
+    all_right = all_right && right;
+    const TileTally tally = check->tiles.tally();
+
+    // The caller's buffers: spans, the eight arrays, temporary storage.
+    const TileGrid g = check->tiles.grid;
+    const std::int64_t rows = gpu::span_rows(view);
+    const auto lines = static_cast<std::size_t>(g.slices() * g.q_tiles()),
+               columns = static_cast<std::size_t>(g.slices() * g.k_tiles()), tiles = static_cast<std::size_t>(g.tiles());
+    RowSpan* d_rows = nullptr;
+    std::int32_t* arrays = nullptr;
+    CHECK_CUDA(cudaMalloc(&d_rows, static_cast<std::size_t>(rows) * sizeof(RowSpan)));
+    CHECK_CUDA(cudaMalloc(&arrays, (2 * lines + 2 * columns + 4 * tiles) * sizeof(std::int32_t)));
+    BlockMaskArrays out;
+    std::int32_t* at = arrays;
+    const auto take = [&](std::size_t n) {
+      std::int32_t* p = at;
+      at += n;
+      return p;
+    };
+    out.kv_num_blocks = take(lines);
+    out.kv_indices = take(tiles);
+    out.full_kv_num_blocks = take(lines);
+    out.full_kv_indices = take(tiles);
+    out.q_num_blocks = take(columns);
+    out.q_indices = take(tiles);
+    out.full_q_num_blocks = take(columns);
+    out.full_q_indices = take(tiles);
+    std::size_t span_temp_bytes = 0, tile_temp_bytes = 0;
+    check_ok(gpu::scan_spans(nullptr, span_temp_bytes, view, nullptr));
+    check_ok(gpu::scan_spans_tiles(nullptr, tile_temp_bytes, view, TileSize{}, nullptr, out));
+    void *span_temp = nullptr, *tile_temp = nullptr;
+    CHECK_CUDA(cudaMalloc(&span_temp, span_temp_bytes));
+    CHECK_CUDA(cudaMalloc(&tile_temp, tile_temp_bytes));
+
+    const float read_ms = median_ms(options.reps, [&] {
+      plain_read<<<read_grid, 256>>>(static_cast<const uint4*>(view.data()), view.extent_bytes() / 16, sink);
+    });
+    const float spans_ms =
+        median_ms(options.reps, [&] { check_ok(gpu::scan_spans(span_temp, span_temp_bytes, view, d_rows)); });
+    const float tiles_ms = median_ms(options.reps, [&] {
+      check_ok(gpu::scan_spans_tiles(tile_temp, tile_temp_bytes, view, TileSize{}, d_rows, out));
+    });
+    const auto gbs = [&](float ms) { return bytes / (ms * 1e-3) / 1e9; };
+    std::printf("| %s | %.3f ms | %.0f | %.3f ms | %.2f | %.3f ms | %.0f | **%.2f** | %.2f | %lld / %lld / %lld%s |\n",
+                name.c_str(), read_ms, gbs(read_ms), spans_ms, spans_ms / read_ms, tiles_ms, gbs(tiles_ms),
+                tiles_ms / read_ms, tiles_ms / spans_ms, static_cast<long long>(tally.empty),
+                static_cast<long long>(tally.partial), static_cast<long long>(tally.full), right ? "" : " (WRONG)");
+    std::fflush(stdout);
+    if (options.json)
+      std::fprintf(options.json,
+                   "{\"case\": \"%s\", \"bytes\": %.0f, \"plain_read_ms\": %.4f, \"scan_spans_ms\": %.4f, "
+                   "\"tiles_ms\": %.4f, \"tiles_gbs\": %.1f, \"tiles_over_read\": %.4f, \"tiles_over_spans\": %.4f, "
+                   "\"empty\": %lld, \"partial\": %lld, \"full\": %lld, \"right\": %s}\n",
+                   name.c_str(), bytes, read_ms, spans_ms, tiles_ms, gbs(tiles_ms), tiles_ms / read_ms,
+                   tiles_ms / spans_ms, static_cast<long long>(tally.empty), static_cast<long long>(tally.partial),
+                   static_cast<long long>(tally.full), right ? "true" : "false");
+    CHECK_CUDA(cudaFree(d_rows));
+    CHECK_CUDA(cudaFree(arrays));
+    CHECK_CUDA(cudaFree(span_temp));
+    CHECK_CUDA(cudaFree(tile_temp));
+  }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Bench bench;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--reps" && i + 1 < argc) {
+      bench.options.reps = std::max(1, std::atoi(argv[++i]));
+    } else if (arg == "--only" && i + 1 < argc) {
+      bench.options.only = argv[++i];
+    } else if ((arg == "--json" && i + 1 < argc) || (arg[0] != '-' && bench.options.json == nullptr)) {
+      const char* path = arg == "--json" ? argv[++i] : argv[i];
+      if ((bench.options.json = std::fopen(path, "w")) == nullptr) {
+        std::fprintf(stderr, "cannot write %s\n", path);
+        return 1;
+      }
+    } else {
+      std::fprintf(stderr, "usage: %s [out.jsonl | --json out.jsonl] [--reps N] [--only SUBSTRING]\n", argv[0]);
+      return 2;
+    }
+  }
+  CHECK_CUDA(cudaMalloc(&bench.sink, sizeof(unsigned)));
+  cudaDeviceProp prop{};
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  bench.read_grid = static_cast<unsigned>(prop.multiProcessorCount) * 8;
+  int driver = 0, runtime = 0;
+  CHECK_CUDA(cudaDriverGetVersion(&driver));
+  CHECK_CUDA(cudaRuntimeGetVersion(&runtime));
+  std::printf("%s, %d SMs, sm_%d%d, CUDA driver %d, runtime %d; median of %d; tiles 128 x 128, all eight BlockMask "
+              "arrays written\n\n",
+              prop.name, prop.multiProcessorCount, prop.major, prop.minor, driver, runtime, bench.options.reps);
+  std::printf("| case | plain read | GB/s | scan_spans | x read | spans + tiles + BlockMask | GB/s | x read | x spans | "
+              "empty / partial / full tiles |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
+
+  const std::int64_t kLargest = 65536;
+  void* buffer = nullptr;
+  CHECK_CUDA(cudaMalloc(&buffer, static_cast<std::size_t>(kLargest * kLargest)));
+  for (const std::int64_t L : {std::int64_t{32768}, std::int64_t{65536}}) {
+    const std::string size = std::to_string(L) + "^2";
+    const std::string names[] = {"bool " + size + " window 4096", "bool " + size + " 3 documents",
+                                 "bool " + size + " block-sparse 25%"};
+    const std::string kinds[] = {"window", "documents", "blocks"};
+    for (int c = 0; c < 3; ++c) {
+      if (!bench.wanted(names[c])) continue;
+      auto* m = static_cast<std::uint8_t*>(buffer);
+      const std::uint8_t one = 1, zero = 0;
+      if (c == 0) fill<<<8192, 256>>>(m, L, one, zero, Window{4096});
+      if (c == 1) fill<<<8192, 256>>>(m, L, one, zero, Documents{L * 27 / 100, L * 61 / 100});
+      if (c == 2) fill<<<8192, 256>>>(m, L, one, zero, BlockSparse{});
+      CHECK_LAUNCH();
+      CHECK_CUDA(cudaDeviceSynchronize());
+      const std::int64_t shape[] = {L, L};
+      auto view = MaskView::contiguous(m, ElementType::boolean, shape);
+      check_ok(view.status());
+      auto expected = expected_tiles(kinds[c], L);
+      check_ok(expected.status());
+      bench.run_case(names[c], *view, *expected);
+    }
+  }
+  {  // an additive mask: bf16, 0 / -inf, the same window at 32768^2 (2 GiB)
+    const std::int64_t L = 32768;
+    const std::string name = "bf16 32768^2 window 4096, masked -inf";
+    if (bench.wanted(name)) {
+      auto* m = static_cast<std::uint16_t*>(buffer);
+      fill<<<8192, 256>>>(m, L, std::uint16_t{0}, std::uint16_t{0xff80}, Window{4096});
+      CHECK_LAUNCH();
+      CHECK_CUDA(cudaDeviceSynchronize());
+      const std::int64_t shape[] = {L, L};
+      auto view = MaskView::contiguous(m, ElementType::bfloat16, shape);
+      check_ok(view.status());
+      auto expected = expected_tiles("window", L);
+      check_ok(expected.status());
+      bench.run_case(name, *view, *expected);
+    }
+  }
+  CHECK_CUDA(cudaFree(buffer));
+  CHECK_CUDA(cudaFree(bench.sink));
+  if (bench.options.json && std::fclose(bench.options.json) != 0) {
+    std::fprintf(stderr, "writing the JSON lines failed\n");
+    return 1;
+  }
+  if (!bench.all_right) {
+    std::fprintf(stderr, "a case's tiles were wrong: its figures measure a wrong scan\n");
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,285 @@
+// Tile summaries on the device, in the pass that scans the row spans: the kernels and
+// their launch. nvcc only; the entry points are declared in tiles.hpp and defined in
+// tiles.cu.
+//   1. the scan: dispatch_scan.cuh's agents with SpanTileAccumulator; a block takes
+//      units of rows of one q tile (tile_plan.hpp), reduces each row's span with CUB
+//      and stores it, while every thread adds its attending keys into the block's
+//      per-k-tile counters; after a unit the block adds the counters into the q tile's
+//      64-bit counts (temporary storage, zeroed before the scan);
+//   2. torch's BlockMask: a warp per q tile (its row of k tiles) and a warp per k tile
+//      (its column of q tiles) turns the counts into states (TileGrid::state_of) and
+//      writes the tiles of each state in ascending order, then the others in ascending
+//      order: what write_kv_row / write_q_column write (tile_grid.hpp), with ballots in
+//      place of their loops.
+// Launched with cudaLaunchKernelEx (its result is the launch's own status: the caller's
+// CUDA "last error" is neither read nor cleared).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include <cub/block/block_reduce.cuh>
+#include <cub/warp/warp_reduce.cuh>
+
+#include "../mask_view.hpp"
+#include "../tile_grid.hpp"
+#include "accumulators.cuh"
+#include "agent_scan.cuh"
+#include "dispatch_scan.cuh"
+#include "tile_accumulator.cuh"
+#include "tile_plan.hpp"
+#include "tuning.cuh"
+
+namespace masklens::gpu::detail {
+
+// The accumulator a thread starts each row with: the block's counters (Shared) or the
+// unit's q tile's counts.
+template <bool Shared>
+using TileCount = std::conditional_t<Shared, unsigned, unsigned long long>;
+
+template <bool Shared>
+__device__ __forceinline__ SpanTileAccumulator<TileCount<Shared>> tile_accumulator(const TileScanPlan& plan,
+                                                                                   const TileUnit& unit,
+                                                                                   unsigned* shared_counts,
+                                                                                   unsigned long long* counts) {
+  SpanTileAccumulator<TileCount<Shared>> acc{};
+  if constexpr (Shared) {
+    const int copy = static_cast<int>(threadIdx.x & 31u) & ((1 << plan.copy_shift) - 1);
+    acc.tiles.counts = shared_counts + copy;
+    acc.tiles.copy_shift = plan.copy_shift;
+  } else {
+    acc.tiles.counts = counts + plan.grid.tile_index(unit.slice, unit.qt, 0);
+    acc.tiles.copy_shift = 0;
+  }
+  acc.tiles.keys = plan.keys;
+  return acc;
+}
+
+// Adds the block's counters into the unit's q tile's counts, zeroing them for the next
+// unit. Between two __syncthreads: every add of the unit is before, the next unit after.
+__device__ __forceinline__ void flush_tile_counters(const TileScanPlan& plan, const TileUnit& unit,
+                                                    unsigned* shared_counts, unsigned long long* counts) {
+  const std::int64_t nk = plan.grid.k_tiles(), copies = std::int64_t{1} << plan.copy_shift;
+  unsigned long long* q_tile = counts + plan.grid.tile_index(unit.slice, unit.qt, 0);
+  for (std::int64_t kt = threadIdx.x; kt < nk; kt += blockDim.x) {
+    unsigned* slot = shared_counts + (kt << plan.copy_shift);
+    unsigned long long sum = 0;
+    for (std::int64_t c = 0; c < copies; ++c) {
+      sum += slot[c];
+      slot[c] = 0;
+    }
+    if (sum != 0) atomicAdd(q_tile + kt, sum);
+  }
+}
+
+__device__ __forceinline__ void zero_tile_counters(const TileScanPlan& plan, unsigned* shared_counts) {
+  for (std::int64_t i = threadIdx.x; i < plan.slots(); i += blockDim.x) shared_counts[i] = 0;
+}
+
+// A block per row (long rows): the block reads the unit's rows one after another.
+template <class Policy, int Esize, bool Shared>
+__global__ void __launch_bounds__(Policy::kBlockThreads)
+    scan_tiles_block_kernel(ScanParams s, TileScanPlan plan, RowSpan* rows, unsigned long long* counts) {
+  using Accumulator = SpanTileAccumulator<TileCount<Shared>>;
+  using Reduce = cub::BlockReduce<SpanAccumulator, Policy::kBlockThreads>;
+  __shared__ typename Reduce::TempStorage temp;
+  extern __shared__ unsigned shared_counts[];  // plan.slots() when Shared
+  const AgentScanRow<Policy, Esize, Accumulator, Policy::kBlockThreads> agent(s);
+  const int thread = static_cast<int>(threadIdx.x);
+  if constexpr (Shared) {
+    zero_tile_counters(plan, shared_counts);
+    __syncthreads();
+  }
+  for (std::int64_t u = blockIdx.x; u < plan.units; u += gridDim.x) {
+    const TileUnit unit = plan.unit(u);
+    const Accumulator init = tile_accumulator<Shared>(plan, unit, shared_counts, counts);
+    for (std::int64_t q = unit.q_begin; q < unit.q_end; ++q) {
+      const std::int64_t r = unit.slice * s.q_len + q;
+      const Accumulator mine = agent.scan(r, thread, init);
+      const SpanAccumulator row = Reduce(temp).Reduce(mine.spans, MergeAccumulators<SpanAccumulator>{});
+      if (thread == 0) row.store(rows, r);
+      __syncthreads();  // temp is reused by the next row; the unit's adds are done after the last
+    }
+    if constexpr (Shared) {
+      __syncthreads();  // a unit with no rows (past a ragged q tile) has had no barrier
+      flush_tile_counters(plan, unit, shared_counts, counts);
+      __syncthreads();
+    }
+  }
+}
+
+// A warp per row (short rows): the block's warps read the unit's rows side by side.
+template <class Policy, int Esize, bool Shared>
+__global__ void __launch_bounds__(Policy::kBlockThreads)
+    scan_tiles_warp_kernel(ScanParams s, TileScanPlan plan, RowSpan* rows, unsigned long long* counts) {
+  using Accumulator = SpanTileAccumulator<TileCount<Shared>>;
+  using Reduce = cub::WarpReduce<SpanAccumulator>;
+  constexpr int kRowsAtOnce = Policy::kWarpRowsPerBlock;
+  __shared__ typename Reduce::TempStorage temp[kRowsAtOnce];
+  extern __shared__ unsigned shared_counts[];
+  const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
+  const AgentScanRow<Policy, Esize, Accumulator, 32> agent(s);
+  if constexpr (Shared) {
+    zero_tile_counters(plan, shared_counts);
+    __syncthreads();
+  }
+  for (std::int64_t u = blockIdx.x; u < plan.units; u += gridDim.x) {
+    const TileUnit unit = plan.unit(u);
+    const Accumulator init = tile_accumulator<Shared>(plan, unit, shared_counts, counts);
+    for (std::int64_t q = unit.q_begin + warp; q < unit.q_end; q += kRowsAtOnce) {
+      const std::int64_t r = unit.slice * s.q_len + q;
+      const Accumulator mine = agent.scan(r, lane, init);
+      const SpanAccumulator row = Reduce(temp[warp]).Reduce(mine.spans, MergeAccumulators<SpanAccumulator>{});
+      if (lane == 0) row.store(rows, r);
+      __syncwarp();
+    }
+    if constexpr (Shared) {
+      __syncthreads();
+      flush_tile_counters(plan, unit, shared_counts, counts);
+      __syncthreads();
+    }
+  }
+}
+
+// The scan with `Policy`: the kernel for the row length, the plan for that kernel.
+template <class Policy, int Esize>
+cudaError_t launch_tiles_with(const ScanParams& s, const TileGrid& g, RowSpan* rows, unsigned long long* counts,
+                              cudaStream_t stream) {
+  const bool block_per_row = s.k_len * Esize >= Policy::kLongRowBytes;
+  const TileScanPlan plan = plan_tile_scan(g, Esize, block_per_row ? 1 : Policy::kWarpRowsPerBlock);
+  cudaLaunchConfig_t config{};
+  config.blockDim = dim3(Policy::kBlockThreads);
+  config.gridDim = dim3(static_cast<unsigned>(plan.units < Policy::kMaxGrid ? plan.units : Policy::kMaxGrid));
+  config.dynamicSmemBytes = plan.shared ? plan.shared_bytes : 0;
+  config.stream = stream;
+  if (block_per_row) {
+    if (plan.shared)
+      return cudaLaunchKernelEx(&config, scan_tiles_block_kernel<Policy, Esize, true>, s, plan, rows, counts);
+    return cudaLaunchKernelEx(&config, scan_tiles_block_kernel<Policy, Esize, false>, s, plan, rows, counts);
+  }
+  if (plan.shared)
+    return cudaLaunchKernelEx(&config, scan_tiles_warp_kernel<Policy, Esize, true>, s, plan, rows, counts);
+  return cudaLaunchKernelEx(&config, scan_tiles_warp_kernel<Policy, Esize, false>, s, plan, rows, counts);
+}
+
+template <int Esize>
+cudaError_t launch_tiles_for_arch(int arch, const ScanParams& s, const TileGrid& g, RowSpan* rows,
+                                  unsigned long long* counts, cudaStream_t stream) {
+  switch (tuned_arch(arch)) {
+    case 900: return launch_tiles_with<typename ScanTuning<Esize, 900>::Policy, Esize>(s, g, rows, counts, stream);
+    default: return launch_tiles_with<typename ScanTuning<Esize, 800>::Policy, Esize>(s, g, rows, counts, stream);
+  }
+}
+
+// Enqueues the scan of `view` (device memory, validated) into `rows` (span_rows(view)
+// RowSpans) and the per-tile counts of grid `g` (tile_grid_for(view, size)) into
+// `counts` (g.tiles() zeroed 64-bit counts) on `stream`; the launch's own status.
+inline cudaError_t dispatch_scan_tiles(const MaskView& view, const TileGrid& g, RowSpan* rows,
+                                       unsigned long long* counts, cudaStream_t stream) {
+  int arch = 0;
+  if (const cudaError_t e = current_arch(arch); e != cudaSuccess) return e;
+  const ScanParams s = scan_params(view);
+  switch (element_size(view.dtype())) {
+    case 1: return launch_tiles_for_arch<1>(arch, s, g, rows, counts, stream);
+    case 2: return launch_tiles_for_arch<2>(arch, s, g, rows, counts, stream);
+    default: return launch_tiles_for_arch<4>(arch, s, g, rows, counts, stream);
+  }
+}
+
+// --- torch's BlockMask from the counts ---
+
+inline constexpr int kBlockMaskThreads = 256;
+
+// One warp writes one line of n tiles (a q tile's k tiles, or a k tile's q tiles; tile i's
+// state is state(i)): into part_* the partial tiles, into full_* the full ones, each as
+// detail::write_ordered writes it — the count, the indices in the state in ascending
+// order, then the others in ascending order. Null pointers are skipped; states[i *
+// stride] gets each state where states is not null. Every lane of the warp calls it with
+// the same arguments.
+template <class StateOf>
+__device__ void write_line(std::int64_t n, StateOf state, std::int32_t* part_count, std::int32_t* part_idx,
+                           std::int32_t* full_count, std::int32_t* full_idx, TileState* states,
+                           std::int64_t stride) {
+  const unsigned lane = threadIdx.x & 31u, below = (1u << lane) - 1u;
+  std::int32_t parts = 0, fulls = 0;
+  for (std::int64_t base = 0; base < n; base += 32) {
+    const std::int64_t i = base + lane;
+    const TileState st = i < n ? state(i) : TileState::empty;
+    const unsigned p = __ballot_sync(0xffffffffu, st == TileState::partial);
+    const unsigned f = __ballot_sync(0xffffffffu, st == TileState::full);
+    if (st == TileState::partial && part_idx) part_idx[parts + __popc(p & below)] = static_cast<std::int32_t>(i);
+    if (st == TileState::full && full_idx) full_idx[fulls + __popc(f & below)] = static_cast<std::int32_t>(i);
+    if (states && i < n) states[i * stride] = st;
+    parts += __popc(p);
+    fulls += __popc(f);
+  }
+  if (lane == 0) {
+    if (part_count) *part_count = parts;
+    if (full_count) *full_count = fulls;
+  }
+  if (part_idx == nullptr && full_idx == nullptr) return;
+  // torch's padding: the tiles not in the state, ascending, after those that are.
+  std::int32_t other_parts = parts, other_fulls = fulls;
+  for (std::int64_t base = 0; base < n; base += 32) {
+    const std::int64_t i = base + lane;
+    const bool in = i < n;
+    const TileState st = in ? state(i) : TileState::empty;
+    const unsigned p = __ballot_sync(0xffffffffu, in && st != TileState::partial);
+    const unsigned f = __ballot_sync(0xffffffffu, in && st != TileState::full);
+    if (in && st != TileState::partial && part_idx)
+      part_idx[other_parts + __popc(p & below)] = static_cast<std::int32_t>(i);
+    if (in && st != TileState::full && full_idx)
+      full_idx[other_fulls + __popc(f & below)] = static_cast<std::int32_t>(i);
+    other_parts += __popc(p);
+    other_fulls += __popc(f);
+  }
+}
+
+// Warps [0, slices x q_tiles) write the kv side (and the states, if asked), the next
+// slices x k_tiles warps the q side; each computes its tiles' states from the counts.
+__global__ void __launch_bounds__(kBlockMaskThreads)
+    block_mask_kernel(TileGrid g, const unsigned long long* counts, BlockMaskArrays out, TileState* states) {
+  const std::int64_t nq = g.q_tiles(), nk = g.k_tiles();
+  const std::int64_t kv_lines = g.slices() * nq, lines = kv_lines + g.slices() * nk;
+  const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * (kBlockMaskThreads / 32);
+  for (std::int64_t w = (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; w < lines;
+       w += warps) {
+    if (w < kv_lines) {
+      const std::int64_t slice = w / nq, qt = w % nq;
+      const unsigned long long* row = counts + g.tile_index(slice, qt, 0);
+      const auto state = [&](std::int64_t kt) { return g.state_of(qt, kt, static_cast<std::int64_t>(row[kt])); };
+      write_line(nk, state, out.kv_num_blocks ? out.kv_num_blocks + w : nullptr,
+                 out.kv_indices ? out.kv_indices + w * nk : nullptr,
+                 out.full_kv_num_blocks ? out.full_kv_num_blocks + w : nullptr,
+                 out.full_kv_indices ? out.full_kv_indices + w * nk : nullptr,
+                 states ? states + g.tile_index(slice, qt, 0) : nullptr, 1);
+    } else {
+      const std::int64_t column = w - kv_lines, slice = column / nk, kt = column % nk;
+      const unsigned long long* first = counts + g.tile_index(slice, 0, kt);
+      const auto state = [&](std::int64_t qt) {
+        return g.state_of(qt, kt, static_cast<std::int64_t>(first[qt * nk]));
+      };
+      write_line(nq, state, out.q_num_blocks ? out.q_num_blocks + column : nullptr,
+                 out.q_indices ? out.q_indices + column * nq : nullptr,
+                 out.full_q_num_blocks ? out.full_q_num_blocks + column : nullptr,
+                 out.full_q_indices ? out.full_q_indices + column * nq : nullptr, nullptr, 0);
+    }
+  }
+}
+
+// Enqueues the BlockMask writer over the counts of grid `g`; the launch's own status.
+inline cudaError_t launch_block_mask(const TileGrid& g, const unsigned long long* counts, const BlockMaskArrays& out,
+                                     TileState* states, cudaStream_t stream) {
+  const std::int64_t lines = g.slices() * (g.q_tiles() + g.k_tiles());
+  const std::int64_t blocks = (lines + kBlockMaskThreads / 32 - 1) / (kBlockMaskThreads / 32);
+  constexpr std::int64_t kMaxBlocks = std::int64_t{1} << 20;
+  cudaLaunchConfig_t config{};
+  config.blockDim = dim3(kBlockMaskThreads);
+  config.gridDim = dim3(static_cast<unsigned>(blocks < kMaxBlocks ? blocks : kMaxBlocks));
+  config.stream = stream;
+  return cudaLaunchKernelEx(&config, block_mask_kernel, g, counts, out, states);
+}
+
+}  // namespace masklens::gpu::detail

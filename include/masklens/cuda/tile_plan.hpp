@@ -1,0 +1,165 @@
+// How the device counts tiles in the pass that scans the row spans, for any compiler: the
+// kernels of dispatch_tiles.cuh follow this plan, and a host test replays it (the agent
+// on the CPU, tests/test_tile_agent_on_host.cpp), so the division of keys into k tiles,
+// the split of q tiles into units and the counter sizes are tested without a GPU. No
+// CUDA headers.
+//
+// A block takes units of consecutive rows of one q tile (a block per row, or a warp per
+// row and several rows at once) and adds each row's attending keys per k tile into its
+// own counters in shared memory: one 32-bit counter per k tile and *copy*, the lanes of
+// a warp spread over the copies so that lanes reading keys of one tile rarely add to one
+// address in one instruction. At the end of a unit the block adds each tile's copies into
+// the q tile's 64-bit count in global memory (skipping zeros). Where the counters of a
+// row's k tiles do not fit the shared-memory budget (tiny k tiles, huge rows), or a
+// 32-bit counter could overflow, every add goes to the 64-bit counts directly.
+#pragma once
+
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+
+#include "../config.hpp"
+#include "../tile_grid.hpp"
+
+namespace masklens::gpu::detail {
+
+// k / block_k for the keys of a row. A device divides a key by an invariant divisor
+// with a multiply and a shift (Granlund-Montgomery, the round-up method): with
+// l = ceil(log2 d), p = 31 + l and m = ceil(2^p / d) < 2^32, floor(k * m / 2^p) = floor(k / d)
+// for every k < 2^31 (the error k * (m d - 2^p) / (d 2^p) stays below 2^-l <= 1/d). Rows
+// of more than 2^31 keys take a 64-bit division. `divisor` is min(block_k, k_len): a k
+// tile wider than the row holds every key, and the divisor stays below 2^31 where
+// the multiply serves.
+struct KeyTileDivider {
+  std::int64_t divisor = 1;      // keys per k tile, as counted: min(block_k, k_len)
+  std::uint32_t multiplier = 0;  // m (unused when wide)
+  int shift = 31;                // p
+  bool wide = false;             // k_len > 2^31: keys / divisor in 64 bits
+
+  static constexpr std::int64_t kFastKeys = std::int64_t{1} << 31;
+
+  [[nodiscard]] static constexpr KeyTileDivider make(std::int64_t block_k, std::int64_t k_len) noexcept {
+    KeyTileDivider d;
+    d.divisor = block_k < k_len ? block_k : k_len;
+    d.wide = k_len > kFastKeys;
+    if (!d.wide) {
+      const int l = static_cast<int>(std::bit_width(static_cast<std::uint64_t>(d.divisor - 1)));  // ceil(log2 divisor)
+      d.shift = 31 + l;
+      const std::uint64_t p = std::uint64_t{1} << d.shift, div = static_cast<std::uint64_t>(d.divisor);
+      d.multiplier = static_cast<std::uint32_t>((p + div - 1) / div);  // < 2^32: see above
+    }
+    return d;
+  }
+
+  // The k tile of key k, 0 <= k < k_len.
+  [[nodiscard]] MASKLENS_HOST_DEVICE constexpr std::int64_t tile_of(std::int64_t k) const noexcept {
+    if (wide) return k / divisor;
+    return static_cast<std::int64_t>((static_cast<std::uint64_t>(k) * std::uint64_t{multiplier}) >> shift);
+  }
+};
+
+// The rows of one unit: rows [q_begin, q_end) of q tile qt of stored slice `slice`
+// (empty past a ragged last q tile).
+struct TileUnit {
+  std::int64_t slice = 0, qt = 0, q_begin = 0, q_end = 0;
+};
+
+// Shared-memory counters a block may take: enough for 512 k tiles (65536 keys at 128)
+// with 16 copies, and small enough that register use, not shared memory, bounds how
+// many blocks an SM holds.
+inline constexpr std::size_t kTileSharedBudget = 32 * 1024;
+// Units a scan aims for: several per block an H200 holds at once (132 SMs x 8), so the
+// last wave is short; fewer rows per unit only below that.
+inline constexpr std::int64_t kTileTargetUnits = 8192;
+// The most rows a unit takes per row read at once: a unit's counters are added into the
+// 64-bit counts once per unit, which costs about one shared-memory read per 16-byte
+// vector of a row, so a unit of 16 rows makes that 1/16 of the pass's loads.
+inline constexpr std::int64_t kTileMaxRowsPerParallelRow = 16;
+
+struct TileScanPlan {
+  TileGrid grid;
+  KeyTileDivider keys;
+  bool shared = true;               // counters in shared memory (false: 64-bit atomics on the counts)
+  int copy_shift = 0;               // 2^copy_shift copies of each k tile's counter
+  std::int64_t rows_per_unit = 1;   // consecutive rows of one q tile
+  std::int64_t groups = 1;          // units per (slice, q tile)
+  std::int64_t units = 1;           // slices x q tiles x groups
+  std::size_t shared_bytes = 0;     // k_tiles << copy_shift 32-bit counters (0 when not shared)
+
+  // Counter slots of the block: k tile kt's copy c is slot (kt << copy_shift) + c.
+  [[nodiscard]] MASKLENS_HOST_DEVICE constexpr std::int64_t slots() const noexcept {
+    return grid.k_tiles() << copy_shift;
+  }
+
+  [[nodiscard]] MASKLENS_HOST_DEVICE constexpr TileUnit unit(std::int64_t u) const noexcept {
+    const std::int64_t group = u % groups, rest = u / groups, nq = grid.q_tiles();
+    TileUnit t;
+    t.slice = rest / nq;
+    t.qt = rest % nq;
+    const std::int64_t tile_end = grid.q_end(t.qt);
+    t.q_begin = grid.q_begin(t.qt) + group * rows_per_unit;
+    if (t.q_begin > tile_end) t.q_begin = tile_end;
+    t.q_end = tile_end - t.q_begin < rows_per_unit ? tile_end : t.q_begin + rows_per_unit;
+    return t;
+  }
+};
+
+// The plan for `g` (checked by make_tile_grid) and a mask of `esize`-byte elements read
+// by a kernel that reads `rows_at_once` rows at a time per block (1 with a block per
+// row, the warps of a block with a warp per row).
+[[nodiscard]] constexpr TileScanPlan plan_tile_scan(const TileGrid& g, int esize, int rows_at_once) noexcept {
+  TileScanPlan p;
+  p.grid = g;
+  p.keys = KeyTileDivider::make(g.block_k, g.k_len);
+  const std::int64_t nk = g.k_tiles(), tile_rows = g.block_q < g.q_len ? g.block_q : g.q_len;
+  const std::int64_t rows = g.slices() * g.q_len;
+
+  // Rows per unit: enough units to balance the device, few enough flushes to be free.
+  const std::int64_t at_once = rows_at_once < 1 ? 1 : rows_at_once;
+  std::int64_t r = (rows + kTileTargetUnits - 1) / kTileTargetUnits;
+  if (r < at_once) r = at_once;
+  if (r > kTileMaxRowsPerParallelRow * at_once) r = kTileMaxRowsPerParallelRow * at_once;
+  if (r > tile_rows) r = tile_rows;
+
+  // A 32-bit counter holds at most r rows x divisor keys of one tile.
+  const std::int64_t max_count = (std::int64_t{1} << 32) - 1;
+  if (p.keys.divisor > max_count) {
+    p.shared = false;
+  } else if (r > max_count / p.keys.divisor) {
+    r = max_count / p.keys.divisor;
+  }
+
+  // Copies: about as many as the 16-byte vectors of one k tile (the lanes of a warp that
+  // can land in one tile), at most 32, halved until the counters fit the budget.
+  if (p.shared) {
+    const std::int64_t bytes_per_tile = p.keys.divisor * esize;
+    const std::int64_t vectors = bytes_per_tile / 16 + (bytes_per_tile % 16 != 0 ? 1 : 0);
+    int shift = 0;
+    while (shift < 5 && (std::int64_t{1} << shift) < vectors) ++shift;
+    const auto budget_slots = static_cast<std::int64_t>(kTileSharedBudget / sizeof(std::uint32_t));
+    while (shift > 0 && nk > (budget_slots >> shift)) --shift;
+    if (nk > budget_slots) {
+      p.shared = false;
+    } else {
+      p.copy_shift = shift;
+      p.shared_bytes = static_cast<std::size_t>(nk << shift) * sizeof(std::uint32_t);
+    }
+  }
+  if (!p.shared) p.copy_shift = 0;
+
+  p.rows_per_unit = r;
+  p.groups = tile_rows / r + (tile_rows % r != 0 ? 1 : 0);
+  p.units = g.slices() * g.q_tiles() * p.groups;
+  return p;
+}
+
+// scan_spans_tiles()'s temporary storage: one 64-bit count per tile, at the first
+// 256-byte boundary of the storage (255 spare bytes: any address will do). 0 where the
+// count array would not fit in memory addresses.
+[[nodiscard]] constexpr std::size_t tile_scan_temp_bytes(const TileGrid& g) noexcept {
+  const std::int64_t tiles = g.tiles();
+  if (tiles < 0 || static_cast<std::uint64_t>(tiles) > (SIZE_MAX - 255) / sizeof(std::uint64_t)) return 0;
+  return static_cast<std::size_t>(tiles) * sizeof(std::uint64_t) + 255;
+}
+
+}  // namespace masklens::gpu::detail

@@ -1,0 +1,236 @@
+// Tile summaries on the device: the entry points declared in tiles.hpp, compiled once
+// with nvcc into masklens_cuda_dep beside scan.cu and runs.cu (another build system
+// compiles this file into the program). Every CUDA call's result is checked and returned
+// as a Status naming the call; cleanup failures are reported too, after any earlier one.
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../scan.hpp"
+#include "../tiles.hpp"
+#include "check.cuh"
+#include "dispatch_tiles.cuh"
+#include "tiles.hpp"
+
+namespace masklens::gpu {
+
+namespace {
+
+using detail::check;
+using detail::keep_first;
+
+std::size_t align256(std::size_t n) { return (n + 255) & ~std::size_t{255}; }
+
+bool aligned(const void* p, std::size_t alignment) {
+  return reinterpret_cast<std::uintptr_t>(p) % alignment == 0;
+}
+
+// The BlockMask arrays by field, for the checks and the copies.
+std::int32_t* field(const BlockMaskArrays& a, BlockMaskField f) {
+  switch (f) {
+    case BlockMaskField::kv_num_blocks: return a.kv_num_blocks;
+    case BlockMaskField::kv_indices: return a.kv_indices;
+    case BlockMaskField::full_kv_num_blocks: return a.full_kv_num_blocks;
+    case BlockMaskField::full_kv_indices: return a.full_kv_indices;
+    case BlockMaskField::q_num_blocks: return a.q_num_blocks;
+    case BlockMaskField::q_indices: return a.q_indices;
+    case BlockMaskField::full_q_num_blocks: return a.full_q_num_blocks;
+    case BlockMaskField::full_q_indices: return a.full_q_indices;
+  }
+  return nullptr;
+}
+
+// Entries of one BlockMask array of grid g.
+std::size_t entries(const TileGrid& g, BlockMaskField f) {
+  switch (f) {
+    case BlockMaskField::kv_num_blocks:
+    case BlockMaskField::full_kv_num_blocks: return static_cast<std::size_t>(g.slices() * g.q_tiles());
+    case BlockMaskField::q_num_blocks:
+    case BlockMaskField::full_q_num_blocks: return static_cast<std::size_t>(g.slices() * g.k_tiles());
+    default: return static_cast<std::size_t>(g.tiles());
+  }
+}
+
+std::string field_name(BlockMaskField f) { return "d_block_mask." + std::string(to_string(f)); }
+
+// The first row flagged NaN / +inf, as an error naming it (scan()'s words); ok if none.
+Status first_invalid_row(const SpanTable& table, const MaskView* host_view) {
+  for (std::size_t r = 0; r < table.rows.size(); ++r) {
+    if (!(table.rows[r].flags & kRowInvalid)) continue;
+    const auto slice = static_cast<std::int64_t>(r) / table.q_len, q = static_cast<std::int64_t>(r) % table.q_len;
+    const std::int64_t b = slice / table.distinct_heads, h = slice % table.distinct_heads;
+    if (host_view) return masklens::detail::invalid_element_error(*host_view, b, h, q);  // the mask is on the host
+    return error(ErrorCode::invalid_value,
+                 "mask row [" + std::to_string(b) + ", " + std::to_string(h) + ", " + std::to_string(q) +
+                     "] holds NaN or +inf; an additive mask holds 0, a bias, or -inf / a value <= the threshold");
+  }
+  return {};
+}
+
+// The host side of a TileScan for `view` and `g`, every array sized.
+Result<TileScan> host_result(const MaskView& view, const TileGrid& g) {
+  if (g.tiles() > static_cast<std::int64_t>(SIZE_MAX / 64))
+    return error(ErrorCode::out_of_memory, "a tile summary of " + std::to_string(g.tiles()) + " tiles is too large");
+  Result<SpanTable> spans = SpanTable::for_view(view);
+  if (!spans) return spans.status();
+  Result<TileSummary> tiles = TileSummary::for_grid(g);
+  if (!tiles) return tiles.status();
+  return catch_alloc([&]() -> Result<TileScan> {
+    TileScan out{std::move(*spans), std::move(*tiles), BlockMaskTensors{}};
+    BlockMaskTensors& t = out.block_mask;
+    t.grid = g;
+    for (std::vector<std::int32_t>* counts : {&t.kv_num_blocks, &t.full_kv_num_blocks})
+      counts->resize(entries(g, BlockMaskField::kv_num_blocks));
+    for (std::vector<std::int32_t>* counts : {&t.q_num_blocks, &t.full_q_num_blocks})
+      counts->resize(entries(g, BlockMaskField::q_num_blocks));
+    for (std::vector<std::int32_t>* indices : {&t.kv_indices, &t.full_kv_indices, &t.q_indices, &t.full_q_indices})
+      indices->resize(entries(g, BlockMaskField::kv_indices));
+    return out;
+  });
+}
+
+// scan_with_tiles() and scan_host_mask_with_tiles(): `host_view` null means `view` is
+// already device memory; otherwise `view` is the host view, copied first.
+Result<TileScan> run_with_tiles(const MaskView& view, const MaskView* host_view, std::int64_t offset_bytes,
+                                TileSize size, Stream stream) {
+  if (view.data() == nullptr) return error(ErrorCode::invalid_argument, "view is empty (data is null)");
+  Result<TileGrid> grid = tile_grid_for(view, size);
+  if (!grid) return grid.status();
+  const TileGrid& g = *grid;
+  std::size_t temp_bytes = 0;
+  if (Status st = scan_spans_tiles(nullptr, temp_bytes, view, size, nullptr, BlockMaskArrays{}, nullptr, stream);
+      !st.ok())
+    return st;
+  Result<TileScan> made = host_result(view, g);
+  if (!made) return made.status();
+  TileScan& out = *made;
+
+  // One device block: [mask copy][spans][states][the eight arrays][temporary storage],
+  // each part at a 256-byte boundary (the mask `offset_bytes` past one).
+  const std::size_t mask_bytes =
+      host_view ? align256(static_cast<std::size_t>(view.extent_bytes()) + static_cast<std::size_t>(offset_bytes)) : 0;
+  std::size_t at = mask_bytes;
+  const std::size_t spans_at = at;
+  at += align256(out.spans.rows.size() * sizeof(RowSpan));
+  const std::size_t states_at = at;
+  at += align256(out.tiles.states.size());
+  std::size_t fields_at[std::size(kBlockMaskFields)];
+  for (std::size_t i = 0; i < std::size(kBlockMaskFields); ++i) {
+    fields_at[i] = at;
+    at += align256(entries(g, kBlockMaskFields[i]) * sizeof(std::int32_t));
+  }
+  const std::size_t temp_at = at;
+  const std::size_t total = at + temp_bytes + 255;  // 255: the pool's alignment is not documented
+
+  void* raw = nullptr;
+  Status st = check(cudaMallocAsync(&raw, total, stream), "cudaMallocAsync(tile scan)");
+  if (!st.ok()) return st;  // cudaMallocAsync leaves raw unspecified on failure: nothing to free
+  auto* base = reinterpret_cast<std::uint8_t*>(align256(reinterpret_cast<std::uintptr_t>(raw)));
+  MaskView device_view = view;
+  if (host_view) {
+    std::uint8_t* mask = base + offset_bytes;
+    st = check(cudaMemcpyAsync(mask, view.data(), static_cast<std::size_t>(view.extent_bytes()), cudaMemcpyHostToDevice,
+                               stream),
+               "cudaMemcpyAsync(mask to the device)");
+    if (st.ok()) {
+      auto on_device = MaskView::make(mask, view.dtype(), view.shape(), view.strides(), view.encoding());
+      if (on_device) device_view = *on_device;
+      else st = on_device.status();
+    }
+  }
+  auto* d_rows = reinterpret_cast<RowSpan*>(base + spans_at);
+  auto* d_states = reinterpret_cast<TileState*>(base + states_at);
+  BlockMaskArrays d_out{};
+  BlockMaskArrays h_out = out.block_mask.arrays();
+  std::int32_t** d_fields[] = {&d_out.kv_num_blocks, &d_out.kv_indices, &d_out.full_kv_num_blocks,
+                               &d_out.full_kv_indices, &d_out.q_num_blocks, &d_out.q_indices,
+                               &d_out.full_q_num_blocks, &d_out.full_q_indices};
+  for (std::size_t i = 0; i < std::size(kBlockMaskFields); ++i)
+    *d_fields[i] = reinterpret_cast<std::int32_t*>(base + fields_at[i]);
+  if (st.ok()) st = scan_spans_tiles(base + temp_at, temp_bytes, device_view, size, d_rows, d_out, d_states, stream);
+  if (st.ok())
+    st = check(cudaMemcpyAsync(out.spans.rows.data(), d_rows, out.spans.rows.size() * sizeof(RowSpan),
+                               cudaMemcpyDeviceToHost, stream),
+               "cudaMemcpyAsync(spans to the host)");
+  if (st.ok())
+    st = check(cudaMemcpyAsync(out.tiles.states.data(), d_states, out.tiles.states.size(), cudaMemcpyDeviceToHost,
+                               stream),
+               "cudaMemcpyAsync(tile states to the host)");
+  for (std::size_t i = 0; st.ok() && i < std::size(kBlockMaskFields); ++i) {
+    const BlockMaskField f = kBlockMaskFields[i];
+    st = check(cudaMemcpyAsync(field(h_out, f), field(d_out, f), entries(g, f) * sizeof(std::int32_t),
+                               cudaMemcpyDeviceToHost, stream),
+               "cudaMemcpyAsync(BlockMask tensors to the host)");
+  }
+  keep_first(st, check(cudaFreeAsync(raw, stream), "cudaFreeAsync(tile scan)"));
+  // The one synchronisation: the results are read on the host only after it.
+  keep_first(st, check(cudaStreamSynchronize(stream), "cudaStreamSynchronize"));
+  if (!st.ok()) return st;
+  if (Status bad = first_invalid_row(out.spans, host_view); !bad.ok()) return bad;
+  return made;
+}
+
+}  // namespace
+
+Status scan_spans_tiles(void* d_temp_storage, std::size_t& temp_storage_bytes, const MaskView& device_view,
+                        TileSize size, RowSpan* d_rows, const BlockMaskArrays& d_block_mask, TileState* d_states,
+                        Stream stream) {
+  if (device_view.data() == nullptr) return error(ErrorCode::invalid_argument, "view is empty (data is null)");
+  Result<TileGrid> grid = tile_grid_for(device_view, size);
+  if (!grid) return grid.status();
+  const TileGrid& g = *grid;
+  const std::size_t needed = detail::tile_scan_temp_bytes(g);
+  if (needed == 0)
+    return error(ErrorCode::out_of_memory, "the counts of " + std::to_string(g.tiles()) + " tiles do not fit in memory");
+  if (d_temp_storage == nullptr) {
+    temp_storage_bytes = needed;
+    return {};
+  }
+  if (temp_storage_bytes < needed)
+    return error(ErrorCode::invalid_argument, "temp_storage_bytes is " + std::to_string(temp_storage_bytes) +
+                                                  "; pass what the size query set (" + std::to_string(needed) + ")");
+  if (d_rows == nullptr) return error(ErrorCode::invalid_argument, "d_rows is null");
+  if (!aligned(d_rows, alignof(RowSpan))) return error(ErrorCode::misaligned_pointer, "d_rows is not aligned to RowSpan");
+  bool any_output = d_states != nullptr;
+  for (const BlockMaskField f : kBlockMaskFields) {
+    const std::int32_t* p = field(d_block_mask, f);
+    if (p == nullptr) continue;
+    any_output = true;
+    if (!aligned(p, alignof(std::int32_t)))
+      return error(ErrorCode::misaligned_pointer, field_name(f) + " is not aligned to int32 (4 bytes)");
+  }
+  if (!any_output)
+    return error(ErrorCode::invalid_argument,
+                 "no tile output: every d_block_mask pointer is null and d_states is null (scan_spans() scans spans alone)");
+  auto* counts = reinterpret_cast<unsigned long long*>(align256(reinterpret_cast<std::uintptr_t>(d_temp_storage)));
+  Status st = check(cudaMemsetAsync(counts, 0, static_cast<std::size_t>(g.tiles()) * sizeof(std::uint64_t), stream),
+                    "cudaMemsetAsync(tile counts)");
+  if (st.ok())
+    st = check(detail::dispatch_scan_tiles(device_view, g, d_rows, counts, stream),
+               "cudaLaunchKernelEx(tile scan kernel)");
+  if (st.ok())
+    st = check(detail::launch_block_mask(g, counts, d_block_mask, d_states, stream),
+               "cudaLaunchKernelEx(BlockMask kernel)");
+  return st;
+}
+
+Result<TileScan> scan_with_tiles(const MaskView& device_view, TileSize size, Stream stream) {
+  return run_with_tiles(device_view, nullptr, 0, size, stream);
+}
+
+Result<TileScan> scan_host_mask_with_tiles(const MaskView& host_view, TileSize size, std::int64_t offset_bytes,
+                                           Stream stream) {
+  if (host_view.data() == nullptr) return error(ErrorCode::invalid_argument, "view is empty (data is null)");
+  const int esize = element_size(host_view.dtype());
+  if (offset_bytes < 0 || offset_bytes >= 256 || offset_bytes % esize != 0)
+    return error(ErrorCode::misaligned_pointer, "offset_bytes must be a multiple of the element size (" +
+                                                    std::to_string(esize) + ") in [0, 256), got " +
+                                                    std::to_string(offset_bytes));
+  return run_with_tiles(host_view, &host_view, offset_bytes, size, stream);
+}
+
+}  // namespace masklens::gpu

@@ -1,0 +1,439 @@
+// Tile summaries on the device (masklens/cuda/tiles.hpp) against the host (the oracle:
+// scan_with_tiles, block_mask_tensors and scan() of tiles.hpp / scan.hpp): the spans of
+// the same pass row for row, every tile's state and torch's eight BlockMask tensors entry
+// for entry, on generated and mutated masks of every kind, element type, additive
+// encoding, layout (stride-0 broadcast included) and start alignment, at torch's 128 x
+// 128 and at 64 x 128, 96 x 80, tiny and random tile sizes with ragged last tiles, through
+// both kernels and both places the counters live; structures at 32768^2 against
+// tiles_from_structure; a single tile of 2^32 elements (64-bit counts); and the contract:
+// two-phase into the caller's arrays on the caller's stream with no synchronisation
+// (a CUDA graph capture), null arrays skipped, NaN rows, the caller's pending CUDA error
+// neither cleared nor taken. Plain C++: the CUDA runtime API and the masklens headers.
+#include <doctest/doctest.h>
+
+#include <cuda_runtime_api.h>
+#include <masklens/cuda/tiles.hpp>
+#include <masklens/masklens.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../support/additive_encodings.hpp"
+#include "../support/mask_gen.hpp"
+
+using namespace masklens;
+using namespace masklens::testing;
+
+namespace {
+
+#define REQUIRE_CUDA(call)                                                                  \
+  do {                                                                                      \
+    const cudaError_t e_ = (call);                                                          \
+    REQUIRE_MESSAGE(e_ == cudaSuccess, #call << ": " << std::string(cudaGetErrorName(e_))); \
+  } while (0)
+
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(std::size_t bytes) { REQUIRE_CUDA(cudaMalloc(&p_, bytes < 1 ? 1 : bytes)); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() {
+    if (p_) CHECK(cudaFree(p_) == cudaSuccess);
+  }
+  template <class T = std::uint8_t>
+  T* get() const {
+    return static_cast<T*>(p_);
+  }
+
+ private:
+  void* p_ = nullptr;
+};
+
+// A host view's bytes copied into `buffer` and the same view over the copy.
+MaskView to_device(const MaskView& host, const DeviceBuffer& buffer) {
+  REQUIRE_CUDA(cudaMemcpy(buffer.get(), host.data(), static_cast<std::size_t>(host.extent_bytes()),
+                          cudaMemcpyHostToDevice));
+  REQUIRE_CUDA(cudaDeviceSynchronize());
+  auto view = MaskView::make(buffer.get(), host.dtype(), host.shape(), host.strides(), host.encoding());
+  REQUIRE(view.ok());
+  return *view;
+}
+
+std::string text(TileSize s) { return std::to_string(s.q) + "x" + std::to_string(s.k); }
+
+// The device's spans, states and tensors equal the host's for `view` (host memory).
+void require_same_as_host(const MaskView& view, TileSize size, const gpu::TileScan& device) {
+  auto host = scan_with_tiles(view, size);
+  REQUIRE_MESSAGE(host.ok(), host.status().to_string());
+  auto spans = scan(view);
+  REQUIRE(spans.ok());
+  REQUIRE(device.spans.rows.size() == spans->rows.size());
+  for (std::size_t r = 0; r < spans->rows.size(); ++r) {
+    INFO("row " << r);
+    REQUIRE(device.spans.rows[r].count == spans->rows[r].count);
+    REQUIRE(device.spans.rows[r].same_keys(spans->rows[r]));
+    REQUIRE(device.spans.rows[r].flags == spans->rows[r].flags);
+  }
+  const TileGrid& g = host->tiles.grid;
+  REQUIRE(device.tiles.grid.distinct_batch == g.distinct_batch);
+  REQUIRE(device.tiles.grid.distinct_heads == g.distinct_heads);
+  REQUIRE(device.tiles.grid.q_tiles() == g.q_tiles());
+  REQUIRE(device.tiles.grid.k_tiles() == g.k_tiles());
+  for (std::size_t t = 0; t < host->tiles.states.size(); ++t) {
+    if (device.tiles.states[t] != host->tiles.states[t]) {
+      const std::int64_t nk = g.k_tiles(), nq = g.q_tiles(), i = static_cast<std::int64_t>(t);
+      FAIL("tile [slice " << i / (nq * nk) << ", q tile " << i / nk % nq << ", k tile " << i % nk << "] is "
+                          << static_cast<int>(device.tiles.states[t]) << " on the device, "
+                          << static_cast<int>(host->tiles.states[t]) << " on the host");
+    }
+  }
+  auto tensors = block_mask_tensors(host->tiles);
+  REQUIRE(tensors.ok());
+  for (const BlockMaskField f : kBlockMaskFields) {
+    INFO(to_string(f));
+    const Int32Tensor want = tensors->tensor(f), got = device.block_mask.tensor(f);
+    REQUIRE(got.rank == want.rank);
+    REQUIRE(got.shape == want.shape);
+    REQUIRE(device.block_mask.values(f) == tensors->values(f));
+  }
+}
+
+// Block-structured contents whose blocks need not line up with the tiles: each block
+// empty, all attending, or random, so every tile state and ragged edges occur.
+DenseMask block_mask(Rng& rng, std::int64_t B, std::int64_t H, std::int64_t Q, std::int64_t K, ElementType dtype,
+                     bool broadcast, std::int64_t grain) {
+  DenseMask out;
+  const std::int64_t pb = broadcast ? 1 : B, ph = broadcast ? 1 : H;
+  const int esize = element_size(dtype);
+  out.storage.assign(static_cast<std::size_t>((pb * ph * Q * K * esize + 7) / 8 + 1), 0);
+  auto* base = reinterpret_cast<std::uint8_t*>(out.storage.data());
+  for (std::int64_t s = 0; s < pb * ph; ++s) {
+    const std::int64_t bq = grain * uniform(rng, 1, 12), bk = grain * uniform(rng, 1, 12);
+    for (std::int64_t q0 = 0; q0 < Q; q0 += bq)
+      for (std::int64_t k0 = 0; k0 < K; k0 += bk) {
+        const std::int64_t mode = uniform(rng, 0, 3);
+        for (std::int64_t q = q0; q < std::min(Q, q0 + bq); ++q)
+          for (std::int64_t k = k0; k < std::min(K, k0 + bk); ++k) {
+            const bool attend = mode == 1 || (mode == 2 && coin(rng, 0.5)) || (mode == 3 && coin(rng, 0.995));
+            write_value(base + ((s * Q + q) * K + k) * esize, dtype, Polarity::true_attends,
+                        attend ? Value::allowed : Value::masked, static_cast<int>(uniform(rng, 0, 5)));
+          }
+      }
+  }
+  const std::int64_t shape[] = {pb, ph, Q, K};
+  auto view = MaskView::contiguous(base, dtype, shape);
+  REQUIRE(view.ok());
+  out.view = broadcast ? *view->broadcast_to(B, H) : *view;
+  out.describe = std::string(to_string(dtype)) + (broadcast ? " broadcast" : "") + " B=" + std::to_string(B) +
+                 " H=" + std::to_string(H) + " Q=" + std::to_string(Q) + " K=" + std::to_string(K);
+  return out;
+}
+
+int cases(int full) {
+  const char* env = std::getenv("MASKLENS_CUDA_CASES");
+  return env ? std::min(full, std::atoi(env)) : full;
+}
+
+}  // namespace
+
+TEST_SUITE("cuda") {
+
+TEST_CASE("device tiles: tiles, BlockMask tensors and spans equal the host's on generated and mutated masks") {
+  Rng rng(test_seed(1404));
+  const ElementType types[] = {ElementType::boolean, ElementType::uint8, ElementType::int8,
+                               ElementType::float16, ElementType::bfloat16, ElementType::float32};
+  const std::int64_t odd_sizes[] = {1, 3, 7, 15, 17, 31, 33, 63, 65, 127, 129, 1023, 2047, 2049, 4097};
+  int compared = 0;
+  const int n = cases(2000);  // MASKLENS_CUDA_CASES shortens it (compute-sanitizer)
+  for (int i = 0; i < n; ++i) {
+    const std::int64_t q_len = coin(rng) ? odd_sizes[uniform(rng, 0, 14) % 10] : uniform(rng, 1, 300);
+    const std::int64_t k_len = coin(rng) ? odd_sizes[uniform(rng, 0, 14)] : uniform(rng, 1, 3000);
+    const ElementType dtype = types[uniform(rng, 0, 5)];
+    const Layout layout = static_cast<Layout>(uniform(rng, 0, 3));
+    const std::int64_t batch = uniform(rng, 1, 2), heads = uniform(rng, 1, 2);
+    MaskStructure spec = layout == Layout::expand ? repeat_batches(random_structure(rng, 1, q_len, k_len), batch)
+                                                  : random_structure(rng, batch, q_len, k_len);
+    DenseMask dense = render(spec, heads, dtype, coin(rng, 0.2) ? Polarity::true_masks : Polarity::true_attends,
+                             layout, rng, coin(rng, 0.3) ? 0.2 : 0.0);
+    std::string encoding = "rendered";
+    if (is_additive(dtype) && coin(rng)) {
+      const Encoding e = kEncodings[uniform(rng, 0, std::ssize(kEncodings) - 1)];
+      reencode(dense.view, e, rng);
+      encoding = to_string(e);
+    }
+    auto* raw = const_cast<std::uint8_t*>(dense.view.element_ptr(0, 0, 0, 0));
+    const int esize = element_size(dense.view.dtype());
+    for (int f = static_cast<int>(uniform(rng, 0, 3)); f > 0; --f) {
+      const std::int64_t q = uniform(rng, 0, q_len - 1), k = uniform(rng, 0, k_len - 1);
+      const bool was = attends(dense.view.at(0, 0, q, k));
+      write_value(raw + dense.view.offset(0, 0, q, k) * esize, dtype, dense.view.encoding().polarity,
+                  was ? Value::masked : Value::allowed, f);
+    }
+    const TileSize sizes[] = {{128, 128}, {64, 128}, {96, 80}, {16, 16}, {7, 13}, {1, 1}, {128, 64},
+                              {uniform(rng, 1, 64), uniform(rng, 1, 400)}};
+    TileSize size = sizes[uniform(rng, 0, 7)];
+    // Tiny tiles of a large mask make millions of tiles for the host to check: 16 x 64 there.
+    if (size.q * size.k < 256 && q_len * k_len > 200000) size = TileSize{16, 64};
+    const std::int64_t offset = esize * uniform(rng, 0, 16 / esize);
+    INFO(dense.describe << " encoding " << encoding << " tiles " << text(size) << " offset " << offset);
+    auto device = gpu::scan_host_mask_with_tiles(dense.view, size, offset);
+    REQUIRE_MESSAGE(device.ok(), device.status().to_string());
+    require_same_as_host(dense.view, size, *device);
+    if (layout == Layout::expand) {
+      CHECK(device->tiles.grid.distinct_batch == 1);
+      CHECK(device->tiles.grid.distinct_heads == 1);
+      CHECK(device->block_mask.tensor(BlockMaskField::kv_indices).shape[0] == 1);
+    }
+    ++compared;
+  }
+  MESSAGE("device == host on " << compared << " masks");
+}
+
+TEST_CASE("device tiles: block-structured masks, every state, whole and ragged tiles, both kernels, counters in shared and in global memory") {
+  Rng rng(test_seed(1405));
+  const ElementType types[] = {ElementType::boolean, ElementType::bfloat16, ElementType::float16, ElementType::float32,
+                               ElementType::uint8};
+  struct Shape {
+    std::int64_t Q, K;
+    TileSize size;
+    std::int64_t grain;
+  };
+  // Short rows (a warp per row) and long ones (a block per row), whole tiles and ragged
+  // ones, and k tiles too many for the shared counters (9000 tiles of one key).
+  const Shape shapes[] = {{512, 512, {128, 128}, 64},   {384, 1024, {64, 128}, 32}, {500, 700, {96, 80}, 16},
+                          {257, 3000, {128, 128}, 128}, {130, 2100, {96, 80}, 8},   {200, 9000, {64, 1}, 16},
+                          {64, 4500, {16, 16}, 16},     {300, 640, {100, 64}, 4}};
+  const int rounds = cases(12) >= 12 ? 6 : 1;
+  int compared = 0;
+  TileTally seen;
+  for (int round = 0; round < rounds; ++round)
+    for (const Shape& shape : shapes) {
+      const ElementType dtype = types[uniform(rng, 0, 4)];
+      const bool broadcast = coin(rng, 0.3);
+      const std::int64_t B = uniform(rng, 1, 2), H = uniform(rng, 1, 3);
+      DenseMask m = block_mask(rng, B, H, shape.Q, shape.K, dtype, broadcast, shape.grain);
+      const std::int64_t esize = element_size(dtype), offset = esize * uniform(rng, 0, 16 / esize - 1);
+      INFO(m.describe << " tiles " << text(shape.size) << " offset " << offset);
+      auto device = gpu::scan_host_mask_with_tiles(m.view, shape.size, offset);
+      REQUIRE_MESSAGE(device.ok(), device.status().to_string());
+      require_same_as_host(m.view, shape.size, *device);
+      const TileTally t = device->tiles.tally();
+      seen.empty += t.empty;
+      seen.partial += t.partial;
+      seen.full += t.full;
+      ++compared;
+    }
+  MESSAGE(compared << " block-structured masks: " << seen.empty << " empty, " << seen.partial << " partial, "
+                   << seen.full << " full tiles");
+  CHECK(seen.empty > 0);
+  CHECK(seen.partial > 0);
+  CHECK(seen.full > 0);
+}
+
+TEST_CASE("device tiles: 32768^2 sliding window and packed documents equal tiles_from_structure") {
+  const std::int64_t L = 32768;
+  DeviceBuffer mask(static_cast<std::size_t>(L * L));
+  const std::int64_t shape[] = {L, L};
+  auto view = MaskView::contiguous(mask.get(), ElementType::boolean, shape);
+  REQUIRE(view.ok());
+  MaskStructure window = make_structure(StructureKind::sliding_window, 1, L, L);
+  window.window = 4096;
+  MaskStructure documents = make_structure(StructureKind::causal, 1, L, L);
+  documents.segments = {{0, 9001, 20000, L}};  // three documents, cut inside tiles
+  for (const MaskStructure* s : {&window, &documents}) {
+    std::vector<std::uint8_t> rows(static_cast<std::size_t>(1024 * L));
+    for (std::int64_t q0 = 0; q0 < L; q0 += 1024) {
+      std::fill(rows.begin(), rows.end(), std::uint8_t{0});
+      for (std::int64_t i = 0; i < 1024; ++i) {
+        const RowSpan r = s->row(0, q0 + i);
+        if (r.count > 0)
+          std::fill_n(rows.begin() + static_cast<std::ptrdiff_t>(i * L + r.first), r.last - r.first + 1, std::uint8_t{1});
+      }
+      REQUIRE_CUDA(cudaMemcpy(mask.get() + q0 * L, rows.data(), rows.size(), cudaMemcpyHostToDevice));
+    }
+    for (const TileSize size : {TileSize{128, 128}, TileSize{96, 80}}) {
+      INFO(describe(*s) << " tiles " << text(size));
+      auto device = gpu::scan_with_tiles(*view, size);
+      REQUIRE_MESSAGE(device.ok(), device.status().to_string());
+      auto want = tiles_from_structure(*s, size);
+      REQUIRE(want.ok());
+      CHECK(device->tiles.states == want->states);
+      auto tensors = block_mask_tensors(*want);
+      REQUIRE(tensors.ok());
+      for (const BlockMaskField f : kBlockMaskFields) CHECK(device->block_mask.values(f) == tensors->values(f));
+      auto verdict = classify(device->spans);
+      REQUIRE(verdict.ok());
+      CHECK(verdict->kind == s->kind);
+    }
+  }
+}
+
+TEST_CASE("device tiles: a tile of 2^32 elements is counted in 64 bits, full; one masked element makes it partial") {
+  const std::int64_t L = 65536;
+  DeviceBuffer mask(static_cast<std::size_t>(L * L));
+  REQUIRE_CUDA(cudaMemset(mask.get(), 1, static_cast<std::size_t>(L * L)));
+  const std::int64_t shape[] = {L, L};
+  auto view = MaskView::contiguous(mask.get(), ElementType::boolean, shape);
+  REQUIRE(view.ok());
+  auto whole = gpu::scan_with_tiles(*view, TileSize{L, L});
+  REQUIRE_MESSAGE(whole.ok(), whole.status().to_string());
+  REQUIRE(whole->tiles.states.size() == 1);
+  CHECK(whole->tiles.states[0] == TileState::full);  // 2^32 attending: 0 in 32 bits
+  CHECK(whole->block_mask.full_kv_num_blocks == std::vector<std::int32_t>{1});
+  CHECK(whole->block_mask.kv_num_blocks == std::vector<std::int32_t>{0});
+  const std::uint8_t zero = 0;
+  REQUIRE_CUDA(cudaMemcpy(mask.get() + (L - 1) * L + 12345, &zero, 1, cudaMemcpyHostToDevice));
+  auto holed = gpu::scan_with_tiles(*view, TileSize{L, L});
+  REQUIRE(holed.ok());
+  CHECK(holed->tiles.states[0] == TileState::partial);
+  // The same mask at 128 x 128: every tile full but the one holding the hole.
+  auto small = gpu::scan_with_tiles(*view, TileSize{});
+  REQUIRE(small.ok());
+  const TileTally t = small->tiles.tally();
+  CHECK(t.partial == 1);
+  CHECK(t.full == 512 * 512 - 1);
+  CHECK(small->tiles.state(0, 511, 12345 / 128) == TileState::partial);
+}
+
+TEST_CASE("device tiles: two-phase into the caller's arrays on the caller's stream, null arrays skipped, records into a CUDA graph") {
+  Rng rng(test_seed(1406));
+  DenseMask m = block_mask(rng, 2, 3, 300, 2500, ElementType::bfloat16, false, 16);
+  const TileSize size{64, 128};
+  auto host = scan_with_tiles(m.view, size);
+  REQUIRE(host.ok());
+  auto tensors = block_mask_tensors(host->tiles);
+  REQUIRE(tensors.ok());
+  DeviceBuffer d_mask(static_cast<std::size_t>(m.view.extent_bytes()));
+  const MaskView view = to_device(m.view, d_mask);
+  const TileGrid& g = host->tiles.grid;
+  const auto tiles = static_cast<std::size_t>(g.tiles()), kv_rows = static_cast<std::size_t>(g.slices() * g.q_tiles());
+  const std::size_t row_bytes = host->spans.rows.size() * sizeof(RowSpan);
+  DeviceBuffer d_rows(row_bytes), d_states(tiles), kv_count(kv_rows * 4), kv_index(tiles * 4), full_count(kv_rows * 4),
+      full_index(tiles * 4);
+  BlockMaskArrays out;  // the forward pass's four: the q side stays null
+  out.kv_num_blocks = kv_count.get<std::int32_t>();
+  out.kv_indices = kv_index.get<std::int32_t>();
+  out.full_kv_num_blocks = full_count.get<std::int32_t>();
+  out.full_kv_indices = full_index.get<std::int32_t>();
+  cudaStream_t stream = nullptr;
+  REQUIRE_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  std::size_t temp_bytes = 0;
+  REQUIRE(gpu::scan_spans_tiles(nullptr, temp_bytes, view, size, nullptr, out, nullptr, stream).ok());
+  DeviceBuffer temp(temp_bytes + 3);
+  void* odd_temp = temp.get() + 3;  // the storage may start at any address
+
+  const auto check_results = [&](bool with_states) {
+    REQUIRE_CUDA(cudaStreamSynchronize(stream));
+    std::vector<RowSpan> rows(host->spans.rows.size());
+    REQUIRE_CUDA(cudaMemcpy(rows.data(), d_rows.get(), row_bytes, cudaMemcpyDeviceToHost));
+    for (std::size_t r = 0; r < rows.size(); ++r) {
+      REQUIRE(rows[r].same_keys(host->spans.rows[r]));
+      REQUIRE(rows[r].flags == host->spans.rows[r].flags);
+    }
+    const auto fetch = [](const DeviceBuffer& b, std::size_t n) {
+      std::vector<std::int32_t> v(n);
+      REQUIRE_CUDA(cudaMemcpy(v.data(), b.get(), n * 4, cudaMemcpyDeviceToHost));
+      return v;
+    };
+    CHECK(fetch(kv_count, kv_rows) == tensors->kv_num_blocks);
+    CHECK(fetch(kv_index, tiles) == tensors->kv_indices);
+    CHECK(fetch(full_count, kv_rows) == tensors->full_kv_num_blocks);
+    CHECK(fetch(full_index, tiles) == tensors->full_kv_indices);
+    if (with_states) {
+      std::vector<TileState> states(tiles);
+      REQUIRE_CUDA(cudaMemcpy(states.data(), d_states.get(), tiles, cudaMemcpyDeviceToHost));
+      CHECK(states == host->tiles.states);
+    }
+  };
+  const std::pair<const DeviceBuffer*, std::size_t> outputs[] = {{&d_rows, row_bytes},       {&d_states, tiles},
+                                                                  {&kv_count, kv_rows * 4},  {&kv_index, tiles * 4},
+                                                                  {&full_count, kv_rows * 4}, {&full_index, tiles * 4}};
+  const auto poison = [&] {  // leftovers must not pass for results
+    for (const auto& [buffer, bytes] : outputs) REQUIRE_CUDA(cudaMemsetAsync(buffer->get(), 0xff, bytes, stream));
+  };
+
+  SUBCASE("enqueued; the caller synchronises once") {
+    poison();
+    REQUIRE(gpu::scan_spans_tiles(odd_temp, temp_bytes, view, size, d_rows.get<RowSpan>(), out,
+                                  d_states.get<TileState>(), stream)
+                .ok());
+    check_results(true);
+    // Without the states: the same arrays.
+    poison();
+    REQUIRE(gpu::scan_spans_tiles(odd_temp, temp_bytes, view, size, d_rows.get<RowSpan>(), out, nullptr, stream).ok());
+    check_results(false);
+  }
+  SUBCASE("captured: a synchronisation or an allocation inside would invalidate the capture") {
+    REQUIRE_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    const Status st = gpu::scan_spans_tiles(odd_temp, temp_bytes, view, size, d_rows.get<RowSpan>(), out,
+                                            d_states.get<TileState>(), stream);
+    cudaGraph_t graph = nullptr;
+    const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
+    REQUIRE_MESSAGE(st.ok(), st.to_string());
+    REQUIRE_MESSAGE(ended == cudaSuccess, std::string(cudaGetErrorName(ended)));
+    cudaGraphExec_t exec = nullptr;
+    REQUIRE_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+    for (int launch = 0; launch < 2; ++launch) {  // twice: the counts are zeroed inside
+      poison();
+      REQUIRE_CUDA(cudaGraphLaunch(exec, stream));
+      check_results(true);
+    }
+    REQUIRE_CUDA(cudaGraphExecDestroy(exec));
+    REQUIRE_CUDA(cudaGraphDestroy(graph));
+  }
+  REQUIRE_CUDA(cudaStreamDestroy(stream));
+}
+
+TEST_CASE("device tiles: NaN in a device mask names the row, in a host mask the element, the two-phase spans flag it") {
+  std::vector<float> m(4 * 300, 0.0f);
+  m[2 * 300 + 7] = std::numeric_limits<float>::quiet_NaN();
+  const std::int64_t shape[] = {4, 300};
+  auto v = MaskView::contiguous(m.data(), ElementType::float32, shape);
+  REQUIRE(v.ok());
+  auto from_host = gpu::scan_host_mask_with_tiles(*v, TileSize{2, 128});
+  REQUIRE_FALSE(from_host.ok());
+  CHECK(from_host.status().code() == ErrorCode::invalid_value);
+  CHECK(from_host.status().message() == scan_with_tiles(*v, TileSize{2, 128}).status().message());
+  DeviceBuffer buffer(m.size() * sizeof(float));
+  const MaskView on_device = to_device(*v, buffer);
+  auto from_device = gpu::scan_with_tiles(on_device, TileSize{2, 128});
+  REQUIRE_FALSE(from_device.ok());
+  CHECK(from_device.status().code() == ErrorCode::invalid_value);
+  CHECK(from_device.status().message().find("mask row [0, 0, 2]") != std::string::npos);
+  std::size_t temp_bytes = 0;
+  REQUIRE(gpu::scan_spans_tiles(nullptr, temp_bytes, on_device, TileSize{2, 128}, nullptr, BlockMaskArrays{}).ok());
+  DeviceBuffer temp(temp_bytes), rows(4 * sizeof(RowSpan)), states(2 * 3);
+  REQUIRE(gpu::scan_spans_tiles(temp.get(), temp_bytes, on_device, TileSize{2, 128}, rows.get<RowSpan>(),
+                                BlockMaskArrays{}, states.get<TileState>())
+              .ok());
+  std::vector<RowSpan> spans(4);
+  REQUIRE_CUDA(cudaMemcpy(spans.data(), rows.get(), 4 * sizeof(RowSpan), cudaMemcpyDeviceToHost));
+  for (int r = 0; r < 4; ++r) CHECK(static_cast<bool>(spans[static_cast<std::size_t>(r)].flags & kRowInvalid) == (r == 2));
+}
+
+TEST_CASE("device tiles: a CUDA error pending from the caller's own work is neither cleared nor taken for the tile scan's") {
+  std::vector<std::uint8_t> m(200 * 300);
+  for (std::size_t i = 0; i < m.size(); ++i) m[i] = i % 300 <= i / 300;
+  const std::int64_t shape[] = {200, 300};
+  auto v = MaskView::contiguous(m.data(), ElementType::boolean, shape);
+  REQUIRE(v.ok());
+  DeviceBuffer buffer(m.size());
+  const MaskView on_device = to_device(*v, buffer);
+  void* huge = nullptr;
+  REQUIRE(cudaMalloc(&huge, std::size_t{1} << 62) == cudaErrorMemoryAllocation);
+  auto device = gpu::scan_with_tiles(on_device, TileSize{64, 64});
+  auto from_host = gpu::scan_host_mask_with_tiles(*v, TileSize{64, 64}, 5);
+  const cudaError_t still = cudaGetLastError();
+  CHECK_MESSAGE(device.ok(), device.status().to_string());
+  CHECK_MESSAGE(from_host.ok(), from_host.status().to_string());
+  CHECK(still == cudaErrorMemoryAllocation);
+  if (device.ok()) require_same_as_host(*v, TileSize{64, 64}, *device);
+}
+
+}  // TEST_SUITE

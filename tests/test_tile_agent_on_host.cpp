@@ -1,0 +1,374 @@
+// The device's tile summary, replayed on the CPU: the plan the kernels follow
+// (masklens/cuda/tile_plan.hpp: the key-to-tile divider, units of rows, counter copies
+// and their bounds) and the agent with the tile accumulator (cuda/tile_accumulator.cuh)
+// through the stand-in for the CUDA builtins, every "thread" of a row in turn, the unit's
+// counters flushed as dispatch_tiles.cuh flushes them. Held to an element-by-element
+// count per tile, to the host's scan_with_tiles (states) and scan() (spans), on generated
+// masks of every type, layout, additive encoding, start alignment and tile shape, at
+// both thread counts the kernels use, with the counters in "shared memory" and in the
+// 64-bit counts. The CUDA suite (tests/cuda/test_device_tiles.cpp) runs the kernels.
+#include <cuda_runtime.h>  // the stand-in: this program's include path has no CUDA
+
+#include <doctest/doctest.h>
+
+#include <masklens/cuda/agent_scan.cuh>
+#include <masklens/cuda/tile_accumulator.cuh>
+#include <masklens/cuda/tile_plan.hpp>
+#include <masklens/cuda/tuning.cuh>
+#include <masklens/tiles.hpp>
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "support/additive_encodings.hpp"
+#include "support/mask_gen.hpp"
+
+using namespace masklens;
+using namespace masklens::testing;
+using namespace masklens::gpu::detail;
+
+namespace {
+
+// `view` copied `offset` bytes past an 8-byte boundary (strides unchanged).
+struct Placed {
+  std::vector<std::uint64_t> storage;
+  MaskView view;
+  Placed(const MaskView& from, std::int64_t offset) : storage(static_cast<std::size_t>(from.extent_bytes() / 8 + 4)) {
+    auto* base = reinterpret_cast<std::uint8_t*>(storage.data()) + offset;
+    std::memcpy(base, from.data(), static_cast<std::size_t>(from.extent_bytes()));
+    view = *MaskView::make(base, from.dtype(), from.shape(), from.strides(), from.encoding());
+  }
+};
+
+// What the device pass leaves: every row's span and every tile's count.
+struct Replayed {
+  std::vector<RowSpan> rows;
+  std::vector<unsigned long long> counts;  // what the kernels' 64-bit atomics add into
+};
+
+// The kernels of dispatch_tiles.cuh on the CPU: units of the plan in turn, each row read
+// by `Threads` agents (merged in an order unlike the threads'), each thread adding into
+// its copy of the block's counters (Shared) or into the q tile's counts, the counters
+// flushed after each unit.
+template <int Esize, int Threads, bool Shared>
+Replayed replay(const ScanParams& s, const TileScanPlan& plan) {
+  using Policy = ScanTuning<Esize, 900>::Policy;
+  using Count = std::conditional_t<Shared, unsigned, unsigned long long>;
+  using Acc = SpanTileAccumulator<Count>;
+  const AgentScanRow<Policy, Esize, Acc, Threads> agent(s);
+  const TileGrid& g = plan.grid;
+  Replayed out;
+  out.rows.assign(static_cast<std::size_t>(s.rows), RowSpan{});
+  out.counts.assign(static_cast<std::size_t>(g.tiles()), 0);
+  std::vector<unsigned> block(static_cast<std::size_t>(plan.slots()), 0);
+  const std::int64_t copies = std::int64_t{1} << plan.copy_shift;
+  for (std::int64_t u = 0; u < plan.units; ++u) {
+    const TileUnit unit = plan.unit(u);
+    const auto init = [&](int thread) {
+      Acc a{};
+      if constexpr (Shared) {
+        a.tiles.counts = block.data() + ((thread & 31) & (copies - 1));
+        a.tiles.copy_shift = plan.copy_shift;
+      } else {
+        a.tiles.counts = out.counts.data() + g.tile_index(unit.slice, unit.qt, 0);
+      }
+      a.tiles.keys = plan.keys;
+      return a;
+    };
+    for (std::int64_t q = unit.q_begin; q < unit.q_end; ++q) {
+      const std::int64_t r = unit.slice * s.q_len + q;
+      SpanAccumulator row{};
+      for (int t = Threads - 1; t >= 0; t -= 2) row = SpanAccumulator::merge(agent.scan(r, t, init(t)).spans, row);
+      for (int t = 0; t < Threads; t += 2) row = SpanAccumulator::merge(row, agent.scan(r, t, init(t)).spans);
+      row.store(out.rows.data(), r);
+    }
+    if constexpr (Shared)
+      for (std::int64_t kt = 0; kt < g.k_tiles(); ++kt)
+        for (std::int64_t c = 0; c < copies; ++c) {
+          unsigned& slot = block[static_cast<std::size_t>((kt << plan.copy_shift) + c)];
+          out.counts[static_cast<std::size_t>(g.tile_index(unit.slice, unit.qt, kt))] += slot;
+          slot = 0;
+        }
+  }
+  return out;
+}
+
+// The plan of the kernel `threads` stands for (a warp per row: the block's 8 warps read
+// rows side by side), replayed with its counters where the plan puts them, or in the
+// 64-bit counts when `force_global`.
+Replayed replay(const MaskView& view, const TileGrid& g, int threads, bool force_global, TileScanPlan* used = nullptr) {
+  const ScanParams s = scan_params(view);
+  const int esize = element_size(view.dtype());
+  TileScanPlan plan = plan_tile_scan(g, esize, threads == 32 ? 8 : 1);
+  if (force_global) {
+    plan.shared = false;
+    plan.copy_shift = 0;
+    plan.shared_bytes = 0;
+  }
+  if (used) *used = plan;
+  const auto run = [&]<int E>() {
+    if (threads == 32) return plan.shared ? replay<E, 32, true>(s, plan) : replay<E, 32, false>(s, plan);
+    return plan.shared ? replay<E, 256, true>(s, plan) : replay<E, 256, false>(s, plan);
+  };
+  switch (esize) {
+    case 1: return run.template operator()<1>();
+    case 2: return run.template operator()<2>();
+    default: return run.template operator()<4>();
+  }
+}
+
+// Attending elements per tile, element by element.
+std::vector<unsigned long long> reference_counts(const MaskView& v, const TileGrid& g) {
+  std::vector<unsigned long long> counts(static_cast<std::size_t>(g.tiles()), 0);
+  for (std::int64_t b = 0; b < g.distinct_batch; ++b)
+    for (std::int64_t h = 0; h < g.distinct_heads; ++h)
+      for (std::int64_t q = 0; q < g.q_len; ++q)
+        for (std::int64_t k = 0; k < g.k_len; ++k)
+          if (attends(v.at(b, h, q, k)))
+            ++counts[static_cast<std::size_t>(g.tile_index(b * g.distinct_heads + h, q / g.block_q, k / g.block_k))];
+  return counts;
+}
+
+std::string text(const TileSize& t) { return std::to_string(t.q) + "x" + std::to_string(t.k); }
+
+}  // namespace
+
+TEST_SUITE("host") {
+
+TEST_CASE("device tile divider: k / block_k exactly, by multiply and shift below 2^31 keys") {
+  Rng rng(test_seed(1401));
+  const std::int64_t top = std::int64_t{1} << 31;
+  std::vector<std::int64_t> divisors;
+  for (std::int64_t d = 1; d <= 300; ++d) divisors.push_back(d);
+  for (int p = 1; p <= 31; ++p) {
+    const std::int64_t two = std::int64_t{1} << p;
+    for (const std::int64_t d : {two - 1, two, two + 1, two / 3 * 2 + 1}) divisors.push_back(d);
+  }
+  for (int i = 0; i < 300; ++i) divisors.push_back(uniform(rng, 1, top));
+  std::int64_t checked = 0;
+  for (const std::int64_t d : divisors) {
+    if (d < 1 || d > top) continue;
+    for (const std::int64_t k_len : {top, std::max(d, top - uniform(rng, 0, 1000)), uniform(rng, d, top)}) {
+      const KeyTileDivider div = KeyTileDivider::make(d, k_len);
+      REQUIRE_FALSE(div.wide);
+      REQUIRE(div.divisor == d);
+      const auto check = [&](std::int64_t k) {
+        if (k < 0 || k >= k_len) return;
+        if (div.tile_of(k) != k / d) FAIL("d=" << d << " k_len=" << k_len << " k=" << k << ": " << div.tile_of(k));
+        ++checked;
+      };
+      for (std::int64_t k = 0; k < 300; ++k) check(k);
+      for (std::int64_t k = k_len - 300; k < k_len; ++k) check(k);
+      // Around multiples of d, where a wrong quotient would show first.
+      for (int i = 0; i < 40; ++i) {
+        const std::int64_t m = uniform(rng, 0, (k_len - 1) / d) * d;
+        for (std::int64_t k = m - 2; k <= m + 2; ++k) check(k);
+        check(m + d - 1);
+      }
+    }
+  }
+  MESSAGE(checked << " quotients exact");
+  // A tile wider than the row holds every key; rows past 2^31 keys divide in 64 bits.
+  const KeyTileDivider wide_tile = KeyTileDivider::make(std::int64_t{1} << 40, 1000);
+  CHECK(wide_tile.divisor == 1000);
+  for (std::int64_t k = 0; k < 1000; ++k) CHECK(wide_tile.tile_of(k) == 0);
+  const std::int64_t long_row = (std::int64_t{1} << 33) + 5;
+  for (const std::int64_t d : {std::int64_t{1}, std::int64_t{128}, std::int64_t{96}, (std::int64_t{1} << 32) + 7}) {
+    const KeyTileDivider div = KeyTileDivider::make(d, long_row);
+    CHECK(div.wide);
+    for (const std::int64_t k : {std::int64_t{0}, d - 1, d, top - 1, top, top + 1, long_row - 1})
+      if (k >= 0 && k < long_row) CHECK(div.tile_of(k) == k / d);
+  }
+}
+
+TEST_CASE("device tile plan: units cover every row of every q tile once; counters fit and never overflow") {
+  Rng rng(test_seed(1402));
+  int plans = 0;
+  for (int i = 0; i < 3000; ++i) {
+    const std::int64_t B = uniform(rng, 1, 3), H = uniform(rng, 1, 3);
+    const std::int64_t Q = coin(rng) ? uniform(rng, 1, 300) : uniform(rng, 1, 100000);
+    const std::int64_t K = coin(rng, 0.1) ? uniform(rng, 1, std::int64_t{1} << 40) : uniform(rng, 1, 70000);
+    const TileSize size{coin(rng) ? uniform(rng, 1, 300) : 128, coin(rng, 0.1) ? uniform(rng, 1, std::int64_t{1} << 36)
+                                                                               : uniform(rng, 1, 300)};
+    auto grid = make_tile_grid(B, H, Q, K, size, coin(rng) ? 1 : B, coin(rng) ? 1 : H);
+    if (!grid) continue;  // more than 2^31 - 1 tiles a side
+    const int esize = static_cast<int>(std::int64_t{1} << uniform(rng, 0, 2));
+    const int at_once = coin(rng) ? 1 : 8;
+    const TileScanPlan p = plan_tile_scan(*grid, esize, at_once);
+    INFO("grid " << B << "x" << H << "x" << Q << "x" << K << " tiles " << text(size) << " esize " << esize);
+    REQUIRE(p.rows_per_unit >= 1);
+    REQUIRE(p.keys.divisor == std::min(size.k, K));
+    if (p.shared) {
+      CHECK(p.copy_shift >= 0);
+      CHECK(p.copy_shift <= 5);
+      CHECK(p.shared_bytes == static_cast<std::size_t>(grid->k_tiles() << p.copy_shift) * 4);
+      CHECK(p.shared_bytes <= kTileSharedBudget);
+      // A 32-bit counter holds a unit's rows x a tile's keys.
+      CHECK(p.rows_per_unit <= ((std::int64_t{1} << 32) - 1) / p.keys.divisor);
+    } else {
+      CHECK((grid->k_tiles() * 4 > static_cast<std::int64_t>(kTileSharedBudget) ||
+             p.keys.divisor > (std::int64_t{1} << 32) - 1));
+      CHECK(p.shared_bytes == 0);
+    }
+    // Units: q tiles in order, each split into consecutive row groups.
+    if (grid->slices() * Q <= 20000) {
+      std::int64_t expect_slice = 0, expect_q = 0;
+      for (std::int64_t u = 0; u < p.units; ++u) {
+        const TileUnit t = p.unit(u);
+        REQUIRE(t.q_begin <= t.q_end);
+        REQUIRE(t.q_end - t.q_begin <= p.rows_per_unit);
+        if (t.q_begin == t.q_end) continue;  // past a ragged last q tile
+        REQUIRE(t.slice == expect_slice);
+        REQUIRE(t.q_begin == expect_q);
+        REQUIRE(t.qt == t.q_begin / size.q);
+        REQUIRE((t.q_end - 1) / size.q == t.qt);
+        expect_q = t.q_end;
+        if (expect_q == Q) expect_q = 0, ++expect_slice;
+      }
+      CHECK(expect_slice == grid->slices());
+      CHECK(expect_q == 0);
+    }
+    ++plans;
+  }
+  MESSAGE(plans << " plans");
+  // The bench's shapes: counters in shared memory, one copy per 16-byte vector of a tile.
+  const auto at = [](std::int64_t L, int esize) {
+    return plan_tile_scan(*make_tile_grid(1, 1, L, L, TileSize{}), esize, 1);
+  };
+  CHECK(at(65536, 1).shared);
+  CHECK(at(65536, 1).copy_shift == 3);
+  CHECK(at(65536, 2).copy_shift == 4);
+  CHECK(at(65536, 4).copy_shift == 4);  // 32 would pass the budget at 512 k tiles
+  CHECK(at(32768, 4).copy_shift == 5);
+  CHECK(at(65536, 1).units >= kTileTargetUnits);
+  // Tiny k tiles over a long row: the counters go to the 64-bit counts.
+  CHECK_FALSE(plan_tile_scan(*make_tile_grid(1, 1, 64, 65536, TileSize{64, 4}), 1, 1).shared);
+  // A tile of 2^32 keys a row cannot be counted in 32 bits.
+  const TileScanPlan huge = plan_tile_scan(*make_tile_grid(1, 1, 4, std::int64_t{1} << 33, TileSize{4, std::int64_t{1} << 32}), 1, 1);
+  CHECK_FALSE(huge.shared);
+  // 65536 x 65536 tiles: 2^32 elements in one tile, 65535 rows at most per 32-bit counter.
+  const TileScanPlan big = plan_tile_scan(*make_tile_grid(1, 1, 65536, 65536, TileSize{65536, 65536}), 1, 1);
+  CHECK(big.shared);
+  CHECK(big.rows_per_unit * 65536 <= (std::int64_t{1} << 32) - 1);
+}
+
+TEST_CASE("device agent with the tile accumulator on the CPU: spans, counts and states of every tile") {
+  Rng rng(test_seed(1403));
+  const ElementType types[] = {ElementType::boolean, ElementType::uint8,    ElementType::int8,
+                               ElementType::float16, ElementType::bfloat16, ElementType::float32};
+  int compared = 0;
+  for (int i = 0; i < 700; ++i) {
+    const std::int64_t q_len = uniform(rng, 1, 14);
+    const std::int64_t k_len = coin(rng) ? uniform(rng, 1, 200) : uniform(rng, 1, 3000);
+    const ElementType dtype = types[uniform(rng, 0, 5)];
+    const Layout layout = static_cast<Layout>(uniform(rng, 0, 3));
+    const std::int64_t batch = uniform(rng, 1, 2);
+    const MaskStructure spec = layout == Layout::expand ? repeat_batches(random_structure(rng, 1, q_len, k_len), batch)
+                                                        : random_structure(rng, batch, q_len, k_len);
+    DenseMask dense = render(spec, uniform(rng, 1, 2), dtype,
+                             coin(rng, 0.3) ? Polarity::true_masks : Polarity::true_attends, layout, rng,
+                             coin(rng, 0.3) ? 0.2 : 0.0);
+    std::string encoding = "rendered";
+    if (is_additive(dtype) && coin(rng, 0.7)) {
+      const Encoding e = kEncodings[uniform(rng, 0, std::ssize(kEncodings) - 1)];
+      reencode(dense.view, e, rng);
+      encoding = to_string(e);
+    }
+    auto* raw = const_cast<std::uint8_t*>(dense.view.element_ptr(0, 0, 0, 0));
+    const int esize = element_size(dtype);
+    for (int f = static_cast<int>(uniform(rng, 0, 3)); f > 0; --f) {
+      const std::int64_t q = uniform(rng, 0, q_len - 1), k = uniform(rng, 0, k_len - 1);
+      const bool was = attends(dense.view.at(0, 0, q, k));
+      write_value(raw + dense.view.offset(0, 0, q, k) * esize, dtype, dense.view.encoding().polarity,
+                  was ? Value::masked : Value::allowed, f);
+    }
+    const TileSize shapes[] = {{128, 128}, {64, 128}, {96, 80}, {1, 1}, {3, 16}, {4, 17}, {2, 5},
+                               {uniform(rng, 1, 16), uniform(rng, 1, 300)}};
+    const TileSize size = shapes[uniform(rng, 0, 7)];
+    const Placed placed(dense.view, esize * uniform(rng, 0, 16 / esize - 1));
+    const MaskView& view = placed.view;
+    auto grid = tile_grid_for(view, size);
+    REQUIRE(grid.ok());
+    auto host = scan_with_tiles(view, size);
+    REQUIRE(host.ok());
+    auto spans = scan(view);
+    REQUIRE(spans.ok());
+    const std::vector<unsigned long long> want = reference_counts(view, *grid);
+    for (const int threads : {32, 256})
+      for (const bool force_global : {false, true}) {
+        TileScanPlan plan;
+        const Replayed got = replay(view, *grid, threads, force_global, &plan);
+        INFO(dense.describe << " encoding " << encoding << " tiles " << text(size) << " threads " << threads
+                            << (plan.shared ? " shared copies " + std::to_string(1 << plan.copy_shift) : " global")
+                            << " rows/unit " << plan.rows_per_unit << " base +"
+                            << (reinterpret_cast<std::uintptr_t>(view.data()) & 15));
+        REQUIRE(got.rows.size() == spans->rows.size());
+        for (std::size_t r = 0; r < got.rows.size(); ++r) {
+          INFO("row " << r);
+          REQUIRE(got.rows[r].count == spans->rows[r].count);
+          REQUIRE(got.rows[r].same_keys(spans->rows[r]));
+          REQUIRE(got.rows[r].flags == spans->rows[r].flags);
+        }
+        for (std::size_t t = 0; t < want.size(); ++t) {
+          INFO("tile " << t);
+          REQUIRE(got.counts[t] == want[t]);
+          const std::int64_t nk = grid->k_tiles(), qt = static_cast<std::int64_t>(t) / nk % grid->q_tiles();
+          REQUIRE(grid->state_of(qt, static_cast<std::int64_t>(t) % nk, static_cast<std::int64_t>(got.counts[t])) ==
+                  host->tiles.states[t]);
+        }
+        ++compared;
+      }
+  }
+  MESSAGE(compared << " replays: spans == scan(), counts == element counts, states == scan_with_tiles()");
+}
+
+TEST_CASE("device tile accumulator on the CPU: whole and striped rows, every length to 100, start and tile width") {
+  // Rows cut by tile boundaries at every position a 16-byte vector, the head or the tail
+  // can meet them: every key of the row attends (runs), or every other one (bits).
+  struct Kind {
+    ElementType dtype;
+    std::uint32_t attend, masked;
+  };
+  const Kind kinds[] = {{ElementType::boolean, 1, 0}, {ElementType::bfloat16, 0, 0xff80}, {ElementType::float32, 0, 0xff800000u}};
+  std::int64_t checked = 0;
+  for (const Kind& kind : kinds) {
+    const int esize = element_size(kind.dtype);
+    for (std::int64_t k_len = 1; k_len <= 100; k_len += (k_len < 40 ? 1 : 7)) {
+      const std::int64_t q_len = 2;  // row 0 attends everywhere, row 1 on even keys
+      std::vector<std::uint64_t> storage(static_cast<std::size_t>((q_len * k_len * esize + 7) / 8));
+      auto* bytes = reinterpret_cast<std::uint8_t*>(storage.data());
+      for (std::int64_t q = 0; q < q_len; ++q)
+        for (std::int64_t k = 0; k < k_len; ++k) {
+          const std::uint32_t v = q == 0 || k % 2 == 0 ? kind.attend : kind.masked;
+          std::uint8_t* p = bytes + (q * k_len + k) * esize;
+          if (esize == 1) *p = static_cast<std::uint8_t>(v);
+          else store_bits(p, kind.dtype, v);
+        }
+      const std::int64_t shape[] = {q_len, k_len};
+      const MaskView view = *MaskView::contiguous(bytes, kind.dtype, shape);
+      for (std::int64_t start = 0; start < 16 / esize; ++start) {
+        const Placed placed(view, start * esize);
+        for (std::int64_t width = 1; width <= 40; ++width) {
+          const TileGrid g = *tile_grid_for(placed.view, TileSize{1, width});
+          for (const int threads : {32, 256}) {
+            const Replayed got = replay(placed.view, g, threads, false);
+            for (std::int64_t kt = 0; kt < g.k_tiles(); ++kt) {
+              const std::int64_t lo = kt * width, hi = std::min(k_len, lo + width);
+              const std::int64_t even = (hi + 1) / 2 - (lo + 1) / 2;
+              INFO(to_string(kind.dtype) << " K=" << k_len << " start +" << start << " width " << width << " threads "
+                                         << threads << " k tile " << kt);
+              REQUIRE(got.counts[static_cast<std::size_t>(kt)] == static_cast<unsigned long long>(hi - lo));
+              REQUIRE(got.counts[static_cast<std::size_t>(g.k_tiles() + kt)] == static_cast<unsigned long long>(even));
+              ++checked;
+            }
+          }
+        }
+      }
+    }
+  }
+  MESSAGE(checked << " tiles exact");
+}
+
+}  // TEST_SUITE
