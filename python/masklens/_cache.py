@@ -16,7 +16,10 @@ next, or inside `with masklens.forward():`; outside those every call scans.
 A CUDA mask is scanned on its device by masklens._cuda where that module was built: on
 the tensor's current stream, into one block from torch's caching allocator; the row
 spans are reduced to runs there and only the runs cross to the host (one
-synchronisation of that stream; two past 256 runs). Without it the mask is copied to the host (once-warned).
+synchronisation of that stream; two past 256 runs). device_scan_tiles() does the same
+from a read that also counts the mask's tiles and writes torch BlockMask's tensors on
+the device (masklens.torch.block_mask and the flex runner use it for arbitrary CUDA
+masks). Without masklens._cuda the mask is copied to the host (once-warned).
 """
 from __future__ import annotations
 
@@ -168,6 +171,53 @@ def _stream_of(device) -> int:
     return torch.cuda.current_stream(device).cuda_stream
 
 
+# torch BlockMask's eight tensors, in the order masklens._cuda.scan_runs_tiles takes them.
+BLOCK_MASK_FIELDS = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices",
+                     "q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices")
+
+
+def _device_dtype(mask):
+    dtype = _ELEMENTS.get(str(mask.dtype))
+    if dtype is None:
+        raise _core.MaskError(f"unsupported_dtype: mask dtype {mask.dtype} is not a mask type "
+                              "(bool, uint8, int8, float16, bfloat16, float32)")
+    return dtype
+
+
+def _device_runs(mask, masked_threshold, sizes, scan_call, tiles=(0, 0)):
+    """The device scan both entry points share: the block laid out by a _core.DeviceRuns from
+    `sizes` (scan temporary bytes, run reduction temporary bytes), scan_call(block address,
+    runs, stream, device) scanning into it and returning the run count, the runs past the
+    first copy brought, the runs classified. Returns the Verdict."""
+    import torch
+
+    t0 = time.perf_counter()
+    cuda = _cuda
+    dtype = _device_dtype(mask)
+    shape, strides, ptr = list(mask.shape), list(mask.stride()), mask.data_ptr()
+    runs = _core.DeviceRuns(ptr, dtype, shape, strides, masked_threshold, *sizes)
+    # The allocator's blocks are 512-byte aligned; the layout's parts start 256-aligned.
+    block = torch.empty(runs.block_bytes, dtype=torch.uint8, device=mask.device)
+    base = block.data_ptr()
+    stream = _stream_of(mask.device)
+    device = mask.device.index
+    count = scan_call(base, runs, stream, device)
+    if count > runs.eager:  # rare: more runs than the first copy brings
+        more = None
+        if count > runs.room:  # the run reduction runs again, into room for them all
+            more = torch.empty(count * 64, dtype=torch.uint8, device=mask.device)
+        address, nbytes = runs.rest_buffer(count)
+        layout = {"block_q": tiles[0], "block_k": tiles[1]} if tiles[0] else {}  # the tile scan's block
+        cuda.copy_rest(ptr, dtype, shape, strides, masked_threshold, base, runs.block_bytes,
+                       0 if more is None else more.data_ptr(), count, address, nbytes, stream, device, **layout)
+    t1 = time.perf_counter()
+    verdict = runs.finish()
+    timing["device"] = "cuda"
+    timing["scan_ms"] = (t1 - t0) * 1e3  # the device part: allocation, kernels, copies, synchronisation
+    timing["classify_ms"] = (time.perf_counter() - t1) * 1e3
+    return verdict
+
+
 def device_scan(mask, masked_threshold: float = -1000.0):
     """Scans a CUDA tensor on its device with masklens._cuda (which must be loaded), on the
     tensor's current stream, into one block of torch's caching allocator laid out by a
@@ -175,37 +225,52 @@ def device_scan(mask, masked_threshold: float = -1000.0):
     temporary storage): the spans are reduced to runs on the device, the count and the
     first 256 runs come back in one copy with one synchronisation of that stream (the
     rest, if any, with a second), and the runs are classified in O(runs)."""
+    dtype = _device_dtype(mask)
+    args = (mask.data_ptr(), dtype, list(mask.shape), list(mask.stride()), masked_threshold)
+    sizes = _cuda.query_runs(*args)
+
+    def scan_call(base, runs, stream, device):
+        return _cuda.scan_runs(*args, base, runs.block_bytes, runs.head_address, runs.head_bytes, stream, device)
+    return _device_runs(mask, masked_threshold, sizes, scan_call)
+
+
+def has_device_tiles() -> bool:
+    """Whether CUDA masks get their tiles (and BlockMask tensors) on the device."""
+    module = cuda_module()
+    return module is not None and hasattr(module, "scan_runs_tiles")
+
+
+def device_scan_tiles(mask, size, masked_threshold: float = -1000.0):
+    """device_scan() whose one read of the mask also counts its tiles of `size` (q, k) and
+    writes torch BlockMask's eight int32 tensors on the mask's device (masklens._cuda.
+    scan_runs_tiles, which must be there): (Verdict, {name: tensor}) with counts
+    [B', H', q tiles], indices [B', H', q tiles, k tiles] and the q side [B', H', k tiles]
+    / [B', H', k tiles, q tiles], B' and H' the distinct batch and heads (1 where the mask
+    broadcasts them, as BlockMask broadcasts a dimension of 1). Allocated here, from
+    torch's caching allocator; written on the mask's current stream before the one
+    synchronisation."""
     import torch
 
-    t0 = time.perf_counter()
-    cuda = _cuda
-    dtype = _ELEMENTS.get(str(mask.dtype))
-    if dtype is None:
-        raise _core.MaskError(f"unsupported_dtype: mask dtype {mask.dtype} is not a mask type "
-                              "(bool, uint8, int8, float16, bfloat16, float32)")
-    shape, strides, ptr = list(mask.shape), list(mask.stride()), mask.data_ptr()
-    scan_temp, reduce_temp = cuda.query_runs(ptr, dtype, shape, strides, masked_threshold)
-    runs = _core.DeviceRuns(ptr, dtype, shape, strides, masked_threshold, scan_temp, reduce_temp)
-    # The allocator's blocks are 512-byte aligned; the layout's parts start 256-aligned.
-    block = torch.empty(runs.block_bytes, dtype=torch.uint8, device=mask.device)
-    base = block.data_ptr()
-    stream = _stream_of(mask.device)
-    device = mask.device.index
-    count = cuda.scan_runs(ptr, dtype, shape, strides, masked_threshold, base, runs.block_bytes, runs.head_address,
-                           runs.head_bytes, stream, device)
-    if count > runs.eager:  # rare: more runs than the first copy brings
-        more = None
-        if count > runs.room:  # the run reduction runs again, into room for them all
-            more = torch.empty(count * 64, dtype=torch.uint8, device=mask.device)
-        address, nbytes = runs.rest_buffer(count)
-        cuda.copy_rest(ptr, dtype, shape, strides, masked_threshold, base, runs.block_bytes,
-                       0 if more is None else more.data_ptr(), count, address, nbytes, stream, device)
-    t1 = time.perf_counter()
-    verdict = runs.finish()
-    timing["device"] = "cuda"
-    timing["scan_ms"] = (t1 - t0) * 1e3  # the device part: allocation, kernels, copies, synchronisation
-    timing["classify_ms"] = (time.perf_counter() - t1) * 1e3
-    return verdict
+    dtype = _device_dtype(mask)
+    q, k = size
+    args = (mask.data_ptr(), dtype, list(mask.shape), list(mask.stride()), masked_threshold)
+    sizes, (db, dh, nq, nk) = _cuda.query_runs_tiles(*args, q, k)
+    shapes = {"kv_num_blocks": (db, dh, nq), "kv_indices": (db, dh, nq, nk),
+              "q_num_blocks": (db, dh, nk), "q_indices": (db, dh, nk, nq)}
+    arrays = {name: torch.empty(shapes[name.replace("full_", "")], dtype=torch.int32, device=mask.device)
+              for name in BLOCK_MASK_FIELDS}
+    pointers = [arrays[name].data_ptr() for name in BLOCK_MASK_FIELDS]
+    nbytes = [arrays[name].numel() * 4 for name in BLOCK_MASK_FIELDS]
+
+    def scan_call(base, runs, stream, device):
+        return _cuda.scan_runs_tiles(*args, q, k, base, runs.block_bytes, runs.head_address, runs.head_bytes,
+                                     pointers, nbytes, stream, device)
+    verdict = _device_runs(mask, masked_threshold, sizes, scan_call, tiles=(q, k))
+    global _scans
+    with _lock:
+        _scans += 1
+    timing["scanned"] = True
+    return verdict, arrays
 
 
 def scan(mask, masked_threshold: float = -1000.0, device: bool = True):

@@ -307,36 +307,57 @@ def mask_mod_for(structure, device, mask=None):
 _BLOCK_MASK_TAKES_Q_SIDE = None
 
 
-def block_mask_from_tiles(tiles, mask_mod, device):
-    """A torch BlockMask over masklens' tile summary (a _core.TileSummary): its eight int32
-    tensors (the kv side, and the q side torch would derive for the backward) shared from
-    numpy without a copy and moved to `device`. Through BlockMask's constructor where it
-    takes the q side (torch 2.11 does), else BlockMask.from_kv_blocks deriving it."""
+def block_mask_from_arrays(arrays, seq_lengths, block_size, mask_mod):
+    """A torch BlockMask over its eight int32 tensors ({name: tensor}, [B', H', ...] with B'
+    and H' the distinct batch and heads, 1 broadcasting): through BlockMask's constructor
+    where it takes the q side (torch 2.11 does), else BlockMask.from_kv_blocks deriving it.
+    A broadcast dimension stays 1: flex_attention reads a dimension of 1 for every batch or
+    head, while an expanded (stride-0) tensor would meet its contiguous offset arithmetic."""
     global _BLOCK_MASK_TAKES_Q_SIDE
     from torch.nn.attention.flex_attention import BlockMask
-    t = tiles.block_mask()
-    arrays = {name: torch.from_numpy(getattr(t, name)).to(device) for name in t.fields}
     if _BLOCK_MASK_TAKES_Q_SIDE is None:
         _BLOCK_MASK_TAKES_Q_SIDE = "q_num_blocks" in _pyinspect.signature(BlockMask.__init__).parameters
     if _BLOCK_MASK_TAKES_Q_SIDE:
-        return BlockMask(seq_lengths=tuple(t.seq_lengths), BLOCK_SIZE=tuple(t.block_size), mask_mod=mask_mod, **arrays)
+        return BlockMask(seq_lengths=tuple(seq_lengths), BLOCK_SIZE=tuple(block_size), mask_mod=mask_mod, **arrays)
     return BlockMask.from_kv_blocks(arrays["kv_num_blocks"], arrays["kv_indices"], arrays["full_kv_num_blocks"],
-                                    arrays["full_kv_indices"], BLOCK_SIZE=tuple(t.block_size), mask_mod=mask_mod,
-                                    seq_lengths=tuple(t.seq_lengths))
+                                    arrays["full_kv_indices"], BLOCK_SIZE=tuple(block_size), mask_mod=mask_mod,
+                                    seq_lengths=tuple(seq_lengths))
+
+
+def block_mask_from_tiles(tiles, mask_mod, device):
+    """A torch BlockMask over masklens' tile summary (a _core.TileSummary): its eight int32
+    tensors (the kv side, and the q side torch would derive for the backward) shared from
+    numpy without a copy and moved to `device`."""
+    t = tiles.block_mask()
+    arrays = {name: torch.from_numpy(getattr(t, name)).to(device) for name in t.fields}
+    return block_mask_from_arrays(arrays, t.seq_lengths, t.block_size, mask_mod)
+
+
+def device_block_mask(mask, size, mask_mod, masked_threshold=-1000.0):
+    """The BlockMask of a CUDA mask ([B, H, Q, K]) from masklens._cuda's device tile summary:
+    one read on the device, the eight tensors written there (masklens._cache.
+    device_scan_tiles). (Verdict, BlockMask)."""
+    from . import _cache
+    verdict, arrays = _cache.device_scan_tiles(mask.detach(), size, masked_threshold)
+    return verdict, block_mask_from_arrays(arrays, mask.shape[-2:], size, mask_mod)
 
 
 def flex_block_mask(t: Tensors, a, device):
     """The BlockMask of the call from masklens' tiles, or None where they are not at hand:
     an exact structure's tiles from its fields (no read of the mask), a kept CPU mask's
-    from one host read. A kept CUDA mask: None (create_block_mask then evaluates the
-    mask_mod on the device; no device tile summary is bound yet)."""
-    from . import _core
+    from one host read, a kept CUDA mask's from one device read where masklens._cuda
+    summarises tiles (else None: create_block_mask then evaluates the mask_mod on the
+    device)."""
+    from . import _cache, _core
     if not a.mask_mod_reads_mask:
         tiles = _core.tiles_from_structure(t.structure, a.block_q, a.block_k)
         return block_mask_from_tiles(tiles, mask_mod_for(t.structure, device), device)
     if t.mask.device.type == "cpu":
         _, tiles = _core.scan_with_tiles(t.mask.detach(), a.block_q, a.block_k)
         return block_mask_from_tiles(tiles, mask_mod_for(t.structure, device, t.mask), device)
+    if t.mask.device.type == "cuda" and t.mask.device == device and _cache.has_device_tiles():
+        _, block_mask = device_block_mask(t.mask, (a.block_q, a.block_k), mask_mod_for(t.structure, device, t.mask))
+        return block_mask
     return None
 
 

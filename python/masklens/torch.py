@@ -190,14 +190,20 @@ def inspect(query, key, value, attn_mask, dropout_p=0.0, enable_gqa=False):
     return (prepared.policy if prepared is not None else None), entry.verdict
 
 
+def _attends(mask, masked_threshold):
+    return mask if mask.dtype == torch.bool else (mask > masked_threshold if mask.is_floating_point() else mask != 0)
+
+
 def block_mask(mask_or_report, block_size=128, *, mask=None, device=None, masked_threshold: float = -1000.0):
     """A torch FlexAttention BlockMask from masklens' tiles (BlockMask.from_kv_blocks' layout,
     with the q side masklens writes too), at block_size = N or (q, k).
 
     `mask_or_report` is a mask (torch tensor or numpy array, 1-4 dims) or a masklens.Report.
     An exact structure's tiles come from its fields (no read of the mask past the scan)
-    and its mask_mod from its fields; an arbitrary mask's tiles from a host scan (a CUDA
-    mask is copied to the host for it) and its mask_mod reads the mask
+    and its mask_mod from its fields; an arbitrary mask's tiles from a host scan, or for
+    a CUDA mask (with `device` its own) from masklens._cuda's device scan, which writes
+    the BlockMask's tensors on the device in the read that proves the structure (without
+    masklens._cuda the mask is copied to the host for them); its mask_mod reads the mask
     (`mask[b, h, q, kv]`): a Report of an arbitrary mask needs `mask=` (its tiles are
     reused when inspect(tiles=...) counted them at this size). The tensors are on
     `device` (default: the mask's, else the CPU)."""
@@ -216,7 +222,18 @@ def block_mask(mask_or_report, block_size=128, *, mask=None, device=None, masked
     if device is None:
         device = mask.device if mask is not None else torch.device("cpu")
     if structure is None:
-        if mask.device.type == "cuda":
+        if mask.device.type == "cuda" and device == mask.device and _cache.has_device_tiles():
+            # One read on the device: the verdict, and the tiles written as the BlockMask's
+            # tensors there (used only where the structure is arbitrary).
+            view = mask
+            while view.dim() < 4:
+                view = view.unsqueeze(0)
+            verdict, arrays = _cache.device_scan_tiles(view.detach(), size, masked_threshold)
+            structure = verdict.structure
+            if structure.kind == "arbitrary":
+                mask_mod = _run.mask_mod_for(structure, device, _attends(view, masked_threshold))
+                return _run.block_mask_from_arrays(arrays, view.shape[-2:], size, mask_mod)
+        elif mask.device.type == "cuda":
             structure = masklens.scan(mask, masked_threshold).structure
         if structure is None or structure.kind == "arbitrary":
             verdict, tiles = _cache.scan_with_tiles(mask, size, masked_threshold)
@@ -229,7 +246,7 @@ def block_mask(mask_or_report, block_size=128, *, mask=None, device=None, masked
         raise _core.MaskError("invalid_argument: the BlockMask of an arbitrary mask reads the mask: pass mask=")
     if tiles is None:
         _, tiles = _cache.scan_with_tiles(mask, size, masked_threshold)
-    attends = mask if mask.dtype == torch.bool else (mask > masked_threshold if mask.is_floating_point() else mask != 0)
+    attends = _attends(mask, masked_threshold)
     while attends.dim() < 4:
         attends = attends.unsqueeze(0)
     return _run.block_mask_from_tiles(tiles, _run.mask_mod_for(structure, device, attends.to(device)), device)

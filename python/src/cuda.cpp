@@ -11,6 +11,11 @@
 // the caller's stream once; copy_rest() brings more runs, where there are, with a
 // second. O(runs) cross to the host, not O(rows). No allocation, no device-wide
 // synchronisation.
+//
+// query_runs_tiles() / scan_runs_tiles() do the same from a scan that also counts the
+// mask's tiles in its one read (cuda/tiles.hpp) and writes torch BlockMask's eight int32
+// arrays into device tensors the caller allocated (masklens._cache.device_scan_tiles):
+// the same block, its scan temporary sized for the tile counts.
 #include <cuda_runtime.h>
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/pair.h>
@@ -20,6 +25,7 @@
 #include <masklens/cuda/check.cuh>
 #include <masklens/cuda/runs.hpp>
 #include <masklens/cuda/scan.hpp>
+#include <masklens/cuda/tiles.hpp>
 
 #include <cstdint>
 #include <cstring>
@@ -55,10 +61,20 @@ std::pair<std::size_t, std::size_t> sizes_of(const MaskView& view) {
   return {scan_temp, reduce_temp};
 }
 
+// The size query of the scan that counts tiles too (no CUDA call): it takes the scan's
+// place in the block, so the layout is scan_runs()'s with its temporary storage.
+std::size_t tiles_temp_of(const MaskView& view, TileSize size) {
+  std::size_t temp = 0;
+  if (Status st = gpu::scan_spans_tiles(nullptr, temp, view, size, nullptr, BlockMaskArrays{}); !st.ok()) raise(st);
+  return temp;
+}
+
 // The block of `view` as masklens._core.DeviceRuns laid it out, checked against the
-// caller's pointer and size.
-python::RunsBlock checked_block(const MaskView& view, std::uintptr_t d_block, std::size_t block_bytes) {
-  const auto [scan_temp, reduce_temp] = sizes_of(view);
+// caller's pointer and size. `tiles` (when given) is the tile size of scan_runs_tiles().
+python::RunsBlock checked_block(const MaskView& view, std::uintptr_t d_block, std::size_t block_bytes,
+                                const TileSize* tiles = nullptr) {
+  auto [scan_temp, reduce_temp] = sizes_of(view);
+  if (tiles != nullptr) scan_temp = tiles_temp_of(view, *tiles);
   const python::RunsBlock b = python::runs_block(gpu::span_rows(view), scan_temp, reduce_temp);
   if (d_block == 0) raise(error(ErrorCode::invalid_argument, "device block is null"));
   if (d_block % 256 != 0) raise(error(ErrorCode::misaligned_pointer, "device block is not 256-byte aligned"));
@@ -161,14 +177,108 @@ NB_MODULE(_cuda, m) {
       "stream), reduces them to runs, copies the count and the first runs to h_head and synchronises the stream "
       "once. Returns the run count. Every pointer is the caller's; the layout is masklens._core.DeviceRuns'.");
 
+  // The scan that also summarises tiles (cuda/tiles.hpp): the same block, its scan
+  // temporary sized by scan_spans_tiles(), and torch BlockMask's eight int32 arrays
+  // written into the caller's device tensors.
+  m.def(
+      "query_runs_tiles",
+      [](std::uintptr_t data, const std::string& dtype, const std::vector<std::int64_t>& shape,
+         const std::vector<std::int64_t>& strides, float masked_threshold, std::int64_t block_q, std::int64_t block_k) {
+        const MaskView view = take(python::view_of(data, dtype, shape, strides, masked_threshold));
+        const TileSize size{block_q, block_k};
+        const std::size_t scan_temp = tiles_temp_of(view, size);  // checks the tile size and the grid
+        const TileGrid g = take(tile_grid_for(view, size));
+        return std::make_pair(std::make_pair(scan_temp, sizes_of(view).second),
+                              std::vector<std::int64_t>{g.distinct_batch, g.distinct_heads, g.q_tiles(), g.k_tiles()});
+      },
+      "data"_a, "dtype"_a, "shape"_a, "strides"_a, "masked_threshold"_a, "block_q"_a, "block_k"_a,
+      "((scan-with-tiles temporary bytes, run reduction temporary bytes), [distinct batch, distinct heads, q tiles, "
+      "k tiles]) of this view at this tile size: the size query of scan_runs_tiles() and the grid its BlockMask arrays "
+      "span ([B', H', q tiles] counts, [B', H', q tiles, k tiles] indices, the q side transposed). No CUDA call.");
+
+  m.def(
+      "scan_runs_tiles",
+      [](std::uintptr_t data, const std::string& dtype, const std::vector<std::int64_t>& shape,
+         const std::vector<std::int64_t>& strides, float masked_threshold, std::int64_t block_q, std::int64_t block_k,
+         std::uintptr_t d_block, std::size_t block_bytes, std::uintptr_t h_head, std::size_t head_bytes,
+         const std::vector<std::uintptr_t>& arrays, const std::vector<std::size_t>& array_bytes, std::uintptr_t stream,
+         int device) {
+        const MaskView view = take(python::view_of(data, dtype, shape, strides, masked_threshold));
+        const TileSize size{block_q, block_k};
+        const python::RunsBlock b = checked_block(view, d_block, block_bytes, &size);
+        const TileGrid g = take(tile_grid_for(view, size));
+        if (h_head == 0) raise(error(ErrorCode::invalid_argument, "host head buffer is null"));
+        if (head_bytes != b.head_bytes())
+          raise(error(ErrorCode::invalid_argument, "host head buffer holds " + std::to_string(head_bytes) +
+                                                       " bytes; this view's block copies " +
+                                                       std::to_string(b.head_bytes())));
+        static const char* const names[8] = {"kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices",
+                                             "q_num_blocks",  "q_indices",  "full_q_num_blocks",  "full_q_indices"};
+        if (arrays.size() != 8 || array_bytes.size() != 8)
+          raise(error(ErrorCode::invalid_argument, "pass the eight BlockMask arrays and their sizes in bytes, got " +
+                                                       std::to_string(arrays.size()) + " and " +
+                                                       std::to_string(array_bytes.size())));
+        const auto nq = static_cast<std::size_t>(g.q_tiles()), nk = static_cast<std::size_t>(g.k_tiles());
+        const auto slices = static_cast<std::size_t>(g.slices());
+        const std::size_t elements[8] = {slices * nq, slices * nq * nk, slices * nq, slices * nq * nk,
+                                         slices * nk, slices * nk * nq, slices * nk, slices * nk * nq};
+        std::int32_t* out[8] = {};
+        for (int i = 0; i < 8; ++i) {
+          const std::string name = names[i];
+          if (arrays[i] == 0) raise(error(ErrorCode::invalid_argument, name + " is null"));
+          if (arrays[i] % alignof(std::int32_t) != 0)
+            raise(error(ErrorCode::misaligned_pointer, name + " is not aligned to int32 (4 bytes)"));
+          if (array_bytes[i] != elements[i] * sizeof(std::int32_t))
+            raise(error(ErrorCode::invalid_argument,
+                        name + " holds " + std::to_string(array_bytes[i]) + " bytes; this view's grid needs " +
+                            std::to_string(elements[i]) + " int32 (" + std::to_string(elements[i] * 4) + " bytes)"));
+          out[i] = reinterpret_cast<std::int32_t*>(arrays[i]);
+        }
+        const BlockMaskArrays d_block_mask{out[0], out[1], out[2], out[3], out[4], out[5], out[6], out[7]};
+        auto* base = reinterpret_cast<std::uint8_t*>(d_block);
+        const cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
+        Status st = on_device(device, [&]() -> Status {
+          // As scan_runs(): the head zeroed first (initcheck), then the scan, now with
+          // the tile counts and the BlockMask writer, the run reduction, one copy, one sync.
+          Status r = check(cudaMemsetAsync(base, 0, b.head_bytes(), s), "cudaMemsetAsync(run count and first runs)");
+          std::size_t scan_temp = b.scan_temp_bytes, reduce_temp = b.reduce_temp_bytes;
+          if (r.ok())
+            r = gpu::scan_spans_tiles(base + b.scan_temp_at, scan_temp, view, size,
+                                      reinterpret_cast<RowSpan*>(base + b.spans_at), d_block_mask, nullptr, s);
+          if (r.ok())
+            r = gpu::reduce_runs(base + b.reduce_temp_at, reduce_temp,
+                                 reinterpret_cast<const RowSpan*>(base + b.spans_at), b.rows, view.q_len(),
+                                 reinterpret_cast<SpanRun*>(base + b.runs_at), b.room,
+                                 reinterpret_cast<std::int64_t*>(base + b.count_at), s);
+          if (r.ok())
+            r = check(cudaMemcpyAsync(reinterpret_cast<void*>(h_head), base, b.head_bytes(), cudaMemcpyDeviceToHost, s),
+                      "cudaMemcpyAsync(run count and first runs to the host)");
+          if (r.ok()) r = check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+          return r;
+        });
+        if (!st.ok()) raise(st);
+        std::int64_t count = 0;
+        std::memcpy(&count, reinterpret_cast<const void*>(h_head + b.count_at), sizeof count);
+        return count;
+      },
+      "data"_a, "dtype"_a, "shape"_a, "strides"_a, "masked_threshold"_a, "block_q"_a, "block_k"_a, "d_block"_a,
+      "block_bytes"_a, "h_head"_a, "head_bytes"_a, "arrays"_a, "array_bytes"_a, "stream"_a, "device"_a,
+      "scan_runs() reading the mask once for its tiles too: the block laid out with query_runs_tiles()' scan "
+      "temporary, and torch BlockMask's eight int32 arrays (device addresses, in the order kv_num_blocks, kv_indices, "
+      "full_kv_num_blocks, full_kv_indices, q_num_blocks, q_indices, full_q_num_blocks, full_q_indices, each "
+      "contiguous over the grid query_runs_tiles() gives, with its size in bytes) written on the device. Returns the "
+      "run count; copy_rest() (with the same block) brings runs past the first copy. Every argument is checked "
+      "before any CUDA call.");
+
   m.def(
       "copy_rest",
       [](std::uintptr_t data, const std::string& dtype, const std::vector<std::int64_t>& shape,
          const std::vector<std::int64_t>& strides, float masked_threshold, std::uintptr_t d_block,
          std::size_t block_bytes, std::uintptr_t d_more, std::int64_t count, std::uintptr_t h_rest,
-         std::size_t rest_bytes, std::uintptr_t stream, int device) {
+         std::size_t rest_bytes, std::uintptr_t stream, int device, std::int64_t block_q, std::int64_t block_k) {
         const MaskView view = take(python::view_of(data, dtype, shape, strides, masked_threshold));
-        const python::RunsBlock b = checked_block(view, d_block, block_bytes);
+        const TileSize size{block_q, block_k};  // block_q = 0: the block of scan_runs()
+        const python::RunsBlock b = checked_block(view, d_block, block_bytes, block_q == 0 ? nullptr : &size);
         if (count <= b.eager || count > b.rows)
           raise(error(ErrorCode::invalid_argument, "copy_rest is for counts in (" + std::to_string(b.eager) + ", " +
                                                        std::to_string(b.rows) + "], got " + std::to_string(count)));
@@ -202,8 +312,9 @@ NB_MODULE(_cuda, m) {
         if (!st.ok()) raise(st);
       },
       "data"_a, "dtype"_a, "shape"_a, "strides"_a, "masked_threshold"_a, "d_block"_a, "block_bytes"_a, "d_more"_a,
-      "count"_a, "h_rest"_a, "rest_bytes"_a, "stream"_a, "device"_a,
+      "count"_a, "h_rest"_a, "rest_bytes"_a, "stream"_a, "device"_a, "block_q"_a = 0, "block_k"_a = 0,
       "After scan_runs() returned more runs than came with the count: copies runs [eager, count) to h_rest "
       "(reducing again into d_more, device room for `count` runs, where they exceed the block's room) and "
-      "synchronises the stream: the second synchronisation.");
+      "synchronises the stream: the second synchronisation. After scan_runs_tiles(), pass its block_q and block_k "
+      "(its block's layout).");
 }

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import masklens
-from masklens import _cache, _core
+from masklens import _cache, _core, _run
 from helpers import rows_cols
 
 try:
@@ -333,3 +333,192 @@ def test_runs_past_the_head_must_be_brought_before_finish():
     table = _core.DeviceRuns(*args_of(m), 1, 1)
     address, nbytes = table.rest_buffer(300)
     assert address != 0 and nbytes == 44 * 64
+
+
+# --- The scan that writes torch BlockMask's tensors on the device (scan_runs_tiles) -------
+
+TILE_FIELDS = list(_cache.BLOCK_MASK_FIELDS)
+TILES_TEMP = 4096  # what FakeTileCuda's size query answers for the scan with tile counts
+
+
+class FakeTileCuda(FakeCuda):
+    """FakeCuda with the tile scan: checks the block and the eight arrays device_scan_tiles()
+    hands it, and writes into them (host memory here: a CPU mask's tensors) what the device
+    writes, from masklens' host tile summary of the same mask."""
+
+    def __init__(self, m, size, flags_row=None):
+        super().__init__(spans_of(m), m.shape[-2], flags_row)
+        self.size = size
+        _, tiles = _core.scan_with_tiles(m, size[0], size[1], -1000.0)
+        self.host = tiles.block_mask()
+
+    def query_runs_tiles(self, data, dtype, shape, strides, threshold, block_q, block_k):
+        assert (block_q, block_k) == self.size
+        g = self.host.kv_indices.shape
+        return (TILES_TEMP, 1000), [g[0], g[1], g[2], g[3]]
+
+    def scan_runs_tiles(self, data, dtype, shape, strides, threshold, block_q, block_k, d_block, block_bytes, h_head,
+                        head_bytes, arrays, array_bytes, stream, device):
+        self.calls.append(dict(call="scan_runs_tiles", block_bytes=block_bytes, head_bytes=head_bytes, stream=stream,
+                               arrays=list(arrays), array_bytes=list(array_bytes), tiles=(block_q, block_k)))
+        for name, address, nbytes in zip(TILE_FIELDS, arrays, array_bytes):
+            want = np.ascontiguousarray(getattr(self.host, name))
+            assert nbytes == want.nbytes, name
+            ctypes.memmove(address, want.ctypes.data, nbytes)
+        return self.scan_runs(data, dtype, shape, strides, threshold, d_block, block_bytes, h_head, head_bytes,
+                              stream, device)
+
+    def copy_rest(self, *args, block_q=0, block_k=0):
+        assert (block_q, block_k) == self.size  # the block is the tile scan's layout
+        super().copy_rest(*args)
+
+
+def fake_tile_scan(m, size, monkeypatch, flags_row=None):
+    fake = FakeTileCuda(m, size, flags_row)
+    monkeypatch.setattr(_cache, "_cuda", fake)
+    monkeypatch.setattr(_cache, "_stream_of", lambda device: 777)
+    return fake
+
+
+def tile_masks():
+    L = 40
+    ms = masks()
+    g = torch.Generator().manual_seed(3)
+    sparse = (torch.rand(2, 1, 3, 4, generator=g) < 0.5).repeat_interleave(16, 2).repeat_interleave(16, 3)
+    ms["block-sparse ragged, stride-0 heads"] = sparse[:, :, :45, :61].expand(2, 3, 45, 61)
+    ms["block-sparse, stride-0 batch"] = (torch.rand(1, 2, L, L, generator=g) < 0.4).expand(3, 2, L, L)
+    return ms
+
+
+@pytest.mark.parametrize("name", list(tile_masks()))
+@pytest.mark.parametrize("size", [(16, 16), (32, 8)])
+def test_device_tile_scan_host_half(name, size, monkeypatch):
+    """device_scan_tiles() allocates the eight int32 tensors on the mask's device with the
+    grid's shapes (broadcast dims once), hands their addresses and sizes in torch's field
+    order, lays the block out with the tile scan's temporary storage, and returns what
+    the device wrote with the verdict of the same read."""
+    m = tile_masks()[name]
+    fake = fake_tile_scan(m, size, monkeypatch)
+    before = _cache.scan_count()
+    verdict, arrays = _cache.device_scan_tiles(m, size)
+    assert _cache.scan_count() == before + 1 and masklens.last_timing()["device"] == "cuda"
+    assert verdict.structure.describe() == _cache.scan(m).structure.describe()
+    assert [c["call"] for c in fake.calls] == ["scan_runs_tiles", "scan_runs"]
+    call = fake.calls[0]
+    assert call["tiles"] == size and call["stream"] == 777
+    layout = _core.DeviceRuns(*args_of(m), TILES_TEMP, 1000)
+    assert call["block_bytes"] == layout.block_bytes and call["head_bytes"] == layout.head_bytes
+    B, H, Q, K = m.shape
+    db = 1 if m.stride(0) == 0 else B
+    dh = 1 if m.stride(1) == 0 else H
+    nq, nk = -(-Q // size[0]), -(-K // size[1])
+    shapes = {"kv_num_blocks": (db, dh, nq), "kv_indices": (db, dh, nq, nk),
+              "q_num_blocks": (db, dh, nk), "q_indices": (db, dh, nk, nq)}
+    assert list(arrays) == TILE_FIELDS
+    for name_, address, nbytes in zip(TILE_FIELDS, call["arrays"], call["array_bytes"]):
+        t = arrays[name_]
+        assert t.dtype == torch.int32 and t.is_contiguous() and t.device == m.device
+        assert tuple(t.shape) == shapes[name_.replace("full_", "")], name_
+        assert t.data_ptr() == address and address % 4 == 0 and nbytes == t.numel() * 4
+        assert np.array_equal(t.numpy(), getattr(fake.host, name_)), name_
+
+
+@pytest.mark.parametrize("name", ["block-sparse ragged, stride-0 heads", "block-sparse, stride-0 batch"])
+def test_device_block_mask_equals_create_block_mask(name, monkeypatch):
+    """The BlockMask _run assembles over the device tensors (the constructor with the q
+    side, broadcast dims kept at 1) equals torch's create_block_mask over every batch and
+    head, and its mask_mod is the mask."""
+    fa = pytest.importorskip("torch.nn.attention.flex_attention")
+    m = tile_masks()[name]
+    size = (16, 16)
+    fake_tile_scan(m, size, monkeypatch)
+    mask_mod = _run.mask_mod_for(None, "cpu", m)
+    verdict, ours = _run.device_block_mask(m, size, mask_mod)
+    assert verdict.structure.kind == "arbitrary"
+    B, H, Q, K = m.shape
+    theirs = fa.create_block_mask(mask_mod, B, H, Q, K, device="cpu", BLOCK_SIZE=size)
+    assert tuple(ours.BLOCK_SIZE) == size and tuple(ours.seq_lengths) == (Q, K)
+    for field in TILE_FIELDS:
+        a, b = getattr(ours, field), getattr(theirs, field)
+        assert a.dtype == b.dtype == torch.int32
+        assert torch.equal(a.expand(b.shape), b), field
+    assert torch.equal(fa.create_mask(ours.mask_mod, B, H, Q, K, device="cpu"), m)
+
+
+def test_device_tile_scan_brings_runs_past_the_first_copy(monkeypatch):
+    """Runs past the head come with copy_rest() told the tile scan's layout."""
+    i, j = rows_cols(300, 16)
+    m = ((j % 2 == 0) & (i % 5 != 0))[None, None]
+    fake = fake_tile_scan(m, (32, 8), monkeypatch)
+    verdict, arrays = _cache.device_scan_tiles(m, (32, 8))
+    assert [c["call"] for c in fake.calls] == ["scan_runs_tiles", "scan_runs", "copy_rest"]
+    assert verdict.run_count == 300 and verdict.structure.describe() == "arbitrary, 60 empty rows"
+    assert arrays["kv_indices"].shape == (1, 1, 10, 2)
+
+
+def test_device_tile_scan_names_an_invalid_row(monkeypatch):
+    m = torch.ones(2, 3, 40, 40, dtype=torch.bool)
+    fake_tile_scan(m, (16, 16), monkeypatch, flags_row=4 * 40 + 17)
+    with pytest.raises(masklens.MaskError, match=r"^invalid_value: mask row \[1, 1, 17\] holds NaN or \+inf"):
+        _cache.device_scan_tiles(m, (16, 16))
+
+
+def test_device_tiles_are_used_only_where_the_module_has_them(monkeypatch):
+    monkeypatch.setattr(_cache, "_cuda", FakeCuda(spans_of(torch.ones(1, 1, 4, 4, dtype=torch.bool)), 4))
+    assert not _cache.has_device_tiles()  # an older _cuda: block_mask() and flex keep today's paths
+    monkeypatch.setattr(_cache, "_cuda", FakeTileCuda(torch.ones(1, 1, 4, 4, dtype=torch.bool), (4, 4)))
+    assert _cache.has_device_tiles()
+
+
+@needs_module
+def test_tile_scan_arguments_are_checked_before_any_cuda_call():
+    from masklens import _cuda
+    m = torch.ones(2, 1, 40, 24, dtype=torch.bool).expand(2, 3, 40, 24)  # stride-0 heads
+    args = args_of(m)
+    (scan_temp, reduce_temp), grid = _cuda.query_runs_tiles(*args, 16, 8)
+    assert grid == [2, 1, 3, 3] and scan_temp >= 18 * 8 and reduce_temp >= 1
+    assert _cuda.query_runs_tiles(*args, 16, 8)[0][1] == _cuda.query_runs(*args)[1]
+    with pytest.raises(masklens.MaskError, match=r"^invalid_argument: tile size q \(block_q\) must be in"):
+        _cuda.query_runs_tiles(*args, 0, 8)
+    runs = _core.DeviceRuns(*args, scan_temp, reduce_temp)
+    n = {"kv_num_blocks": 6, "kv_indices": 18, "q_num_blocks": 6, "q_indices": 18}
+    nbytes = [4 * n[f.replace("full_", "")] for f in TILE_FIELDS]
+    ptrs = [1 << 20] * 8
+    block = 1 << 24
+
+    def call(**kw):
+        a = dict(block_q=16, block_k=8, d_block=block, block_bytes=runs.block_bytes, h_head=runs.head_address,
+                 head_bytes=runs.head_bytes, arrays=ptrs, array_bytes=nbytes, stream=0, device=0)
+        a.update(kw)
+        return _cuda.scan_runs_tiles(*args, **a)
+    with pytest.raises(masklens.MaskError, match="^invalid_argument: device block holds 32 bytes; this view's layout"):
+        call(block_bytes=32)
+    with pytest.raises(masklens.MaskError, match="^invalid_argument: device block holds"):
+        call(block_q=1, block_k=1)  # another tile size sizes another scan temporary
+    with pytest.raises(masklens.MaskError, match="^invalid_argument: pass the eight BlockMask arrays"):
+        call(arrays=ptrs[:7])
+    with pytest.raises(masklens.MaskError, match="^invalid_argument: full_kv_indices is null"):
+        call(arrays=ptrs[:3] + [0] + ptrs[4:])
+    with pytest.raises(masklens.MaskError, match=r"^misaligned_pointer: q_indices is not aligned to int32"):
+        call(arrays=ptrs[:5] + [(1 << 20) + 2] + ptrs[6:])
+    with pytest.raises(masklens.MaskError, match=r"^invalid_argument: kv_indices holds 4 bytes; this view's grid "
+                                                 r"needs 18 int32 \(72 bytes\)"):
+        call(array_bytes=nbytes[:1] + [4] + nbytes[2:])
+    with pytest.raises(masklens.MaskError, match="^invalid_argument: host head buffer is null"):
+        call(h_head=0)
+    with pytest.raises(masklens.MaskError, match=r"^invalid_argument: copy_rest is for counts"):
+        _cuda.copy_rest(*args, block, runs.block_bytes, 0, 3, 4096, 64, 0, 0, block_q=16, block_k=8)
+    with pytest.raises(masklens.MaskError, match="^invalid_argument: device block holds"):
+        _cuda.copy_rest(*args, block, runs.block_bytes, 0, 200, 4096, 64, 0, 0)  # the plain scan's layout
+
+
+@needs_module
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error where no GPU can be used")
+def test_without_a_gpu_the_tile_scan_names_the_failing_cuda_call():
+    from masklens import _cuda
+    m = torch.ones(8, 8, dtype=torch.bool)
+    (scan_temp, reduce_temp), grid = _cuda.query_runs_tiles(*args_of(m), 4, 4)
+    runs = _core.DeviceRuns(*args_of(m), scan_temp, reduce_temp)
+    with pytest.raises(masklens.MaskError, match=r"^device_error: cuda\w+: cudaError"):
+        _cuda.scan_runs_tiles(*args_of(m), 4, 4, 1 << 20, runs.block_bytes, runs.head_address, runs.head_bytes,
+                              [1 << 16] * 8, [8, 16, 8, 16, 8, 16, 8, 16], 0, 0)
