@@ -222,7 +222,7 @@ def block_mask(mask_or_report, block_size=128, *, mask=None, device=None, masked
     if device is None:
         device = mask.device if mask is not None else torch.device("cpu")
     if structure is None:
-        if mask.device.type == "cuda" and device == mask.device and _cache.has_device_tiles():
+        if mask.device.type == "cuda" and torch.device(device) == mask.device and _cache.has_device_tiles():
             # One read on the device: the verdict, and the tiles written as the BlockMask's
             # tensors there (used only where the structure is arbitrary).
             view = mask

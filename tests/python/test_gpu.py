@@ -343,3 +343,119 @@ def test_compiled_flex_on_masklens_block_mask_matches_the_dense_reference(name):
     g2 = torch.autograd.grad((ref * w).sum(), (q, k, v))
     for a, b in zip(g1, g2):
         assert_close(a.float(), b.float(), 5e-2 * max(1.0, b.abs().max().item()))
+
+
+# --- BlockMask tensors written on the device (masklens._cuda.scan_runs_tiles) --------------
+
+needs_device_tiles = pytest.mark.skipif(not masklens.has_cuda_scan(), reason="masklens was built without _cuda")
+BM_FIELDS = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices", "q_num_blocks", "q_indices",
+             "full_q_num_blocks", "full_q_indices")
+
+
+def random_block_sparse(B, H, Q, K, bq, bk, density, seed, dtype=torch.bool):
+    """Random bq x bk tiles switched on, some with holes, cut to Q x K (ragged where Q, K are
+    not multiples), plus the diagonal so that no row is empty; on the device."""
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    nq, nk = -(-Q // bq), -(-K // bk)
+    on = torch.rand(B, H, nq, nk, device=DEV, generator=g) < density
+    dense = on.repeat_interleave(bq, 2).repeat_interleave(bk, 3)[:, :, :Q, :K]
+    holes = (torch.rand(B, H, Q, K, device=DEV, generator=g) < 0.1) & (torch.rand(B, H, nq, nk, device=DEV, generator=g)
+                                                                       < 0.5).repeat_interleave(bq, 2).repeat_interleave(bk, 3)[:, :, :Q, :K]
+    i, j = (t.to(DEV) for t in rows_cols(Q, K))
+    m = (dense & ~holes) | (i == j)
+    if dtype == torch.bool:
+        return m
+    return torch.zeros(m.shape, dtype=dtype, device=DEV).masked_fill(~m, float("-inf"))
+
+
+DEVICE_TILE_CASES = {  # name: (mask builder, tile size)
+    "square 128": (lambda: random_block_sparse(1, 1, 1024, 1024, 128, 128, 0.3, 0), (128, 128)),
+    "ragged, per head": (lambda: random_block_sparse(2, 3, 1000, 777, 128, 64, 0.4, 1), (128, 64)),
+    "ragged, stride-0 heads": (lambda: random_block_sparse(2, 1, 900, 1300, 64, 128, 0.5, 2).expand(2, 4, 900, 1300),
+                               (64, 128)),
+    "stride-0 batch, float additive": (
+        lambda: random_block_sparse(1, 2, 517, 517, 128, 128, 0.4, 3, torch.float32).expand(3, 2, 517, 517), 128),
+    "tiny tiles, 3-D": (lambda: random_block_sparse(1, 2, 200, 190, 16, 32, 0.3, 4)[0], (16, 32)),
+}
+
+
+@needs_device_tiles
+@pytest.mark.parametrize("name", list(DEVICE_TILE_CASES))
+def test_device_block_mask_equals_create_block_mask_and_host_tiles(name):
+    """An arbitrary CUDA mask's BlockMask comes from one device read (scan_count + 1, the
+    device scanner's timing) and its eight tensors, on the device, equal torch's
+    create_block_mask over every batch and head and masklens' host tiles of the same mask."""
+    import masklens.torch as mt
+    from masklens import _cache, _core
+    from torch.nn.attention.flex_attention import create_block_mask
+    build, size = DEVICE_TILE_CASES[name]
+    mask = build()
+    assert _cache.has_device_tiles()
+    m4 = mask
+    while m4.dim() < 4:
+        m4 = m4.unsqueeze(0)
+    B, H, Q, K = m4.shape
+    bq, bk = (size, size) if isinstance(size, int) else size
+    before = masklens.scan_count()
+    ours = mt.block_mask(mask, size)
+    assert masklens.scan_count() == before + 1 and masklens.last_timing()["device"] == "cuda"
+    attends = m4 if m4.dtype == torch.bool else m4 > -1000
+    theirs = create_block_mask(lambda b, h, q, kv: attends[b, h, q.clamp(max=Q - 1), kv.clamp(max=K - 1)], B, H, Q, K,
+                               device=DEV, BLOCK_SIZE=(bq, bk))
+    assert tuple(ours.BLOCK_SIZE) == (bq, bk) and tuple(ours.seq_lengths) == (Q, K)
+    _, host = _core.scan_with_tiles(m4.cpu(), bq, bk, -1000.0)
+    host = host.block_mask()
+    distinct = (1 if m4.stride(0) == 0 else B, 1 if m4.stride(1) == 0 else H)
+    for f in BM_FIELDS:
+        a, b = getattr(ours, f), getattr(theirs, f)
+        assert a.device.type == "cuda" and a.dtype == torch.int32 and a.is_contiguous(), f
+        assert tuple(a.shape[:2]) == distinct, f  # a broadcast dimension stored once
+        assert torch.equal(a.expand(b.shape), b), f
+        assert torch.equal(a.cpu(), torch.from_numpy(getattr(host, f))), f
+
+
+@needs_device_tiles
+def test_device_block_mask_of_an_exact_structure_comes_from_its_fields():
+    import masklens.torch as mt
+    from torch.nn.attention.flex_attention import create_block_mask
+    L = 1000
+    mask = torch.ones(L, L, dtype=torch.bool, device=DEV).tril()
+    ours = mt.block_mask(mask, 128)
+    theirs = create_block_mask(lambda b, h, q, kv: kv <= q, 1, 1, L, L, device=DEV)
+    for f in BM_FIELDS:
+        assert torch.equal(getattr(ours, f), getattr(theirs, f)), f
+
+
+@needs_device_tiles
+@pytest.mark.parametrize("shape", [(2, 1, 1000, 1000), (2, 4, 777, 1029)])
+def test_drop_in_flex_on_a_block_sparse_cuda_mask_uses_device_tiles(shape, monkeypatch):
+    """The drop-in on an arbitrary CUDA mask with only FlexAttention: compiled flex over the
+    BlockMask masklens wrote on the device (no create_block_mask call, one tile scan,
+    memoised with the verdict), matching the dense reference forward and backward."""
+    import torch.nn.attention.flex_attention as fa
+    from masklens import _cache, _env
+    real = _env.environment
+    monkeypatch.setattr(_env, "environment", lambda *a, **kw: real(*a, **{**kw, "available": {"flex"}}))
+    created, tile_scans = [], []
+    monkeypatch.setattr(fa, "create_block_mask", lambda *a, **kw: created.append(a) or pytest.fail("create_block_mask"))
+    real_tiles = _cache.device_scan_tiles
+    monkeypatch.setattr(_cache, "device_scan_tiles", lambda *a, **kw: tile_scans.append(a) or real_tiles(*a, **kw))
+    B, H, Q, K = shape
+    mask = random_block_sparse(B, H, Q, K, 128, 128, 0.4, 11)
+    masklens.forget()
+    g = torch.Generator(device=DEV).manual_seed(2)
+    q, k, v = (torch.randn(B, 4, n, 64, device=DEV, generator=g, dtype=torch.bfloat16).requires_grad_()
+               for n in (Q, K, K))
+    policy, verdict = masklens.torch.inspect(q, k, v, mask)
+    assert verdict.structure.kind == "arbitrary" and policy.backend == "torch.flex_attention"
+    out = sdpa(q, k, v, attn_mask=mask)
+    assert created == [] and len(tile_scans) == 1
+    sdpa(q, k, v, attn_mask=mask)  # memoised: no second tile scan
+    assert len(tile_scans) == 1
+    ref = reference32(q, k, v, mask)
+    assert_close(out.float(), ref, 2e-2)
+    w = torch.randn_like(ref)
+    g1 = torch.autograd.grad((out.float() * w).sum(), (q, k, v))
+    g2 = torch.autograd.grad((ref * w).sum(), (q, k, v))
+    for a, b in zip(g1, g2):
+        assert_close(a.float(), b.float(), 5e-2 * max(1.0, b.abs().max().item()))
