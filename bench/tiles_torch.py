@@ -9,10 +9,14 @@ Per mask (sliding window 4096, packed documents, random block-sparse; bool [1, 1
                              eight tensors on the device: BlockMask(...) with the q side
   masklens, scan + structure masklens.torch.block_mask(mask): the scan (on the device where
                              masklens._cuda is built) then the above; exact structures only
+  masklens, device scan      CUDA, arbitrary masks, where masklens._cuda is built:
+                             masklens.torch.block_mask(mask), one device read that gives
+                             the verdict and writes the eight tensors on the device
+                             (scan_runs_tiles; one synchronisation)
   masklens, host scan        one host read that gives spans and tiles (scan_with_tiles); a
                              CUDA mask is copied to the host first (the copy is counted):
-                             what block_mask() does for an arbitrary CUDA mask until a
-                             device tile summary is bound
+                             what block_mask() does for an arbitrary CUDA mask without
+                             masklens._cuda
   create_block_mask          torch's, mask_mod = lambda b, h, q, kv: mask[b, h, q, kv]
   torch pad+sum              the dense mask padded to whole tiles, summed per tile, sorted
                              into the same eight tensors: the fastest plain-torch baseline
@@ -124,6 +128,9 @@ def bench_block_masks(L, device, reps, check_create):
             rows.append(("masklens, from structure", ms, same(bm, ref)))
             ms, bm = timed(lambda: mt.block_mask(m, 128), reps, device, before=masklens.forget)
             rows.append(("masklens, scan + structure", ms, same(bm, ref)))
+        if device == "cuda" and not exact and _cache.has_device_tiles():
+            ms, bm = timed(lambda: mt.block_mask(m, 128), reps, device, before=masklens.forget)
+            rows.append(("masklens, device scan", ms, same(bm, ref)))
         if device == "cpu" or not exact:
             ms, bm = timed(lambda: _run.block_mask_from_tiles(_cache.scan_with_tiles(m, (128, 128))[1], None, device),
                            reps, device)
