@@ -223,7 +223,7 @@ NB_MODULE(_cuda, m) {
         const std::size_t elements[8] = {slices * nq, slices * nq * nk, slices * nq, slices * nq * nk,
                                          slices * nk, slices * nk * nq, slices * nk, slices * nk * nq};
         std::int32_t* out[8] = {};
-        for (int i = 0; i < 8; ++i) {
+        for (std::size_t i = 0; i < 8; ++i) {
           const std::string name = names[i];
           if (arrays[i] == 0) raise(error(ErrorCode::invalid_argument, name + " is null"));
           if (arrays[i] % alignof(std::int32_t) != 0)
