@@ -194,6 +194,26 @@ def _attends(mask, masked_threshold):
     return mask if mask.dtype == torch.bool else (mask > masked_threshold if mask.is_floating_point() else mask != 0)
 
 
+def _tiles_on_device(mask, device):
+    """Whether a mask's tiles are written on its device (masklens._cuda's tile scan) for a
+    BlockMask wanted there."""
+    return mask.device.type == "cuda" and torch.device(device) == mask.device and _cache.has_device_tiles()
+
+
+def _device_block_mask(mask, size, masked_threshold):
+    """(structure, BlockMask over the tensors one device read wrote, or None where the
+    structure is exact: then it is tiled from its fields)."""
+    view = mask
+    while view.dim() < 4:
+        view = view.unsqueeze(0)
+    verdict, arrays = _cache.device_scan_tiles(view.detach(), size, masked_threshold)
+    structure = verdict.structure
+    if structure.kind != "arbitrary":
+        return structure, None
+    mask_mod = _run.mask_mod_for(structure, view.device, _attends(view, masked_threshold))
+    return structure, _run.block_mask_from_arrays(arrays, view.shape[-2:], size, mask_mod)
+
+
 def block_mask(mask_or_report, block_size=128, *, mask=None, device=None, masked_threshold: float = -1000.0):
     """A torch FlexAttention BlockMask from masklens' tiles (BlockMask.from_kv_blocks' layout,
     with the q side masklens writes too), at block_size = N or (q, k).
@@ -222,17 +242,12 @@ def block_mask(mask_or_report, block_size=128, *, mask=None, device=None, masked
     if device is None:
         device = mask.device if mask is not None else torch.device("cpu")
     if structure is None:
-        if mask.device.type == "cuda" and torch.device(device) == mask.device and _cache.has_device_tiles():
+        if _tiles_on_device(mask, device):
             # One read on the device: the verdict, and the tiles written as the BlockMask's
             # tensors there (used only where the structure is arbitrary).
-            view = mask
-            while view.dim() < 4:
-                view = view.unsqueeze(0)
-            verdict, arrays = _cache.device_scan_tiles(view.detach(), size, masked_threshold)
-            structure = verdict.structure
-            if structure.kind == "arbitrary":
-                mask_mod = _run.mask_mod_for(structure, device, _attends(view, masked_threshold))
-                return _run.block_mask_from_arrays(arrays, view.shape[-2:], size, mask_mod)
+            structure, bm = _device_block_mask(mask, size, masked_threshold)
+            if bm is not None:
+                return bm
         elif mask.device.type == "cuda":
             structure = masklens.scan(mask, masked_threshold).structure
         if structure is None or structure.kind == "arbitrary":
@@ -244,6 +259,8 @@ def block_mask(mask_or_report, block_size=128, *, mask=None, device=None, masked
         return _run.block_mask_from_tiles(tiles, _run.mask_mod_for(structure, device), device)
     if mask is None:
         raise _core.MaskError("invalid_argument: the BlockMask of an arbitrary mask reads the mask: pass mask=")
+    if tiles is None and _tiles_on_device(mask, device):
+        return _device_block_mask(mask, size, masked_threshold)[1]
     if tiles is None:
         _, tiles = _cache.scan_with_tiles(mask, size, masked_threshold)
     attends = _attends(mask, masked_threshold)

@@ -412,6 +412,13 @@ def test_device_block_mask_equals_create_block_mask_and_host_tiles(name):
         assert tuple(a.shape[:2]) == distinct, f  # a broadcast dimension stored once
         assert torch.equal(a.expand(b.shape), b), f
         assert torch.equal(a.cpu(), torch.from_numpy(getattr(host, f))), f
+    # From a report of the mask (no tiles counted): the same device read.
+    report = masklens.inspect(mask)
+    before = masklens.scan_count()
+    again = mt.block_mask(report, size, mask=mask)
+    assert masklens.scan_count() == before + 1 and masklens.last_timing()["device"] == "cuda"
+    for f in BM_FIELDS:
+        assert torch.equal(getattr(again, f), getattr(ours, f)), f
 
 
 @needs_device_tiles
