@@ -3,7 +3,8 @@ after torch, sizes its buffers as _core does, checks its arguments before any CU
 call, and fails with a MaskError (never a crash) where no GPU can be used. The host
 half of a device scan (the block's layout, DeviceRuns, runs past the first copy, the
 classification of runs, a NaN row named) runs here with a stand-in for the kernels that
-writes the runs a scan of the same mask reduces to."""
+writes the runs a scan of the same mask reduces to; likewise the scan that writes torch
+BlockMask's eight tensors (scan_runs_tiles), with a stand-in writing masklens' host tiles."""
 import ctypes
 import importlib.util
 
