@@ -196,15 +196,17 @@ inline std::optional<BatchFit> fit_batch(MaskStructure& probe, std::span<const R
 }
 
 // Fits `base` to every unique batch with modifiers of `kinds`; the assembled structure,
-// or nothing if some batch does not fit.
-inline std::optional<MaskStructure> fit_structure_with(const MaskStructure& base, const std::vector<UniqueBatch>& batches,
-                                                       ModifierKinds kinds) {
+// or nothing if some batch does not fit. `fit_batch_of(probe, batch, kinds, kv_paid,
+// q_paid)` fits one batch: the table reads its rows, classify_runs.hpp its segments.
+template <class Batches, class FitBatch>
+std::optional<MaskStructure> assemble_fit(const MaskStructure& base, const Batches& batches, ModifierKinds kinds,
+                                          const FitBatch& fit_batch_of) {
   MaskStructure probe = base;
   probe.batch = 1;
   std::vector<BatchFit> fits;
   fits.reserve(batches.size());
-  for (const UniqueBatch& ub : batches) {
-    std::optional<BatchFit> fit = fit_batch(probe, ub.rows, kinds);
+  for (const auto& ub : batches) {
+    std::optional<BatchFit> fit = fit_batch_of(probe, ub, kinds, false, false);
     if (!fit) return std::nullopt;
     fits.push_back(std::move(*fit));
   }
@@ -215,7 +217,7 @@ inline std::optional<MaskStructure> fit_structure_with(const MaskStructure& base
   if (kv_paid || q_paid)
     for (std::size_t i = 0; i < fits.size(); ++i)
       if (fits[i].cost(kv_paid, q_paid) > 0)
-        if (std::optional<BatchFit> fit = fit_batch(probe, batches[i].rows, kinds, kv_paid, q_paid);
+        if (std::optional<BatchFit> fit = fit_batch_of(probe, batches[i], kinds, kv_paid, q_paid);
             fit && fit->cost(kv_paid, q_paid) < fits[i].cost(kv_paid, q_paid))
           fits[i] = std::move(*fit);
   MaskStructure s = base;
@@ -243,22 +245,36 @@ inline std::optional<MaskStructure> fit_structure_with(const MaskStructure& base
   return s;
 }
 
+inline std::optional<MaskStructure> fit_structure_with(const MaskStructure& base, const std::vector<UniqueBatch>& batches,
+                                                       ModifierKinds kinds) {
+  return assemble_fit(base, batches, kinds,
+                      [](MaskStructure& probe, const UniqueBatch& ub, ModifierKinds k, bool kv_paid, bool q_paid) {
+                        return fit_batch(probe, ub.rows, k, kv_paid, q_paid);
+                      });
+}
+
 // Fits `base` to every unique batch with the fewest numbers. Each batch takes its own
 // cheapest modifiers, but a modifier one batch needs is paid by every batch (an entry
 // each), so when batches chose two or more kinds, fits restricted to fewer kinds can
 // be cheaper in all: those are tried too. (With one kind or none the per-batch choice
 // is the cheapest: no batch can do better under any set of kinds.)
-inline std::optional<MaskStructure> fit_structure(const MaskStructure& base, const std::vector<UniqueBatch>& batches) {
+// `fit_with(kinds)` is fit_structure_with for the given kinds (the table's or the runs').
+template <class FitWith>
+std::optional<MaskStructure> fit_fewest_numbers(const MaskStructure& base, const FitWith& fit_with) {
   const ModifierKinds all{true, base.q_len == base.k_len && base.q_len > 1, true};
-  std::optional<MaskStructure> best = fit_structure_with(base, batches, all);
+  std::optional<MaskStructure> best = fit_with(all);
   if (!best || int{best->has_kv_valid()} + int{best->has_segments()} + int{best->has_q_valid()} < 2) return best;
   for (int mask = 1; mask < 8; ++mask) {
     const ModifierKinds kinds{(mask & 1) != 0, (mask & 2) != 0 && all.segments, (mask & 4) != 0};
     if (kinds.count() == all.count() || (mask & 2 && !all.segments)) continue;
-    std::optional<MaskStructure> fitted = fit_structure_with(base, batches, kinds);
+    std::optional<MaskStructure> fitted = fit_with(kinds);
     if (fitted && fitted->description_cost() < best->description_cost()) best = std::move(fitted);
   }
   return best;
+}
+
+inline std::optional<MaskStructure> fit_structure(const MaskStructure& base, const std::vector<UniqueBatch>& batches) {
+  return fit_fewest_numbers(base, [&](ModifierKinds kinds) { return fit_structure_with(base, batches, kinds); });
 }
 
 // Parameters the base kinds could have, read off the rows (modifiers only shrink rows,
@@ -545,9 +561,10 @@ inline RowSummary summarize_rows(const SpanTable& t) noexcept {
 }
 
 // The logical shape of the table, with its counts over the logical B*H slices (a
-// distinct slice stands for `copies` of them); kind arbitrary.
-inline MaskStructure unclassified(const SpanTable& t, std::int64_t empty_rows, std::int64_t finite_masked_rows,
-                                  bool bias) {
+// distinct slice stands for `copies` of them); kind arbitrary. `Table`: a SpanTable, or
+// the SpanRuns of classify_runs.hpp (the same shape fields).
+template <class Table>
+MaskStructure unclassified(const Table& t, std::int64_t empty_rows, std::int64_t finite_masked_rows, bool bias) {
   MaskStructure out;
   out.batch = t.batch;
   out.heads = t.heads;
@@ -580,17 +597,19 @@ inline MaskStructure cost_free_structure(const SpanTable& t, const CostFree& mat
   return out;
 }
 
-// The simplest exact structure of a well-formed table without NaN / +inf rows, `rows`
-// its summary: the search over every candidate.
-inline MaskStructure classify_spans(const SpanTable& t, const RowSummary& rows) {
-  const MaskStructure out = unclassified(t, rows.empty_rows, rows.finite_masked_rows, rows.bias);
-  if (!rows.all_intervals || !heads_agree(t)) return out;  // arbitrary
-
-  const std::vector<UniqueBatch> batches = unique_batches(t);
+// The search over every candidate base and its parameters read off the rows, in a fixed
+// order (the verdict's tie-breaks depend on it), for the unclassified structure `out`:
+// the best fit or nothing. The table (classify_spans) and the runs (classify_runs.hpp)
+// differ only in how they read rows, which the callables hide: `fit(base)` is
+// fit_structure, `gather(d)` gather_evidence, `chunk_ok(c, d)` chunk_bounds_rows, and
+// `exhausted()` says the work budget is spent (then nothing, at once).
+template <class Fit, class Gather, class ChunkOk, class Exhausted>
+std::optional<MaskStructure> search_candidates(const MaskStructure& out, const Fit& fit, const Gather& gather,
+                                               const ChunkOk& chunk_ok, const Exhausted& exhausted) {
   std::optional<MaskStructure> best;
   const auto consider = [&](const MaskStructure& base) {
     if (best && best->description_cost() <= base.description_cost()) return;  // cannot win
-    std::optional<MaskStructure> fitted = fit_structure(base, batches);
+    std::optional<MaskStructure> fitted = fit(base);
     if (fitted && (!best || fitted->description_cost() < best->description_cost())) best = std::move(fitted);
   };
 
@@ -599,21 +618,22 @@ inline MaskStructure classify_spans(const SpanTable& t, const RowSummary& rows) 
   consider(base);
   // Q == K: the two alignments coincide; report top_left.
   const std::array<Alignment, 2> alignments{Alignment::top_left, Alignment::bottom_right};
-  const std::size_t n_align = t.q_len == t.k_len ? 1 : 2;
+  const std::size_t n_align = out.q_len == out.k_len ? 1 : 2;
   std::vector<BaseEvidence> evidence;
   for (std::size_t a = 0; a < n_align; ++a)
-    evidence.push_back(gather_evidence(batches, alignments[a] == Alignment::top_left ? 0 : t.k_len - t.q_len));
+    evidence.push_back(gather(alignments[a] == Alignment::top_left ? 0 : out.k_len - out.q_len));
 
   for (StructureKind kind : {StructureKind::causal, StructureKind::sliding_window, StructureKind::chunked,
                              StructureKind::prefix_lm, StructureKind::causal_blocks}) {
     for (std::size_t a = 0; a < n_align; ++a) {
+      if (exhausted()) return std::nullopt;
       base = out;
       base.kind = kind;
       base.alignment = alignments[a];
       const BaseEvidence& ev = evidence[a];
       // The largest key position any row has: a parameter that never binds below it
       // describes plain causal, which is cheaper and already tried.
-      const std::int64_t max_p = base.key_position(t.q_len - 1);
+      const std::int64_t max_p = base.key_position(out.q_len - 1);
       switch (kind) {
         case StructureKind::causal: consider(base); break;
         case StructureKind::sliding_window:
@@ -625,7 +645,7 @@ inline MaskStructure classify_spans(const SpanTable& t, const RowSummary& rows) 
           break;
         case StructureKind::chunked:
           for (std::int64_t c : ev.chunks)
-            if (c >= 1 && c <= max_p && chunk_bounds_rows(batches, c, base.key_position(0))) {
+            if (c >= 1 && c <= max_p && chunk_ok(c, base.key_position(0))) {
               base.chunk = c;
               consider(base);
             }
@@ -666,7 +686,7 @@ inline MaskStructure classify_spans(const SpanTable& t, const RowSummary& rows) 
                 joined_pair.segments.clear();
                 joined_pair.kv_valid.clear();
                 joined_pair.q_valid.clear();
-                std::optional<MaskStructure> fitted = fit_structure(joined_pair, batches);
+                std::optional<MaskStructure> fitted = fit(joined_pair);
                 if (fitted && fitted->description_cost() < trial.description_cost()) trial = std::move(*fitted);
                 else ++i;
               }
@@ -678,12 +698,32 @@ inline MaskStructure classify_spans(const SpanTable& t, const RowSummary& rows) 
       }
     }
   }
+  return best;
+}
+
+// The verdict: the best fit with the table's counts, or `out` (arbitrary) without one.
+inline MaskStructure finish_verdict(std::optional<MaskStructure> best, const MaskStructure& out) {
   if (!best) return out;
   best->empty_rows = out.empty_rows;
   best->finite_masked_rows = out.finite_masked_rows;
   best->bias = out.bias;
   if (best->kind == StructureKind::full) best->alignment = Alignment::top_left;
-  return *best;
+  return *std::move(best);
+}
+
+// The simplest exact structure of a well-formed table without NaN / +inf rows, `rows`
+// its summary: the search over every candidate.
+inline MaskStructure classify_spans(const SpanTable& t, const RowSummary& rows) {
+  const MaskStructure out = unclassified(t, rows.empty_rows, rows.finite_masked_rows, rows.bias);
+  if (!rows.all_intervals || !heads_agree(t)) return out;  // arbitrary
+
+  const std::vector<UniqueBatch> batches = unique_batches(t);
+  return finish_verdict(search_candidates(
+                            out, [&](const MaskStructure& base) { return fit_structure(base, batches); },
+                            [&](std::int64_t d) { return gather_evidence(batches, d); },
+                            [&](std::int64_t c, std::int64_t d) { return chunk_bounds_rows(batches, c, d); },
+                            [] { return false; }),
+                        out);
 }
 
 // classify() with the fast path on or off (off: every table goes through the checks

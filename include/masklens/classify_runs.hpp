@@ -611,62 +611,18 @@ inline std::optional<BatchFit> fit_batch(Search& ctx, MaskStructure& probe, cons
   return with_q;
 }
 
-// fit_structure_with and fit_structure on segments: the same assembly.
+// fit_structure_with and fit_structure on segments: the same assembly (classify.hpp).
 inline std::optional<MaskStructure> fit_structure_with(Search& ctx, const MaskStructure& base,
                                                        const std::vector<UniqueBatch>& batches, ModifierKinds kinds) {
-  MaskStructure probe = base;
-  probe.batch = 1;
-  std::vector<BatchFit> fits;
-  fits.reserve(batches.size());
-  for (const UniqueBatch& ub : batches) {
-    std::optional<BatchFit> fit = fit_batch(ctx, probe, *ub.rows, kinds);
-    if (!fit) return std::nullopt;
-    fits.push_back(std::move(*fit));
-  }
-  const bool kv_paid = std::any_of(fits.begin(), fits.end(), [](const BatchFit& f) { return f.kv.has_value(); });
-  const bool q_paid = std::any_of(fits.begin(), fits.end(), [](const BatchFit& f) { return f.q.has_value(); });
-  if (kv_paid || q_paid)
-    for (std::size_t i = 0; i < fits.size(); ++i)
-      if (fits[i].cost(kv_paid, q_paid) > 0)
-        if (std::optional<BatchFit> fit = fit_batch(ctx, probe, *batches[i].rows, kinds, kv_paid, q_paid);
-            fit && fit->cost(kv_paid, q_paid) < fits[i].cost(kv_paid, q_paid))
-          fits[i] = std::move(*fit);
-  MaskStructure s = base;
-  s.segments.clear();
-  s.kv_valid.clear();
-  s.q_valid.clear();
-  const bool any_kv = std::any_of(fits.begin(), fits.end(), [](const BatchFit& f) { return f.kv.has_value(); });
-  const bool any_q = std::any_of(fits.begin(), fits.end(), [](const BatchFit& f) { return f.q.has_value(); });
-  const bool any_docs = std::any_of(fits.begin(), fits.end(), [](const BatchFit& f) { return !f.segments.empty(); });
-  const bool every_batch = batches.size() == 1 && batches[0].logical.empty();
-  const auto entries = every_batch ? std::size_t{1} : static_cast<std::size_t>(s.batch);
-  if (any_kv) s.kv_valid.assign(entries, KeyRange{0, s.k_len});
-  if (any_docs) s.segments.assign(entries, std::vector<std::int64_t>{0, s.q_len});
-  if (any_q) s.q_valid.assign(entries, KeyRange{0, s.q_len});
-  const auto place = [&](std::size_t entry, const BatchFit& fit) {
-    if (fit.kv) s.kv_valid[entry] = *fit.kv;
-    if (fit.q) s.q_valid[entry] = *fit.q;
-    if (!fit.segments.empty()) s.segments[entry] = fit.segments;
-  };
-  if (every_batch) place(0, fits[0]);
-  else
-    for (std::size_t i = 0; i < batches.size(); ++i)
-      for (std::int64_t b : batches[i].logical) place(static_cast<std::size_t>(b), fits[i]);
-  return s;
+  return assemble_fit(base, batches, kinds,
+                      [&ctx](MaskStructure& probe, const UniqueBatch& ub, ModifierKinds k, bool kv_paid, bool q_paid) {
+                        return fit_batch(ctx, probe, *ub.rows, k, kv_paid, q_paid);
+                      });
 }
 
 inline std::optional<MaskStructure> fit_structure(Search& ctx, const MaskStructure& base,
                                                   const std::vector<UniqueBatch>& batches) {
-  const ModifierKinds all{true, base.q_len == base.k_len && base.q_len > 1, true};
-  std::optional<MaskStructure> best = fit_structure_with(ctx, base, batches, all);
-  if (!best || int{best->has_kv_valid()} + int{best->has_segments()} + int{best->has_q_valid()} < 2) return best;
-  for (int mask = 1; mask < 8; ++mask) {
-    const ModifierKinds kinds{(mask & 1) != 0, (mask & 2) != 0 && all.segments, (mask & 4) != 0};
-    if (kinds.count() == all.count() || (mask & 2 && !all.segments)) continue;
-    std::optional<MaskStructure> fitted = fit_structure_with(ctx, base, batches, kinds);
-    if (fitted && fitted->description_cost() < best->description_cost()) best = std::move(fitted);
-  }
-  return best;
+  return fit_fewest_numbers(base, [&](ModifierKinds kinds) { return fit_structure_with(ctx, base, batches, kinds); });
 }
 
 // gather_evidence on segments: the same candidates. Block evidence is kept as intervals
@@ -830,90 +786,13 @@ inline bool chunk_bounds_rows(Search& ctx, const std::vector<UniqueBatch>& batch
   return true;
 }
 
-// classify_spans on segments: the candidates in the reference's order.
+// classify_spans on segments: the same search (classify.hpp), out when the work is spent.
 inline std::optional<MaskStructure> search(Search& ctx, const MaskStructure& out, const std::vector<UniqueBatch>& batches) {
-  std::optional<MaskStructure> best;
-  const auto consider = [&](const MaskStructure& base) {
-    if (best && best->description_cost() <= base.description_cost()) return;
-    std::optional<MaskStructure> fitted = fit_structure(ctx, base, batches);
-    if (fitted && (!best || fitted->description_cost() < best->description_cost())) best = std::move(fitted);
-  };
-  MaskStructure base = out;
-  base.kind = StructureKind::full;
-  consider(base);
-  const std::array<Alignment, 2> alignments{Alignment::top_left, Alignment::bottom_right};
-  const std::size_t n_align = ctx.q_len == ctx.k_len ? 1 : 2;
-  std::vector<BaseEvidence> evidence;
-  for (std::size_t a = 0; a < n_align; ++a)
-    evidence.push_back(gather_evidence(ctx, batches, alignments[a] == Alignment::top_left ? 0 : ctx.k_len - ctx.q_len));
-  for (StructureKind kind : {StructureKind::causal, StructureKind::sliding_window, StructureKind::chunked,
-                             StructureKind::prefix_lm, StructureKind::causal_blocks}) {
-    for (std::size_t a = 0; a < n_align; ++a) {
-      if (ctx.work.exhausted()) return std::nullopt;
-      base = out;
-      base.kind = kind;
-      base.alignment = alignments[a];
-      const BaseEvidence& ev = evidence[a];
-      const std::int64_t max_p = base.key_position(ctx.q_len - 1);
-      switch (kind) {
-        case StructureKind::causal: consider(base); break;
-        case StructureKind::sliding_window:
-          for (std::int64_t w : ev.windows)
-            if (w >= 1 && w <= max_p) {
-              base.window = w;
-              consider(base);
-            }
-          break;
-        case StructureKind::chunked:
-          for (std::int64_t c : ev.chunks)
-            if (c >= 1 && c <= max_p && chunk_bounds_rows(ctx, batches, c, base.key_position(0))) {
-              base.chunk = c;
-              consider(base);
-            }
-          break;
-        case StructureKind::prefix_lm:
-          if (ev.prefix > 0 && ev.prefix - 1 < max_p) {
-            base.prefix = ev.prefix;
-            consider(base);
-          }
-          break;
-        case StructureKind::causal_blocks:
-          if (!ev.blocks.empty() &&
-              !(base.key_position(0) >= 0 && ev.blocks.front().start <= base.key_position(0) &&
-                ev.blocks.front().end - 1 >= max_p)) {
-            base.blocks = ev.blocks;
-            consider(base);
-            std::vector<KeyRange> joined;
-            for (const KeyRange& r : ev.blocks) {
-              if (!joined.empty() && joined.back().end == r.start) joined.back().end = r.end;
-              else joined.push_back(r);
-            }
-            if (joined.size() != ev.blocks.size()) {
-              base.blocks = std::move(joined);
-              consider(base);
-            }
-            if (best && best->kind == StructureKind::causal_blocks && best->has_segments()) {
-              MaskStructure trial = *best;
-              for (std::size_t i = 0; i + 1 < trial.blocks.size();) {
-                MaskStructure joined_pair = trial;
-                joined_pair.blocks[i].end = joined_pair.blocks[i + 1].end;
-                joined_pair.blocks.erase(joined_pair.blocks.begin() + static_cast<std::ptrdiff_t>(i) + 1);
-                joined_pair.segments.clear();
-                joined_pair.kv_valid.clear();
-                joined_pair.q_valid.clear();
-                std::optional<MaskStructure> fitted = fit_structure(ctx, joined_pair, batches);
-                if (fitted && fitted->description_cost() < trial.description_cost()) trial = std::move(*fitted);
-                else ++i;
-              }
-              if (trial.description_cost() < best->description_cost()) best = std::move(trial);
-            }
-          }
-          break;
-        default: break;
-      }
-    }
-  }
-  return best;
+  return search_candidates(
+      out, [&](const MaskStructure& base) { return fit_structure(ctx, base, batches); },
+      [&](std::int64_t d) { return gather_evidence(ctx, batches, d); },
+      [&](std::int64_t c, std::int64_t d) { return chunk_bounds_rows(ctx, batches, c, d); },
+      [&] { return ctx.work.exhausted(); });
 }
 
 // ---------------------------------------------------------------------------------
@@ -1041,16 +920,7 @@ inline Result<MaskStructure> classify_runs(const SpanRuns& t, Options options, R
       if (stats) stats->work = ctx.work.used;
       return s;
     };
-    // unclassified(): the shape and counts over the logical slices.
-    MaskStructure out;
-    out.batch = t.batch;
-    out.heads = t.heads;
-    out.q_len = t.q_len;
-    out.k_len = t.k_len;
-    const std::int64_t copies = (t.batch / t.distinct_batch) * (t.heads / t.distinct_heads);
-    out.empty_rows = summary.rows.empty_rows * copies;
-    out.finite_masked_rows = summary.rows.finite_masked_rows * copies;
-    out.bias = summary.rows.bias;
+    MaskStructure out = unclassified(t, summary.rows.empty_rows, summary.rows.finite_masked_rows, summary.rows.bias);
     if (!summary.rows.all_intervals) return done(out);  // arbitrary: no cost-free match either
 
     std::vector<KeyRows> slices;
@@ -1104,13 +974,7 @@ inline Result<MaskStructure> classify_runs(const SpanRuns& t, Options options, R
 
     std::optional<MaskStructure> best = search(ctx, out, batches);
     if (ctx.work.exhausted()) return expand_and_classify(t, stats);
-    if (stats) stats->work = ctx.work.used;
-    if (!best) return out;
-    best->empty_rows = out.empty_rows;
-    best->finite_masked_rows = out.finite_masked_rows;
-    best->bias = out.bias;
-    if (best->kind == StructureKind::full) best->alignment = Alignment::top_left;
-    return *best;
+    return done(finish_verdict(std::move(best), out));
   });
 }
 
