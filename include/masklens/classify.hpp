@@ -98,6 +98,27 @@ struct ModifierKinds {
   [[nodiscard]] int count() const noexcept { return int{kv} + int{segments} + int{q}; }
 };
 
+// The kv_valid ranges worth trying for a batch whose attending rows start at key
+// `f_first` (the first of them; -1: none attends), end at `l_last` (the last), and span
+// [f_min, l_max]: each combination of those ends, the whole range left out (tried
+// without kv_valid). The table's fit_keys and the runs' (classify_runs.hpp) share it.
+inline std::vector<KeyRange> kv_valid_candidates(bool allow_kv, std::int64_t f_first, std::int64_t l_last,
+                                                 std::int64_t f_min, std::int64_t l_max, std::int64_t k_len) {
+  std::vector<KeyRange> kv_candidates;
+  if (!allow_kv) {
+    // only the whole key range, tried by the caller
+  } else if (f_first < 0) {
+    kv_candidates.push_back({0, 0});  // nothing attends: no key is valid
+  } else {
+    for (std::int64_t s : {std::int64_t{0}, f_first, f_min})
+      for (std::int64_t e : {k_len, l_last + 1, l_max + 1})
+        if (s < e && !(s == 0 && e == k_len) &&
+            std::find(kv_candidates.begin(), kv_candidates.end(), KeyRange{s, e}) == kv_candidates.end())
+          kv_candidates.push_back({s, e});
+  }
+  return kv_candidates;
+}
+
 // The cheapest key-side modifiers (kv_valid, segments) that make `probe` (a base
 // structure with batch 1, q_valid set or not) equal `rows`.
 inline std::optional<BatchFit> fit_keys(MaskStructure& probe, std::span<const RowSpan> rows, bool allow_segments,
@@ -119,18 +140,7 @@ inline std::optional<BatchFit> fit_keys(MaskStructure& probe, std::span<const Ro
     f_min = std::min(f_min, r.first);
     l_max = std::max(l_max, r.last);
   }
-  std::vector<KeyRange> kv_candidates;
-  if (!allow_kv) {
-    // only the whole key range, below
-  } else if (f_first < 0) {
-    kv_candidates.push_back({0, 0});  // nothing attends: no key is valid
-  } else {
-    for (std::int64_t s : {std::int64_t{0}, f_first, f_min})
-      for (std::int64_t e : {k_len, l_last + 1, l_max + 1})
-        if (s < e && !(s == 0 && e == k_len) &&
-            std::find(kv_candidates.begin(), kv_candidates.end(), KeyRange{s, e}) == kv_candidates.end())
-          kv_candidates.push_back({s, e});
-  }
+  std::vector<KeyRange> kv_candidates = kv_valid_candidates(allow_kv, f_first, l_last, f_min, l_max, k_len);
   for (const KeyRange& kv : kv_candidates) {
     probe.kv_valid.assign(1, kv);
     if (rows_match(probe, rows)) return BatchFit{kv, {}, std::nullopt};  // cost 2: documents cost at least 3
@@ -287,6 +297,37 @@ struct BaseEvidence {
   std::vector<KeyRange> blocks;            // runs of rows reaching the same key past p
 };
 
+// The chunk sizes a batch's first distinct row starts suggest: each start, and the
+// gcd and difference of each pair.
+inline void add_start_chunks(BaseEvidence& ev, const std::vector<std::int64_t>& starts) {
+  for (std::size_t j = 0; j < starts.size(); ++j) {
+    ev.chunks.push_back(starts[j]);
+    for (std::size_t k = 0; k < j; ++k) {
+      ev.chunks.push_back(std::gcd(starts[j], starts[k]));
+      if (starts[j] > starts[k]) ev.chunks.push_back(starts[j] - starts[k]);
+    }
+  }
+}
+
+// The candidate lists sorted and unique, and the blocks: `pieces`, (start, end) key
+// ranges sorted by start, joined where they overlap (the pieces of one block overlap,
+// and their union is the block).
+template <class Pieces>
+void finish_evidence(BaseEvidence& ev, const Pieces& pieces) {
+  for (auto* list : {&ev.chunks, &ev.windows}) {
+    std::sort(list->begin(), list->end());
+    list->erase(std::unique(list->begin(), list->end()), list->end());
+  }
+  // The window binds wherever rows show it at full length: the largest candidate first.
+  std::reverse(ev.windows.begin(), ev.windows.end());
+  for (const auto& [start, end] : pieces) {
+    if (!ev.blocks.empty() && start < ev.blocks.back().end)
+      ev.blocks.back().end = std::max(ev.blocks.back().end, end);
+    else
+      ev.blocks.push_back({start, end});
+  }
+}
+
 inline BaseEvidence gather_evidence(const std::vector<UniqueBatch>& batches, std::int64_t d) {
   BaseEvidence ev;
   // Vectors, sorted once at the end, rather than ordered sets: <map> and <set> would
@@ -363,13 +404,7 @@ inline BaseEvidence gather_evidence(const std::vector<UniqueBatch>& batches, std
       starts.push_back(first_empty_after_rows);
       empty_edges.push_back(first_empty_after_rows);
     }
-    for (std::size_t j = 0; j < starts.size(); ++j) {
-      ev.chunks.push_back(starts[j]);
-      for (std::size_t k = 0; k < j; ++k) {
-        ev.chunks.push_back(std::gcd(starts[j], starts[k]));
-        if (starts[j] > starts[k]) ev.chunks.push_back(starts[j] - starts[k]);
-      }
-    }
+    add_start_chunks(ev, starts);
   }
   // Where rows turn empty past the valid keys is a chunk boundary, a multiple of the
   // chunk: its divisors hold the chunk even when no single batch shows it (two batches
@@ -379,21 +414,10 @@ inline BaseEvidence gather_evidence(const std::vector<UniqueBatch>& batches, std
   for (const std::int64_t edge : empty_edges)
     for (std::int64_t f = 1; f <= edge / f; ++f)
       if (edge % f == 0) ev.chunks.insert(ev.chunks.end(), {f, edge / f});
-  for (auto* list : {&ev.chunks, &ev.windows}) {
-    std::sort(list->begin(), list->end());
-    list->erase(std::unique(list->begin(), list->end()), list->end());
-  }
-  // The window binds wherever rows show it at full length: the largest candidate first.
-  std::reverse(ev.windows.begin(), ev.windows.end());
-  // Documents and kv_valid truncate a block differently in each batch; the pieces of
-  // one block overlap, and their union is the block (runs sorted by start, then end).
+  // Documents and kv_valid truncate a block differently in each batch (runs sorted by
+  // start, then end).
   std::sort(runs.begin(), runs.end());
-  for (const auto& [start, end] : runs) {
-    if (!ev.blocks.empty() && start < ev.blocks.back().end)
-      ev.blocks.back().end = std::max(ev.blocks.back().end, end);
-    else
-      ev.blocks.push_back({start, end});
-  }
+  finish_evidence(ev, runs);
   return ev;
 }
 

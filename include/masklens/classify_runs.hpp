@@ -27,7 +27,6 @@
 #include <array>
 #include <cstdint>
 #include <map>
-#include <numeric>
 #include <optional>
 #include <set>
 #include <unordered_map>
@@ -524,17 +523,7 @@ inline std::optional<BatchFit> fit_keys(Search& ctx, MaskStructure& probe, const
     f_min = std::min({f_min, r.first, r.first_at(r.end() - 1)});
     l_max = std::max({l_max, r.last, r.last_at(r.end() - 1)});
   }
-  std::vector<KeyRange> kv_candidates;
-  if (!allow_kv) {
-  } else if (f_first < 0) {
-    kv_candidates.push_back({0, 0});
-  } else {
-    for (std::int64_t s : {std::int64_t{0}, f_first, f_min})
-      for (std::int64_t e : {k_len, l_last + 1, l_max + 1})
-        if (s < e && !(s == 0 && e == k_len) &&
-            std::find(kv_candidates.begin(), kv_candidates.end(), KeyRange{s, e}) == kv_candidates.end())
-          kv_candidates.push_back({s, e});
-  }
+  std::vector<KeyRange> kv_candidates = kv_valid_candidates(allow_kv, f_first, l_last, f_min, l_max, k_len);
   for (const KeyRange& kv : kv_candidates) {
     probe.kv_valid.assign(1, kv);
     if (rows_match(probe, nullptr, rows, ctx.work)) return BatchFit{kv, {}, std::nullopt};
@@ -747,25 +736,9 @@ inline BaseEvidence gather_evidence(Search& ctx, const std::vector<UniqueBatch>&
         }
     }
     if (!seen_starts.insert(starts).second) continue;
-    for (std::size_t j = 0; j < starts.size(); ++j) {
-      ev.chunks.push_back(starts[j]);
-      for (std::size_t k = 0; k < j; ++k) {
-        ev.chunks.push_back(std::gcd(starts[j], starts[k]));
-        if (starts[j] > starts[k]) ev.chunks.push_back(starts[j] - starts[k]);
-      }
-    }
+    add_start_chunks(ev, starts);
   }
-  for (auto* list : {&ev.chunks, &ev.windows}) {
-    std::sort(list->begin(), list->end());
-    list->erase(std::unique(list->begin(), list->end()), list->end());
-  }
-  std::reverse(ev.windows.begin(), ev.windows.end());
-  for (const auto& [start, end] : block_end) {
-    if (!ev.blocks.empty() && start < ev.blocks.back().end)
-      ev.blocks.back().end = std::max(ev.blocks.back().end, end);
-    else
-      ev.blocks.push_back({start, end});
-  }
+  finish_evidence(ev, block_end);
   return ev;
 }
 
