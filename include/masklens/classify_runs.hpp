@@ -215,6 +215,15 @@ inline KeyRange intersect(KeyRange a, KeyRange b) noexcept {
 }
 inline bool none(const KeyRange& r) noexcept { return r.start >= r.end; }
 
+// The rows t of `at` where a segment's bound meets the diagonal: where the bound minus t,
+// a0 + slope * (t - q), is 0 (every row when it always is, at most one otherwise).
+inline KeyRange on_diagonal(KeyRange at, std::int64_t q, std::int64_t a0, std::int64_t slope) noexcept {
+  if (slope == 0) return a0 == 0 ? at : KeyRange{at.start, at.start};
+  if (a0 % slope != 0) return {at.start, at.start};
+  const std::int64_t t = q - a0 / slope;
+  return intersect(at, {t, t + 1});
+}
+
 // The run path keeps every length and parameter at or below this, so sums of three of
 // them never overflow; larger shapes are expanded.
 inline constexpr std::int64_t kMaxRunExtent = std::int64_t{1} << 60;
@@ -459,33 +468,17 @@ inline std::optional<DocSet> detect_documents(Search& ctx, const MaskStructure& 
       const KeyRange both{std::max(r.q, b.q), std::min(r.end(), b.end())};
       // starts at t in both (t >= 1): first(t) == t, t > b.first(t), t > s.
       {
-        KeyRange at = intersect(both, {std::max<std::int64_t>(1, s + 1), Q});
         // first(t) - t = (r.first - r.q) + (d_first - 1)(t - r.q)
-        const std::int64_t a0 = r.first - r.q, slope = r.d_first - 1;
-        if (slope == 0) {
-          if (a0 != 0) at = {at.start, at.start};
-        } else if (a0 % slope != 0) {
-          at = {at.start, at.start};
-        } else {
-          const std::int64_t t = r.q - a0 / slope;
-          at = intersect(at, {t, t + 1});
-        }
+        const KeyRange at = on_diagonal(intersect(both, {std::max<std::int64_t>(1, s + 1), Q}), r.q, r.first - r.q,
+                                        r.d_first - 1);
         // t - b.first(t) = (b.q - b.first) + (1 - b.d_first)(t - b.q) > 0
         const KeyRange past = positive_range(b.q - b.first, 1 - b.d_first, at.start - b.q, at.end - b.q);
         if (!none(past)) found.push_back({past.start + b.q, past.end + b.q});
       }
       // ends after row u in both (t = u + 1 < Q): last(u) == u, u < b.last(u), u < e - 1.
       {
-        KeyRange at = intersect(both, {0, std::min(Q - 1, e - 1)});
-        const std::int64_t a0 = r.last - r.q, slope = r.d_last - 1;
-        if (slope == 0) {
-          if (a0 != 0) at = {at.start, at.start};
-        } else if (a0 % slope != 0) {
-          at = {at.start, at.start};
-        } else {
-          const std::int64_t u = r.q - a0 / slope;
-          at = intersect(at, {u, u + 1});
-        }
+        // last(u) - u = (r.last - r.q) + (d_last - 1)(u - r.q)
+        const KeyRange at = on_diagonal(intersect(both, {0, std::min(Q - 1, e - 1)}), r.q, r.last - r.q, r.d_last - 1);
         // b.last(u) - u = (b.last - b.q) + (b.d_last - 1)(u - b.q) > 0
         const KeyRange below = positive_range(b.last - b.q, b.d_last - 1, at.start - b.q, at.end - b.q);
         if (!none(below)) found.push_back({below.start + b.q + 1, below.end + b.q + 1});
