@@ -6,54 +6,25 @@
 #include <masklens/masklens.hpp>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "bench_support.hpp"
+
 namespace masklens::before {
 Result<MaskStructure> classify_baseline(const SpanTable& table);
 }
 
 using namespace masklens;
+using bench::median_us;
+using bench::table_of;
 
 namespace {
 
-// The span table a scanner would produce for `s` over `heads` heads; a batch that is
-// broadcast (stride 0) is stored once.
-SpanTable table_of(const MaskStructure& s, bool broadcast_batch) {
-  SpanTable t;
-  t.batch = s.batch;
-  t.heads = 1;
-  t.q_len = s.q_len;
-  t.k_len = s.k_len;
-  t.distinct_batch = broadcast_batch ? 1 : s.batch;
-  t.distinct_heads = 1;
-  t.rows.reserve(static_cast<std::size_t>(t.distinct_batch * t.q_len));
-  for (std::int64_t b = 0; b < t.distinct_batch; ++b)
-    for (std::int64_t q = 0; q < t.q_len; ++q) t.rows.push_back(s.row(b, q));
-  return t;
-}
-
-// Median wall time of f in microseconds over enough calls to fill about `budget_ms`
-// (at least 7, at most 2001).
-template <class F>
-double median_us(F&& f, double budget_ms = 400) {
-  const auto once = [&] {
-    const auto a = std::chrono::steady_clock::now();
-    f();
-    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - a).count();
-  };
-  const double first = once();
-  const int reps = std::clamp(static_cast<int>(budget_ms * 1000 / std::max(first, 0.1)), 7, 2001);
-  std::vector<double> t;
-  t.reserve(static_cast<std::size_t>(reps));
-  for (int i = 0; i < reps; ++i) t.push_back(once());
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
+constexpr bench::TimeBudget kBudget{400, 2001, 0.1};
 
 }  // namespace
 
@@ -121,8 +92,8 @@ int main(int argc, char** argv) {
       same = false;
     }
     volatile std::size_t sink = 0;
-    const double t_old = median_us([&] { sink = sink + before::classify_baseline(c.table)->kv_valid.size(); });
-    const double t_new = median_us([&] { sink = sink + classify(c.table)->kv_valid.size(); });
+    const double t_old = median_us(kBudget, [&] { sink = sink + before::classify_baseline(c.table)->kv_valid.size(); });
+    const double t_new = median_us(kBudget, [&] { sink = sink + classify(c.table)->kv_valid.size(); });
     std::printf("%-40s %9.1f us %9.1f us %7.1fx  %.60s\n", c.name.c_str(), t_old, t_new, t_old / t_new, text.c_str());
   }
   return same ? 0 : 1;

@@ -8,48 +8,21 @@
 #include <masklens/span_runs.hpp>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "../tests/support/structure_fields.hpp"
+#include "bench_support.hpp"
 
 using namespace masklens;
+using bench::median_us;
+using bench::table_of;
 
 namespace {
 
-SpanTable table_of(const MaskStructure& s, bool broadcast_batch) {
-  SpanTable t;
-  t.batch = s.batch;
-  t.heads = 1;
-  t.q_len = s.q_len;
-  t.k_len = s.k_len;
-  t.distinct_batch = broadcast_batch ? 1 : s.batch;
-  t.distinct_heads = 1;
-  t.rows.reserve(static_cast<std::size_t>(t.distinct_batch * t.q_len));
-  for (std::int64_t b = 0; b < t.distinct_batch; ++b)
-    for (std::int64_t q = 0; q < t.q_len; ++q) t.rows.push_back(s.row(b, q));
-  return t;
-}
-
-// Median wall time of f in microseconds over enough calls to fill about `budget_ms`.
-template <class F>
-double median_us(F&& f, double budget_ms = 300) {
-  const auto once = [&] {
-    const auto a = std::chrono::steady_clock::now();
-    f();
-    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - a).count();
-  };
-  const double first = once();
-  const int reps = std::clamp(static_cast<int>(budget_ms * 1000 / std::max(first, 0.05)), 7, 20001);
-  std::vector<double> t;
-  t.reserve(static_cast<std::size_t>(reps));
-  for (int i = 0; i < reps; ++i) t.push_back(once());
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
+constexpr bench::TimeBudget kBudget{300, 20001, 0.05};
 
 }  // namespace
 
@@ -132,9 +105,9 @@ int main(int argc, char** argv) {
       same = false;
     }
     volatile std::size_t sink = 0;
-    const double t_rows = median_us([&] { sink = sink + classify(c.table)->kv_valid.size(); });
-    const double t_encode = median_us([&] { sink = sink + SpanRuns::encode(c.table)->runs.size(); });
-    const double t_runs = median_us([&] { sink = sink + classify(*runs)->kv_valid.size(); });
+    const double t_rows = median_us(kBudget, [&] { sink = sink + classify(c.table)->kv_valid.size(); });
+    const double t_encode = median_us(kBudget, [&] { sink = sink + SpanRuns::encode(c.table)->runs.size(); });
+    const double t_runs = median_us(kBudget, [&] { sink = sink + classify(*runs)->kv_valid.size(); });
     std::printf("%-40s %6zu %9.1f us %9.1f us %11.2f us %7.0fx  %.50s%s\n", c.name.c_str(), runs->runs.size(), t_rows,
                 t_encode, t_runs, t_rows / t_runs, describe(*by_runs).c_str(), stats.expanded ? " (expanded)" : "");
   }

@@ -6,7 +6,6 @@
 #include <masklens/masklens.hpp>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -14,33 +13,12 @@
 #include <thread>
 #include <vector>
 
+#include "bench_support.hpp"
+
 namespace {
 
-double median_seconds(int reps, auto&& body) {
-  std::vector<double> t;
-  for (int i = 0; i < reps; ++i) {
-    const auto start = std::chrono::steady_clock::now();
-    body();
-    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
-
-// The baseline: read every byte once, 8 at a time, into four sums.
-std::uint64_t plain_read(const std::uint8_t* p, std::size_t n) {
-  std::uint64_t a = 0, b = 0, c = 0, d = 0, w[4];
-  std::size_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    std::memcpy(w, p + i, 32);
-    a += w[0];
-    b += w[1];
-    c += w[2];
-    d += w[3];
-  }
-  for (; i < n; ++i) a += p[i];
-  return a + b + c + d;
-}
+using masklens::bench::median_seconds;
+using masklens::bench::plain_read;
 
 }  // namespace
 

@@ -5,59 +5,17 @@
 #include <doctest/doctest.h>
 
 #include <cstdint>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "support/mask_gen.hpp"
+#include "support/structure_fields.hpp"
+#include "support/structure_tables.hpp"
 
 using namespace masklens;
 using namespace masklens::testing;
 
 namespace {
-
-// Every field of a structure, so two verdicts compare in full (describe() leaves out
-// the parameters of other kinds).
-std::string fields(const MaskStructure& s) {
-  std::ostringstream o;
-  o << s.batch << ' ' << s.heads << ' ' << s.q_len << ' ' << s.k_len << ' ' << static_cast<int>(s.kind) << ' '
-    << static_cast<int>(s.alignment) << " w" << s.window << " c" << s.chunk << " p" << s.prefix << " blocks";
-  for (const KeyRange& r : s.blocks) o << ' ' << r.start << ',' << r.end;
-  o << " kv";
-  for (const KeyRange& r : s.kv_valid) o << ' ' << r.start << ',' << r.end;
-  o << " q";
-  for (const KeyRange& r : s.q_valid) o << ' ' << r.start << ',' << r.end;
-  o << " seg";
-  for (const auto& offsets : s.segments) {
-    o << " [";
-    for (std::int64_t x : offsets) o << x << ' ';
-    o << ']';
-  }
-  o << " empty " << s.empty_rows << " finite " << s.finite_masked_rows << " bias " << s.bias;
-  return o.str();
-}
-
-// The table a scanner would produce for `spec` over `heads` heads; with `broadcast`
-// the batch is stored once (spec's modifiers must then be the same for every batch).
-// Rows carry random flags: bias on attending rows, finite masking anywhere.
-SpanTable table_of(const MaskStructure& spec, std::int64_t heads, bool broadcast, Rng& rng, double flag_rate) {
-  SpanTable t;
-  t.batch = spec.batch;
-  t.heads = heads;
-  t.q_len = spec.q_len;
-  t.k_len = spec.k_len;
-  t.distinct_batch = broadcast ? 1 : spec.batch;
-  t.distinct_heads = heads;
-  for (std::int64_t b = 0; b < t.distinct_batch; ++b)
-    for (std::int64_t h = 0; h < heads; ++h)
-      for (std::int64_t q = 0; q < t.q_len; ++q) {
-        RowSpan r = spec.row(b, q);
-        if (coin(rng, flag_rate)) r.flags |= kRowFiniteMasked;
-        if (!r.empty() && coin(rng, flag_rate / 4)) r.flags |= kRowBias;
-        t.rows.push_back(r);
-      }
-  return t;
-}
 
 struct Agreement {
   int tables = 0, fast = 0;
@@ -75,26 +33,13 @@ void check_agree(const SpanTable& t, Agreement& seen, const std::string& what) {
     CHECK(fast.status().to_string() == general.status().to_string());
     return;
   }
-  CHECK(fields(*fast) == fields(*general));
+  CHECK(structure_fields(*fast) == structure_fields(*general));
   if (detail::cost_free_match(t)) ++seen.fast;
   if (fast->kind == StructureKind::arbitrary) return;
   for (std::int64_t b = 0; b < t.distinct_batch; ++b)
     for (std::int64_t h = 0; h < t.distinct_heads; ++h)
       for (std::int64_t q = 0; q < t.q_len; ++q)
         REQUIRE(fast->row(b, q).same_keys(t.slice(b, h)[static_cast<std::size_t>(q)]));
-}
-
-// A structure of `kind` with no modifiers; a window, prefix or block that may or may
-// not bind (when it does not, the canonical form is full or causal: the ties).
-MaskStructure cost_free_candidate(Rng& rng, std::int64_t batch, std::int64_t q_len, std::int64_t k_len) {
-  const StructureKind kinds[] = {StructureKind::full, StructureKind::causal, StructureKind::causal,
-                                 StructureKind::sliding_window, StructureKind::prefix_lm, StructureKind::chunked};
-  const Alignment align = q_len != k_len && coin(rng) ? Alignment::bottom_right : Alignment::top_left;
-  MaskStructure s = make_structure(kinds[uniform(rng, 0, 5)], batch, q_len, k_len, align);
-  s.window = uniform(rng, std::max<std::int64_t>(1, k_len - 2), k_len + 2);
-  s.prefix = uniform(rng, 1, 2);
-  s.chunk = uniform(rng, std::max<std::int64_t>(1, k_len - 1), k_len + 2);
-  return s;
 }
 
 }  // namespace

@@ -23,36 +23,17 @@
 
 #include "support/mask_gen.hpp"
 #include "support/structure_fields.hpp"
+#include "support/structure_tables.hpp"
 
 using namespace masklens;
 using namespace masklens::testing;
 
 namespace {
 
-// The table a scanner would produce for `spec` over `heads` heads; with `broadcast` the
-// batch is stored once. Rows carry random flags at `flag_rate`.
-SpanTable table_of(const MaskStructure& spec, std::int64_t heads, bool broadcast, Rng& rng, double flag_rate) {
-  SpanTable t;
-  t.batch = spec.batch;
-  t.heads = heads;
-  t.q_len = spec.q_len;
-  t.k_len = spec.k_len;
-  t.distinct_batch = broadcast ? 1 : spec.batch;
-  t.distinct_heads = heads;
-  for (std::int64_t b = 0; b < t.distinct_batch; ++b)
-    for (std::int64_t h = 0; h < heads; ++h)
-      for (std::int64_t q = 0; q < t.q_len; ++q) {
-        RowSpan r = spec.row(b, q);
-        if (flag_rate > 0 && coin(rng, flag_rate)) r.flags |= kRowFiniteMasked;
-        if (flag_rate > 0 && !r.empty() && coin(rng, flag_rate / 4)) r.flags |= kRowBias;
-        t.rows.push_back(r);
-      }
-  return t;
-}
-
+// table_of (support/structure_tables.hpp) with no flags.
 SpanTable table_of(const MaskStructure& spec) {
   Rng unused(0);
-  return table_of(spec, 1, false, unused, 0.0);
+  return masklens::testing::table_of(spec, 1, false, unused, 0.0);
 }
 
 bool same_bits(const RowSpan& a, const RowSpan& b) { return std::memcmp(&a, &b, sizeof(RowSpan)) == 0; }
@@ -175,19 +156,6 @@ SpanTable random_table(Rng& rng, bool garbage) {
   t.distinct_heads = coin(rng) ? t.heads : 1;
   for (std::int64_t i = 0; i < t.distinct_slices() * t.q_len; ++i) t.rows.push_back(random_row(rng, t.k_len, garbage));
   return t;
-}
-
-// A structure of `kind` with no modifiers whose parameter may or may not bind (the ties
-// of the canonical rules), as test_classify_fast.cpp draws them.
-MaskStructure cost_free_candidate(Rng& rng, std::int64_t batch, std::int64_t q_len, std::int64_t k_len) {
-  const StructureKind kinds[] = {StructureKind::full, StructureKind::causal, StructureKind::causal,
-                                 StructureKind::sliding_window, StructureKind::prefix_lm, StructureKind::chunked};
-  const Alignment align = q_len != k_len && coin(rng) ? Alignment::bottom_right : Alignment::top_left;
-  MaskStructure s = make_structure(kinds[uniform(rng, 0, 5)], batch, q_len, k_len, align);
-  s.window = uniform(rng, std::max<std::int64_t>(1, k_len - 2), k_len + 2);
-  s.prefix = uniform(rng, 1, 2);
-  s.chunk = uniform(rng, std::max<std::int64_t>(1, k_len - 1), k_len + 2);
-  return s;
 }
 
 // The run path held to it: never expanded for density.

@@ -98,6 +98,27 @@ struct ModifierKinds {
   [[nodiscard]] int count() const noexcept { return int{kv} + int{segments} + int{q}; }
 };
 
+// The kv_valid ranges worth trying for a batch whose attending rows start at key
+// `f_first` (the first of them; -1: none attends), end at `l_last` (the last), and span
+// [f_min, l_max]: each combination of those ends, the whole range left out (tried
+// without kv_valid). The table's fit_keys and the runs' (classify_runs.hpp) share it.
+inline std::vector<KeyRange> kv_valid_candidates(bool allow_kv, std::int64_t f_first, std::int64_t l_last,
+                                                 std::int64_t f_min, std::int64_t l_max, std::int64_t k_len) {
+  std::vector<KeyRange> kv_candidates;
+  if (!allow_kv) {
+    // only the whole key range, tried by the caller
+  } else if (f_first < 0) {
+    kv_candidates.push_back({0, 0});  // nothing attends: no key is valid
+  } else {
+    for (std::int64_t s : {std::int64_t{0}, f_first, f_min})
+      for (std::int64_t e : {k_len, l_last + 1, l_max + 1})
+        if (s < e && !(s == 0 && e == k_len) &&
+            std::find(kv_candidates.begin(), kv_candidates.end(), KeyRange{s, e}) == kv_candidates.end())
+          kv_candidates.push_back({s, e});
+  }
+  return kv_candidates;
+}
+
 // The cheapest key-side modifiers (kv_valid, segments) that make `probe` (a base
 // structure with batch 1, q_valid set or not) equal `rows`.
 inline std::optional<BatchFit> fit_keys(MaskStructure& probe, std::span<const RowSpan> rows, bool allow_segments,
@@ -119,18 +140,7 @@ inline std::optional<BatchFit> fit_keys(MaskStructure& probe, std::span<const Ro
     f_min = std::min(f_min, r.first);
     l_max = std::max(l_max, r.last);
   }
-  std::vector<KeyRange> kv_candidates;
-  if (!allow_kv) {
-    // only the whole key range, below
-  } else if (f_first < 0) {
-    kv_candidates.push_back({0, 0});  // nothing attends: no key is valid
-  } else {
-    for (std::int64_t s : {std::int64_t{0}, f_first, f_min})
-      for (std::int64_t e : {k_len, l_last + 1, l_max + 1})
-        if (s < e && !(s == 0 && e == k_len) &&
-            std::find(kv_candidates.begin(), kv_candidates.end(), KeyRange{s, e}) == kv_candidates.end())
-          kv_candidates.push_back({s, e});
-  }
+  std::vector<KeyRange> kv_candidates = kv_valid_candidates(allow_kv, f_first, l_last, f_min, l_max, k_len);
   for (const KeyRange& kv : kv_candidates) {
     probe.kv_valid.assign(1, kv);
     if (rows_match(probe, rows)) return BatchFit{kv, {}, std::nullopt};  // cost 2: documents cost at least 3
@@ -196,15 +206,17 @@ inline std::optional<BatchFit> fit_batch(MaskStructure& probe, std::span<const R
 }
 
 // Fits `base` to every unique batch with modifiers of `kinds`; the assembled structure,
-// or nothing if some batch does not fit.
-inline std::optional<MaskStructure> fit_structure_with(const MaskStructure& base, const std::vector<UniqueBatch>& batches,
-                                                       ModifierKinds kinds) {
+// or nothing if some batch does not fit. `fit_batch_of(probe, batch, kinds, kv_paid,
+// q_paid)` fits one batch: the table reads its rows, classify_runs.hpp its segments.
+template <class Batches, class FitBatch>
+std::optional<MaskStructure> assemble_fit(const MaskStructure& base, const Batches& batches, ModifierKinds kinds,
+                                          const FitBatch& fit_batch_of) {
   MaskStructure probe = base;
   probe.batch = 1;
   std::vector<BatchFit> fits;
   fits.reserve(batches.size());
-  for (const UniqueBatch& ub : batches) {
-    std::optional<BatchFit> fit = fit_batch(probe, ub.rows, kinds);
+  for (const auto& ub : batches) {
+    std::optional<BatchFit> fit = fit_batch_of(probe, ub, kinds, false, false);
     if (!fit) return std::nullopt;
     fits.push_back(std::move(*fit));
   }
@@ -215,7 +227,7 @@ inline std::optional<MaskStructure> fit_structure_with(const MaskStructure& base
   if (kv_paid || q_paid)
     for (std::size_t i = 0; i < fits.size(); ++i)
       if (fits[i].cost(kv_paid, q_paid) > 0)
-        if (std::optional<BatchFit> fit = fit_batch(probe, batches[i].rows, kinds, kv_paid, q_paid);
+        if (std::optional<BatchFit> fit = fit_batch_of(probe, batches[i], kinds, kv_paid, q_paid);
             fit && fit->cost(kv_paid, q_paid) < fits[i].cost(kv_paid, q_paid))
           fits[i] = std::move(*fit);
   MaskStructure s = base;
@@ -243,22 +255,36 @@ inline std::optional<MaskStructure> fit_structure_with(const MaskStructure& base
   return s;
 }
 
+inline std::optional<MaskStructure> fit_structure_with(const MaskStructure& base, const std::vector<UniqueBatch>& batches,
+                                                       ModifierKinds kinds) {
+  return assemble_fit(base, batches, kinds,
+                      [](MaskStructure& probe, const UniqueBatch& ub, ModifierKinds k, bool kv_paid, bool q_paid) {
+                        return fit_batch(probe, ub.rows, k, kv_paid, q_paid);
+                      });
+}
+
 // Fits `base` to every unique batch with the fewest numbers. Each batch takes its own
 // cheapest modifiers, but a modifier one batch needs is paid by every batch (an entry
 // each), so when batches chose two or more kinds, fits restricted to fewer kinds can
 // be cheaper in all: those are tried too. (With one kind or none the per-batch choice
 // is the cheapest: no batch can do better under any set of kinds.)
-inline std::optional<MaskStructure> fit_structure(const MaskStructure& base, const std::vector<UniqueBatch>& batches) {
+// `fit_with(kinds)` is fit_structure_with for the given kinds (the table's or the runs').
+template <class FitWith>
+std::optional<MaskStructure> fit_fewest_numbers(const MaskStructure& base, const FitWith& fit_with) {
   const ModifierKinds all{true, base.q_len == base.k_len && base.q_len > 1, true};
-  std::optional<MaskStructure> best = fit_structure_with(base, batches, all);
+  std::optional<MaskStructure> best = fit_with(all);
   if (!best || int{best->has_kv_valid()} + int{best->has_segments()} + int{best->has_q_valid()} < 2) return best;
   for (int mask = 1; mask < 8; ++mask) {
     const ModifierKinds kinds{(mask & 1) != 0, (mask & 2) != 0 && all.segments, (mask & 4) != 0};
     if (kinds.count() == all.count() || (mask & 2 && !all.segments)) continue;
-    std::optional<MaskStructure> fitted = fit_structure_with(base, batches, kinds);
+    std::optional<MaskStructure> fitted = fit_with(kinds);
     if (fitted && fitted->description_cost() < best->description_cost()) best = std::move(fitted);
   }
   return best;
+}
+
+inline std::optional<MaskStructure> fit_structure(const MaskStructure& base, const std::vector<UniqueBatch>& batches) {
+  return fit_fewest_numbers(base, [&](ModifierKinds kinds) { return fit_structure_with(base, batches, kinds); });
 }
 
 // Parameters the base kinds could have, read off the rows (modifiers only shrink rows,
@@ -270,6 +296,37 @@ struct BaseEvidence {
   std::vector<std::int64_t> chunks;        // chunk sizes suggested by where rows start
   std::vector<KeyRange> blocks;            // runs of rows reaching the same key past p
 };
+
+// The chunk sizes a batch's first distinct row starts suggest: each start, and the
+// gcd and difference of each pair.
+inline void add_start_chunks(BaseEvidence& ev, const std::vector<std::int64_t>& starts) {
+  for (std::size_t j = 0; j < starts.size(); ++j) {
+    ev.chunks.push_back(starts[j]);
+    for (std::size_t k = 0; k < j; ++k) {
+      ev.chunks.push_back(std::gcd(starts[j], starts[k]));
+      if (starts[j] > starts[k]) ev.chunks.push_back(starts[j] - starts[k]);
+    }
+  }
+}
+
+// The candidate lists sorted and unique, and the blocks: `pieces`, (start, end) key
+// ranges sorted by start, joined where they overlap (the pieces of one block overlap,
+// and their union is the block).
+template <class Pieces>
+void finish_evidence(BaseEvidence& ev, const Pieces& pieces) {
+  for (auto* list : {&ev.chunks, &ev.windows}) {
+    std::sort(list->begin(), list->end());
+    list->erase(std::unique(list->begin(), list->end()), list->end());
+  }
+  // The window binds wherever rows show it at full length: the largest candidate first.
+  std::reverse(ev.windows.begin(), ev.windows.end());
+  for (const auto& [start, end] : pieces) {
+    if (!ev.blocks.empty() && start < ev.blocks.back().end)
+      ev.blocks.back().end = std::max(ev.blocks.back().end, end);
+    else
+      ev.blocks.push_back({start, end});
+  }
+}
 
 inline BaseEvidence gather_evidence(const std::vector<UniqueBatch>& batches, std::int64_t d) {
   BaseEvidence ev;
@@ -347,13 +404,7 @@ inline BaseEvidence gather_evidence(const std::vector<UniqueBatch>& batches, std
       starts.push_back(first_empty_after_rows);
       empty_edges.push_back(first_empty_after_rows);
     }
-    for (std::size_t j = 0; j < starts.size(); ++j) {
-      ev.chunks.push_back(starts[j]);
-      for (std::size_t k = 0; k < j; ++k) {
-        ev.chunks.push_back(std::gcd(starts[j], starts[k]));
-        if (starts[j] > starts[k]) ev.chunks.push_back(starts[j] - starts[k]);
-      }
-    }
+    add_start_chunks(ev, starts);
   }
   // Where rows turn empty past the valid keys is a chunk boundary, a multiple of the
   // chunk: its divisors hold the chunk even when no single batch shows it (two batches
@@ -363,21 +414,10 @@ inline BaseEvidence gather_evidence(const std::vector<UniqueBatch>& batches, std
   for (const std::int64_t edge : empty_edges)
     for (std::int64_t f = 1; f <= edge / f; ++f)
       if (edge % f == 0) ev.chunks.insert(ev.chunks.end(), {f, edge / f});
-  for (auto* list : {&ev.chunks, &ev.windows}) {
-    std::sort(list->begin(), list->end());
-    list->erase(std::unique(list->begin(), list->end()), list->end());
-  }
-  // The window binds wherever rows show it at full length: the largest candidate first.
-  std::reverse(ev.windows.begin(), ev.windows.end());
-  // Documents and kv_valid truncate a block differently in each batch; the pieces of
-  // one block overlap, and their union is the block (runs sorted by start, then end).
+  // Documents and kv_valid truncate a block differently in each batch (runs sorted by
+  // start, then end).
   std::sort(runs.begin(), runs.end());
-  for (const auto& [start, end] : runs) {
-    if (!ev.blocks.empty() && start < ev.blocks.back().end)
-      ev.blocks.back().end = std::max(ev.blocks.back().end, end);
-    else
-      ev.blocks.push_back({start, end});
-  }
+  finish_evidence(ev, runs);
   return ev;
 }
 
@@ -545,9 +585,10 @@ inline RowSummary summarize_rows(const SpanTable& t) noexcept {
 }
 
 // The logical shape of the table, with its counts over the logical B*H slices (a
-// distinct slice stands for `copies` of them); kind arbitrary.
-inline MaskStructure unclassified(const SpanTable& t, std::int64_t empty_rows, std::int64_t finite_masked_rows,
-                                  bool bias) {
+// distinct slice stands for `copies` of them); kind arbitrary. `Table`: a SpanTable, or
+// the SpanRuns of classify_runs.hpp (the same shape fields).
+template <class Table>
+MaskStructure unclassified(const Table& t, std::int64_t empty_rows, std::int64_t finite_masked_rows, bool bias) {
   MaskStructure out;
   out.batch = t.batch;
   out.heads = t.heads;
@@ -580,17 +621,19 @@ inline MaskStructure cost_free_structure(const SpanTable& t, const CostFree& mat
   return out;
 }
 
-// The simplest exact structure of a well-formed table without NaN / +inf rows, `rows`
-// its summary: the search over every candidate.
-inline MaskStructure classify_spans(const SpanTable& t, const RowSummary& rows) {
-  const MaskStructure out = unclassified(t, rows.empty_rows, rows.finite_masked_rows, rows.bias);
-  if (!rows.all_intervals || !heads_agree(t)) return out;  // arbitrary
-
-  const std::vector<UniqueBatch> batches = unique_batches(t);
+// The search over every candidate base and its parameters read off the rows, in a fixed
+// order (the verdict's tie-breaks depend on it), for the unclassified structure `out`:
+// the best fit or nothing. The table (classify_spans) and the runs (classify_runs.hpp)
+// differ only in how they read rows, which the callables hide: `fit(base)` is
+// fit_structure, `gather(d)` gather_evidence, `chunk_ok(c, d)` chunk_bounds_rows, and
+// `exhausted()` says the work budget is spent (then nothing, at once).
+template <class Fit, class Gather, class ChunkOk, class Exhausted>
+std::optional<MaskStructure> search_candidates(const MaskStructure& out, const Fit& fit, const Gather& gather,
+                                               const ChunkOk& chunk_ok, const Exhausted& exhausted) {
   std::optional<MaskStructure> best;
   const auto consider = [&](const MaskStructure& base) {
     if (best && best->description_cost() <= base.description_cost()) return;  // cannot win
-    std::optional<MaskStructure> fitted = fit_structure(base, batches);
+    std::optional<MaskStructure> fitted = fit(base);
     if (fitted && (!best || fitted->description_cost() < best->description_cost())) best = std::move(fitted);
   };
 
@@ -599,21 +642,22 @@ inline MaskStructure classify_spans(const SpanTable& t, const RowSummary& rows) 
   consider(base);
   // Q == K: the two alignments coincide; report top_left.
   const std::array<Alignment, 2> alignments{Alignment::top_left, Alignment::bottom_right};
-  const std::size_t n_align = t.q_len == t.k_len ? 1 : 2;
+  const std::size_t n_align = out.q_len == out.k_len ? 1 : 2;
   std::vector<BaseEvidence> evidence;
   for (std::size_t a = 0; a < n_align; ++a)
-    evidence.push_back(gather_evidence(batches, alignments[a] == Alignment::top_left ? 0 : t.k_len - t.q_len));
+    evidence.push_back(gather(alignments[a] == Alignment::top_left ? 0 : out.k_len - out.q_len));
 
   for (StructureKind kind : {StructureKind::causal, StructureKind::sliding_window, StructureKind::chunked,
                              StructureKind::prefix_lm, StructureKind::causal_blocks}) {
     for (std::size_t a = 0; a < n_align; ++a) {
+      if (exhausted()) return std::nullopt;
       base = out;
       base.kind = kind;
       base.alignment = alignments[a];
       const BaseEvidence& ev = evidence[a];
       // The largest key position any row has: a parameter that never binds below it
       // describes plain causal, which is cheaper and already tried.
-      const std::int64_t max_p = base.key_position(t.q_len - 1);
+      const std::int64_t max_p = base.key_position(out.q_len - 1);
       switch (kind) {
         case StructureKind::causal: consider(base); break;
         case StructureKind::sliding_window:
@@ -625,7 +669,7 @@ inline MaskStructure classify_spans(const SpanTable& t, const RowSummary& rows) 
           break;
         case StructureKind::chunked:
           for (std::int64_t c : ev.chunks)
-            if (c >= 1 && c <= max_p && chunk_bounds_rows(batches, c, base.key_position(0))) {
+            if (c >= 1 && c <= max_p && chunk_ok(c, base.key_position(0))) {
               base.chunk = c;
               consider(base);
             }
@@ -666,7 +710,7 @@ inline MaskStructure classify_spans(const SpanTable& t, const RowSummary& rows) 
                 joined_pair.segments.clear();
                 joined_pair.kv_valid.clear();
                 joined_pair.q_valid.clear();
-                std::optional<MaskStructure> fitted = fit_structure(joined_pair, batches);
+                std::optional<MaskStructure> fitted = fit(joined_pair);
                 if (fitted && fitted->description_cost() < trial.description_cost()) trial = std::move(*fitted);
                 else ++i;
               }
@@ -678,12 +722,32 @@ inline MaskStructure classify_spans(const SpanTable& t, const RowSummary& rows) 
       }
     }
   }
+  return best;
+}
+
+// The verdict: the best fit with the table's counts, or `out` (arbitrary) without one.
+inline MaskStructure finish_verdict(std::optional<MaskStructure> best, const MaskStructure& out) {
   if (!best) return out;
   best->empty_rows = out.empty_rows;
   best->finite_masked_rows = out.finite_masked_rows;
   best->bias = out.bias;
   if (best->kind == StructureKind::full) best->alignment = Alignment::top_left;
-  return *best;
+  return *std::move(best);
+}
+
+// The simplest exact structure of a well-formed table without NaN / +inf rows, `rows`
+// its summary: the search over every candidate.
+inline MaskStructure classify_spans(const SpanTable& t, const RowSummary& rows) {
+  const MaskStructure out = unclassified(t, rows.empty_rows, rows.finite_masked_rows, rows.bias);
+  if (!rows.all_intervals || !heads_agree(t)) return out;  // arbitrary
+
+  const std::vector<UniqueBatch> batches = unique_batches(t);
+  return finish_verdict(search_candidates(
+                            out, [&](const MaskStructure& base) { return fit_structure(base, batches); },
+                            [&](std::int64_t d) { return gather_evidence(batches, d); },
+                            [&](std::int64_t c, std::int64_t d) { return chunk_bounds_rows(batches, c, d); },
+                            [] { return false; }),
+                        out);
 }
 
 // classify() with the fast path on or off (off: every table goes through the checks

@@ -27,7 +27,6 @@
 #include <array>
 #include <cstdint>
 #include <map>
-#include <numeric>
 #include <optional>
 #include <set>
 #include <unordered_map>
@@ -215,6 +214,15 @@ inline KeyRange intersect(KeyRange a, KeyRange b) noexcept {
   return r.start < r.end ? r : KeyRange{r.start, r.start};
 }
 inline bool none(const KeyRange& r) noexcept { return r.start >= r.end; }
+
+// The rows t of `at` where a segment's bound meets the diagonal: where the bound minus t,
+// a0 + slope * (t - q), is 0 (every row when it always is, at most one otherwise).
+inline KeyRange on_diagonal(KeyRange at, std::int64_t q, std::int64_t a0, std::int64_t slope) noexcept {
+  if (slope == 0) return a0 == 0 ? at : KeyRange{at.start, at.start};
+  if (a0 % slope != 0) return {at.start, at.start};
+  const std::int64_t t = q - a0 / slope;
+  return intersect(at, {t, t + 1});
+}
 
 // The run path keeps every length and parameter at or below this, so sums of three of
 // them never overflow; larger shapes are expanded.
@@ -460,33 +468,17 @@ inline std::optional<DocSet> detect_documents(Search& ctx, const MaskStructure& 
       const KeyRange both{std::max(r.q, b.q), std::min(r.end(), b.end())};
       // starts at t in both (t >= 1): first(t) == t, t > b.first(t), t > s.
       {
-        KeyRange at = intersect(both, {std::max<std::int64_t>(1, s + 1), Q});
         // first(t) - t = (r.first - r.q) + (d_first - 1)(t - r.q)
-        const std::int64_t a0 = r.first - r.q, slope = r.d_first - 1;
-        if (slope == 0) {
-          if (a0 != 0) at = {at.start, at.start};
-        } else if (a0 % slope != 0) {
-          at = {at.start, at.start};
-        } else {
-          const std::int64_t t = r.q - a0 / slope;
-          at = intersect(at, {t, t + 1});
-        }
+        const KeyRange at = on_diagonal(intersect(both, {std::max<std::int64_t>(1, s + 1), Q}), r.q, r.first - r.q,
+                                        r.d_first - 1);
         // t - b.first(t) = (b.q - b.first) + (1 - b.d_first)(t - b.q) > 0
         const KeyRange past = positive_range(b.q - b.first, 1 - b.d_first, at.start - b.q, at.end - b.q);
         if (!none(past)) found.push_back({past.start + b.q, past.end + b.q});
       }
       // ends after row u in both (t = u + 1 < Q): last(u) == u, u < b.last(u), u < e - 1.
       {
-        KeyRange at = intersect(both, {0, std::min(Q - 1, e - 1)});
-        const std::int64_t a0 = r.last - r.q, slope = r.d_last - 1;
-        if (slope == 0) {
-          if (a0 != 0) at = {at.start, at.start};
-        } else if (a0 % slope != 0) {
-          at = {at.start, at.start};
-        } else {
-          const std::int64_t u = r.q - a0 / slope;
-          at = intersect(at, {u, u + 1});
-        }
+        // last(u) - u = (r.last - r.q) + (d_last - 1)(u - r.q)
+        const KeyRange at = on_diagonal(intersect(both, {0, std::min(Q - 1, e - 1)}), r.q, r.last - r.q, r.d_last - 1);
         // b.last(u) - u = (b.last - b.q) + (b.d_last - 1)(u - b.q) > 0
         const KeyRange below = positive_range(b.last - b.q, b.d_last - 1, at.start - b.q, at.end - b.q);
         if (!none(below)) found.push_back({below.start + b.q + 1, below.end + b.q + 1});
@@ -524,17 +516,7 @@ inline std::optional<BatchFit> fit_keys(Search& ctx, MaskStructure& probe, const
     f_min = std::min({f_min, r.first, r.first_at(r.end() - 1)});
     l_max = std::max({l_max, r.last, r.last_at(r.end() - 1)});
   }
-  std::vector<KeyRange> kv_candidates;
-  if (!allow_kv) {
-  } else if (f_first < 0) {
-    kv_candidates.push_back({0, 0});
-  } else {
-    for (std::int64_t s : {std::int64_t{0}, f_first, f_min})
-      for (std::int64_t e : {k_len, l_last + 1, l_max + 1})
-        if (s < e && !(s == 0 && e == k_len) &&
-            std::find(kv_candidates.begin(), kv_candidates.end(), KeyRange{s, e}) == kv_candidates.end())
-          kv_candidates.push_back({s, e});
-  }
+  std::vector<KeyRange> kv_candidates = kv_valid_candidates(allow_kv, f_first, l_last, f_min, l_max, k_len);
   for (const KeyRange& kv : kv_candidates) {
     probe.kv_valid.assign(1, kv);
     if (rows_match(probe, nullptr, rows, ctx.work)) return BatchFit{kv, {}, std::nullopt};
@@ -611,62 +593,18 @@ inline std::optional<BatchFit> fit_batch(Search& ctx, MaskStructure& probe, cons
   return with_q;
 }
 
-// fit_structure_with and fit_structure on segments: the same assembly.
+// fit_structure_with and fit_structure on segments: the same assembly (classify.hpp).
 inline std::optional<MaskStructure> fit_structure_with(Search& ctx, const MaskStructure& base,
                                                        const std::vector<UniqueBatch>& batches, ModifierKinds kinds) {
-  MaskStructure probe = base;
-  probe.batch = 1;
-  std::vector<BatchFit> fits;
-  fits.reserve(batches.size());
-  for (const UniqueBatch& ub : batches) {
-    std::optional<BatchFit> fit = fit_batch(ctx, probe, *ub.rows, kinds);
-    if (!fit) return std::nullopt;
-    fits.push_back(std::move(*fit));
-  }
-  const bool kv_paid = std::any_of(fits.begin(), fits.end(), [](const BatchFit& f) { return f.kv.has_value(); });
-  const bool q_paid = std::any_of(fits.begin(), fits.end(), [](const BatchFit& f) { return f.q.has_value(); });
-  if (kv_paid || q_paid)
-    for (std::size_t i = 0; i < fits.size(); ++i)
-      if (fits[i].cost(kv_paid, q_paid) > 0)
-        if (std::optional<BatchFit> fit = fit_batch(ctx, probe, *batches[i].rows, kinds, kv_paid, q_paid);
-            fit && fit->cost(kv_paid, q_paid) < fits[i].cost(kv_paid, q_paid))
-          fits[i] = std::move(*fit);
-  MaskStructure s = base;
-  s.segments.clear();
-  s.kv_valid.clear();
-  s.q_valid.clear();
-  const bool any_kv = std::any_of(fits.begin(), fits.end(), [](const BatchFit& f) { return f.kv.has_value(); });
-  const bool any_q = std::any_of(fits.begin(), fits.end(), [](const BatchFit& f) { return f.q.has_value(); });
-  const bool any_docs = std::any_of(fits.begin(), fits.end(), [](const BatchFit& f) { return !f.segments.empty(); });
-  const bool every_batch = batches.size() == 1 && batches[0].logical.empty();
-  const auto entries = every_batch ? std::size_t{1} : static_cast<std::size_t>(s.batch);
-  if (any_kv) s.kv_valid.assign(entries, KeyRange{0, s.k_len});
-  if (any_docs) s.segments.assign(entries, std::vector<std::int64_t>{0, s.q_len});
-  if (any_q) s.q_valid.assign(entries, KeyRange{0, s.q_len});
-  const auto place = [&](std::size_t entry, const BatchFit& fit) {
-    if (fit.kv) s.kv_valid[entry] = *fit.kv;
-    if (fit.q) s.q_valid[entry] = *fit.q;
-    if (!fit.segments.empty()) s.segments[entry] = fit.segments;
-  };
-  if (every_batch) place(0, fits[0]);
-  else
-    for (std::size_t i = 0; i < batches.size(); ++i)
-      for (std::int64_t b : batches[i].logical) place(static_cast<std::size_t>(b), fits[i]);
-  return s;
+  return assemble_fit(base, batches, kinds,
+                      [&ctx](MaskStructure& probe, const UniqueBatch& ub, ModifierKinds k, bool kv_paid, bool q_paid) {
+                        return fit_batch(ctx, probe, *ub.rows, k, kv_paid, q_paid);
+                      });
 }
 
 inline std::optional<MaskStructure> fit_structure(Search& ctx, const MaskStructure& base,
                                                   const std::vector<UniqueBatch>& batches) {
-  const ModifierKinds all{true, base.q_len == base.k_len && base.q_len > 1, true};
-  std::optional<MaskStructure> best = fit_structure_with(ctx, base, batches, all);
-  if (!best || int{best->has_kv_valid()} + int{best->has_segments()} + int{best->has_q_valid()} < 2) return best;
-  for (int mask = 1; mask < 8; ++mask) {
-    const ModifierKinds kinds{(mask & 1) != 0, (mask & 2) != 0 && all.segments, (mask & 4) != 0};
-    if (kinds.count() == all.count() || (mask & 2 && !all.segments)) continue;
-    std::optional<MaskStructure> fitted = fit_structure_with(ctx, base, batches, kinds);
-    if (fitted && fitted->description_cost() < best->description_cost()) best = std::move(fitted);
-  }
-  return best;
+  return fit_fewest_numbers(base, [&](ModifierKinds kinds) { return fit_structure_with(ctx, base, batches, kinds); });
 }
 
 // gather_evidence on segments: the same candidates. Block evidence is kept as intervals
@@ -791,25 +729,9 @@ inline BaseEvidence gather_evidence(Search& ctx, const std::vector<UniqueBatch>&
         }
     }
     if (!seen_starts.insert(starts).second) continue;
-    for (std::size_t j = 0; j < starts.size(); ++j) {
-      ev.chunks.push_back(starts[j]);
-      for (std::size_t k = 0; k < j; ++k) {
-        ev.chunks.push_back(std::gcd(starts[j], starts[k]));
-        if (starts[j] > starts[k]) ev.chunks.push_back(starts[j] - starts[k]);
-      }
-    }
+    add_start_chunks(ev, starts);
   }
-  for (auto* list : {&ev.chunks, &ev.windows}) {
-    std::sort(list->begin(), list->end());
-    list->erase(std::unique(list->begin(), list->end()), list->end());
-  }
-  std::reverse(ev.windows.begin(), ev.windows.end());
-  for (const auto& [start, end] : block_end) {
-    if (!ev.blocks.empty() && start < ev.blocks.back().end)
-      ev.blocks.back().end = std::max(ev.blocks.back().end, end);
-    else
-      ev.blocks.push_back({start, end});
-  }
+  finish_evidence(ev, block_end);
   return ev;
 }
 
@@ -830,90 +752,13 @@ inline bool chunk_bounds_rows(Search& ctx, const std::vector<UniqueBatch>& batch
   return true;
 }
 
-// classify_spans on segments: the candidates in the reference's order.
+// classify_spans on segments: the same search (classify.hpp), out when the work is spent.
 inline std::optional<MaskStructure> search(Search& ctx, const MaskStructure& out, const std::vector<UniqueBatch>& batches) {
-  std::optional<MaskStructure> best;
-  const auto consider = [&](const MaskStructure& base) {
-    if (best && best->description_cost() <= base.description_cost()) return;
-    std::optional<MaskStructure> fitted = fit_structure(ctx, base, batches);
-    if (fitted && (!best || fitted->description_cost() < best->description_cost())) best = std::move(fitted);
-  };
-  MaskStructure base = out;
-  base.kind = StructureKind::full;
-  consider(base);
-  const std::array<Alignment, 2> alignments{Alignment::top_left, Alignment::bottom_right};
-  const std::size_t n_align = ctx.q_len == ctx.k_len ? 1 : 2;
-  std::vector<BaseEvidence> evidence;
-  for (std::size_t a = 0; a < n_align; ++a)
-    evidence.push_back(gather_evidence(ctx, batches, alignments[a] == Alignment::top_left ? 0 : ctx.k_len - ctx.q_len));
-  for (StructureKind kind : {StructureKind::causal, StructureKind::sliding_window, StructureKind::chunked,
-                             StructureKind::prefix_lm, StructureKind::causal_blocks}) {
-    for (std::size_t a = 0; a < n_align; ++a) {
-      if (ctx.work.exhausted()) return std::nullopt;
-      base = out;
-      base.kind = kind;
-      base.alignment = alignments[a];
-      const BaseEvidence& ev = evidence[a];
-      const std::int64_t max_p = base.key_position(ctx.q_len - 1);
-      switch (kind) {
-        case StructureKind::causal: consider(base); break;
-        case StructureKind::sliding_window:
-          for (std::int64_t w : ev.windows)
-            if (w >= 1 && w <= max_p) {
-              base.window = w;
-              consider(base);
-            }
-          break;
-        case StructureKind::chunked:
-          for (std::int64_t c : ev.chunks)
-            if (c >= 1 && c <= max_p && chunk_bounds_rows(ctx, batches, c, base.key_position(0))) {
-              base.chunk = c;
-              consider(base);
-            }
-          break;
-        case StructureKind::prefix_lm:
-          if (ev.prefix > 0 && ev.prefix - 1 < max_p) {
-            base.prefix = ev.prefix;
-            consider(base);
-          }
-          break;
-        case StructureKind::causal_blocks:
-          if (!ev.blocks.empty() &&
-              !(base.key_position(0) >= 0 && ev.blocks.front().start <= base.key_position(0) &&
-                ev.blocks.front().end - 1 >= max_p)) {
-            base.blocks = ev.blocks;
-            consider(base);
-            std::vector<KeyRange> joined;
-            for (const KeyRange& r : ev.blocks) {
-              if (!joined.empty() && joined.back().end == r.start) joined.back().end = r.end;
-              else joined.push_back(r);
-            }
-            if (joined.size() != ev.blocks.size()) {
-              base.blocks = std::move(joined);
-              consider(base);
-            }
-            if (best && best->kind == StructureKind::causal_blocks && best->has_segments()) {
-              MaskStructure trial = *best;
-              for (std::size_t i = 0; i + 1 < trial.blocks.size();) {
-                MaskStructure joined_pair = trial;
-                joined_pair.blocks[i].end = joined_pair.blocks[i + 1].end;
-                joined_pair.blocks.erase(joined_pair.blocks.begin() + static_cast<std::ptrdiff_t>(i) + 1);
-                joined_pair.segments.clear();
-                joined_pair.kv_valid.clear();
-                joined_pair.q_valid.clear();
-                std::optional<MaskStructure> fitted = fit_structure(ctx, joined_pair, batches);
-                if (fitted && fitted->description_cost() < trial.description_cost()) trial = std::move(*fitted);
-                else ++i;
-              }
-              if (trial.description_cost() < best->description_cost()) best = std::move(trial);
-            }
-          }
-          break;
-        default: break;
-      }
-    }
-  }
-  return best;
+  return search_candidates(
+      out, [&](const MaskStructure& base) { return fit_structure(ctx, base, batches); },
+      [&](std::int64_t d) { return gather_evidence(ctx, batches, d); },
+      [&](std::int64_t c, std::int64_t d) { return chunk_bounds_rows(ctx, batches, c, d); },
+      [&] { return ctx.work.exhausted(); });
 }
 
 // ---------------------------------------------------------------------------------
@@ -1041,16 +886,7 @@ inline Result<MaskStructure> classify_runs(const SpanRuns& t, Options options, R
       if (stats) stats->work = ctx.work.used;
       return s;
     };
-    // unclassified(): the shape and counts over the logical slices.
-    MaskStructure out;
-    out.batch = t.batch;
-    out.heads = t.heads;
-    out.q_len = t.q_len;
-    out.k_len = t.k_len;
-    const std::int64_t copies = (t.batch / t.distinct_batch) * (t.heads / t.distinct_heads);
-    out.empty_rows = summary.rows.empty_rows * copies;
-    out.finite_masked_rows = summary.rows.finite_masked_rows * copies;
-    out.bias = summary.rows.bias;
+    MaskStructure out = unclassified(t, summary.rows.empty_rows, summary.rows.finite_masked_rows, summary.rows.bias);
     if (!summary.rows.all_intervals) return done(out);  // arbitrary: no cost-free match either
 
     std::vector<KeyRows> slices;
@@ -1104,13 +940,7 @@ inline Result<MaskStructure> classify_runs(const SpanRuns& t, Options options, R
 
     std::optional<MaskStructure> best = search(ctx, out, batches);
     if (ctx.work.exhausted()) return expand_and_classify(t, stats);
-    if (stats) stats->work = ctx.work.used;
-    if (!best) return out;
-    best->empty_rows = out.empty_rows;
-    best->finite_masked_rows = out.finite_masked_rows;
-    best->bias = out.bias;
-    if (best->kind == StructureKind::full) best->alignment = Alignment::top_left;
-    return *best;
+    return done(finish_verdict(std::move(best), out));
   });
 }
 

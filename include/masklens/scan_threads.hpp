@@ -25,35 +25,55 @@ struct ScanOptions {
   int threads = 1;
 };
 
+namespace detail {
+
+// The threads to split `units` of work over: options.threads (0 = one per hardware
+// thread), no more than there are units, and at least one.
+inline unsigned split_threads(ScanOptions options, std::int64_t units) noexcept {
+  const unsigned threads = options.threads > 0 ? static_cast<unsigned>(options.threads)
+                                               : std::max(1u, std::thread::hardware_concurrency());
+  return std::max(1u, static_cast<unsigned>(std::min<std::int64_t>(threads, units)));
+}
+
+// Runs work(begin, end, share) over [0, units) cut into `threads` equal shares, each on
+// a thread of its own (one thread: here, with no pool), and returns once all are done.
+// A share no thread can be had for is done on this thread; a pool that cannot be
+// allocated is out_of_memory.
+template <class Work>
+Status parallel_for_ranges(std::int64_t units, unsigned threads, const Work& work) {
+  if (threads <= 1) {
+    work(std::int64_t{0}, units, 0u);
+    return {};
+  }
+  return catch_alloc([&]() -> Status {
+    std::vector<std::jthread> pool;
+    pool.reserve(threads);
+    const std::int64_t per = (units + threads - 1) / threads;
+    for (unsigned t = 0; t < threads; ++t) {
+      const std::int64_t begin = std::min(units, t * per), end = std::min(units, begin + per);
+      try {
+        pool.emplace_back([&work, begin, end, t] { work(begin, end, t); });
+      } catch (const std::system_error&) {
+        work(begin, end, t);  // no thread to be had: do the share here
+      }
+    }
+    return {};
+  });
+}
+
+}  // namespace detail
+
 // scan(view) with the rows split over options.threads threads: the same table.
 inline Result<SpanTable> scan(const MaskView& view, ScanOptions options) {
   Result<SpanTable> made = detail::table_for_scan(view);
   if (!made) return made;
   SpanTable& table = made.value();
   const std::int64_t total_rows = table.distinct_slices() * table.q_len;
-
-  unsigned threads = options.threads > 0 ? static_cast<unsigned>(options.threads)
-                                         : std::max(1u, std::thread::hardware_concurrency());
-  threads = static_cast<unsigned>(std::min<std::int64_t>(threads, total_rows));
-  if (threads <= 1) {
-    detail::scan_rows(view, table, 0, total_rows);
-  } else {
-    Status spawn = catch_alloc([&]() -> Status {
-      std::vector<std::jthread> pool;
-      pool.reserve(threads);
-      const std::int64_t per = (total_rows + threads - 1) / threads;
-      for (unsigned t = 0; t < threads; ++t) {
-        const std::int64_t begin = std::min(total_rows, t * per), end = std::min(total_rows, begin + per);
-        try {
-          pool.emplace_back([&view, &table, begin, end] { detail::scan_rows(view, table, begin, end); });
-        } catch (const std::system_error&) {
-          detail::scan_rows(view, table, begin, end);  // no thread to be had: do the share here
-        }
-      }
-      return {};
-    });
-    if (!spawn.ok()) return spawn;
-  }
+  if (Status spawn = detail::parallel_for_ranges(
+          total_rows, detail::split_threads(options, total_rows),
+          [&view, &table](std::int64_t begin, std::int64_t end, unsigned) { detail::scan_rows(view, table, begin, end); });
+      !spawn.ok())
+    return spawn;
   if (Status invalid = detail::check_scanned_rows(view, table); !invalid.ok()) return invalid;
   return made;
 }

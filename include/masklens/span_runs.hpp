@@ -170,22 +170,7 @@ struct SpanRuns {
   }
 
   // The shape: the rules and messages of SpanTable::validate_shape, for "span runs".
-  [[nodiscard]] Status validate_shape() const {
-    const auto text = [](std::int64_t v) { return std::to_string(v); };
-    const std::pair<const char*, std::int64_t> dims[] = {
-        {"batch", batch}, {"heads", heads}, {"q_len", q_len}, {"k_len", k_len}};
-    for (const auto& [name, v] : dims)
-      if (v < 1) return error(ErrorCode::invalid_shape, std::string("span runs ") + name + " must be >= 1, got " + text(v));
-    if (batch > INT64_MAX / heads || batch * heads > INT64_MAX / q_len)
-      return error(ErrorCode::invalid_shape, "span runs batch * heads * q_len (rows to count) overflows 64 bits");
-    if (distinct_batch != 1 && distinct_batch != batch)
-      return error(ErrorCode::invalid_argument, "span runs distinct_batch must be 1 (broadcast) or batch (" +
-                                                    text(batch) + "), got " + text(distinct_batch));
-    if (distinct_heads != 1 && distinct_heads != heads)
-      return error(ErrorCode::invalid_argument, "span runs distinct_heads must be 1 (broadcast) or heads (" +
-                                                    text(heads) + "), got " + text(distinct_heads));
-    return {};
-  }
+  [[nodiscard]] Status validate_shape() const { return detail::validate_span_shape(*this, "span runs"); }
 
   // The shape, and runs that tile rows [0, rows()) in order, each inside one slice.
   // The rows themselves are not checked here: classify() checks them as it does a
@@ -248,12 +233,7 @@ struct SpanRuns {
       return error(ErrorCode::out_of_memory, "span table of " + std::to_string(rows()) + " rows is too large");
     return catch_alloc([&]() -> Result<SpanTable> {
       SpanTable t;
-      t.batch = batch;
-      t.heads = heads;
-      t.q_len = q_len;
-      t.k_len = k_len;
-      t.distinct_batch = distinct_batch;
-      t.distinct_heads = distinct_heads;
+      detail::copy_span_shape(t, *this);
       t.rows.resize(static_cast<std::size_t>(rows()));
       for (const SpanRun& r : runs)
         for (std::int64_t j = 0; j < r.length; ++j) t.rows[static_cast<std::size_t>(r.row + j)] = r.at(j);
@@ -264,12 +244,7 @@ struct SpanRuns {
   // An empty SpanRuns with the table's shape.
   static SpanRuns shape_of(const SpanTable& t) {
     SpanRuns s;
-    s.batch = t.batch;
-    s.heads = t.heads;
-    s.q_len = t.q_len;
-    s.k_len = t.k_len;
-    s.distinct_batch = t.distinct_batch;
-    s.distinct_heads = t.distinct_heads;
+    detail::copy_span_shape(s, t);
     return s;
   }
 };

@@ -15,6 +15,43 @@
 
 namespace masklens {
 
+namespace detail {
+
+// The shape rules SpanTable and SpanRuns (span_runs.hpp) share, over their shape fields
+// (batch, heads, q_len, k_len, distinct_batch, distinct_heads): every dimension >= 1,
+// batch * heads * q_len within 64 bits, each distinct dimension 1 (broadcast) or the
+// whole dimension. `what` names the object in the messages ("span table").
+template <class Shape>
+Status validate_span_shape(const Shape& t, const char* what) {
+  const auto text = [](std::int64_t v) { return std::to_string(v); };
+  const std::pair<const char*, std::int64_t> dims[] = {
+      {"batch", t.batch}, {"heads", t.heads}, {"q_len", t.q_len}, {"k_len", t.k_len}};
+  for (const auto& [name, v] : dims)
+    if (v < 1) return error(ErrorCode::invalid_shape, std::string(what) + " " + name + " must be >= 1, got " + text(v));
+  if (t.batch > INT64_MAX / t.heads || t.batch * t.heads > INT64_MAX / t.q_len)
+    return error(ErrorCode::invalid_shape, std::string(what) + " batch * heads * q_len (rows to count) overflows 64 bits");
+  if (t.distinct_batch != 1 && t.distinct_batch != t.batch)
+    return error(ErrorCode::invalid_argument, std::string(what) + " distinct_batch must be 1 (broadcast) or batch (" +
+                                                  text(t.batch) + "), got " + text(t.distinct_batch));
+  if (t.distinct_heads != 1 && t.distinct_heads != t.heads)
+    return error(ErrorCode::invalid_argument, std::string(what) + " distinct_heads must be 1 (broadcast) or heads (" +
+                                                  text(t.heads) + "), got " + text(t.distinct_heads));
+  return {};
+}
+
+// Copies the shape fields (as validate_span_shape lists them) from one holder to another.
+template <class To, class From>
+void copy_span_shape(To& to, const From& from) noexcept {
+  to.batch = from.batch;
+  to.heads = from.heads;
+  to.q_len = from.q_len;
+  to.k_len = from.k_len;
+  to.distinct_batch = from.distinct_batch;
+  to.distinct_heads = from.distinct_heads;
+}
+
+}  // namespace detail
+
 struct SpanTable {
   std::int64_t batch = 0, heads = 0, q_len = 0, k_len = 0;
   // Distinct slices are indexed (b', h') with b' = b when the batch stride is non-zero
@@ -48,19 +85,8 @@ struct SpanTable {
   // count, so rows may be indexed as [slice][query row]. classify() checks the rows
   // in its own single pass over them (row_ok) and asks validate() for the message.
   [[nodiscard]] Status validate_shape() const {
+    if (Status shape = detail::validate_span_shape(*this, "span table"); !shape.ok()) return shape;
     const auto text = [](std::int64_t v) { return std::to_string(v); };
-    const std::pair<const char*, std::int64_t> dims[] = {
-        {"batch", batch}, {"heads", heads}, {"q_len", q_len}, {"k_len", k_len}};
-    for (const auto& [name, v] : dims)
-      if (v < 1) return error(ErrorCode::invalid_shape, std::string("span table ") + name + " must be >= 1, got " + text(v));
-    if (batch > INT64_MAX / heads || batch * heads > INT64_MAX / q_len)
-      return error(ErrorCode::invalid_shape, "span table batch * heads * q_len (rows to count) overflows 64 bits");
-    if (distinct_batch != 1 && distinct_batch != batch)
-      return error(ErrorCode::invalid_argument, "span table distinct_batch must be 1 (broadcast) or batch (" +
-                                                    text(batch) + "), got " + text(distinct_batch));
-    if (distinct_heads != 1 && distinct_heads != heads)
-      return error(ErrorCode::invalid_argument, "span table distinct_heads must be 1 (broadcast) or heads (" +
-                                                    text(heads) + "), got " + text(distinct_heads));
     // distinct_slices() * q_len <= batch * heads * q_len, which fits.
     if (rows.size() != static_cast<std::size_t>(distinct_slices() * q_len))
       return error(ErrorCode::invalid_argument, "span table rows must hold distinct_batch * distinct_heads * q_len (" +

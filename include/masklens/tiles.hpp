@@ -15,8 +15,6 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
-#include <system_error>
-#include <thread>
 #include <vector>
 
 #include "additive_bits.hpp"
@@ -168,10 +166,7 @@ inline Result<SpansAndTiles> scan_with_tiles(const MaskView& view, TileSize size
   const std::int64_t nq = g.q_tiles(), nk = g.k_tiles(), units = g.slices() * nq;
   const AdditiveBits bits = additive_bits(view.dtype(), view.encoding().masked_threshold);
 
-  unsigned threads = options.threads > 0 ? static_cast<unsigned>(options.threads)
-                                         : std::max(1u, std::thread::hardware_concurrency());
-  threads = static_cast<unsigned>(std::min<std::int64_t>(threads, units));
-  threads = std::max(threads, 1u);
+  const unsigned threads = detail::split_threads(options, units);
   std::vector<std::vector<std::int64_t>> counters;
   if (Status made = catch_alloc([&]() -> Status {
         counters.assign(threads, std::vector<std::int64_t>(static_cast<std::size_t>(nk)));
@@ -192,25 +187,12 @@ inline Result<SpansAndTiles> scan_with_tiles(const MaskView& view, TileSize size
     }
   };
 
-  if (threads == 1) {
-    scan_units(0, units, counters[0].data());
-  } else {
-    Status spawn = catch_alloc([&]() -> Status {
-      std::vector<std::jthread> pool;
-      pool.reserve(threads);
-      const std::int64_t per = (units + threads - 1) / threads;
-      for (unsigned t = 0; t < threads; ++t) {
-        const std::int64_t begin = std::min(units, t * per), end = std::min(units, begin + per);
-        try {
-          pool.emplace_back(scan_units, begin, end, counters[t].data());
-        } catch (const std::system_error&) {
-          scan_units(begin, end, counters[t].data());  // no thread to be had: do the share here
-        }
-      }
-      return {};
-    });
-    if (!spawn.ok()) return spawn;
-  }
+  if (Status spawn = detail::parallel_for_ranges(units, threads,
+                                                 [&](std::int64_t begin, std::int64_t end, unsigned share) {
+                                                   scan_units(begin, end, counters[share].data());
+                                                 });
+      !spawn.ok())
+    return spawn;
 
   for (std::size_t r = 0; r < table.rows.size(); ++r) {
     if (table.rows[r].flags & kRowInvalid) {

@@ -1,0 +1,52 @@
+// Test support: span tables of generated structures, as a scanner would produce them,
+// and the cost-free candidates whose ties the canonical rules break. Shared by the
+// fast-path and the run-path agreement tests.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include <masklens/span_table.hpp>
+#include <masklens/structure.hpp>
+
+#include "mask_gen.hpp"
+
+namespace masklens::testing {
+
+// The table a scanner would produce for `spec` over `heads` heads; with `broadcast` the
+// batch is stored once (spec's modifiers must then be the same for every batch). Rows
+// carry random flags at `flag_rate` (none drawn at 0): finite masking anywhere, bias on
+// attending rows.
+inline SpanTable table_of(const MaskStructure& spec, std::int64_t heads, bool broadcast, Rng& rng, double flag_rate) {
+  SpanTable t;
+  t.batch = spec.batch;
+  t.heads = heads;
+  t.q_len = spec.q_len;
+  t.k_len = spec.k_len;
+  t.distinct_batch = broadcast ? 1 : spec.batch;
+  t.distinct_heads = heads;
+  for (std::int64_t b = 0; b < t.distinct_batch; ++b)
+    for (std::int64_t h = 0; h < heads; ++h)
+      for (std::int64_t q = 0; q < t.q_len; ++q) {
+        RowSpan r = spec.row(b, q);
+        if (flag_rate > 0 && coin(rng, flag_rate)) r.flags |= kRowFiniteMasked;
+        if (flag_rate > 0 && !r.empty() && coin(rng, flag_rate / 4)) r.flags |= kRowBias;
+        t.rows.push_back(r);
+      }
+  return t;
+}
+
+// A structure of `kind` with no modifiers; a window, prefix or block that may or may
+// not bind (when it does not, the canonical form is full or causal: the ties).
+inline MaskStructure cost_free_candidate(Rng& rng, std::int64_t batch, std::int64_t q_len, std::int64_t k_len) {
+  const StructureKind kinds[] = {StructureKind::full, StructureKind::causal, StructureKind::causal,
+                                 StructureKind::sliding_window, StructureKind::prefix_lm, StructureKind::chunked};
+  const Alignment align = q_len != k_len && coin(rng) ? Alignment::bottom_right : Alignment::top_left;
+  MaskStructure s = make_structure(kinds[uniform(rng, 0, 5)], batch, q_len, k_len, align);
+  s.window = uniform(rng, std::max<std::int64_t>(1, k_len - 2), k_len + 2);
+  s.prefix = uniform(rng, 1, 2);
+  s.chunk = uniform(rng, std::max<std::int64_t>(1, k_len - 1), k_len + 2);
+  return s;
+}
+
+}  // namespace masklens::testing
