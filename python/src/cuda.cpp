@@ -100,6 +100,20 @@ Status on_device(int device, Work&& work) {
 
 }  // namespace
 
+// After a scan into the block's spans: the run reduction and the one copy of the run
+// count with the first runs to h_head (scan_runs and scan_runs_tiles share it).
+template <class Block>
+Status reduce_and_copy_head(const Block& b, std::uint8_t* base, std::int64_t q_len, std::uintptr_t h_head,
+                            std::size_t& reduce_temp, cudaStream_t s) {
+  Status r = gpu::reduce_runs(base + b.reduce_temp_at, reduce_temp, reinterpret_cast<const RowSpan*>(base + b.spans_at),
+                              b.rows, q_len, reinterpret_cast<SpanRun*>(base + b.runs_at), b.room,
+                              reinterpret_cast<std::int64_t*>(base + b.count_at), s);
+  if (r.ok())
+    r = check(cudaMemcpyAsync(reinterpret_cast<void*>(h_head), base, b.head_bytes(), cudaMemcpyDeviceToHost, s),
+              "cudaMemcpyAsync(run count and first runs to the host)");
+  return r;
+}
+
 NB_MODULE(_cuda, m) {
   m.doc() = "masklens device scanner for CUDA tensors, on the caller's stream and memory";
   // Errors are masklens._core.MaskError, whichever module raises them.
@@ -154,14 +168,7 @@ NB_MODULE(_cuda, m) {
           if (r.ok())
             r = gpu::scan_spans(base + b.scan_temp_at, scan_temp, view, reinterpret_cast<RowSpan*>(base + b.spans_at),
                                 s);
-          if (r.ok())
-            r = gpu::reduce_runs(base + b.reduce_temp_at, reduce_temp,
-                                 reinterpret_cast<const RowSpan*>(base + b.spans_at), b.rows, view.q_len(),
-                                 reinterpret_cast<SpanRun*>(base + b.runs_at), b.room,
-                                 reinterpret_cast<std::int64_t*>(base + b.count_at), s);
-          if (r.ok())
-            r = check(cudaMemcpyAsync(reinterpret_cast<void*>(h_head), base, b.head_bytes(), cudaMemcpyDeviceToHost, s),
-                      "cudaMemcpyAsync(run count and first runs to the host)");
+          if (r.ok()) r = reduce_and_copy_head(b, base, view.q_len(), h_head, reduce_temp, s);
           // The one synchronisation when the head brings every run.
           if (r.ok()) r = check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
           return r;
@@ -245,14 +252,7 @@ NB_MODULE(_cuda, m) {
           if (r.ok())
             r = gpu::scan_spans_tiles(base + b.scan_temp_at, scan_temp, view, size,
                                       reinterpret_cast<RowSpan*>(base + b.spans_at), d_block_mask, nullptr, s);
-          if (r.ok())
-            r = gpu::reduce_runs(base + b.reduce_temp_at, reduce_temp,
-                                 reinterpret_cast<const RowSpan*>(base + b.spans_at), b.rows, view.q_len(),
-                                 reinterpret_cast<SpanRun*>(base + b.runs_at), b.room,
-                                 reinterpret_cast<std::int64_t*>(base + b.count_at), s);
-          if (r.ok())
-            r = check(cudaMemcpyAsync(reinterpret_cast<void*>(h_head), base, b.head_bytes(), cudaMemcpyDeviceToHost, s),
-                      "cudaMemcpyAsync(run count and first runs to the host)");
+          if (r.ok()) r = reduce_and_copy_head(b, base, view.q_len(), h_head, reduce_temp, s);
           if (r.ok()) r = check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
           return r;
         });
