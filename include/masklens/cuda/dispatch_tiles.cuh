@@ -192,48 +192,64 @@ inline cudaError_t dispatch_scan_tiles(const MaskView& view, const TileGrid& g, 
 
 inline constexpr int kBlockMaskThreads = 256;
 
+// Tiles each lane of a line's warp loads before the warp's ballots over them: that many
+// independent loads in flight, so a line of n tiles waits for about n / (32 x this) load
+// latencies instead of n / 32 (the lines are few: latency, not bandwidth, bounds them).
+inline constexpr int kLineChunk = 8;
+
 // One warp writes one line of n tiles (a q tile's k tiles, or a k tile's q tiles; tile i's
 // state is state(i)): into part_* the partial tiles, into full_* the full ones, each as
 // detail::write_ordered writes it — the count, the indices in the state in ascending
 // order, then the others in ascending order. Null pointers are skipped; states[i *
 // stride] gets each state where states is not null. Every lane of the warp calls it with
-// the same arguments.
+// the same arguments. Two passes: the counts, then every index at once (tile i not in a
+// state goes after that state's `count` tiles, at count + i - (its tiles before i)).
 template <class StateOf>
 __device__ void write_line(std::int64_t n, StateOf state, std::int32_t* part_count, std::int32_t* part_idx,
                            std::int32_t* full_count, std::int32_t* full_idx, TileState* states,
                            std::int64_t stride) {
   const unsigned lane = threadIdx.x & 31u, below = (1u << lane) - 1u;
+  constexpr std::int64_t kStep = 32 * kLineChunk;
+  const auto load = [&](std::int64_t base, TileState (&st)[kLineChunk]) {
+#pragma unroll
+    for (int c = 0; c < kLineChunk; ++c) {
+      const std::int64_t i = base + c * 32 + lane;
+      st[c] = i < n ? state(i) : TileState::empty;
+    }
+  };
   std::int32_t parts = 0, fulls = 0;
-  for (std::int64_t base = 0; base < n; base += 32) {
-    const std::int64_t i = base + lane;
-    const TileState st = i < n ? state(i) : TileState::empty;
-    const unsigned p = __ballot_sync(0xffffffffu, st == TileState::partial);
-    const unsigned f = __ballot_sync(0xffffffffu, st == TileState::full);
-    if (st == TileState::partial && part_idx) part_idx[parts + __popc(p & below)] = static_cast<std::int32_t>(i);
-    if (st == TileState::full && full_idx) full_idx[fulls + __popc(f & below)] = static_cast<std::int32_t>(i);
-    if (states && i < n) states[i * stride] = st;
-    parts += __popc(p);
-    fulls += __popc(f);
+  for (std::int64_t base = 0; base < n; base += kStep) {
+    TileState st[kLineChunk];
+    load(base, st);
+#pragma unroll
+    for (int c = 0; c < kLineChunk; ++c) {
+      parts += __popc(__ballot_sync(0xffffffffu, st[c] == TileState::partial));
+      fulls += __popc(__ballot_sync(0xffffffffu, st[c] == TileState::full));
+      const std::int64_t i = base + c * 32 + lane;
+      if (states && i < n) states[i * stride] = st[c];
+    }
   }
   if (lane == 0) {
     if (part_count) *part_count = parts;
     if (full_count) *full_count = fulls;
   }
   if (part_idx == nullptr && full_idx == nullptr) return;
-  // torch's padding: the tiles not in the state, ascending, after those that are.
-  std::int32_t other_parts = parts, other_fulls = fulls;
-  for (std::int64_t base = 0; base < n; base += 32) {
-    const std::int64_t i = base + lane;
-    const bool in = i < n;
-    const TileState st = in ? state(i) : TileState::empty;
-    const unsigned p = __ballot_sync(0xffffffffu, in && st != TileState::partial);
-    const unsigned f = __ballot_sync(0xffffffffu, in && st != TileState::full);
-    if (in && st != TileState::partial && part_idx)
-      part_idx[other_parts + __popc(p & below)] = static_cast<std::int32_t>(i);
-    if (in && st != TileState::full && full_idx)
-      full_idx[other_fulls + __popc(f & below)] = static_cast<std::int32_t>(i);
-    other_parts += __popc(p);
-    other_fulls += __popc(f);
+  std::int32_t parts_before = 0, fulls_before = 0;  // tiles of each state before this group of 32
+  for (std::int64_t base = 0; base < n; base += kStep) {
+    TileState st[kLineChunk];
+    load(base, st);
+#pragma unroll
+    for (int c = 0; c < kLineChunk; ++c) {
+      const std::int64_t i = base + c * 32 + lane;
+      const unsigned p = __ballot_sync(0xffffffffu, st[c] == TileState::partial);
+      const unsigned f = __ballot_sync(0xffffffffu, st[c] == TileState::full);
+      const std::int32_t p_rank = parts_before + __popc(p & below), f_rank = fulls_before + __popc(f & below);
+      const auto index = static_cast<std::int32_t>(i);
+      if (i < n && part_idx) part_idx[st[c] == TileState::partial ? p_rank : parts + (index - p_rank)] = index;
+      if (i < n && full_idx) full_idx[st[c] == TileState::full ? f_rank : fulls + (index - f_rank)] = index;
+      parts_before += __popc(p);
+      fulls_before += __popc(f);
+    }
   }
 }
 
