@@ -17,14 +17,21 @@ Per mask (sliding window 4096, packed documents, random block-sparse; bool [1, 1
                              CUDA mask is copied to the host first (the copy is counted):
                              what block_mask() does for an arbitrary CUDA mask without
                              masklens._cuda
-  create_block_mask          torch's, mask_mod = lambda b, h, q, kv: mask[b, h, q, kv]
+  create_block_mask (rule)   torch's, with the mask function equivalent to the mask, from
+                             indices alone (the window's and the documents' rules, the
+                             block-sparse mask's 128-block table): the baseline the ratios
+                             are to (what a user of flex writes)
+  create_block_mask (dense)  torch's, mask_mod = lambda b, h, q, kv: mask[b, h, q, kv]: it
+                             materialises int64 index grids of the mask's size, so it runs
+                             out of memory past about 2^31 elements (pytorch#134756); shown
+                             where it fits
   torch pad+sum              the dense mask padded to whole tiles, summed per tile, sorted
                              into the same eight tensors: the fastest plain-torch baseline
 Every BlockMask is checked equal to the pad+sum one (and create_block_mask's). Then, at
 --flex-length with a 4096 window: compiled flex_attention on masklens' BlockMask against
 F.scaled_dot_product_attention with the dense bool mask (default dispatch), forward +
 backward, bf16, [1, 8, L, 128]. --quick: 3 repetitions (fits in about 3 minutes on an
-H200). Prints median milliseconds and each way's ratio to create_block_mask.
+H200). Prints median milliseconds and each way's ratio to create_block_mask (rule).
 
 --masklens PATH checks `masklens inspect --tiles 128 --json` against create_block_mask on
 small masks (the CLI's JSON), as before."""
@@ -46,20 +53,23 @@ FIELDS = ["kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices"
 
 
 def masks(L, device, window=4096):
+    """(name, dense bool [1, 1, L, L] mask, the equivalent mask function from indices)."""
     i = torch.arange(L, device=device)
     causal = i[None, :] <= i[:, None]
-    yield "window 4096", (causal & (i[:, None] - i[None, :] < window))[None, None]
+    yield ("window 4096", (causal & (i[:, None] - i[None, :] < window))[None, None],
+           lambda b, h, q, kv: (kv <= q) & (q - kv < window))
     del causal
     gen = torch.Generator().manual_seed(14)
     cuts = torch.sort(torch.randint(1, L, (max(L // 4096, 2),), generator=gen)).values.to(device)
     docs = torch.bucketize(i, cuts, right=True)
-    yield "packed documents", ((i[None, :] <= i[:, None]) & (docs[:, None] == docs[None, :]))[None, None]
-    del docs
+    yield ("packed documents", ((i[None, :] <= i[:, None]) & (docs[:, None] == docs[None, :]))[None, None],
+           lambda b, h, q, kv: (kv <= q) & (docs[q] == docs[kv]))
     n = (L + 127) // 128
     keep = torch.rand(n, n, generator=gen) < 0.25
     keep |= torch.eye(n, dtype=torch.bool)
     keep = keep.to(device)
-    yield "block-sparse", keep.repeat_interleave(128, 0).repeat_interleave(128, 1)[:L, :L][None, None]
+    yield ("block-sparse", keep.repeat_interleave(128, 0).repeat_interleave(128, 1)[:L, :L][None, None],
+           lambda b, h, q, kv: keep[q // 128, kv // 128])
 
 
 def timed(fn, reps, device, before=None):
@@ -115,8 +125,8 @@ def bench_block_masks(L, device, reps, check_create):
     import masklens.torch as mt
     from masklens import _cache, _core, _run
     print(f"\nBlockMask of a bool [1, 1, {L}, {L}] mask ({L * L / 2**30:.1f} GiB), BLOCK_SIZE 128, median of {reps}:")
-    print(f"  {'mask':18s} {'way':28s} {'ms':>10s} {'vs create_block_mask':>22s}")
-    for name, m in masks(L, device):
+    print(f"  {'mask':18s} {'way':28s} {'ms':>10s} {'vs create_block_mask (rule)':>29s}")
+    for name, m, rule in masks(L, device):
         rows = []
         ref_ms, ref = timed(lambda: pad_sum_block_mask(m), reps, device)
         structure = masklens.scan(m).structure
@@ -135,16 +145,27 @@ def bench_block_masks(L, device, reps, check_create):
             ms, bm = timed(lambda: _run.block_mask_from_tiles(_cache.scan_with_tiles(m, (128, 128))[1], None, device),
                            reps, device)
             rows.append(("masklens, host scan" + (" (copy)" if device == "cuda" else ""), ms, same(bm, ref)))
-        cb_ms, cb = timed(lambda: create_block_mask(lambda b, h, q, kv: m[b, h, q, kv], 1, 1, L, L, device=device,
-                                                    BLOCK_SIZE=128), reps, device)
-        create_ok = same(cb, ref) if check_create else None
-        del cb
         rows.append(("torch pad+sum", ref_ms, True))
+        del ref
+        cb_ms, cb = timed(lambda: create_block_mask(rule, 1, 1, L, L, device=device, BLOCK_SIZE=128), reps, device)
+        rule_ok = same(cb, pad_sum_block_mask(m)) if check_create else None
+        del cb
+        rows.append(("create_block_mask (rule)", cb_ms, rule_ok))
+        try:
+            dense_ms, cb = timed(lambda: create_block_mask(lambda b, h, q, kv: m[b, h, q, kv], 1, 1, L, L,
+                                                           device=device, BLOCK_SIZE=128), reps, device)
+            rows.append(("create_block_mask (dense)", dense_ms, same(cb, pad_sum_block_mask(m)) if check_create else None))
+            del cb
+        except torch.OutOfMemoryError:
+            rows.append(("create_block_mask (dense)", None, None))
+        if device == "cuda":
+            torch.cuda.empty_cache()
         for way, ms, ok in rows:
-            print(f"  {name:18s} {way:28s} {ms:10.2f} {cb_ms / ms:21.1f}x{'' if ok else '  MISMATCH'}")
-        print(f"  {name:18s} {'create_block_mask':28s} {cb_ms:10.2f} {1.0:21.1f}x"
-              f"{'' if create_ok in (True, None) else '  MISMATCH'}")
-        if not all(ok for _, _, ok in rows) or create_ok is False:
+            if ms is None:
+                print(f"  {name:18s} {way:28s} {'out of memory':>10s}")
+                continue
+            print(f"  {name:18s} {way:28s} {ms:10.2f} {cb_ms / ms:28.1f}x{'  MISMATCH' if ok is False else ''}")
+        if any(ok is False for _, _, ok in rows):
             raise SystemExit(f"{name}: a BlockMask differs from the pad+sum reference")
         del m
         if device == "cuda":
@@ -185,7 +206,7 @@ def check_cli(cli):
     import masklens  # noqa: F401
     small = 1024
     with tempfile.TemporaryDirectory() as tmp:
-        for name, m in masks(small, "cpu", window=300):
+        for name, m, _ in masks(small, "cpu", window=300):
             path = os.path.join(tmp, "m.npy")
             np.save(path, m.numpy())
             doc = json.loads(subprocess.run([cli, "inspect", path, "--json", "--tiles", "128"],

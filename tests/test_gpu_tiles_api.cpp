@@ -87,6 +87,10 @@ TEST_CASE("gpu tiles API: built without CUDA, every call that would run says so"
   auto from_host = gpu::scan_host_mask_with_tiles(m.view, TileSize{64, 128}, 1);
   REQUIRE_FALSE(from_host.ok());
   CHECK(starts_with(from_host.status().message(), why));
+  const TileGrid g = *make_tile_grid(2, 3, 300, 1000, TileSize{});
+  const Status written = gpu::write_block_mask(g, static_cast<TileState*>(fake(0x30000)), fake_arrays());
+  CHECK(written.code() == ErrorCode::device_error);
+  CHECK(starts_with(written.message(), why));
 }
 
 #else
@@ -132,6 +136,29 @@ TEST_CASE("gpu tiles API: arguments are checked before any CUDA call") {
   auto bad_size = gpu::scan_host_mask_with_tiles(m.view, TileSize{-1, 128});
   REQUIRE_FALSE(bad_size.ok());
   CHECK(bad_size.status().message() == "tile size q (block_q) must be in [1, 2^62], got -1");
+}
+
+TEST_CASE("gpu tiles API: write_block_mask checks the grid, the states and the arrays before any CUDA call") {
+  const auto* states = static_cast<const TileState*>(fake(0x30000));
+  const TileGrid g = *make_tile_grid(2, 3, 300, 1000, TileSize{}, 1, 3);
+  TileGrid bad = g;
+  bad.block_q = 0;
+  CHECK(gpu::write_block_mask(bad, states, fake_arrays()).message() == "tile size q (block_q) must be in [1, 2^62], got 0");
+  bad = g;
+  bad.distinct_batch = 5;  // neither 1 nor the batch
+  CHECK(gpu::write_block_mask(bad, states, fake_arrays()).message() ==
+        "tile grid distinct_batch must be 1 or batch (2), got 5");
+  bad = g;
+  bad.q_len = 0;
+  CHECK(gpu::write_block_mask(bad, states, fake_arrays()).code() == ErrorCode::invalid_shape);
+  CHECK(gpu::write_block_mask(g, nullptr, fake_arrays()).message() == "d_states is null");
+  CHECK(gpu::write_block_mask(g, states, BlockMaskArrays{}).message() ==
+        "no BlockMask array: every d_block_mask pointer is null");
+  BlockMaskArrays odd = fake_arrays();
+  odd.q_indices = static_cast<std::int32_t*>(fake(0x600002));
+  const Status misaligned = gpu::write_block_mask(g, states, odd);
+  CHECK(misaligned.code() == ErrorCode::misaligned_pointer);
+  CHECK(misaligned.message() == "d_block_mask.q_indices is not aligned to int32 (4 bytes)");
 }
 
 TEST_CASE("gpu tiles API: without a usable device, the error names the CUDA call") {

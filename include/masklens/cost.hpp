@@ -139,12 +139,13 @@ inline double attended_pairs(const MaskStructure& s) noexcept {
 
 // FlexAttention skips empty tiles and computes every pair of the others; on a partial
 // tile it also evaluates the mask_mod on every pair, which a full tile skips. What a
-// partial tile costs over a full one: with the structure's rule (index arithmetic)
-// about 15 % (torch's BlockMask documentation: skipping the mask_mod on full tiles is
-// "about a 15% speedup" for causal); reading the dense mask, an estimate until
-// bench/backend_costs.py measures it ("flex reading the mask, every tile partial").
-inline constexpr double kFlexPartialTileRule = 1.15;
-inline constexpr double kFlexPartialTileMaskRead = 1.5;
+// partial tile costs over a full one, measured by bench/backend_costs.py (H200, torch
+// 2.11, 1 x 4 x 8192 x 128 bf16 forward + backward, every tile partial against every
+// tile full, 2026-12-03; bench/README.md): reading the dense mask 1.54; with an index
+// rule 0.90, within the run's noise of a full tile, so charged as one (torch's BlockMask
+// documentation puts skipping the mask_mod at "about a 15% speedup" for causal).
+inline constexpr double kFlexPartialTileRule = 1.0;
+inline constexpr double kFlexPartialTileMaskRead = 1.54;
 
 // Tile shares to charge flex on when a mask's tiles are unknown (an arbitrary mask
 // decided without its tile_fractions): every tile computed, every one partial.

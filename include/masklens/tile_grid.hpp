@@ -106,24 +106,34 @@ struct BlockMaskArrays {
 
 namespace detail {
 
-// torch's _dense_to_ordered on one row of n tiles read `stride` apart: the indices of
-// the tiles in state `want` in ascending order, then the others in ascending order (a
-// stable descending argsort of the 0/1 row), and how many are in `want`. The first
-// `*count` entries are the ones a kernel reads; the rest is torch's padding.
+// torch's _dense_to_ordered on one line of n tiles read `stride` apart, for the partial
+// and the full tiles at once: per state, the indices of the tiles in that state in
+// ascending order, then the others in ascending order (a stable descending argsort of
+// the 0/1 line), and how many are in the state. The first `*count` entries are the ones
+// a kernel reads; the rest is torch's padding. Two passes: the counts, then each index
+// straight to its place (a tile not in a state goes after that state's tiles, at
+// count + i - (that state's tiles before i)).
 MASKLENS_HOST_DEVICE inline void write_ordered(const TileState* first, std::int64_t stride, std::int64_t n,
-                                               TileState want, std::int32_t* count, std::int32_t* indices) noexcept {
-  if (count == nullptr && indices == nullptr) return;
-  std::int32_t hits = 0;
-  for (std::int64_t i = 0; i < n; ++i)
-    if (first[i * stride] == want) {
-      if (indices) indices[hits] = static_cast<std::int32_t>(i);
-      ++hits;
-    }
-  if (count) *count = hits;
-  if (indices == nullptr) return;
-  std::int32_t rest = hits;
-  for (std::int64_t i = 0; i < n; ++i)
-    if (first[i * stride] != want) indices[rest++] = static_cast<std::int32_t>(i);
+                                               std::int32_t* part_count, std::int32_t* part_idx,
+                                               std::int32_t* full_count, std::int32_t* full_idx) noexcept {
+  std::int32_t parts = 0, fulls = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const TileState st = first[i * stride];
+    parts += st == TileState::partial ? 1 : 0;
+    fulls += st == TileState::full ? 1 : 0;
+  }
+  if (part_count) *part_count = parts;
+  if (full_count) *full_count = fulls;
+  if (part_idx == nullptr && full_idx == nullptr) return;
+  std::int32_t parts_before = 0, fulls_before = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const TileState st = first[i * stride];
+    const auto index = static_cast<std::int32_t>(i);
+    if (part_idx) part_idx[st == TileState::partial ? parts_before : parts + (index - parts_before)] = index;
+    if (full_idx) full_idx[st == TileState::full ? fulls_before : fulls + (index - fulls_before)] = index;
+    parts_before += st == TileState::partial ? 1 : 0;
+    fulls_before += st == TileState::full ? 1 : 0;
+  }
 }
 
 }  // namespace detail
@@ -133,10 +143,10 @@ MASKLENS_HOST_DEVICE inline void write_ordered(const TileState* first, std::int6
 MASKLENS_HOST_DEVICE inline void write_kv_row(const TileGrid& g, const TileState* states, std::int64_t slice,
                                               std::int64_t qt, const BlockMaskArrays& out) noexcept {
   const std::int64_t nq = g.q_tiles(), nk = g.k_tiles(), row = slice * nq + qt;
-  const TileState* tiles = states + g.tile_index(slice, qt, 0);
-  detail::write_ordered(tiles, 1, nk, TileState::partial, out.kv_num_blocks ? out.kv_num_blocks + row : nullptr,
-                        out.kv_indices ? out.kv_indices + row * nk : nullptr);
-  detail::write_ordered(tiles, 1, nk, TileState::full, out.full_kv_num_blocks ? out.full_kv_num_blocks + row : nullptr,
+  detail::write_ordered(states + g.tile_index(slice, qt, 0), 1, nk,
+                        out.kv_num_blocks ? out.kv_num_blocks + row : nullptr,
+                        out.kv_indices ? out.kv_indices + row * nk : nullptr,
+                        out.full_kv_num_blocks ? out.full_kv_num_blocks + row : nullptr,
                         out.full_kv_indices ? out.full_kv_indices + row * nk : nullptr);
 }
 
@@ -145,10 +155,10 @@ MASKLENS_HOST_DEVICE inline void write_kv_row(const TileGrid& g, const TileState
 MASKLENS_HOST_DEVICE inline void write_q_column(const TileGrid& g, const TileState* states, std::int64_t slice,
                                                 std::int64_t kt, const BlockMaskArrays& out) noexcept {
   const std::int64_t nq = g.q_tiles(), nk = g.k_tiles(), column = slice * nk + kt;
-  const TileState* tiles = states + g.tile_index(slice, 0, kt);
-  detail::write_ordered(tiles, nk, nq, TileState::partial, out.q_num_blocks ? out.q_num_blocks + column : nullptr,
-                        out.q_indices ? out.q_indices + column * nq : nullptr);
-  detail::write_ordered(tiles, nk, nq, TileState::full, out.full_q_num_blocks ? out.full_q_num_blocks + column : nullptr,
+  detail::write_ordered(states + g.tile_index(slice, 0, kt), nk, nq,
+                        out.q_num_blocks ? out.q_num_blocks + column : nullptr,
+                        out.q_indices ? out.q_indices + column * nq : nullptr,
+                        out.full_q_num_blocks ? out.full_q_num_blocks + column : nullptr,
                         out.full_q_indices ? out.full_q_indices + column * nq : nullptr);
 }
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import math
 import time
 import warnings
 import weakref
@@ -240,6 +241,50 @@ def has_device_tiles() -> bool:
     return module is not None and hasattr(module, "scan_runs_tiles")
 
 
+def has_device_writer() -> bool:
+    """Whether a host tile summary's BlockMask tensors can be written on a CUDA device."""
+    module = cuda_module()
+    return module is not None and hasattr(module, "write_block_mask")
+
+
+def _block_mask_tensors(device, distinct_batch, distinct_heads, nq, nk):
+    """torch BlockMask's eight int32 tensors of a grid, empty, as views of one allocation
+    (one block of the caching allocator instead of eight); each view starts 16-byte
+    aligned. ({name: tensor}, [address], [bytes]) in BLOCK_MASK_FIELDS order."""
+    import torch
+    shapes = {"kv_num_blocks": (distinct_batch, distinct_heads, nq),
+              "kv_indices": (distinct_batch, distinct_heads, nq, nk),
+              "q_num_blocks": (distinct_batch, distinct_heads, nk),
+              "q_indices": (distinct_batch, distinct_heads, nk, nq)}
+    sizes = [math.prod(shapes[name.replace("full_", "")]) for name in BLOCK_MASK_FIELDS]
+    starts, at = [], 0
+    for n in sizes:
+        starts.append(at)
+        at += -(-n // 4) * 4
+    block = torch.empty(at, dtype=torch.int32, device=device)
+    arrays = {name: block[start:start + n].view(shapes[name.replace("full_", "")])
+              for name, start, n in zip(BLOCK_MASK_FIELDS, starts, sizes)}
+    return arrays, [arrays[name].data_ptr() for name in BLOCK_MASK_FIELDS], [4 * n for n in sizes]
+
+
+def device_block_mask_tensors(tiles, device):
+    """torch BlockMask's eight int32 tensors of a host tile summary (a _core.TileSummary),
+    written on the CUDA `device` by masklens._cuda (which must be there): the summary's
+    states (one byte a tile) cross once, and the writer kernel runs on the device's current
+    stream; no host writer, no synchronisation. {name: tensor} as device_scan_tiles()."""
+    import torch
+    device = torch.device(device)
+    db, dh, nq, nk = tiles.shape
+    with warnings.catch_warnings():  # the read-only states are only read (copied to the device)
+        warnings.simplefilter("ignore", UserWarning)
+        states = torch.from_numpy(tiles.states).to(device)
+    arrays, pointers, nbytes = _block_mask_tensors(device, db, dh, nq, nk)
+    grid = [tiles.batch, tiles.heads, tiles.q_len, tiles.k_len, *tiles.block_size, db, dh]
+    index = device.index if device.index is not None or device.type != "cuda" else torch.cuda.current_device()
+    _cuda.write_block_mask(states.data_ptr(), states.numel(), grid, pointers, nbytes, _stream_of(device), index or 0)
+    return arrays
+
+
 def device_scan_tiles(mask, size, masked_threshold: float = -1000.0):
     """device_scan() whose one read of the mask also counts its tiles of `size` (q, k) and
     writes torch BlockMask's eight int32 tensors on the mask's device (masklens._cuda.
@@ -247,20 +292,13 @@ def device_scan_tiles(mask, size, masked_threshold: float = -1000.0):
     [B', H', q tiles], indices [B', H', q tiles, k tiles] and the q side [B', H', k tiles]
     / [B', H', k tiles, q tiles], B' and H' the distinct batch and heads (1 where the mask
     broadcasts them, as BlockMask broadcasts a dimension of 1). Allocated here, from
-    torch's caching allocator; written on the mask's current stream before the one
-    synchronisation."""
-    import torch
-
+    torch's caching allocator (one block, eight views); written on the mask's current
+    stream before the one synchronisation."""
     dtype = _device_dtype(mask)
     q, k = size
     args = (mask.data_ptr(), dtype, list(mask.shape), list(mask.stride()), masked_threshold)
     sizes, (db, dh, nq, nk) = _cuda.query_runs_tiles(*args, q, k)
-    shapes = {"kv_num_blocks": (db, dh, nq), "kv_indices": (db, dh, nq, nk),
-              "q_num_blocks": (db, dh, nk), "q_indices": (db, dh, nk, nq)}
-    arrays = {name: torch.empty(shapes[name.replace("full_", "")], dtype=torch.int32, device=mask.device)
-              for name in BLOCK_MASK_FIELDS}
-    pointers = [arrays[name].data_ptr() for name in BLOCK_MASK_FIELDS]
-    nbytes = [arrays[name].numel() * 4 for name in BLOCK_MASK_FIELDS]
+    arrays, pointers, nbytes = _block_mask_tensors(mask.device, db, dh, nq, nk)
 
     def scan_call(base, runs, stream, device):
         return _cuda.scan_runs_tiles(*args, q, k, base, runs.block_bytes, runs.head_address, runs.head_bytes,

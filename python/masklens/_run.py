@@ -326,8 +326,13 @@ def block_mask_from_arrays(arrays, seq_lengths, block_size, mask_mod):
 
 def block_mask_from_tiles(tiles, mask_mod, device):
     """A torch BlockMask over masklens' tile summary (a _core.TileSummary): its eight int32
-    tensors (the kv side, and the q side torch would derive for the backward) shared from
-    numpy without a copy and moved to `device`."""
+    tensors (the kv side, and the q side torch would derive for the backward). On a CUDA
+    device with masklens._cuda, written there from the summary's states (one byte a tile
+    crosses); otherwise written on the host and shared from numpy (moved to `device`)."""
+    from . import _cache
+    if torch.device(device).type == "cuda" and _cache.has_device_writer():
+        arrays = _cache.device_block_mask_tensors(tiles, device)
+        return block_mask_from_arrays(arrays, (tiles.q_len, tiles.k_len), tiles.block_size, mask_mod)
     t = tiles.block_mask()
     arrays = {name: torch.from_numpy(getattr(t, name)).to(device) for name in t.fields}
     return block_mask_from_arrays(arrays, t.seq_lengths, t.block_size, mask_mod)

@@ -84,6 +84,35 @@ python::RunsBlock checked_block(const MaskView& view, std::uintptr_t d_block, st
   return b;
 }
 
+// torch BlockMask's eight arrays of grid `g` from the caller's device addresses and
+// sizes in bytes, each checked: given, int32-aligned, exactly the grid's size.
+BlockMaskArrays block_mask_arrays(const TileGrid& g, const std::vector<std::uintptr_t>& arrays,
+                                  const std::vector<std::size_t>& array_bytes) {
+  static const char* const names[8] = {"kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices",
+                                       "q_num_blocks",  "q_indices",  "full_q_num_blocks",  "full_q_indices"};
+  if (arrays.size() != 8 || array_bytes.size() != 8)
+    raise(error(ErrorCode::invalid_argument, "pass the eight BlockMask arrays and their sizes in bytes, got " +
+                                                 std::to_string(arrays.size()) + " and " +
+                                                 std::to_string(array_bytes.size())));
+  const auto nq = static_cast<std::size_t>(g.q_tiles()), nk = static_cast<std::size_t>(g.k_tiles());
+  const auto slices = static_cast<std::size_t>(g.slices());
+  const std::size_t elements[8] = {slices * nq, slices * nq * nk, slices * nq, slices * nq * nk,
+                                   slices * nk, slices * nk * nq, slices * nk, slices * nk * nq};
+  std::int32_t* out[8] = {};
+  for (std::size_t i = 0; i < 8; ++i) {
+    const std::string name = names[i];
+    if (arrays[i] == 0) raise(error(ErrorCode::invalid_argument, name + " is null"));
+    if (arrays[i] % alignof(std::int32_t) != 0)
+      raise(error(ErrorCode::misaligned_pointer, name + " is not aligned to int32 (4 bytes)"));
+    if (array_bytes[i] != elements[i] * sizeof(std::int32_t))
+      raise(error(ErrorCode::invalid_argument, name + " holds " + std::to_string(array_bytes[i]) +
+                                                   " bytes; this grid needs " + std::to_string(elements[i]) +
+                                                   " int32 (" + std::to_string(elements[i] * 4) + " bytes)"));
+    out[i] = reinterpret_cast<std::int32_t*>(arrays[i]);
+  }
+  return {out[0], out[1], out[2], out[3], out[4], out[5], out[6], out[7]};
+}
+
 // Runs `work` with `device` current (the stream belongs to the tensor's device; launches
 // go to the current one), the GIL released, and the previous device restored.
 template <class Work>
@@ -219,29 +248,7 @@ NB_MODULE(_cuda, m) {
           raise(error(ErrorCode::invalid_argument, "host head buffer holds " + std::to_string(head_bytes) +
                                                        " bytes; this view's block copies " +
                                                        std::to_string(b.head_bytes())));
-        static const char* const names[8] = {"kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices",
-                                             "q_num_blocks",  "q_indices",  "full_q_num_blocks",  "full_q_indices"};
-        if (arrays.size() != 8 || array_bytes.size() != 8)
-          raise(error(ErrorCode::invalid_argument, "pass the eight BlockMask arrays and their sizes in bytes, got " +
-                                                       std::to_string(arrays.size()) + " and " +
-                                                       std::to_string(array_bytes.size())));
-        const auto nq = static_cast<std::size_t>(g.q_tiles()), nk = static_cast<std::size_t>(g.k_tiles());
-        const auto slices = static_cast<std::size_t>(g.slices());
-        const std::size_t elements[8] = {slices * nq, slices * nq * nk, slices * nq, slices * nq * nk,
-                                         slices * nk, slices * nk * nq, slices * nk, slices * nk * nq};
-        std::int32_t* out[8] = {};
-        for (std::size_t i = 0; i < 8; ++i) {
-          const std::string name = names[i];
-          if (arrays[i] == 0) raise(error(ErrorCode::invalid_argument, name + " is null"));
-          if (arrays[i] % alignof(std::int32_t) != 0)
-            raise(error(ErrorCode::misaligned_pointer, name + " is not aligned to int32 (4 bytes)"));
-          if (array_bytes[i] != elements[i] * sizeof(std::int32_t))
-            raise(error(ErrorCode::invalid_argument,
-                        name + " holds " + std::to_string(array_bytes[i]) + " bytes; this view's grid needs " +
-                            std::to_string(elements[i]) + " int32 (" + std::to_string(elements[i] * 4) + " bytes)"));
-          out[i] = reinterpret_cast<std::int32_t*>(arrays[i]);
-        }
-        const BlockMaskArrays d_block_mask{out[0], out[1], out[2], out[3], out[4], out[5], out[6], out[7]};
+        const BlockMaskArrays d_block_mask = block_mask_arrays(g, arrays, array_bytes);
         auto* base = reinterpret_cast<std::uint8_t*>(d_block);
         const cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
         Status st = on_device(device, [&]() -> Status {
@@ -269,6 +276,36 @@ NB_MODULE(_cuda, m) {
       "contiguous over the grid query_runs_tiles() gives, with its size in bytes) written on the device. Returns the "
       "run count; copy_rest() (with the same block) brings runs past the first copy. Every argument is checked "
       "before any CUDA call.");
+
+  // torch BlockMask's eight arrays from tile states already on the device (a host tile
+  // summary's states copied over: masklens._run.block_mask_from_tiles), no host writer.
+  m.def(
+      "write_block_mask",
+      [](std::uintptr_t d_states, std::size_t states_bytes, const std::vector<std::int64_t>& grid,
+         const std::vector<std::uintptr_t>& arrays, const std::vector<std::size_t>& array_bytes, std::uintptr_t stream,
+         int device) {
+        if (grid.size() != 8)
+          raise(error(ErrorCode::invalid_argument,
+                      "grid is [batch, heads, q_len, k_len, block_q, block_k, distinct_batch, distinct_heads], got " +
+                          std::to_string(grid.size()) + " values"));
+        const TileGrid g = take(make_tile_grid(grid[0], grid[1], grid[2], grid[3], TileSize{grid[4], grid[5]},
+                                               grid[6], grid[7]));
+        if (d_states == 0) raise(error(ErrorCode::invalid_argument, "states is null"));
+        if (states_bytes != static_cast<std::size_t>(g.tiles()))
+          raise(error(ErrorCode::invalid_argument, "states hold " + std::to_string(states_bytes) +
+                                                       " bytes; this grid has " + std::to_string(g.tiles()) + " tiles"));
+        const BlockMaskArrays out = block_mask_arrays(g, arrays, array_bytes);
+        const cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
+        Status st = on_device(device, [&] {
+          return gpu::write_block_mask(g, reinterpret_cast<const TileState*>(d_states), out, s);
+        });
+        if (!st.ok()) raise(st);
+      },
+      "states"_a, "states_bytes"_a, "grid"_a, "arrays"_a, "array_bytes"_a, "stream"_a, "device"_a,
+      "Writes torch BlockMask's eight int32 arrays (device addresses and sizes in bytes, in scan_runs_tiles()' order) "
+      "from one uint8 TileState per tile of the grid [batch, heads, q_len, k_len, block_q, block_k, distinct_batch, "
+      "distinct_heads] at `states` (device memory), on `stream`: one kernel, no synchronisation. Every argument is "
+      "checked before any CUDA call.");
 
   m.def(
       "copy_rest",

@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -388,6 +389,56 @@ TEST_CASE("device tiles: two-phase into the caller's arrays on the caller's stre
     REQUIRE_CUDA(cudaGraphDestroy(graph));
   }
   REQUIRE_CUDA(cudaStreamDestroy(stream));
+}
+
+TEST_CASE("device tiles: write_block_mask from states the caller has equals block_mask_tensors, any subset of arrays") {
+  Rng rng(test_seed(1407));
+  const int n = cases(300);
+  for (int c = 0; c < n; ++c) {
+    // Random grids: ragged and whole tiles, long lines (more tiles than a warp's chunk),
+    // broadcast and distinct slices, every mix of states.
+    const std::int64_t B = uniform(rng, 1, 3), H = uniform(rng, 1, 3);
+    const TileSize size{uniform(rng, 1, 4) * 32, uniform(rng, 1, 4) * 32};
+    const std::int64_t Q = uniform(rng, 1, c % 10 == 0 ? 40000 : 3000), K = uniform(rng, 1, c % 7 == 0 ? 40000 : 3000);
+    auto grid = make_tile_grid(B, H, Q, K, size, coin(rng, 0.5) ? 1 : B, coin(rng, 0.5) ? 1 : H);
+    REQUIRE(grid.ok());
+    auto summary = TileSummary::for_grid(*grid);
+    REQUIRE(summary.ok());
+    const double p_partial = static_cast<double>(uniform(rng, 0, 10)) / 10, p_full = static_cast<double>(uniform(rng, 0, 10)) / 10;
+    for (TileState& st : summary->states)
+      st = coin(rng, p_partial) ? TileState::partial : coin(rng, p_full) ? TileState::full : TileState::empty;
+    auto want = block_mask_tensors(*summary);
+    REQUIRE(want.ok());
+    const auto tiles = static_cast<std::size_t>(grid->tiles());
+    DeviceBuffer d_states(tiles);
+    REQUIRE_CUDA(cudaMemcpy(d_states.get(), summary->states.data(), tiles, cudaMemcpyHostToDevice));
+    std::vector<std::unique_ptr<DeviceBuffer>> buffers;
+    BlockMaskArrays out;
+    std::int32_t** slots[] = {&out.kv_num_blocks, &out.kv_indices, &out.full_kv_num_blocks, &out.full_kv_indices,
+                              &out.q_num_blocks,  &out.q_indices,  &out.full_q_num_blocks,  &out.full_q_indices};
+    const bool every = c % 2 == 0;  // else a random subset (a null array is skipped)
+    bool any = false;
+    for (std::size_t i = 0; i < std::size(kBlockMaskFields); ++i) {
+      if (!every && coin(rng, 0.5) && (any || i + 1 < std::size(kBlockMaskFields))) continue;
+      const std::size_t bytes = want->values(kBlockMaskFields[i]).size() * sizeof(std::int32_t);
+      buffers.push_back(std::make_unique<DeviceBuffer>(bytes));
+      REQUIRE_CUDA(cudaMemset(buffers.back()->get(), 0xff, bytes));  // leftovers must not pass for results
+      *slots[i] = buffers.back()->get<std::int32_t>();
+      any = true;
+    }
+    const Status st = gpu::write_block_mask(*grid, d_states.get<TileState>(), out);
+    REQUIRE_MESSAGE(st.ok(), st.to_string());
+    REQUIRE_CUDA(cudaDeviceSynchronize());
+    for (std::size_t i = 0; i < std::size(kBlockMaskFields); ++i) {
+      if (*slots[i] == nullptr) continue;
+      const std::vector<std::int32_t>& expected = want->values(kBlockMaskFields[i]);
+      std::vector<std::int32_t> got(expected.size());
+      REQUIRE_CUDA(cudaMemcpy(got.data(), *slots[i], got.size() * 4, cudaMemcpyDeviceToHost));
+      REQUIRE_MESSAGE(got == expected, to_string(kBlockMaskFields[i]) << " differs, grid " << B << "x" << H << "x" << Q
+                                                                      << "x" << K << " tiles " << text(size));
+    }
+  }
+  MESSAGE("write_block_mask == block_mask_tensors on " << n << " grids");
 }
 
 TEST_CASE("device tiles: NaN in a device mask names the row, in a host mask the element, the two-phase spans flag it") {

@@ -446,6 +446,50 @@ def test_device_block_mask_equals_create_block_mask(name, monkeypatch):
     assert torch.equal(fa.create_mask(ours.mask_mod, B, H, Q, K, device="cpu"), m)
 
 
+class FakeWriterCuda:
+    """masklens._cuda's write_block_mask for host memory: checks what
+    device_block_mask_tensors() hands it (the summary's states, the grid, the eight
+    arrays in torch's field order and their sizes) and writes masklens' host tensors."""
+
+    def __init__(self, tiles):
+        self.tiles, self.host, self.calls = tiles, tiles.block_mask(), []
+
+    def write_block_mask(self, states, states_bytes, grid, arrays, array_bytes, stream, device):
+        t = self.tiles
+        self.calls.append(dict(grid=list(grid), stream=stream, device=device))
+        assert ctypes.string_at(states, states_bytes) == t.states.tobytes()
+        for name, address, nbytes in zip(TILE_FIELDS, arrays, array_bytes):
+            want = np.ascontiguousarray(getattr(self.host, name))
+            assert nbytes == want.nbytes and address % 16 == 0, name
+            ctypes.memmove(address, want.ctypes.data, nbytes)
+
+
+@pytest.mark.parametrize("name", list(tile_masks()))
+@pytest.mark.parametrize("size", [(16, 16), (32, 8)])
+def test_block_mask_tensors_written_on_the_device_from_host_tiles(name, size, monkeypatch):
+    """device_block_mask_tensors(): a host tile summary's states cross once, the writer
+    gets the grid [B, H, Q, K, block_q, block_k, B', H'] and eight 16-byte-aligned views
+    of one allocation, and the tensors are the host writer's, with its shapes."""
+    m = tile_masks()[name]
+    _, tiles = _core.scan_with_tiles(m, size[0], size[1], -1000.0)
+    fake = FakeWriterCuda(tiles)
+    monkeypatch.setattr(_cache, "_cuda", fake)
+    monkeypatch.setattr(_cache, "_stream_of", lambda device: 777)
+    assert _cache.has_device_writer()
+    arrays = _cache.device_block_mask_tensors(tiles, "cpu")
+    B, H, Q, K = m.shape
+    db, dh = tiles.shape[:2]
+    assert fake.calls == [dict(grid=[B, H, Q, K, size[0], size[1], db, dh], stream=777, device=0)]
+    assert list(arrays) == TILE_FIELDS
+    for field in TILE_FIELDS:
+        want = getattr(fake.host, field)
+        assert arrays[field].dtype == torch.int32 and arrays[field].is_contiguous()
+        assert tuple(arrays[field].shape) == want.shape, field
+        assert np.array_equal(arrays[field].numpy(), want), field
+    # One allocation: every view shares one storage.
+    assert len({arrays[f].untyped_storage().data_ptr() for f in TILE_FIELDS}) == 1
+
+
 def test_device_tile_scan_brings_runs_past_the_first_copy(monkeypatch):
     """Runs past the head come with copy_rest() told the tile scan's layout."""
     i, j = rows_cols(300, 16)
@@ -469,6 +513,34 @@ def test_device_tiles_are_used_only_where_the_module_has_them(monkeypatch):
     assert not _cache.has_device_tiles()  # an older _cuda: block_mask() and flex keep today's paths
     monkeypatch.setattr(_cache, "_cuda", FakeTileCuda(torch.ones(1, 1, 4, 4, dtype=torch.bool), (4, 4)))
     assert _cache.has_device_tiles()
+
+
+@needs_module
+def test_block_mask_writer_arguments_are_checked_before_any_cuda_call():
+    from masklens import _cuda
+    grid = [2, 3, 40, 24, 16, 8, 1, 3]  # 3 x 3 tiles, stride-0 batch
+    n = {"kv_num_blocks": 9, "kv_indices": 27, "q_num_blocks": 9, "q_indices": 27}
+    nbytes = [4 * n[f.replace("full_", "")] for f in TILE_FIELDS]
+    ptrs = [1 << 20] * 8
+
+    def call(**kw):
+        a = dict(states=1 << 24, states_bytes=27, grid=grid, arrays=ptrs, array_bytes=nbytes, stream=0, device=0)
+        a.update(kw)
+        return _cuda.write_block_mask(**a)
+    with pytest.raises(masklens.MaskError, match=r"^invalid_argument: grid is \[batch, heads, q_len, k_len"):
+        call(grid=grid[:6])
+    with pytest.raises(masklens.MaskError, match=r"^invalid_argument: tile size k \(block_k\) must be in"):
+        call(grid=grid[:5] + [0] + grid[6:])
+    with pytest.raises(masklens.MaskError, match=r"^invalid_argument: tile grid distinct_heads must be 1 or heads"):
+        call(grid=grid[:7] + [2])
+    with pytest.raises(masklens.MaskError, match="^invalid_argument: states is null"):
+        call(states=0)
+    with pytest.raises(masklens.MaskError, match="^invalid_argument: states hold 26 bytes; this grid has 27 tiles"):
+        call(states_bytes=26)
+    with pytest.raises(masklens.MaskError, match="^invalid_argument: q_num_blocks is null"):
+        call(arrays=ptrs[:4] + [0] + ptrs[5:])
+    with pytest.raises(masklens.MaskError, match=r"^invalid_argument: kv_indices holds 4 bytes; this grid needs 27"):
+        call(array_bytes=nbytes[:1] + [4] + nbytes[2:])
 
 
 @needs_module
@@ -502,7 +574,7 @@ def test_tile_scan_arguments_are_checked_before_any_cuda_call():
         call(arrays=ptrs[:3] + [0] + ptrs[4:])
     with pytest.raises(masklens.MaskError, match=r"^misaligned_pointer: q_indices is not aligned to int32"):
         call(arrays=ptrs[:5] + [(1 << 20) + 2] + ptrs[6:])
-    with pytest.raises(masklens.MaskError, match=r"^invalid_argument: kv_indices holds 4 bytes; this view's grid "
+    with pytest.raises(masklens.MaskError, match=r"^invalid_argument: kv_indices holds 4 bytes; this grid "
                                                  r"needs 18 int32 \(72 bytes\)"):
         call(array_bytes=nbytes[:1] + [4] + nbytes[2:])
     with pytest.raises(masklens.MaskError, match="^invalid_argument: host head buffer is null"):

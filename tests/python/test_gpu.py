@@ -422,6 +422,30 @@ def test_device_block_mask_equals_create_block_mask_and_host_tiles(name):
 
 
 @needs_device_tiles
+@pytest.mark.parametrize("seed", range(6))
+def test_block_mask_written_on_the_device_from_host_tiles_equals_the_host_writer(seed):
+    """A host tile summary's BlockMask tensors written on the GPU (its states copied over,
+    masklens._cuda.write_block_mask) equal the host writer's, every field, broadcast dims
+    and ragged tiles included, and lines longer than a warp's chunk (over 256 tiles)."""
+    from masklens import _cache, _core
+    g = torch.Generator().manual_seed(seed)
+    B, H = (1, 1) if seed % 2 else (2, 3)
+    Q, K = [(300, 9000), (9000, 257), (513, 513), (40, 40000), (1000, 1000), (129, 4097)][seed]
+    bq, bk = [(16, 32), (32, 16), (64, 64), (32, 128), (128, 128), (8, 16)][seed]
+    nq, nk = -(-Q // bq), -(-K // bk)
+    tile_on = torch.rand(1 if seed % 3 == 0 else B, H, nq, nk, generator=g) < 0.4
+    mask = tile_on.repeat_interleave(bq, 2).repeat_interleave(bk, 3)[:, :, :Q, :K]
+    mask = mask & (torch.rand(mask.shape, generator=g) < 0.999)  # some tiles partial
+    mask = mask.expand(B, H, Q, K)
+    _, tiles = _core.scan_with_tiles(mask, bq, bk, -1000.0)
+    ours = _cache.device_block_mask_tensors(tiles, DEV)
+    host = tiles.block_mask()
+    for f in BM_FIELDS:
+        assert ours[f].device.type == "cuda" and ours[f].dtype == torch.int32, f
+        assert torch.equal(ours[f].cpu(), torch.from_numpy(getattr(host, f))), f
+
+
+@needs_device_tiles
 def test_device_block_mask_of_an_exact_structure_comes_from_its_fields():
     import masklens.torch as mt
     from torch.nn.attention.flex_attention import create_block_mask

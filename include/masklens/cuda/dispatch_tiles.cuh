@@ -7,10 +7,10 @@
 //      per-k-tile counters; after a unit the block adds the counters into the q tile's
 //      64-bit counts (temporary storage, zeroed before the scan);
 //   2. torch's BlockMask: a warp per q tile (its row of k tiles) and a warp per k tile
-//      (its column of q tiles) turns the counts into states (TileGrid::state_of) and
-//      writes the tiles of each state in ascending order, then the others in ascending
-//      order: what write_kv_row / write_q_column write (tile_grid.hpp), with ballots in
-//      place of their loops.
+//      (its column of q tiles) turns the counts into states (TileGrid::state_of), or
+//      reads states the caller has (write_block_mask), and writes the tiles of each
+//      state in ascending order, then the others in ascending order: what write_kv_row
+//      / write_q_column write (tile_grid.hpp), with ballots in place of their loops.
 // Launched with cudaLaunchKernelEx (its result is the launch's own status: the caller's
 // CUDA "last error" is neither read nor cleared).
 #pragma once
@@ -253,10 +253,29 @@ __device__ void write_line(std::int64_t n, StateOf state, std::int32_t* part_cou
   }
 }
 
+// Where the writer takes each tile's state from: the scan's 64-bit counts, or states the
+// caller has (a host tile summary copied over, say).
+struct StatesFromCounts {
+  TileGrid g;
+  const unsigned long long* counts;
+  __device__ __forceinline__ TileState operator()(std::int64_t slice, std::int64_t qt, std::int64_t kt) const {
+    return g.state_of(qt, kt, static_cast<std::int64_t>(counts[g.tile_index(slice, qt, kt)]));
+  }
+};
+
+struct StatesGiven {
+  TileGrid g;
+  const TileState* states;
+  __device__ __forceinline__ TileState operator()(std::int64_t slice, std::int64_t qt, std::int64_t kt) const {
+    return states[g.tile_index(slice, qt, kt)];
+  }
+};
+
 // Warps [0, slices x q_tiles) write the kv side (and the states, if asked), the next
-// slices x k_tiles warps the q side; each computes its tiles' states from the counts.
+// slices x k_tiles warps the q side; each takes its tiles' states from `source`.
+template <class Source>
 __global__ void __launch_bounds__(kBlockMaskThreads)
-    block_mask_kernel(TileGrid g, const unsigned long long* counts, BlockMaskArrays out, TileState* states) {
+    block_mask_kernel(TileGrid g, Source source, BlockMaskArrays out, TileState* states) {
   const std::int64_t nq = g.q_tiles(), nk = g.k_tiles();
   const std::int64_t kv_lines = g.slices() * nq, lines = kv_lines + g.slices() * nk;
   const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * (kBlockMaskThreads / 32);
@@ -264,8 +283,7 @@ __global__ void __launch_bounds__(kBlockMaskThreads)
        w += warps) {
     if (w < kv_lines) {
       const std::int64_t slice = w / nq, qt = w % nq;
-      const unsigned long long* row = counts + g.tile_index(slice, qt, 0);
-      const auto state = [&](std::int64_t kt) { return g.state_of(qt, kt, static_cast<std::int64_t>(row[kt])); };
+      const auto state = [&](std::int64_t kt) { return source(slice, qt, kt); };
       write_line(nk, state, out.kv_num_blocks ? out.kv_num_blocks + w : nullptr,
                  out.kv_indices ? out.kv_indices + w * nk : nullptr,
                  out.full_kv_num_blocks ? out.full_kv_num_blocks + w : nullptr,
@@ -273,10 +291,7 @@ __global__ void __launch_bounds__(kBlockMaskThreads)
                  states ? states + g.tile_index(slice, qt, 0) : nullptr, 1);
     } else {
       const std::int64_t column = w - kv_lines, slice = column / nk, kt = column % nk;
-      const unsigned long long* first = counts + g.tile_index(slice, 0, kt);
-      const auto state = [&](std::int64_t qt) {
-        return g.state_of(qt, kt, static_cast<std::int64_t>(first[qt * nk]));
-      };
+      const auto state = [&](std::int64_t qt) { return source(slice, qt, kt); };
       write_line(nq, state, out.q_num_blocks ? out.q_num_blocks + column : nullptr,
                  out.q_indices ? out.q_indices + column * nq : nullptr,
                  out.full_q_num_blocks ? out.full_q_num_blocks + column : nullptr,
@@ -285,9 +300,11 @@ __global__ void __launch_bounds__(kBlockMaskThreads)
   }
 }
 
-// Enqueues the BlockMask writer over the counts of grid `g`; the launch's own status.
-inline cudaError_t launch_block_mask(const TileGrid& g, const unsigned long long* counts, const BlockMaskArrays& out,
-                                     TileState* states, cudaStream_t stream) {
+// Enqueues the BlockMask writer over grid `g` with states from `source` (states_out: where
+// to store them too, or null); the launch's own status.
+template <class Source>
+cudaError_t launch_block_mask(const TileGrid& g, const Source& source, const BlockMaskArrays& out,
+                              TileState* states_out, cudaStream_t stream) {
   const std::int64_t lines = g.slices() * (g.q_tiles() + g.k_tiles());
   const std::int64_t blocks = (lines + kBlockMaskThreads / 32 - 1) / (kBlockMaskThreads / 32);
   constexpr std::int64_t kMaxBlocks = std::int64_t{1} << 20;
@@ -295,7 +312,7 @@ inline cudaError_t launch_block_mask(const TileGrid& g, const unsigned long long
   config.blockDim = dim3(kBlockMaskThreads);
   config.gridDim = dim3(static_cast<unsigned>(blocks < kMaxBlocks ? blocks : kMaxBlocks));
   config.stream = stream;
-  return cudaLaunchKernelEx(&config, block_mask_kernel, g, counts, out, states);
+  return cudaLaunchKernelEx(&config, block_mask_kernel<Source>, g, source, out, states_out);
 }
 
 }  // namespace masklens::gpu::detail

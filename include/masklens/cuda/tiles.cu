@@ -56,6 +56,17 @@ std::size_t entries(const TileGrid& g, BlockMaskField f) {
 }
 
 std::string field_name(BlockMaskField f) { return "d_block_mask." + std::string(to_string(f)); }
+// The BlockMask arrays' alignment; `any` set where one is given.
+Status check_arrays(const BlockMaskArrays& arrays, bool& any) {
+  for (const BlockMaskField f : kBlockMaskFields) {
+    const std::int32_t* p = field(arrays, f);
+    if (p == nullptr) continue;
+    any = true;
+    if (!aligned(p, alignof(std::int32_t)))
+      return error(ErrorCode::misaligned_pointer, field_name(f) + " is not aligned to int32 (4 bytes)");
+  }
+  return {};
+}
 
 // The first row flagged NaN / +inf, as an error naming it (scan()'s words); ok if none.
 Status first_invalid_row(const SpanTable& table, const MaskView* host_view) {
@@ -196,13 +207,7 @@ Status scan_spans_tiles(void* d_temp_storage, std::size_t& temp_storage_bytes, c
   if (d_rows == nullptr) return error(ErrorCode::invalid_argument, "d_rows is null");
   if (!aligned(d_rows, alignof(RowSpan))) return error(ErrorCode::misaligned_pointer, "d_rows is not aligned to RowSpan");
   bool any_output = d_states != nullptr;
-  for (const BlockMaskField f : kBlockMaskFields) {
-    const std::int32_t* p = field(d_block_mask, f);
-    if (p == nullptr) continue;
-    any_output = true;
-    if (!aligned(p, alignof(std::int32_t)))
-      return error(ErrorCode::misaligned_pointer, field_name(f) + " is not aligned to int32 (4 bytes)");
-  }
+  if (Status st = check_arrays(d_block_mask, any_output); !st.ok()) return st;
   if (!any_output)
     return error(ErrorCode::invalid_argument,
                  "no tile output: every d_block_mask pointer is null and d_states is null (scan_spans() scans spans alone)");
@@ -213,9 +218,24 @@ Status scan_spans_tiles(void* d_temp_storage, std::size_t& temp_storage_bytes, c
     st = check(detail::dispatch_scan_tiles(device_view, g, d_rows, counts, stream),
                "cudaLaunchKernelEx(tile scan kernel)");
   if (st.ok())
-    st = check(detail::launch_block_mask(g, counts, d_block_mask, d_states, stream),
+    st = check(detail::launch_block_mask(g, detail::StatesFromCounts{g, counts}, d_block_mask, d_states, stream),
                "cudaLaunchKernelEx(BlockMask kernel)");
   return st;
+}
+
+Status write_block_mask(const TileGrid& grid, const TileState* d_states, const BlockMaskArrays& d_block_mask,
+                        Stream stream) {
+  Result<TileGrid> checked = make_tile_grid(grid.batch, grid.heads, grid.q_len, grid.k_len,
+                                            TileSize{grid.block_q, grid.block_k}, grid.distinct_batch,
+                                            grid.distinct_heads);
+  if (!checked) return checked.status();
+  if (d_states == nullptr) return error(ErrorCode::invalid_argument, "d_states is null");
+  bool any_output = false;
+  if (Status st = check_arrays(d_block_mask, any_output); !st.ok()) return st;
+  if (!any_output) return error(ErrorCode::invalid_argument, "no BlockMask array: every d_block_mask pointer is null");
+  return check(detail::launch_block_mask(*checked, detail::StatesGiven{*checked, d_states}, d_block_mask, nullptr,
+                                         stream),
+               "cudaLaunchKernelEx(BlockMask kernel)");
 }
 
 Result<TileScan> scan_with_tiles(const MaskView& device_view, TileSize size, Stream stream) {

@@ -55,6 +55,17 @@ namespace masklens::gpu {
                                       const BlockMaskArrays& d_block_mask, TileState* d_states = nullptr,
                                       Stream stream = nullptr);
 
+// torch BlockMask's eight int32 arrays (laid out as scan_spans_tiles() writes them; a
+// null pointer is skipped) written on the device from tile states the caller has there:
+// d_states holds grid.tiles() TileStates, [slice][q tile][k tile], as TileSummary::states
+// (tiles_from_structure() gives an exact structure's without reading a mask: copy them
+// over and the BlockMask needs no host writer). `grid` as make_tile_grid() makes it.
+// Enqueues one kernel on `stream`: no allocation, no synchronisation. Errors, before any
+// CUDA call: the grid invalid (make_tile_grid's words), d_states null, every array
+// null, an array off int32 alignment.
+[[nodiscard]] Status write_block_mask(const TileGrid& grid, const TileState* d_states,
+                                      const BlockMaskArrays& d_block_mask, Stream stream = nullptr);
+
 // A mask's spans, tiles and BlockMask tensors, on the host, from one device pass.
 struct TileScan {
   SpanTable spans;              // scan()'s, row for row

@@ -31,6 +31,8 @@ Status scan_spans_tiles(void* d_temp_storage, std::size_t& temp_storage_bytes, c
   return {};
 }
 
+Status write_block_mask(const TileGrid&, const TileState*, const BlockMaskArrays&, Stream) { return without_cuda(); }
+
 Result<TileScan> scan_with_tiles(const MaskView&, TileSize, Stream) { return without_cuda(); }
 
 Result<TileScan> scan_host_mask_with_tiles(const MaskView&, TileSize, std::int64_t, Stream) { return without_cuda(); }
