@@ -308,8 +308,14 @@ def llama(report):
 def flex_part(part):
     """One side of the flex case, in a process of its own (the first call is a process's
     first compile): "own" times a user's own compiled flex_attention, "dropin" the
-    drop-in with only FlexAttention available. Prints one JSON line of wall ms."""
+    drop-in with only FlexAttention available. Prints one JSON line of wall ms.
+
+    Both sides' first forward holds the same steps, timed alike: the `torch.compile(...)`
+    call (it imports Dynamo and Inductor: most of a second), the BlockMask (own:
+    create_block_mask; drop-in: environment, scan, decide and masklens' BlockMask) and
+    the call, whose Dynamo frame compile is read from torch._dynamo's own timers."""
     import torch._inductor.config as inductor_config
+    from torch._dynamo.utils import compilation_time_metrics, counters
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     from masklens import _env
@@ -326,6 +332,21 @@ def flex_part(part):
 
     def mod(b, h, qi, ki):
         return (ki <= qi) & (qi - ki < W)
+
+    phases = {}  # ms spent in each step of the first forward
+
+    def timing(name, fn):
+        def run(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                phases[name] = phases.get(name, 0.0) + (time.perf_counter() - t0) * 1e3
+        return run
+
+    # The drop-in makes its torch.compile wrapper on its first flex call; the own side
+    # makes it in its first call too, so that both first calls import Dynamo and Inductor.
+    torch.compile = timing("torch.compile() call", torch.compile)
 
     def wall_ms(fn):
         if DEV == "cuda":
@@ -344,11 +365,22 @@ def flex_part(part):
     def warm(make_out):
         return timed(grads_of(make_out, (q, k, v), go) if training else make_out)
 
+    def frame_compile_ms():
+        return sum(compilation_time_metrics.get("_compile.compile_inner", [])) * 1e3
+
     result = {"L": L, "window": W, "training": training}
     if part == "own":
-        own = torch.compile(flex_attention, dynamic=False)
+        compiled = []
+
+        def own(*args, **kwargs):
+            if not compiled:
+                compiled.append(torch.compile(flex_attention, dynamic=False))
+            return compiled[0](*args, **kwargs)
+        block_mask_of = timing("BlockMask (create_block_mask)", create_block_mask)
         result["first_fwd_ms"], result["first_bwd_ms"] = first(
-            lambda: own(q, k, v, block_mask=create_block_mask(mod, None, None, L, L, device=DEV)))
+            lambda: own(q, k, v, block_mask=block_mask_of(mod, None, None, L, L, device=DEV)))
+        result["fwd_frame_compile_ms"] = frame_compile_ms()
+        result["phases_ms"] = dict(phases)
         result["new_mask_ms"] = sum(first(lambda: own(q, k, v, block_mask=create_block_mask(
             mod, None, None, L, L, device=DEV))))
         block_mask = create_block_mask(mod, None, None, L, L, device=DEV)
@@ -357,8 +389,12 @@ def flex_part(part):
         real_environment = _env.environment
         # Only flex offered (sm 90 claimed on a CPU smoke run, where flex is otherwise refused).
         only_flex = {"available": {"flex"}, **({} if DEV == "cuda" else {"sm": 90})}
-        _env.environment = lambda *a, **kw: real_environment(*a, **{**kw, **only_flex})
+        _env.environment = timing("environment", lambda *a, **kw: real_environment(*a, **{**kw, **only_flex}))
+        _run.flex_block_mask = timing("BlockMask (masklens tiles)", _run.flex_block_mask)
         result["first_fwd_ms"], result["first_bwd_ms"] = first(lambda: dropin(q, k, v, attn_mask=mask))
+        result["fwd_frame_compile_ms"] = frame_compile_ms()
+        step = masklens.last_timing()
+        result["phases_ms"] = {**phases, **{k: step[k] for k in ("scan_ms", "classify_ms", "decide_ms")}}
         policy, verdict = masklens.torch.inspect(q, k, v, mask)
         result["backend"], result["structure"] = policy.backend, verdict.structure.describe()
         fresh = mask.clone()  # a new tensor, the same structure: a scan and a BlockMask, nothing compiled
@@ -366,6 +402,10 @@ def flex_part(part):
         before = masklens.scan_count()
         result["warm_ms"] = warm(lambda: dropin(q, k, v, attn_mask=fresh))
         result["scans_when_cached"] = masklens.scan_count() - before
+    # Dynamo frames compiled and graphs made over the whole run (first call, new mask,
+    # warm calls): one each where nothing recompiled.
+    result["frames_compiled"] = counters["frames"]["ok"]
+    result["graphs"] = counters["stats"]["unique_graphs"]
     print("FLEX_PART " + json.dumps(result), flush=True)
 
 
@@ -387,11 +427,11 @@ def flex(report):
     own, ml = parts["own"], parts["dropin"]
     assert ml["backend"] == "torch.flex_attention", ml["backend"]
     both = " + backward" if ml["training"] else ""
-    own_first = "own compiled flex_attention: first call, forward (BlockMask + compile)"
+    own_first = "own compiled flex_attention: first call, forward (torch.compile() + BlockMask + compile)"
     rows = {
         own_first: {"ms": own["first_fwd_ms"]},
-        "drop-in: first call, forward (scan + decide + BlockMask + compile)": {"ms": ml["first_fwd_ms"],
-                                                                              "baseline": own_first},
+        "drop-in: first call, forward (torch.compile() + scan + decide + BlockMask + compile)": {
+            "ms": ml["first_fwd_ms"], "baseline": own_first},
     }
     if ml["training"]:
         own_bwd = "own compiled flex_attention: first backward (compile)"
@@ -403,11 +443,27 @@ def flex(report):
     rows[f"own compiled flex_attention: warm, forward{both}"] = {"ms": own["warm_ms"]}
     rows[f"drop-in: warm (cached), forward{both}"] = {"ms": ml["warm_ms"],
                                                     "baseline": f"own compiled flex_attention: warm, forward{both}"}
+    # The first forward split into its steps (the rest: the kernel's run, guards, Python).
+    split = {}
+    for side, r in (("own", own), ("drop-in", ml)):
+        steps = {**r["phases_ms"], "Dynamo frame compile (trace + AOT + Inductor)": r["fwd_frame_compile_ms"]}
+        steps["rest"] = r["first_fwd_ms"] - sum(v for n, v in steps.items() if n != "environment")
+        split[side] = steps
     report["flex"] = {"shape": [1, 4, ml["L"], 128], "window": ml["window"], "training": ml["training"],
-                      "structure": ml["structure"], "scans_when_cached": ml["scans_when_cached"], "rows": rows}
+                      "structure": ml["structure"], "scans_when_cached": ml["scans_when_cached"], "rows": rows,
+                      "first_forward_split_ms": split,
+                      "compiled": {side: {"frames": r["frames_compiled"], "graphs": r["graphs"]}
+                                   for side, r in (("own", own), ("drop-in", ml))}}
     table(f"flex: 1 x 4 x {ml['L']} x 128 bf16, sliding window {ml['window']}, only FlexAttention available; each "
           "side in a fresh process, Inductor's caches disabled (cold compile); first calls in wall ms", rows)
-    print(f"  decision {ml['structure']} -> {ml['backend']}; scans in warm calls: {ml['scans_when_cached']}")
+    for side, steps in split.items():
+        print(f"  first forward, {side}: " + ", ".join(f"{n} {v:.1f} ms" for n, v in steps.items()))
+    print("  (decide_ms includes the environment; the rest is the call itself past its compile)")
+    print(f"  decision {ml['structure']} -> {ml['backend']}; scans in warm calls: {ml['scans_when_cached']}; "
+          f"Dynamo frames compiled / graphs: own {own['frames_compiled']} / {own['graphs']}, "
+          f"drop-in {ml['frames_compiled']} / {ml['graphs']}")
+    assert (ml["frames_compiled"], ml["graphs"]) == (own["frames_compiled"], own["graphs"]) == (1, 1), \
+        "a side compiled flex_attention more than once"
 
 
 def main():

@@ -253,9 +253,15 @@ def mask_mod_for(structure, device, mask=None):
     d = K - Q if s.alignment == "bottom_right" else 0
     kind = s.kind
     W, C, P = s.window, max(s.chunk, 1), s.prefix
-    blocks = torch.full((max(K, Q + d, 1),), -1, device=device, dtype=torch.int32)
-    for n, (start, end) in enumerate(s.blocks):
-        blocks[start:end] = n
+    # The closure holds Python ints, and a tensor only for a rule or modifier that reads
+    # one: torch.compile traces exactly the terms the structure has (no dead clamp, no
+    # `+ 0`), the graph a hand-written mask_mod of the same rule gives.
+    blocks = None
+    if kind == "causal_blocks":
+        blocks = torch.full((max(K, Q + d, 1),), -1, device=device, dtype=torch.int32)
+        for n, (start, end) in enumerate(s.blocks):
+            blocks[start:end] = n
+    last_block = blocks.shape[0] - 1 if blocks is not None else 0
     docs = None
     if s.segments is not None:
         # Row q's document: how many document starts (offsets past 0) are <= q, as a
@@ -271,14 +277,13 @@ def mask_mod_for(structure, device, mask=None):
     docs_batch = docs is not None and docs.shape[0] > 1
     kv_batch = kv is not None and kv.shape[0] > 1
     qv_batch = qv is not None and qv.shape[0] > 1
-    last_block = blocks.shape[0] - 1
 
     def mask_mod(b, h, qi, ki):
         # create_block_mask evaluates whole tiles: indices past Q or K reach here when a
         # length is not a multiple of the block. Lookups use clamped indices (flex masks
-        # those positions itself); comparisons use the real ones.
-        qc, kc = qi.clamp(max=Q - 1), ki.clamp(max=K - 1)
-        p = qi + d
+        # those positions itself); comparisons use the real ones. The branches test
+        # Python values: a trace keeps only the structure's own terms.
+        p = qi + d if d else qi
         if kind == "full":
             ok = ki >= 0
         elif kind == "causal":
@@ -290,10 +295,11 @@ def mask_mod_for(structure, device, mask=None):
         elif kind == "prefix_lm":
             ok = (ki <= p) | (ki < P)
         else:  # causal_blocks: p's block, when p lies in one
+            kc = ki.clamp(max=K - 1)
             ok = (ki <= p) | ((blocks[kc] >= 0) & (blocks[kc] == blocks[p.clamp(min=0, max=last_block)]) & (p >= 0))
         if docs is not None:
             db = b if docs_batch else 0
-            ok = ok & (docs[db, qc] == docs[db, kc])
+            ok = ok & (docs[db, qi.clamp(max=Q - 1)] == docs[db, ki.clamp(max=K - 1)])
         if kv is not None:
             kb = b if kv_batch else 0
             ok = ok & (ki >= kv[kb, 0]) & (ki < kv[kb, 1])

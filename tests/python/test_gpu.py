@@ -490,3 +490,37 @@ def test_drop_in_flex_on_a_block_sparse_cuda_mask_uses_device_tiles(shape, monke
     g2 = torch.autograd.grad((ref * w).sum(), (q, k, v))
     for a, b in zip(g1, g2):
         assert_close(a.float(), b.float(), 5e-2 * max(1.0, b.abs().max().item()))
+
+
+def test_drop_in_compiles_flex_once_forward_and_backward(monkeypatch):
+    """Compiled FlexAttention (Inductor) in training: the first call compiles one Dynamo
+    frame; its backward, a new mask tensor of the same structure (new BlockMask, new
+    mask_mod closure) and cached calls compile no other frame, and the result matches the
+    dense reference forward and backward."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+    from masklens import _env
+    real = _env.environment
+    monkeypatch.setattr(_env, "environment", lambda *a, **kw: real(*a, **{**kw, "available": {"flex"}}))
+    mask = masks(1024)["sliding window 256"]
+    g = torch.Generator(device=DEV).manual_seed(3)
+    q, k, v = (torch.randn(2, 4, 1024, 64, device=DEV, generator=g, dtype=torch.bfloat16).requires_grad_()
+               for _ in range(3))
+    assert masklens.torch.inspect(q, k, v, mask)[0].backend == "torch.flex_attention"
+    torch._dynamo.reset()
+    counters.clear()
+    try:
+        fresh = mask.clone()
+        outs = [sdpa(q, k, v, attn_mask=m) for m in (mask, fresh, mask)]
+        ref = reference32(q, k, v, mask)
+        w = torch.randn_like(ref)
+        grads = [torch.autograd.grad((out.float() * w).sum(), (q, k, v)) for out in outs]
+        frames, graphs = counters["frames"]["ok"], counters["stats"]["unique_graphs"]
+    finally:
+        torch._dynamo.reset()  # the next user of the compiled flex compiles it again
+    assert (frames, graphs) == (1, 1), f"flex_attention compiled {frames} frames, {graphs} graphs"
+    g_ref = torch.autograd.grad((ref * w).sum(), (q, k, v))
+    for out, g_out in zip(outs, grads):
+        assert_close(out.float(), ref, 2e-2)
+        for a, b in zip(g_out, g_ref):
+            assert_close(a.float(), b.float(), 5e-2 * max(1.0, b.abs().max().item()))

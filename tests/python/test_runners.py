@@ -319,3 +319,45 @@ def test_kernel_switches_are_sdpa_kernels(backend, monkeypatch):
             assert seen[-1] == want and sdp_flags() == state
     finally:
         set_sdp_flags(start)
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize("name", ["sliding window 16", "packed documents", "left padded causal", "2-D sliding window 16"])
+def test_drop_in_compiles_flex_once_per_shape_and_structure(name, monkeypatch):
+    """The drop-in's compiled FlexAttention is traced once for a shape and structure: the
+    first call compiles one Dynamo frame, and a new mask tensor of the same structure (a
+    new BlockMask, a new mask_mod closure over new tensors) and cached calls reuse it.
+    Dynamo with backend="eager": its guards and recompiles are those of the real call,
+    without Inductor's minutes on the CPU."""
+    pytest.importorskip("torch.nn.attention.flex_attention")
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+    from masklens import _env
+    from masklens.torch import inspect, scaled_dot_product_attention as sdpa
+    real_env = _env.environment
+    monkeypatch.setattr(_env, "environment", lambda *a, **kw: real_env(*a, **{**kw, "available": {"flex"}, "sm": 90}))
+    real_compile = torch.compile
+    made = []
+
+    def compile_eager(fn, **kwargs):
+        made.append(kwargs)
+        return real_compile(fn, **{**kwargs, "backend": "eager"})
+    monkeypatch.setattr(torch, "compile", compile_eager)
+    monkeypatch.setattr(_run, "_compiled_flex", None)  # restored after the test
+    mask = MASKS[name]
+    q, k, v = qkv(2, 4, L, L, dtype=torch.float32, grad=False)  # flex has no CPU backward
+    assert inspect(q, k, v, mask)[0].backend == "torch.flex_attention"
+    torch._dynamo.reset()
+    counters.clear()
+    try:
+        fresh = mask.clone()  # a new tensor: scanned again, its own BlockMask and mask_mod
+        outs = [sdpa(q, k, v, attn_mask=m) for m in (mask, fresh, mask, fresh)]
+        frames, graphs = counters["frames"]["ok"], counters["stats"]["unique_graphs"]
+    finally:
+        torch._dynamo.reset()
+        masklens.forget(mask)  # the shared mask's entry holds its BlockMask
+    assert made == [{"dynamic": False}]  # one compiled flex_attention for the process
+    assert (frames, graphs) == (1, 1), f"flex_attention compiled {frames} frames, {graphs} graphs"
+    ref = zero_empty_rows(reference(q, k, v, mask), mask)
+    for out in outs:
+        assert_close(out, ref, 1e-5)
