@@ -408,6 +408,40 @@ TEST_CASE("bad tile input gives an error naming it") {
   CHECK_FALSE(block_mask_tensors(broken).ok());
 }
 
+TEST_CASE("tile_summary_from_states: a summary's own states round-trip; bad bytes and sizes are named") {
+  // Round trip: a scanned block-sparse summary (ragged, per head) rebuilt from its bytes.
+  Rng rng(test_seed(1408));
+  for (int c = 0; c < 20; ++c) {
+    const std::int64_t Q = uniform(rng, 1, 300), K = uniform(rng, 1, 300);
+    std::vector<std::uint8_t> data(static_cast<std::size_t>(2 * Q * K));
+    for (auto& b : data) b = coin(rng, 0.4) ? 1 : 0;
+    const std::int64_t shape[4] = {1, 2, Q, K};
+    auto v = MaskView::contiguous(data.data(), ElementType::boolean, shape);
+    REQUIRE(v.ok());
+    const TileSize size{uniform(rng, 1, 64), uniform(rng, 1, 64)};
+    auto scanned = scan_tiles(*v, size);
+    REQUIRE(scanned.ok());
+    auto rebuilt = tile_summary_from_states(scanned->grid,
+                                            reinterpret_cast<const std::uint8_t*>(scanned->states.data()),
+                                            scanned->states.size());
+    REQUIRE(rebuilt.ok());
+    CHECK(rebuilt->states == scanned->states);
+    CHECK(rebuilt->grid.tiles() == scanned->grid.tiles());
+  }
+  const TileGrid g = *make_tile_grid(1, 2, 5, 8, TileSize{4, 4}, 1, 2);  // 2 x 2 tiles a slice, q ragged
+  std::vector<std::uint8_t> states(8, 0);
+  CHECK(tile_summary_from_states(g, states.data(), 7).status().message() == "states hold 7 bytes; the grid has 8 tiles");
+  CHECK(tile_summary_from_states(g, nullptr, 8).status().message() == "states is null");
+  states[5] = 3;
+  CHECK(tile_summary_from_states(g, states.data(), 8).status().message() ==
+        "tile [1, 0, 1] (slice, q tile, k tile) holds 3; a state is 0 (empty), 1 (partial) or 2 (full)");
+  states[5] = 2;  // tile (0, 1) is whole: full is fine
+  CHECK(tile_summary_from_states(g, states.data(), 8).ok());
+  states[6] = 2;  // tile (1, 0): rows 4..4 of 5, ragged
+  CHECK(tile_summary_from_states(g, states.data(), 8).status().message() ==
+        "tile [1, 1, 0] (slice, q tile, k tile) holds 2, full, but the tile is ragged");
+}
+
 TEST_CASE("tile_fractions: only arbitrary takes them, as shares") {
   auto s = make_structure(StructureKind::arbitrary, 1, 256, 256);
   s.tile_fractions = TileFractions{128, 128, 0.25, 0.5};

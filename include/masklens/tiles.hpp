@@ -204,6 +204,33 @@ inline Result<SpansAndTiles> scan_with_tiles(const MaskView& view, TileSize size
   return SpansAndTiles{std::move(table), std::move(summary)};
 }
 
+// A summary over tile states a caller has: `count` bytes, one per tile of `grid` (as
+// make_tile_grid makes it), [slice][q tile][k tile] as TileSummary::states and the
+// device's d_states hold them (a device summary copied back, say). Each byte must be a
+// TileState (0 empty, 1 partial, 2 full) and a ragged tile (cut short by Q or K) is never
+// full; invalid_argument naming the first tile that is not so.
+inline Result<TileSummary> tile_summary_from_states(const TileGrid& grid, const std::uint8_t* states,
+                                                    std::size_t count) {
+  if (states == nullptr && count != 0) return error(ErrorCode::invalid_argument, "states is null");
+  if (count != static_cast<std::size_t>(grid.tiles()))
+    return error(ErrorCode::invalid_argument, "states hold " + std::to_string(count) + " bytes; the grid has " +
+                                                  std::to_string(grid.tiles()) + " tiles");
+  Result<TileSummary> summary = TileSummary::for_grid(grid);
+  if (!summary) return summary.status();
+  const std::int64_t nq = grid.q_tiles(), nk = grid.k_tiles();
+  for (std::int64_t i = 0; i < grid.tiles(); ++i) {
+    const std::uint8_t v = states[i];
+    const std::int64_t qt = (i / nk) % nq, kt = i % nk;
+    if (v > 2 || (v == 2 && !grid.whole(qt, kt)))
+      return error(ErrorCode::invalid_argument,
+                   "tile [" + std::to_string(i / (nq * nk)) + ", " + std::to_string(qt) + ", " + std::to_string(kt) +
+                       "] (slice, q tile, k tile) holds " + std::to_string(v) +
+                       (v > 2 ? "; a state is 0 (empty), 1 (partial) or 2 (full)" : ", full, but the tile is ragged"));
+    summary->states[static_cast<std::size_t>(i)] = static_cast<TileState>(v);
+  }
+  return summary;
+}
+
 // The tile summary alone (the same single read; the spans are dropped).
 inline Result<TileSummary> scan_tiles(const MaskView& view, TileSize size = {}, ScanOptions options = {}) {
   Result<SpansAndTiles> both = scan_with_tiles(view, size, options);

@@ -263,8 +263,9 @@ def inspect(mask, query=None, key=None, value=None, *, masked_threshold: float =
     keyword (dtype="bf16", head_dim=256, sm=90, torch="2.11", available={"torch", "flex"}).
     With strict=True a mask no available backend computes correctly raises MaskError.
     tiles=N or (q, k) counts the mask's tiles too (Report.tiles, "tiles" in to_dict(), as
-    the CLI's inspect --tiles): from the same read of a host mask; for a CUDA mask from its
-    structure's fields when exact, else from a host copy. An arbitrary mask's structure
+    the CLI's inspect --tiles): from the same read of the mask, on its device for a CUDA
+    mask where masklens._cuda counts tiles (else: a CUDA mask's exact structure is tiled
+    from its fields, an arbitrary one from a host copy). An arbitrary mask's structure
     then carries its tile fractions, which decide() charges flex on."""
     call_fields, env_fields = _split_fields(dict(fields))
     summary = None
@@ -273,11 +274,14 @@ def inspect(mask, query=None, key=None, value=None, *, masked_threshold: float =
     else:
         size = _cache.tile_size(tiles)
         on_device = str(getattr(getattr(mask, "device", None), "type", "cpu")) == "cuda"
-        verdict = scan(mask, masked_threshold) if on_device else None
-        if verdict is not None and verdict.structure.kind != "arbitrary":
-            summary = tiles_from_structure(verdict.structure, *size)
+        if on_device and _cache.has_device_tiles():
+            verdict, summary = _cache.device_tile_summary(mask.detach(), size, masked_threshold)
         else:
-            verdict, summary = _cache.scan_with_tiles(mask, size, masked_threshold)
+            verdict = scan(mask, masked_threshold) if on_device else None
+            if verdict is not None and verdict.structure.kind != "arbitrary":
+                summary = tiles_from_structure(verdict.structure, *size)
+            else:
+                verdict, summary = _cache.scan_with_tiles(mask, size, masked_threshold)
     call = make_call(mask, query, key, value, **call_fields)
     device = None
     for t in (query, mask):

@@ -311,6 +311,28 @@ def device_scan_tiles(mask, size, masked_threshold: float = -1000.0):
     return verdict, arrays
 
 
+def device_tile_summary(mask, size, masked_threshold: float = -1000.0):
+    """(Verdict, TileSummary) of a CUDA mask from one device read (device_scan_tiles): the
+    tile states are rebuilt on the device from the kv side (each row of indices is an
+    order of its k tiles, the first `count` of them in the state) and cross to the host at
+    one byte a tile. An arbitrary verdict's structure carries the tiles' fractions, as
+    scan_with_tiles() gives it."""
+    import torch
+    verdict, arrays = device_scan_tiles(mask, size, masked_threshold)
+    nk = arrays["kv_indices"].shape[-1]
+    order = torch.arange(nk, device=mask.device, dtype=torch.int32)
+    states = torch.zeros(arrays["kv_indices"].shape, dtype=torch.uint8, device=mask.device)
+    for kind, value in (("", 1), ("full_", 2)):
+        in_state = (order < arrays[f"{kind}kv_num_blocks"][..., None]).to(torch.uint8) * value
+        part = torch.zeros_like(states).scatter_(-1, arrays[f"{kind}kv_indices"].long(), in_state)
+        states += part
+    shape = (1,) * (4 - mask.dim()) + tuple(mask.shape)
+    summary = _core.tile_summary_from_states(states.cpu().numpy(), *shape, *size)
+    if verdict.structure.kind == "arbitrary":
+        verdict.structure.tile_fractions = summary.fractions()
+    return verdict, summary
+
+
 def scan(mask, masked_threshold: float = -1000.0, device: bool = True):
     """Scans and classifies `mask` (a torch tensor or a numpy array) without the cache:
     a CUDA tensor on its device where masklens._cuda is there (device=False: on the host)."""

@@ -565,6 +565,26 @@ NB_MODULE(_core, m) {
           "torch BlockMask's eight tensors, entry for entry what create_block_mask builds for the same mask.");
 
   m.def(
+      "tile_summary_from_states",
+      [](nb::ndarray<const std::uint8_t, nb::ndim<4>, nb::c_contig, nb::device::cpu> states, std::int64_t batch,
+         std::int64_t heads, std::int64_t q_len, std::int64_t k_len, std::int64_t block_q, std::int64_t block_k) {
+        const TileGrid g = take(make_tile_grid(batch, heads, q_len, k_len, tile_size(block_q, block_k),
+                                               static_cast<std::int64_t>(states.shape(0)),
+                                               static_cast<std::int64_t>(states.shape(1))));
+        if (static_cast<std::int64_t>(states.shape(2)) != g.q_tiles() ||
+            static_cast<std::int64_t>(states.shape(3)) != g.k_tiles())
+          raise(error(ErrorCode::invalid_argument,
+                      "states are [" + std::to_string(states.shape(0)) + ", " + std::to_string(states.shape(1)) + ", " +
+                          std::to_string(states.shape(2)) + ", " + std::to_string(states.shape(3)) +
+                          "]; the grid has " + std::to_string(g.q_tiles()) + " x " + std::to_string(g.k_tiles()) +
+                          " tiles a slice"));
+        return take(tile_summary_from_states(g, states.data(), states.size()));
+      },
+      "states"_a, "batch"_a, "heads"_a, "q_len"_a, "k_len"_a, "block_q"_a, "block_k"_a,
+      "A TileSummary over uint8 states [B', H', q tiles, k tiles] (0 empty, 1 partial, 2 full; B' and H' 1 or the "
+      "batch and heads), e.g. a device summary copied back; each state checked (MaskError naming a bad tile).");
+
+  m.def(
       "tiles_from_structure",
       [](const MaskStructure& s, std::int64_t block_q, std::int64_t block_k) {
         const TileSize size = tile_size(block_q, block_k);

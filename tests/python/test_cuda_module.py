@@ -490,6 +490,47 @@ def test_block_mask_tensors_written_on_the_device_from_host_tiles(name, size, mo
     assert len({arrays[f].untyped_storage().data_ptr() for f in TILE_FIELDS}) == 1
 
 
+@pytest.mark.parametrize("name", list(tile_masks()))
+@pytest.mark.parametrize("size", [(16, 16), (32, 8)])
+def test_device_tile_summary_is_the_host_summary(name, size, monkeypatch):
+    """inspect(cuda_mask, tiles=) through device_tile_summary(): the states rebuilt from the
+    device's kv side equal the host scan's, tile for tile, and an arbitrary verdict
+    carries the same tile fractions (what decide() charges flex on)."""
+    m = tile_masks()[name]
+    fake_tile_scan(m, size, monkeypatch)
+    verdict, summary = _cache.device_tile_summary(m, size)
+    host_verdict, host = _core.scan_with_tiles(m, size[0], size[1], -1000.0)
+    assert np.array_equal(summary.states, host.states)
+    assert summary.shape == host.shape and summary.block_size == host.block_size
+    assert (summary.batch, summary.heads, summary.q_len, summary.k_len) == (host.batch, host.heads, host.q_len,
+                                                                          host.k_len)
+    assert verdict.structure.describe() == host_verdict.structure.describe()
+    want = host_verdict.structure.tile_fractions
+    got = verdict.structure.tile_fractions
+    assert (got is None) == (want is None)
+    if want is not None:
+        assert (got.partial, got.full, got.block_q, got.block_k) == (want.partial, want.full, want.block_q,
+                                                                     want.block_k)
+
+
+def test_tile_summary_from_states_checks_every_tile():
+    states = np.zeros((1, 2, 2, 2), dtype=np.uint8)  # Q = 5, K = 8 at 4 x 4: q tile 1 ragged
+    s = _core.tile_summary_from_states(states, 1, 2, 5, 8, 4, 4)
+    assert s.counts == {"empty": 8, "partial": 0, "full": 0}
+    states[0, 1, 0, 1] = 2
+    assert _core.tile_summary_from_states(states, 1, 2, 5, 8, 4, 4).counts["full"] == 1
+    states[0, 1, 1, 0] = 2
+    with pytest.raises(masklens.MaskError, match=r"tile \[1, 1, 0\] .* holds 2, full, but the tile is ragged"):
+        _core.tile_summary_from_states(states, 1, 2, 5, 8, 4, 4)
+    states[0, 1, 1, 0] = 7
+    with pytest.raises(masklens.MaskError, match=r"holds 7; a state is 0 \(empty\), 1 \(partial\) or 2"):
+        _core.tile_summary_from_states(states, 1, 2, 5, 8, 4, 4)
+    with pytest.raises(masklens.MaskError, match=r"states are \[1, 2, 2, 2\]; the grid has 3 x 2 tiles a slice"):
+        _core.tile_summary_from_states(np.zeros((1, 2, 2, 2), dtype=np.uint8), 1, 2, 9, 8, 4, 4)
+    with pytest.raises(masklens.MaskError, match="distinct_heads must be 1 or heads"):
+        _core.tile_summary_from_states(np.zeros((1, 2, 2, 2), dtype=np.uint8), 1, 3, 5, 8, 4, 4)
+
+
 def test_device_tile_scan_brings_runs_past_the_first_copy(monkeypatch):
     """Runs past the head come with copy_rest() told the tile scan's layout."""
     i, j = rows_cols(300, 16)

@@ -446,6 +446,24 @@ def test_block_mask_written_on_the_device_from_host_tiles_equals_the_host_writer
 
 
 @needs_device_tiles
+@pytest.mark.parametrize("name", list(DEVICE_TILE_CASES))
+def test_inspect_tiles_of_a_cuda_mask_come_from_one_device_read(name):
+    """inspect(cuda_mask, tiles=) reads the mask once on its device (scan_count + 1, the
+    device's timing) and reports what the host reports for the same mask: the tiles (the
+    JSON's "tiles"), the structure with its tile fractions."""
+    build, size = DEVICE_TILE_CASES[name]
+    mask = build()
+    before = masklens.scan_count()
+    ours = masklens.inspect(mask, tiles=size)
+    assert masklens.scan_count() == before + 1 and masklens.last_timing()["device"] == "cuda"
+    host = masklens.inspect(mask.cpu(), tiles=size)
+    assert ours.to_dict()["tiles"] == host.to_dict()["tiles"]
+    assert ours.structure.describe() == host.structure.describe()
+    f, g = ours.structure.tile_fractions, host.structure.tile_fractions
+    assert (f.partial, f.full) == (g.partial, g.full)
+
+
+@needs_device_tiles
 def test_device_block_mask_of_an_exact_structure_comes_from_its_fields():
     import masklens.torch as mt
     from torch.nn.attention.flex_attention import create_block_mask
