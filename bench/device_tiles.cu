@@ -11,11 +11,15 @@
 // first (states against tiles_from_structure, or the blocks the mask was built from):
 // it exits 1 if a case is wrong, as its figures would then measure a wrong scan.
 //
-//   ./build-gpu/bench/device_tiles [out.jsonl] [--reps N] [--only SUBSTRING]
+//   ./build-gpu/bench/device_tiles [out.jsonl] [--reps N] [--only SUBSTRING] [--sweep]
+//
+// --sweep also times the tile scan with other launch shapes (blocks per SM, threads,
+// rows a unit, a warp per row), each checked, to choose the tuning (tuning.cuh).
 //
 // nvcc for its own kernels (the plain read, the fills); masklens comes from
 // masklens_cuda_dep as any program gets it.
 #include <cuda_runtime.h>
+#include <masklens/cuda/dispatch_tiles.cuh>  // --sweep: the tile scan's kernels with other launch shapes
 #include <masklens/cuda/scan.hpp>
 #include <masklens/cuda/tiles.hpp>
 #include <masklens/masklens.hpp>
@@ -30,6 +34,8 @@
 using namespace masklens;
 
 namespace {
+
+namespace dev = masklens::gpu::detail;
 
 #define CHECK_CUDA(x)                                                      \
   do {                                                                     \
@@ -124,7 +130,42 @@ struct Options {
   FILE* json = nullptr;
   int reps = 20;
   std::string only;
+  bool sweep = false;
 };
+
+// --sweep: the tile scan (memset, scan kernel, BlockMask writer) with other launch shapes
+// than the tuned one, each checked against the expected kv side and timed like the rest.
+struct Variant {
+  const char* name;
+  cudaError_t (*launch)(const dev::ScanParams&, const TileGrid&, RowSpan*, unsigned long long*, cudaStream_t);
+};
+
+template <class Policy, int Esize, bool BlockPerRow, std::int64_t TargetUnits, std::int64_t MaxRows>
+cudaError_t launch_variant(const dev::ScanParams& s, const TileGrid& g, RowSpan* rows, unsigned long long* counts,
+                           cudaStream_t stream) {
+  const dev::TileScanPlan plan =
+      dev::plan_tile_scan(g, Esize, BlockPerRow ? 1 : Policy::kWarpRowsPerBlock, TargetUnits, MaxRows);
+  return dev::launch_tile_plan<Policy, Esize>(s, plan, BlockPerRow, rows, counts, stream);
+}
+
+template <int Esize>
+std::vector<Variant> variants() {
+  using dev::ScanPolicy;
+  constexpr std::int64_t T = dev::kTileTargetUnits, M = dev::kTileMaxRowsPerParallelRow;
+  constexpr int kWarp = 1 << 30;  // rows shorter than this get a warp each: always
+  return {
+      {"block/row (tuned)", launch_variant<ScanPolicy<256, 4, 2048>, Esize, true, T, M>},
+      {"block/row, 5 blocks/SM", launch_variant<ScanPolicy<256, 4, 2048, 5>, Esize, true, T, M>},
+      {"block/row, 6 blocks/SM", launch_variant<ScanPolicy<256, 4, 2048, 6>, Esize, true, T, M>},
+      {"block/row, 16 rows a unit", launch_variant<ScanPolicy<256, 4, 2048>, Esize, true, 1, 16>},
+      {"block/row, 5 blocks/SM, 16 rows", launch_variant<ScanPolicy<256, 4, 2048, 5>, Esize, true, 1, 16>},
+      {"block/row 512 thr, 3 blocks/SM", launch_variant<ScanPolicy<512, 4, 2048, 3>, Esize, true, T, M>},
+      {"block/row 128 thr, 10 blocks/SM", launch_variant<ScanPolicy<128, 4, 2048, 10>, Esize, true, T, M>},
+      {"warp/row", launch_variant<ScanPolicy<256, 4, kWarp>, Esize, false, T, M>},
+      {"warp/row, 6 blocks/SM", launch_variant<ScanPolicy<256, 4, kWarp, 6>, Esize, false, T, M>},
+      {"warp/row, 8 in flight, 4 blocks/SM", launch_variant<ScanPolicy<256, 8, kWarp, 4>, Esize, false, T, M>},
+  };
+}
 
 // The tiles the case must have: from the structure, or from the blocks it was built of.
 Result<TileSummary> expected_tiles(const std::string& kind, std::int64_t L) {
@@ -222,10 +263,37 @@ struct Bench {
                    name.c_str(), bytes, read_ms, spans_ms, tiles_ms, gbs(tiles_ms), tiles_ms / read_ms,
                    tiles_ms / spans_ms, static_cast<long long>(tally.empty), static_cast<long long>(tally.partial),
                    static_cast<long long>(tally.full), right ? "true" : "false");
+    if (options.sweep) sweep(view, g, d_rows, out, tile_temp, *tensors, read_ms);
     CHECK_CUDA(cudaFree(d_rows));
     CHECK_CUDA(cudaFree(arrays));
     CHECK_CUDA(cudaFree(span_temp));
     CHECK_CUDA(cudaFree(tile_temp));
+  }
+
+  void sweep(const MaskView& view, const TileGrid& g, RowSpan* d_rows, const BlockMaskArrays& out, void* temp,
+             const BlockMaskTensors& want, float read_ms) {
+    const dev::ScanParams s = dev::scan_params(view);
+    auto* counts =
+        reinterpret_cast<unsigned long long*>((reinterpret_cast<std::uintptr_t>(temp) + 255) & ~std::uintptr_t{255});
+    const auto tiles = static_cast<std::size_t>(g.tiles());
+    for (const Variant& v : element_size(view.dtype()) == 1 ? variants<1>() : variants<2>()) {
+      const auto once = [&] {
+        CHECK_CUDA(cudaMemsetAsync(counts, 0, tiles * sizeof(std::uint64_t)));
+        CHECK_CUDA(v.launch(s, g, d_rows, counts, nullptr));
+        CHECK_CUDA(dev::launch_block_mask(g, dev::StatesFromCounts{g, counts}, out, nullptr, nullptr));
+      };
+      once();
+      CHECK_CUDA(cudaDeviceSynchronize());
+      std::vector<std::int32_t> kv(tiles), full(tiles);
+      CHECK_CUDA(cudaMemcpy(kv.data(), out.kv_indices, tiles * 4, cudaMemcpyDeviceToHost));
+      CHECK_CUDA(cudaMemcpy(full.data(), out.full_kv_indices, tiles * 4, cudaMemcpyDeviceToHost));
+      const bool right = kv == want.kv_indices && full == want.full_kv_indices;
+      all_right = all_right && right;
+      const float ms = median_ms(options.reps, once);
+      std::printf("|   sweep: %s | | | | | %.3f ms | | **%.2f** | | %s |\n", v.name, ms, ms / read_ms,
+                  right ? "" : "WRONG");
+      std::fflush(stdout);
+    }
   }
 };
 
@@ -237,6 +305,8 @@ int main(int argc, char** argv) {
     const std::string arg = argv[i];
     if (arg == "--reps" && i + 1 < argc) {
       bench.options.reps = std::max(1, std::atoi(argv[++i]));
+    } else if (arg == "--sweep") {
+      bench.options.sweep = true;
     } else if (arg == "--only" && i + 1 < argc) {
       bench.options.only = argv[++i];
     } else if ((arg == "--json" && i + 1 < argc) || (arg[0] != '-' && bench.options.json == nullptr)) {
@@ -246,7 +316,7 @@ int main(int argc, char** argv) {
         return 1;
       }
     } else {
-      std::fprintf(stderr, "usage: %s [out.jsonl | --json out.jsonl] [--reps N] [--only SUBSTRING]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [out.jsonl | --json out.jsonl] [--reps N] [--only SUBSTRING] [--sweep]\n", argv[0]);
       return 2;
     }
   }

@@ -80,7 +80,7 @@ __device__ __forceinline__ void zero_tile_counters(const TileScanPlan& plan, uns
 
 // A block per row (long rows): the block reads the unit's rows one after another.
 template <class Policy, int Esize, bool Shared>
-__global__ void __launch_bounds__(Policy::kBlockThreads)
+__global__ void __launch_bounds__(Policy::kBlockThreads, Policy::kMinBlocksPerSM)
     scan_tiles_block_kernel(ScanParams s, TileScanPlan plan, RowSpan* rows, unsigned long long* counts) {
   using Accumulator = SpanTileAccumulator<TileCount<Shared>>;
   using Reduce = cub::BlockReduce<SpanAccumulator, Policy::kBlockThreads>;
@@ -112,7 +112,7 @@ __global__ void __launch_bounds__(Policy::kBlockThreads)
 
 // A warp per row (short rows): the block's warps read the unit's rows side by side.
 template <class Policy, int Esize, bool Shared>
-__global__ void __launch_bounds__(Policy::kBlockThreads)
+__global__ void __launch_bounds__(Policy::kBlockThreads, Policy::kMinBlocksPerSM)
     scan_tiles_warp_kernel(ScanParams s, TileScanPlan plan, RowSpan* rows, unsigned long long* counts) {
   using Accumulator = SpanTileAccumulator<TileCount<Shared>>;
   using Reduce = cub::WarpReduce<SpanAccumulator>;
@@ -143,12 +143,11 @@ __global__ void __launch_bounds__(Policy::kBlockThreads)
   }
 }
 
-// The scan with `Policy`: the kernel for the row length, the plan for that kernel.
+// The scan with `Policy` and `plan` (plan_tile_scan's for the kernel: a block per row, or
+// a warp per row with kWarpRowsPerBlock rows at once).
 template <class Policy, int Esize>
-cudaError_t launch_tiles_with(const ScanParams& s, const TileGrid& g, RowSpan* rows, unsigned long long* counts,
-                              cudaStream_t stream) {
-  const bool block_per_row = s.k_len * Esize >= Policy::kLongRowBytes;
-  const TileScanPlan plan = plan_tile_scan(g, Esize, block_per_row ? 1 : Policy::kWarpRowsPerBlock);
+cudaError_t launch_tile_plan(const ScanParams& s, const TileScanPlan& plan, bool block_per_row, RowSpan* rows,
+                             unsigned long long* counts, cudaStream_t stream) {
   cudaLaunchConfig_t config{};
   config.blockDim = dim3(Policy::kBlockThreads);
   config.gridDim = dim3(static_cast<unsigned>(plan.units < Policy::kMaxGrid ? plan.units : Policy::kMaxGrid));
@@ -162,6 +161,15 @@ cudaError_t launch_tiles_with(const ScanParams& s, const TileGrid& g, RowSpan* r
   if (plan.shared)
     return cudaLaunchKernelEx(&config, scan_tiles_warp_kernel<Policy, Esize, true>, s, plan, rows, counts);
   return cudaLaunchKernelEx(&config, scan_tiles_warp_kernel<Policy, Esize, false>, s, plan, rows, counts);
+}
+
+// The scan with `Policy`: the kernel for the row length, the plan for that kernel.
+template <class Policy, int Esize>
+cudaError_t launch_tiles_with(const ScanParams& s, const TileGrid& g, RowSpan* rows, unsigned long long* counts,
+                              cudaStream_t stream) {
+  const bool block_per_row = s.k_len * Esize >= Policy::kLongRowBytes;
+  const TileScanPlan plan = plan_tile_scan(g, Esize, block_per_row ? 1 : Policy::kWarpRowsPerBlock);
+  return launch_tile_plan<Policy, Esize>(s, plan, block_per_row, rows, counts, stream);
 }
 
 template <int Esize>

@@ -106,8 +106,12 @@ struct TileScanPlan {
 
 // The plan for `g` (checked by make_tile_grid) and a mask of `esize`-byte elements read
 // by a kernel that reads `rows_at_once` rows at a time per block (1 with a block per
-// row, the warps of a block with a warp per row).
-[[nodiscard]] constexpr TileScanPlan plan_tile_scan(const TileGrid& g, int esize, int rows_at_once) noexcept {
+// row, the warps of a block with a warp per row). The last two arguments are the
+// constants above (bench/device_tiles.cu --sweep varies them).
+[[nodiscard]] constexpr TileScanPlan plan_tile_scan(const TileGrid& g, int esize, int rows_at_once,
+                                                    std::int64_t target_units = kTileTargetUnits,
+                                                    std::int64_t max_rows_per_parallel_row =
+                                                        kTileMaxRowsPerParallelRow) noexcept {
   TileScanPlan p;
   p.grid = g;
   p.keys = KeyTileDivider::make(g.block_k, g.k_len);
@@ -116,9 +120,9 @@ struct TileScanPlan {
 
   // Rows per unit: enough units to balance the device, few enough flushes to be free.
   const std::int64_t at_once = rows_at_once < 1 ? 1 : rows_at_once;
-  std::int64_t r = (rows + kTileTargetUnits - 1) / kTileTargetUnits;
+  std::int64_t r = (rows + target_units - 1) / target_units;
   if (r < at_once) r = at_once;
-  if (r > kTileMaxRowsPerParallelRow * at_once) r = kTileMaxRowsPerParallelRow * at_once;
+  if (r > max_rows_per_parallel_row * at_once) r = max_rows_per_parallel_row * at_once;
   if (r > tile_rows) r = tile_rows;
 
   // A 32-bit counter holds at most r rows x divisor keys of one tile.

@@ -6,7 +6,7 @@
 
 namespace masklens::gpu::detail {
 
-template <int BlockThreads, int VectorsInFlight, int LongRowBytes>
+template <int BlockThreads, int VectorsInFlight, int LongRowBytes, int MinBlocksPerSM = 1>
 struct ScanPolicy {
   static_assert(BlockThreads % 32 == 0 && BlockThreads <= 1024, "whole warps, at most 1024 threads");
   static_assert(VectorsInFlight >= 1, "at least one load in flight");
@@ -19,6 +19,10 @@ struct ScanPolicy {
   // (kWarpRowsPerBlock rows per block), which would otherwise idle most of a block.
   static constexpr int kLongRowBytes = LongRowBytes;
   static constexpr int kWarpRowsPerBlock = BlockThreads / 32;
+  // Blocks an SM must hold at once (__launch_bounds__' second argument: it caps the
+  // registers a thread may take). The tile scan's kernels carry more state per thread
+  // than the span scan's; bench/device_tiles.cu --sweep measures the choice.
+  static constexpr int kMinBlocksPerSM = MinBlocksPerSM;
   // Enough blocks to fill any device several times over; rows beyond it loop.
   static constexpr long long kMaxGrid = 1LL << 20;
 };
