@@ -176,8 +176,8 @@ template <int Esize>
 cudaError_t launch_tiles_for_arch(int arch, const ScanParams& s, const TileGrid& g, RowSpan* rows,
                                   unsigned long long* counts, cudaStream_t stream) {
   switch (tuned_arch(arch)) {
-    case 900: return launch_tiles_with<typename ScanTuning<Esize, 900>::Policy, Esize>(s, g, rows, counts, stream);
-    default: return launch_tiles_with<typename ScanTuning<Esize, 800>::Policy, Esize>(s, g, rows, counts, stream);
+    case 900: return launch_tiles_with<typename TileScanTuning<Esize, 900>::Policy, Esize>(s, g, rows, counts, stream);
+    default: return launch_tiles_with<typename TileScanTuning<Esize, 800>::Policy, Esize>(s, g, rows, counts, stream);
   }
 }
 

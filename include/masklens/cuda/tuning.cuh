@@ -55,4 +55,12 @@ struct ScanTuning<Esize, 800> {
   using Policy = typename ScanTuning<Esize, 900>::Policy;
 };
 
+// The tile scan's shapes (dispatch_tiles.cuh): its agent carries a tile sink beside the
+// span, so its kernels take more registers than the span scan's and may want another
+// register cap or kernel; bench/device_tiles.cu --sweep measures the candidates.
+template <int Esize, int Sm>
+struct TileScanTuning {
+  using Policy = typename ScanTuning<Esize, Sm>::Policy;
+};
+
 }  // namespace masklens::gpu::detail
