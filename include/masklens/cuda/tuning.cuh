@@ -56,11 +56,14 @@ struct ScanTuning<Esize, 800> {
 };
 
 // The tile scan's shapes (dispatch_tiles.cuh): its agent carries a tile sink beside the
-// span, so its kernels take more registers than the span scan's and may want another
-// register cap or kernel; bench/device_tiles.cu --sweep measures the candidates.
+// span (64 registers a thread against the span scan's 48), and a block per row then
+// holds fewer blocks per SM and waits at a barrier per row. A warp per row, for rows of
+// any length, measured fastest (bench/device_tiles.cu --sweep, H200, 2026-12-03: 1.25x a
+// plain read at bool 32768^2 and 1.11-1.15x at 65536^2, against 1.6-1.9x and 1.22-1.32x
+// with a block per row; capping registers for more blocks per SM did worse).
 template <int Esize, int Sm>
 struct TileScanTuning {
-  using Policy = typename ScanTuning<Esize, Sm>::Policy;
+  using Policy = ScanPolicy<256, 4, 1 << 30>;  // every row shorter than 2^30 bytes gets a warp
 };
 
 }  // namespace masklens::gpu::detail
