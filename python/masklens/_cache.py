@@ -185,11 +185,13 @@ def _device_dtype(mask):
     return dtype
 
 
-def _device_runs(mask, masked_threshold, sizes, scan_call, tiles=(0, 0)):
+def _device_runs(mask, masked_threshold, sizes, scan_call, tiles=(0, 0), classify_many_runs=True):
     """The device scan both entry points share: the block laid out by a _core.DeviceRuns from
     `sizes` (scan temporary bytes, run reduction temporary bytes), scan_call(block address,
     runs, stream, device) scanning into it and returning the run count, the runs past the
-    first copy brought, the runs classified. Returns the Verdict."""
+    first copy brought, the runs classified. Returns the Verdict; None where
+    classify_many_runs is False and the runs are more than the first copy brings (a
+    mask that is arbitrary or close to it: its runs would cost more than the scan)."""
     import torch
 
     t0 = time.perf_counter()
@@ -203,6 +205,11 @@ def _device_runs(mask, masked_threshold, sizes, scan_call, tiles=(0, 0)):
     stream = _stream_of(mask.device)
     device = mask.device.index
     count = scan_call(base, runs, stream, device)
+    if count > runs.eager and not classify_many_runs:
+        timing["device"] = "cuda"
+        timing["scan_ms"] = (time.perf_counter() - t0) * 1e3
+        timing["classify_ms"] = 0.0
+        return None
     if count > runs.eager:  # rare: more runs than the first copy brings
         more = None
         if count > runs.room:  # the run reduction runs again, into room for them all
@@ -285,7 +292,7 @@ def device_block_mask_tensors(tiles, device):
     return arrays
 
 
-def device_scan_tiles(mask, size, masked_threshold: float = -1000.0):
+def device_scan_tiles(mask, size, masked_threshold: float = -1000.0, classify_many_runs: bool = True):
     """device_scan() whose one read of the mask also counts its tiles of `size` (q, k) and
     writes torch BlockMask's eight int32 tensors on the mask's device (masklens._cuda.
     scan_runs_tiles, which must be there): (Verdict, {name: tensor}) with counts
@@ -293,7 +300,10 @@ def device_scan_tiles(mask, size, masked_threshold: float = -1000.0):
     / [B', H', k tiles, q tiles], B' and H' the distinct batch and heads (1 where the mask
     broadcasts them, as BlockMask broadcasts a dimension of 1). Allocated here, from
     torch's caching allocator (one block, eight views); written on the mask's current
-    stream before the one synchronisation."""
+    stream before the one synchronisation. classify_many_runs=False: the Verdict is None
+    where the spans reduce to more runs than the first copy brings (a BlockMask needs no
+    verdict: a mask_mod reading the mask is exact for any mask; a block-sparse mask's
+    ~one run per row would cost more on the host than the read on the device)."""
     dtype = _device_dtype(mask)
     q, k = size
     args = (mask.data_ptr(), dtype, list(mask.shape), list(mask.stride()), masked_threshold)
@@ -303,7 +313,8 @@ def device_scan_tiles(mask, size, masked_threshold: float = -1000.0):
     def scan_call(base, runs, stream, device):
         return _cuda.scan_runs_tiles(*args, q, k, base, runs.block_bytes, runs.head_address, runs.head_bytes,
                                      pointers, nbytes, stream, device)
-    verdict = _device_runs(mask, masked_threshold, sizes, scan_call, tiles=(q, k))
+    verdict = _device_runs(mask, masked_threshold, sizes, scan_call, tiles=(q, k),
+                           classify_many_runs=classify_many_runs)
     global _scans
     with _lock:
         _scans += 1

@@ -344,12 +344,14 @@ def block_mask_from_tiles(tiles, mask_mod, device):
     return block_mask_from_arrays(arrays, t.seq_lengths, t.block_size, mask_mod)
 
 
-def device_block_mask(mask, size, mask_mod, masked_threshold=-1000.0):
+def device_block_mask(mask, size, mask_mod, masked_threshold=-1000.0, classify_many_runs=True):
     """The BlockMask of a CUDA mask ([B, H, Q, K]) from masklens._cuda's device tile summary:
     one read on the device, the eight tensors written there (masklens._cache.
-    device_scan_tiles). (Verdict, BlockMask)."""
+    device_scan_tiles). (Verdict, BlockMask); the Verdict is None where classify_many_runs
+    is False and the mask's runs are more than the scan's first copy brings."""
     from . import _cache
-    verdict, arrays = _cache.device_scan_tiles(mask.detach(), size, masked_threshold)
+    verdict, arrays = _cache.device_scan_tiles(mask.detach(), size, masked_threshold,
+                                               classify_many_runs=classify_many_runs)
     return verdict, block_mask_from_arrays(arrays, mask.shape[-2:], size, mask_mod)
 
 
@@ -367,7 +369,8 @@ def flex_block_mask(t: Tensors, a, device):
         _, tiles = _core.scan_with_tiles(t.mask.detach(), a.block_q, a.block_k)
         return block_mask_from_tiles(tiles, mask_mod_for(t.structure, device, t.mask), device)
     if t.mask.device.type == "cuda" and t.mask.device == device and _cache.has_device_tiles():
-        _, block_mask = device_block_mask(t.mask, (a.block_q, a.block_k), mask_mod_for(t.structure, device, t.mask))
+        _, block_mask = device_block_mask(t.mask, (a.block_q, a.block_k), mask_mod_for(t.structure, device, t.mask),
+                                          classify_many_runs=False)  # the verdict is known: only the tiles are new
         return block_mask
     return None
 

@@ -202,13 +202,16 @@ def _tiles_on_device(mask, device):
 
 def _device_block_mask(mask, size, masked_threshold):
     """(structure, BlockMask over the tensors one device read wrote, or None where the
-    structure is exact: then it is tiled from its fields)."""
+    structure is exact: then it is tiled from its fields). The structure is None where the
+    spans reduce to more runs than the scan's first copy brings (block-sparse masks: about
+    one run per row): the BlockMask then reads the mask in its mask_mod, exact for any
+    mask, and the runs are never brought to the host."""
     view = mask
     while view.dim() < 4:
         view = view.unsqueeze(0)
-    verdict, arrays = _cache.device_scan_tiles(view.detach(), size, masked_threshold)
-    structure = verdict.structure
-    if structure.kind != "arbitrary":
+    verdict, arrays = _cache.device_scan_tiles(view.detach(), size, masked_threshold, classify_many_runs=False)
+    structure = None if verdict is None else verdict.structure
+    if structure is not None and structure.kind != "arbitrary":
         return structure, None
     mask_mod = _run.mask_mod_for(structure, view.device, _attends(view, masked_threshold))
     return structure, _run.block_mask_from_arrays(arrays, view.shape[-2:], size, mask_mod)

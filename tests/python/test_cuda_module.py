@@ -542,6 +542,35 @@ def test_device_tile_scan_brings_runs_past_the_first_copy(monkeypatch):
     assert arrays["kv_indices"].shape == (1, 1, 10, 2)
 
 
+def test_a_block_mask_brings_no_runs_past_the_first_copy(monkeypatch):
+    """A BlockMask needs no verdict: with classify_many_runs=False a mask of more runs than
+    the first copy brings (300 here) is left unclassified (no copy_rest, no host work in
+    O(runs)), and masklens.torch's device BlockMask reads the mask in its mask_mod, equal
+    to create_block_mask's."""
+    fa = pytest.importorskip("torch.nn.attention.flex_attention")
+    import masklens.torch as mt
+    i, j = rows_cols(300, 16)
+    m = ((j % 2 == 0) & (i % 5 != 0))[None, None]
+    fake = fake_tile_scan(m, (32, 8), monkeypatch)
+    before = _cache.scan_count()
+    verdict, arrays = _cache.device_scan_tiles(m, (32, 8), classify_many_runs=False)
+    assert verdict is None and _cache.scan_count() == before + 1
+    assert [c["call"] for c in fake.calls] == ["scan_runs_tiles", "scan_runs"]
+    fake.calls.clear()
+    structure, ours = mt._device_block_mask(m, (32, 8), -1000.0)
+    assert structure is None and [c["call"] for c in fake.calls] == ["scan_runs_tiles", "scan_runs"]
+    theirs = fa.create_block_mask(lambda b, h, q, kv: m[0, 0, q.clamp(max=299), kv.clamp(max=15)], 1, 1, 300, 16,
+                                  device="cpu", BLOCK_SIZE=(32, 8))
+    for field in TILE_FIELDS:
+        assert torch.equal(getattr(ours, field), getattr(theirs, field)), field
+    assert torch.equal(fa.create_mask(ours.mask_mod, 1, 1, 300, 16, device="cpu"), m)
+    # Few runs: the verdict comes as before.
+    few = torch.ones(1, 1, 64, 64, dtype=torch.bool).tril()
+    fake_tile_scan(few, (32, 8), monkeypatch)
+    verdict, _ = _cache.device_scan_tiles(few, (32, 8), classify_many_runs=False)
+    assert verdict.structure.kind == "causal"
+
+
 def test_device_tile_scan_names_an_invalid_row(monkeypatch):
     m = torch.ones(2, 3, 40, 40, dtype=torch.bool)
     fake_tile_scan(m, (16, 16), monkeypatch, flags_row=4 * 40 + 17)
