@@ -14,7 +14,7 @@
 //   ./build-gpu/bench/device_tiles [out.jsonl] [--reps N] [--only SUBSTRING] [--sweep]
 //
 // --sweep also times the tile scan with other launch shapes (blocks per SM, threads,
-// rows a unit, a warp per row), each checked, to choose the tuning (tuning.cuh).
+// loads in flight, units), each checked, to choose the tuning (tuning.cuh).
 //
 // nvcc for its own kernels (the plain read, the fills); masklens comes from
 // masklens_cuda_dep as any program gets it.
@@ -140,30 +140,27 @@ struct Variant {
   cudaError_t (*launch)(const dev::ScanParams&, const TileGrid&, RowSpan*, unsigned long long*, cudaStream_t);
 };
 
-template <class Policy, int Esize, bool BlockPerRow, std::int64_t TargetUnits, std::int64_t MaxRows>
+template <class Policy, int Esize, std::int64_t TargetUnits, std::int64_t MaxRows>
 cudaError_t launch_variant(const dev::ScanParams& s, const TileGrid& g, RowSpan* rows, unsigned long long* counts,
                            cudaStream_t stream) {
-  const dev::TileScanPlan plan =
-      dev::plan_tile_scan(g, Esize, BlockPerRow ? 1 : Policy::kWarpRowsPerBlock, TargetUnits, MaxRows);
-  return dev::launch_tile_plan<Policy, Esize>(s, plan, BlockPerRow, rows, counts, stream);
+  const dev::TileScanPlan plan = dev::plan_tile_scan(g, Esize, Policy::kWarpRowsPerBlock, TargetUnits, MaxRows);
+  return dev::launch_tile_plan<Policy, Esize>(s, plan, rows, counts, stream);
 }
 
+// The tuned shape first. A block per row (the span scan's choice for long rows) measured
+// 1.3-1.5x slower than a warp per row here (2026-12-03, bench/README.md) and is gone.
 template <int Esize>
 std::vector<Variant> variants() {
   using dev::ScanPolicy;
   constexpr std::int64_t T = dev::kTileTargetUnits, M = dev::kTileMaxRowsPerParallelRow;
-  constexpr int kWarp = 1 << 30;  // rows shorter than this get a warp each: always
   return {
-      {"block/row (tuned)", launch_variant<ScanPolicy<256, 4, 2048>, Esize, true, T, M>},
-      {"block/row, 5 blocks/SM", launch_variant<ScanPolicy<256, 4, 2048, 5>, Esize, true, T, M>},
-      {"block/row, 6 blocks/SM", launch_variant<ScanPolicy<256, 4, 2048, 6>, Esize, true, T, M>},
-      {"block/row, 16 rows a unit", launch_variant<ScanPolicy<256, 4, 2048>, Esize, true, 1, 16>},
-      {"block/row, 5 blocks/SM, 16 rows", launch_variant<ScanPolicy<256, 4, 2048, 5>, Esize, true, 1, 16>},
-      {"block/row 512 thr, 3 blocks/SM", launch_variant<ScanPolicy<512, 4, 2048, 3>, Esize, true, T, M>},
-      {"block/row 128 thr, 10 blocks/SM", launch_variant<ScanPolicy<128, 4, 2048, 10>, Esize, true, T, M>},
-      {"warp/row", launch_variant<ScanPolicy<256, 4, kWarp>, Esize, false, T, M>},
-      {"warp/row, 6 blocks/SM", launch_variant<ScanPolicy<256, 4, kWarp, 6>, Esize, false, T, M>},
-      {"warp/row, 8 in flight, 4 blocks/SM", launch_variant<ScanPolicy<256, 8, kWarp, 4>, Esize, false, T, M>},
+      {"warp/row, 256 threads (tuned)", launch_variant<ScanPolicy<256, 4, 2048>, Esize, T, M>},
+      {"warp/row, 6 blocks/SM", launch_variant<ScanPolicy<256, 4, 2048, 6>, Esize, T, M>},
+      {"warp/row, 8 loads in flight, 4 blocks/SM", launch_variant<ScanPolicy<256, 8, 2048, 4>, Esize, T, M>},
+      {"warp/row, 128 threads", launch_variant<ScanPolicy<128, 4, 2048>, Esize, T, M>},
+      {"warp/row, 512 threads", launch_variant<ScanPolicy<512, 4, 2048>, Esize, T, M>},
+      {"warp/row, 2048 units", launch_variant<ScanPolicy<256, 4, 2048>, Esize, 2048, 64>},
+      {"warp/row, 32768 units", launch_variant<ScanPolicy<256, 4, 2048>, Esize, 32768, M>},
   };
 }
 

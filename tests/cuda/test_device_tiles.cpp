@@ -3,8 +3,8 @@
 // the same pass row for row, every tile's state and torch's eight BlockMask tensors entry
 // for entry, on generated and mutated masks of every kind, element type, additive
 // encoding, layout (stride-0 broadcast included) and start alignment, at torch's 128 x
-// 128 and at 64 x 128, 96 x 80, tiny and random tile sizes with ragged last tiles, through
-// both kernels and both places the counters live; structures at 32768^2 against
+// 128 and at 64 x 128, 96 x 80, tiny and random tile sizes with ragged last tiles, short
+// and long rows, both places the counters live; structures at 32768^2 against
 // tiles_from_structure; a single tile of 2^32 elements (64-bit counts); and the contract:
 // two-phase into the caller's arrays on the caller's stream with no synchronisation
 // (a CUDA graph capture), null arrays skipped, NaN rows, the caller's pending CUDA error
@@ -196,7 +196,7 @@ TEST_CASE("device tiles: tiles, BlockMask tensors and spans equal the host's on 
   MESSAGE("device == host on " << compared << " masks");
 }
 
-TEST_CASE("device tiles: block-structured masks, every state, whole and ragged tiles, both kernels, counters in shared and in global memory") {
+TEST_CASE("device tiles: block-structured masks, every state, whole and ragged tiles, short and long rows, counters in shared and in global memory") {
   Rng rng(test_seed(1405));
   const ElementType types[] = {ElementType::boolean, ElementType::bfloat16, ElementType::float16, ElementType::float32,
                                ElementType::uint8};
@@ -205,7 +205,7 @@ TEST_CASE("device tiles: block-structured masks, every state, whole and ragged t
     TileSize size;
     std::int64_t grain;
   };
-  // Short rows (a warp per row) and long ones (a block per row), whole tiles and ragged
+  // Short rows and long ones (a warp per row either way), whole tiles and ragged
   // ones, and k tiles too many for the shared counters (9000 tiles of one key).
   const Shape shapes[] = {{512, 512, {128, 128}, 64},   {384, 1024, {64, 128}, 32}, {500, 700, {96, 80}, 16},
                           {257, 3000, {128, 128}, 128}, {130, 2100, {96, 80}, 8},   {200, 9000, {64, 1}, 16},

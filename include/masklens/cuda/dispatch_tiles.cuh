@@ -1,11 +1,11 @@
 // Tile summaries on the device, in the pass that scans the row spans: the kernels and
 // their launch. nvcc only; the entry points are declared in tiles.hpp and defined in
 // tiles.cu.
-//   1. the scan: dispatch_scan.cuh's agents with SpanTileAccumulator; a block takes
-//      units of rows of one q tile (tile_plan.hpp), reduces each row's span with CUB
-//      and stores it, while every thread adds its attending keys into the block's
-//      per-k-tile counters; after a unit the block adds the counters into the q tile's
-//      64-bit counts (temporary storage, zeroed before the scan);
+//   1. the scan: dispatch_scan.cuh's agent with SpanTileAccumulator, a warp per row; a
+//      block takes units of rows of one q tile (tile_plan.hpp), its warps reduce each
+//      row's span with CUB and store it, while every lane adds its attending keys into
+//      the block's per-k-tile counters; after a unit the block adds the counters into
+//      the q tile's 64-bit counts (temporary storage, zeroed before the scan);
 //   2. torch's BlockMask: a warp per q tile (its row of k tiles) and a warp per k tile
 //      (its column of q tiles) turns the counts into states (TileGrid::state_of), or
 //      reads states the caller has (write_block_mask), and writes the tiles of each
@@ -20,7 +20,6 @@
 #include <cstdint>
 #include <type_traits>
 
-#include <cub/block/block_reduce.cuh>
 #include <cub/warp/warp_reduce.cuh>
 
 #include "../mask_view.hpp"
@@ -78,39 +77,10 @@ __device__ __forceinline__ void zero_tile_counters(const TileScanPlan& plan, uns
   for (std::int64_t i = threadIdx.x; i < plan.slots(); i += blockDim.x) shared_counts[i] = 0;
 }
 
-// A block per row (long rows): the block reads the unit's rows one after another.
-template <class Policy, int Esize, bool Shared>
-__global__ void __launch_bounds__(Policy::kBlockThreads, Policy::kMinBlocksPerSM)
-    scan_tiles_block_kernel(ScanParams s, TileScanPlan plan, RowSpan* rows, unsigned long long* counts) {
-  using Accumulator = SpanTileAccumulator<TileCount<Shared>>;
-  using Reduce = cub::BlockReduce<SpanAccumulator, Policy::kBlockThreads>;
-  __shared__ typename Reduce::TempStorage temp;
-  extern __shared__ unsigned shared_counts[];  // plan.slots() when Shared
-  const AgentScanRow<Policy, Esize, Accumulator, Policy::kBlockThreads> agent(s);
-  const int thread = static_cast<int>(threadIdx.x);
-  if constexpr (Shared) {
-    zero_tile_counters(plan, shared_counts);
-    __syncthreads();
-  }
-  for (std::int64_t u = blockIdx.x; u < plan.units; u += gridDim.x) {
-    const TileUnit unit = plan.unit(u);
-    const Accumulator init = tile_accumulator<Shared>(plan, unit, shared_counts, counts);
-    for (std::int64_t q = unit.q_begin; q < unit.q_end; ++q) {
-      const std::int64_t r = unit.slice * s.q_len + q;
-      const Accumulator mine = agent.scan(r, thread, init);
-      const SpanAccumulator row = Reduce(temp).Reduce(mine.spans, MergeAccumulators<SpanAccumulator>{});
-      if (thread == 0) row.store(rows, r);
-      __syncthreads();  // temp is reused by the next row; the unit's adds are done after the last
-    }
-    if constexpr (Shared) {
-      __syncthreads();  // a unit with no rows (past a ragged q tile) has had no barrier
-      flush_tile_counters(plan, unit, shared_counts, counts);
-      __syncthreads();
-    }
-  }
-}
-
-// A warp per row (short rows): the block's warps read the unit's rows side by side.
+// A warp per row, rows of any length: the block's warps read the unit's rows side by
+// side. (A block per row, as the span scan takes for long rows, measured slower here: the
+// tile sink's registers leave fewer blocks per SM, and a block waits at a barrier per
+// row; bench/device_tiles.cu --sweep.)
 template <class Policy, int Esize, bool Shared>
 __global__ void __launch_bounds__(Policy::kBlockThreads, Policy::kMinBlocksPerSM)
     scan_tiles_warp_kernel(ScanParams s, TileScanPlan plan, RowSpan* rows, unsigned long long* counts) {
@@ -143,33 +113,26 @@ __global__ void __launch_bounds__(Policy::kBlockThreads, Policy::kMinBlocksPerSM
   }
 }
 
-// The scan with `Policy` and `plan` (plan_tile_scan's for the kernel: a block per row, or
-// a warp per row with kWarpRowsPerBlock rows at once).
+// The scan with `Policy` and `plan` (plan_tile_scan's with kWarpRowsPerBlock rows at once).
 template <class Policy, int Esize>
-cudaError_t launch_tile_plan(const ScanParams& s, const TileScanPlan& plan, bool block_per_row, RowSpan* rows,
-                             unsigned long long* counts, cudaStream_t stream) {
+cudaError_t launch_tile_plan(const ScanParams& s, const TileScanPlan& plan, RowSpan* rows, unsigned long long* counts,
+                             cudaStream_t stream) {
   cudaLaunchConfig_t config{};
   config.blockDim = dim3(Policy::kBlockThreads);
   config.gridDim = dim3(static_cast<unsigned>(plan.units < Policy::kMaxGrid ? plan.units : Policy::kMaxGrid));
   config.dynamicSmemBytes = plan.shared ? plan.shared_bytes : 0;
   config.stream = stream;
-  if (block_per_row) {
-    if (plan.shared)
-      return cudaLaunchKernelEx(&config, scan_tiles_block_kernel<Policy, Esize, true>, s, plan, rows, counts);
-    return cudaLaunchKernelEx(&config, scan_tiles_block_kernel<Policy, Esize, false>, s, plan, rows, counts);
-  }
   if (plan.shared)
     return cudaLaunchKernelEx(&config, scan_tiles_warp_kernel<Policy, Esize, true>, s, plan, rows, counts);
   return cudaLaunchKernelEx(&config, scan_tiles_warp_kernel<Policy, Esize, false>, s, plan, rows, counts);
 }
 
-// The scan with `Policy`: the kernel for the row length, the plan for that kernel.
+// The scan with `Policy` and its plan.
 template <class Policy, int Esize>
 cudaError_t launch_tiles_with(const ScanParams& s, const TileGrid& g, RowSpan* rows, unsigned long long* counts,
                               cudaStream_t stream) {
-  const bool block_per_row = s.k_len * Esize >= Policy::kLongRowBytes;
-  const TileScanPlan plan = plan_tile_scan(g, Esize, block_per_row ? 1 : Policy::kWarpRowsPerBlock);
-  return launch_tile_plan<Policy, Esize>(s, plan, block_per_row, rows, counts, stream);
+  const TileScanPlan plan = plan_tile_scan(g, Esize, Policy::kWarpRowsPerBlock);
+  return launch_tile_plan<Policy, Esize>(s, plan, rows, counts, stream);
 }
 
 template <int Esize>

@@ -4,8 +4,8 @@
 // the split of q tiles into units and the counter sizes are tested without a GPU. No
 // CUDA headers.
 //
-// A block takes units of consecutive rows of one q tile (a block per row, or a warp per
-// row and several rows at once) and adds each row's attending keys per k tile into its
+// A block takes units of consecutive rows of one q tile (a warp per row, several rows at
+// once; the plan also serves a kernel of a block per row, rows_at_once 1) and adds each row's attending keys per k tile into its
 // own counters in shared memory: one 32-bit counter per k tile and *copy*, the lanes of
 // a warp spread over the copies so that lanes reading keys of one tile rarely add to one
 // address in one instruction. At the end of a unit the block adds each tile's copies into

@@ -63,7 +63,7 @@ struct ScanTuning<Esize, 800> {
 // with a block per row; capping registers for more blocks per SM did worse).
 template <int Esize, int Sm>
 struct TileScanTuning {
-  using Policy = ScanPolicy<256, 4, 1 << 30>;  // every row shorter than 2^30 bytes gets a warp
+  using Policy = ScanPolicy<256, 4, 2048>;  // the tile scan takes a warp per row: kLongRowBytes is not read
 };
 
 }  // namespace masklens::gpu::detail
