@@ -273,7 +273,8 @@ struct Bench {
     auto* counts =
         reinterpret_cast<unsigned long long*>((reinterpret_cast<std::uintptr_t>(temp) + 255) & ~std::uintptr_t{255});
     const auto tiles = static_cast<std::size_t>(g.tiles());
-    for (const Variant& v : element_size(view.dtype()) == 1 ? variants<1>() : variants<2>()) {
+    const int esize = element_size(view.dtype());
+    for (const Variant& v : esize == 1 ? variants<1>() : esize == 2 ? variants<2>() : variants<4>()) {
       const auto once = [&] {
         CHECK_CUDA(cudaMemsetAsync(counts, 0, tiles * sizeof(std::uint64_t)));
         CHECK_CUDA(v.launch(s, g, d_rows, counts, nullptr));
@@ -281,10 +282,16 @@ struct Bench {
       };
       once();
       CHECK_CUDA(cudaDeviceSynchronize());
-      std::vector<std::int32_t> kv(tiles), full(tiles);
-      CHECK_CUDA(cudaMemcpy(kv.data(), out.kv_indices, tiles * 4, cudaMemcpyDeviceToHost));
-      CHECK_CUDA(cudaMemcpy(full.data(), out.full_kv_indices, tiles * 4, cudaMemcpyDeviceToHost));
-      const bool right = kv == want.kv_indices && full == want.full_kv_indices;
+      bool right = true;  // every one of the eight arrays
+      const BlockMaskArrays& got = out;
+      const std::int32_t* fields[] = {got.kv_num_blocks, got.kv_indices, got.full_kv_num_blocks, got.full_kv_indices,
+                                      got.q_num_blocks,  got.q_indices,  got.full_q_num_blocks,  got.full_q_indices};
+      for (std::size_t i = 0; i < std::size(kBlockMaskFields); ++i) {
+        const std::vector<std::int32_t>& expected = want.values(kBlockMaskFields[i]);
+        std::vector<std::int32_t> values(expected.size());
+        CHECK_CUDA(cudaMemcpy(values.data(), fields[i], values.size() * 4, cudaMemcpyDeviceToHost));
+        right = right && values == expected;
+      }
       all_right = all_right && right;
       const float ms = median_ms(options.reps, once);
       std::printf("|   sweep: %s | | | | | %.3f ms | | **%.2f** | | %s |\n", v.name, ms, ms / read_ms,

@@ -46,7 +46,7 @@ constexpr CostRates cost_rates(Backend b, int /*sm*/) noexcept {
     // (the 69632-token 4096 window: 5.53 ms for 16368 full and 1056 partial tiles),
     // dense with a mask_mod that reads the mask (the 16384 causal mask: 3.04 ms for 8128
     // full and 128 partial tiles), partial tiles weighted as flex_pairs weighs them.
-    case Backend::flex_attention: return {4.8, 5.6, true};
+    case Backend::flex_attention: return {4.84, 5.6, true};
     case Backend::flash_attn:
     case Backend::flash_attn_varlen: return {6.8, 0, false};  // flash-attn 2: as torch's flash kernel
     case Backend::flash_attn3:

@@ -204,13 +204,18 @@ inline Result<SpansAndTiles> scan_with_tiles(const MaskView& view, TileSize size
   return SpansAndTiles{std::move(table), std::move(summary)};
 }
 
-// A summary over tile states a caller has: `count` bytes, one per tile of `grid` (as
-// make_tile_grid makes it), [slice][q tile][k tile] as TileSummary::states and the
+// A summary over tile states a caller has: `count` bytes, one per tile of `grid`
+// (checked as make_tile_grid checks it), [slice][q tile][k tile] as TileSummary::states and the
 // device's d_states hold them (a device summary copied back, say). Each byte must be a
 // TileState (0 empty, 1 partial, 2 full) and a ragged tile (cut short by Q or K) is never
 // full; invalid_argument naming the first tile that is not so.
-inline Result<TileSummary> tile_summary_from_states(const TileGrid& grid, const std::uint8_t* states,
+inline Result<TileSummary> tile_summary_from_states(const TileGrid& given, const std::uint8_t* states,
                                                     std::size_t count) {
+  Result<TileGrid> checked = make_tile_grid(given.batch, given.heads, given.q_len, given.k_len,
+                                            TileSize{given.block_q, given.block_k}, given.distinct_batch,
+                                            given.distinct_heads);
+  if (!checked) return checked.status();
+  const TileGrid& grid = *checked;
   if (states == nullptr && count != 0) return error(ErrorCode::invalid_argument, "states is null");
   if (count != static_cast<std::size_t>(grid.tiles()))
     return error(ErrorCode::invalid_argument, "states hold " + std::to_string(count) + " bytes; the grid has " +

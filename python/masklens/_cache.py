@@ -185,13 +185,21 @@ def _device_dtype(mask):
     return dtype
 
 
+# Runs past which a BlockMask's scan skips the verdict (classify_many_runs=False): one run
+# for every 8 rows or more. Exact structures stay far below (a run per document, a few
+# per padded batch slice); block-sparse masks reach about one run per row, whose copy to
+# the host and classification cost ~10x the device read at 65536^2 (bench/README.md).
+_MANY_RUNS = 8
+
+
 def _device_runs(mask, masked_threshold, sizes, scan_call, tiles=(0, 0), classify_many_runs=True):
     """The device scan both entry points share: the block laid out by a _core.DeviceRuns from
     `sizes` (scan temporary bytes, run reduction temporary bytes), scan_call(block address,
     runs, stream, device) scanning into it and returning the run count, the runs past the
     first copy brought, the runs classified. Returns the Verdict; None where
-    classify_many_runs is False and the runs are more than the first copy brings (a
-    mask that is arbitrary or close to it: its runs would cost more than the scan)."""
+    classify_many_runs is False and the runs are more than one in _MANY_RUNS rows (a
+    mask that is arbitrary or close to it: its runs would cost more than the scan; a NaN
+    / +inf row is still an error, found on the device)."""
     import torch
 
     t0 = time.perf_counter()
@@ -205,7 +213,13 @@ def _device_runs(mask, masked_threshold, sizes, scan_call, tiles=(0, 0), classif
     stream = _stream_of(mask.device)
     device = mask.device.index
     count = scan_call(base, runs, stream, device)
-    if count > runs.eager and not classify_many_runs:
+    if not classify_many_runs and count * _MANY_RUNS > runs.rows:
+        # No verdict; the rows are still checked for NaN / +inf, on the device: the spans
+        # are in the block (RowSpan is 32 bytes, its uint32 flags at byte 24).
+        spans = block[runs.layout["spans"]:runs.layout["spans"] + runs.rows * 32].view(torch.int32).view(runs.rows, 8)
+        bad = torch.nonzero(spans[:, 6] & runs.row_invalid_flag)
+        if bad.numel():
+            runs.raise_invalid_row(int(bad[0, 0]))
         timing["device"] = "cuda"
         timing["scan_ms"] = (time.perf_counter() - t0) * 1e3
         timing["classify_ms"] = 0.0
@@ -301,7 +315,7 @@ def device_scan_tiles(mask, size, masked_threshold: float = -1000.0, classify_ma
     broadcasts them, as BlockMask broadcasts a dimension of 1). Allocated here, from
     torch's caching allocator (one block, eight views); written on the mask's current
     stream before the one synchronisation. classify_many_runs=False: the Verdict is None
-    where the spans reduce to more runs than the first copy brings (a BlockMask needs no
+    where the spans reduce to more than one run in _MANY_RUNS rows (a BlockMask needs no
     verdict: a mask_mod reading the mask is exact for any mask; a block-sparse mask's
     ~one run per row would cost more on the host than the read on the device)."""
     dtype = _device_dtype(mask)

@@ -348,7 +348,7 @@ def device_block_mask(mask, size, mask_mod, masked_threshold=-1000.0, classify_m
     """The BlockMask of a CUDA mask ([B, H, Q, K]) from masklens._cuda's device tile summary:
     one read on the device, the eight tensors written there (masklens._cache.
     device_scan_tiles). (Verdict, BlockMask); the Verdict is None where classify_many_runs
-    is False and the mask's runs are more than the scan's first copy brings."""
+    is False and the mask's runs are many (masklens._cache._MANY_RUNS)."""
     from . import _cache
     verdict, arrays = _cache.device_scan_tiles(mask.detach(), size, masked_threshold,
                                                classify_many_runs=classify_many_runs)

@@ -203,7 +203,7 @@ def _tiles_on_device(mask, device):
 def _device_block_mask(mask, size, masked_threshold):
     """(structure, BlockMask over the tensors one device read wrote, or None where the
     structure is exact: then it is tiled from its fields). The structure is None where the
-    spans reduce to more runs than the scan's first copy brings (block-sparse masks: about
+    spans reduce to more than one run in 8 rows (block-sparse masks: about
     one run per row): the BlockMask then reads the mask in its mask_mod, exact for any
     mask, and the runs are never brought to the host."""
     view = mask

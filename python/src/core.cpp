@@ -178,6 +178,17 @@ struct DeviceRuns {
   }
 };
 
+// The error for span row `row` (of a table shaped as `shape`) holding NaN or +inf, as
+// gpu::scan_runs() words it: the mask is on the device, so the row is named.
+Status invalid_row_error(const SpanRuns& shape, std::int64_t row) {
+  const std::int64_t slice = row / shape.q_len;
+  return error(ErrorCode::invalid_value, "mask row [" + std::to_string(slice / shape.distinct_heads) + ", " +
+                                             std::to_string(slice % shape.distinct_heads) + ", " +
+                                             std::to_string(row % shape.q_len) +
+                                             "] holds NaN or +inf; an additive mask holds 0, a bias, or -inf / a "
+                                             "value <= the threshold");
+}
+
 // A host mask (DLPack array) as a MaskView: its element type, 1 to 4 dims, strides in
 // elements (0 broadcasts).
 MaskView host_view(const nb::ndarray<nb::ro, nb::device::cpu>& mask, float masked_threshold) {
@@ -424,6 +435,19 @@ NB_MODULE(_core, m) {
           },
           "Byte offsets of the block's parts: count, runs (room of them), spans (one per row), scan and reduce temps.")
       .def_prop_ro("rows", [](const DeviceRuns& d) { return d.block.rows; })
+      .def_prop_ro_static(
+          "row_invalid_flag", [](nb::handle) { return static_cast<std::uint32_t>(kRowInvalid); },
+          "RowSpan's flag of a row holding NaN or +inf (flags: the uint32 at byte 24 of the 32-byte RowSpan).")
+      .def(
+          "raise_invalid_row",
+          [](const DeviceRuns& d, std::int64_t row) {
+            if (row < 0 || row >= d.block.rows)
+              raise(error(ErrorCode::invalid_argument, "row " + std::to_string(row) + " is not in [0, " +
+                                                           std::to_string(d.block.rows) + ")"));
+            raise(invalid_row_error(d.shape, row));
+          },
+          "row"_a, "Raises the MaskError finish() raises for a NaN / +inf in span row `row` (where the runs are not "
+          "brought to the host).")
       .def_prop_ro("room", [](const DeviceRuns& d) { return d.block.room; }, "Runs the block holds.")
       .def_prop_ro("eager", [](const DeviceRuns& d) { return d.block.eager; }, "Runs that come back with the count.")
       .def_prop_ro("head_address", [](const DeviceRuns& d) { return reinterpret_cast<std::uintptr_t>(d.head.get()); })
@@ -462,15 +486,7 @@ NB_MODULE(_core, m) {
             // As gpu::scan_runs() words it: the mask is on the device, so the row is named
             // (the first flagged run's first row).
             for (const SpanRun& r : runs.runs)
-              if (r.flags & kRowInvalid) {
-                const std::int64_t slice = r.row / runs.q_len;
-                raise(error(ErrorCode::invalid_value,
-                            "mask row [" + std::to_string(slice / runs.distinct_heads) + ", " +
-                                std::to_string(slice % runs.distinct_heads) + ", " +
-                                std::to_string(r.row % runs.q_len) +
-                                "] holds NaN or +inf; an additive mask holds 0, a bias, or -inf / a value <= the "
-                                "threshold"));
-              }
+              if (r.flags & kRowInvalid) raise(invalid_row_error(runs, r.row));
             {
               nb::gil_scoped_release unlocked;
               Result<MaskStructure> s = classify(runs);

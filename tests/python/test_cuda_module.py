@@ -180,13 +180,15 @@ def encode_runs(spans, q_len):
 
 class FakeCuda:
     """Stands in for masklens._cuda: checks the block device_scan() hands it against the
-    layout, and writes what the device would: the run count and the first runs into the
-    head (one copy), the runs past them on copy_rest()."""
+    layout, and writes what the device would: the spans into the block (host memory here:
+    a CPU mask's), the run count and the first runs into the head (one copy), the runs
+    past them on copy_rest()."""
 
     def __init__(self, spans, q_len, flags_row=None):
         spans = spans.copy()
         if flags_row is not None:
             spans["flags"][flags_row] = 4  # kRowInvalid: the row held NaN / +inf
+        self.spans = spans
         self.runs, self.calls = encode_runs(spans, q_len), []
 
     def query_runs(self, data, dtype, shape, strides, threshold):
@@ -196,6 +198,8 @@ class FakeCuda:
                   device):
         self.calls.append(dict(call="scan_runs", d_block=d_block, block_bytes=block_bytes, head_bytes=head_bytes,
                                stream=stream, dtype=dtype, shape=shape, strides=strides))
+        spans_at = _core.DeviceRuns(data, dtype, shape, strides, threshold, 24, 1000).layout["spans"]
+        ctypes.memmove(d_block + spans_at, self.spans.ctypes.data, self.spans.nbytes)  # the layout's spans
         eager = (head_bytes - 64) // 64
         head = np.zeros(head_bytes, dtype=np.uint8)
         head[:8] = np.frombuffer(np.int64(len(self.runs)).tobytes(), dtype=np.uint8)
@@ -543,10 +547,10 @@ def test_device_tile_scan_brings_runs_past_the_first_copy(monkeypatch):
 
 
 def test_a_block_mask_brings_no_runs_past_the_first_copy(monkeypatch):
-    """A BlockMask needs no verdict: with classify_many_runs=False a mask of more runs than
-    the first copy brings (300 here) is left unclassified (no copy_rest, no host work in
-    O(runs)), and masklens.torch's device BlockMask reads the mask in its mask_mod, equal
-    to create_block_mask's."""
+    """A BlockMask needs no verdict: with classify_many_runs=False a mask of more than one
+    run in 8 rows (300 runs in 300 rows here) is left unclassified (no copy_rest, no host
+    work in O(runs)), and masklens.torch's device BlockMask reads the mask in its mask_mod,
+    equal to create_block_mask's; its rows are still checked for NaN / +inf."""
     fa = pytest.importorskip("torch.nn.attention.flex_attention")
     import masklens.torch as mt
     i, j = rows_cols(300, 16)
@@ -569,6 +573,21 @@ def test_a_block_mask_brings_no_runs_past_the_first_copy(monkeypatch):
     fake_tile_scan(few, (32, 8), monkeypatch)
     verdict, _ = _cache.device_scan_tiles(few, (32, 8), classify_many_runs=False)
     assert verdict.structure.kind == "causal"
+    # Many runs of an exact structure (one a document, 300 documents of 4 rows): under one
+    # run in 8 rows? No: 300 runs for 1200 rows is one in 4, left unclassified; 150
+    # documents of 8 rows are one run in 8 rows: classified, the structure's own BlockMask.
+    for n, exact in ((300, False), (150, True)):
+        L = 1200
+        docs = torch.arange(L) // (L // n)
+        i, j = rows_cols(L, L)
+        packed = ((j <= i) & (docs[:, None] == docs[None, :]))[None, None]
+        fake_tile_scan(packed, (32, 8), monkeypatch)
+        structure, bm = mt._device_block_mask(packed, (32, 8), -1000.0)
+        assert (structure is not None and bm is None) == exact, n
+    # No verdict, yet a NaN / +inf row is an error, found in the spans on the device.
+    fake_tile_scan(m, (32, 8), monkeypatch, flags_row=123)
+    with pytest.raises(masklens.MaskError, match=r"^invalid_value: mask row \[0, 0, 123\] holds NaN or \+inf"):
+        _cache.device_scan_tiles(m, (32, 8), classify_many_runs=False)
 
 
 def test_device_tile_scan_names_an_invalid_row(monkeypatch):

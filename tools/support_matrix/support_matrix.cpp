@@ -105,7 +105,7 @@ std::string render() {
          "mask (and the math kernel) pays for every pair. FlexAttention pays for the pairs of the tiles it computes,\n"
          "full and partial, a partial tile at " << shortest(kFlexPartialTileRule) << "x with the structure's mask_mod and at "
       << shortest(kFlexPartialTileMaskRead) << "x when the mask_mod reads\n"
-         "the dense mask (estimates); an exact structure's tiles follow from its fields, an arbitrary mask's from\n"
+         "the dense mask (measured, bench/README.md); an exact structure's tiles follow from its fields, an arbitrary mask's from\n"
          "its scan (`tile_fractions`; without them every tile counts as partial). A plan pays for each of its calls. Measured rates come\n"
          "from `bench/backend_costs.py` on an H200 (bench/README.md); the others are estimates from the\n"
          "libraries' own reports until measured.\n\n"
