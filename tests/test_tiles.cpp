@@ -409,18 +409,31 @@ TEST_CASE("bad tile input gives an error naming it") {
 }
 
 TEST_CASE("tile_summary_from_states: a summary's own states round-trip; bad bytes and sizes are named") {
-  // Round trip: a scanned block-sparse summary (ragged, per head) rebuilt from its bytes.
+  // Round trip: a scanned block-structured summary (8 x 8 blocks empty, full or holed;
+  // ragged, per head: every state, full tiles included) rebuilt from its bytes.
   Rng rng(test_seed(1408));
+  TileTally seen;
   for (int c = 0; c < 20; ++c) {
     const std::int64_t Q = uniform(rng, 1, 300), K = uniform(rng, 1, 300);
     std::vector<std::uint8_t> data(static_cast<std::size_t>(2 * Q * K));
-    for (auto& b : data) b = coin(rng, 0.4) ? 1 : 0;
+    std::vector<int> block_mode(static_cast<std::size_t>(2 * (Q / 8 + 1) * (K / 8 + 1)));
+    for (auto& m : block_mode) m = static_cast<int>(uniform(rng, 0, 2));  // empty, full, holed
+    for (std::int64_t h = 0; h < 2; ++h)
+      for (std::int64_t q = 0; q < Q; ++q)
+        for (std::int64_t k = 0; k < K; ++k) {
+          const int mode = block_mode[static_cast<std::size_t>((h * (Q / 8 + 1) + q / 8) * (K / 8 + 1) + k / 8)];
+          data[static_cast<std::size_t>((h * Q + q) * K + k)] = mode == 1 || (mode == 2 && coin(rng, 0.5)) ? 1 : 0;
+        }
     const std::int64_t shape[4] = {1, 2, Q, K};
     auto v = MaskView::contiguous(data.data(), ElementType::boolean, shape);
     REQUIRE(v.ok());
-    const TileSize size{uniform(rng, 1, 64), uniform(rng, 1, 64)};
+    const TileSize size{8 * uniform(rng, 1, 4), 8 * uniform(rng, 1, 4)};
     auto scanned = scan_tiles(*v, size);
     REQUIRE(scanned.ok());
+    const TileTally t = scanned->tally();
+    seen.empty += t.empty;
+    seen.partial += t.partial;
+    seen.full += t.full;
     auto rebuilt = tile_summary_from_states(scanned->grid,
                                             reinterpret_cast<const std::uint8_t*>(scanned->states.data()),
                                             scanned->states.size());
@@ -428,6 +441,9 @@ TEST_CASE("tile_summary_from_states: a summary's own states round-trip; bad byte
     CHECK(rebuilt->states == scanned->states);
     CHECK(rebuilt->grid.tiles() == scanned->grid.tiles());
   }
+  CHECK(seen.empty > 0);
+  CHECK(seen.partial > 0);
+  CHECK(seen.full > 0);
   const TileGrid g = *make_tile_grid(1, 2, 5, 8, TileSize{4, 4}, 1, 2);  // 2 x 2 tiles a slice, q ragged
   std::vector<std::uint8_t> states(8, 0);
   CHECK(tile_summary_from_states(g, states.data(), 7).status().message() == "states hold 7 bytes; the grid has 8 tiles");
