@@ -129,18 +129,43 @@ Status on_device(int device, Work&& work) {
 
 }  // namespace
 
-// After a scan into the block's spans: the run reduction and the one copy of the run
-// count with the first runs to h_head (scan_runs and scan_runs_tiles share it).
-template <class Block>
-Status reduce_and_copy_head(const Block& b, std::uint8_t* base, std::int64_t q_len, std::uintptr_t h_head,
-                            std::size_t& reduce_temp, cudaStream_t s) {
-  Status r = gpu::reduce_runs(base + b.reduce_temp_at, reduce_temp, reinterpret_cast<const RowSpan*>(base + b.spans_at),
-                              b.rows, q_len, reinterpret_cast<SpanRun*>(base + b.runs_at), b.room,
-                              reinterpret_cast<std::int64_t*>(base + b.count_at), s);
-  if (r.ok())
-    r = check(cudaMemcpyAsync(reinterpret_cast<void*>(h_head), base, b.head_bytes(), cudaMemcpyDeviceToHost, s),
-              "cudaMemcpyAsync(run count and first runs to the host)");
-  return r;
+// The host head buffer scan_runs() and scan_runs_tiles() copy the count and first runs to.
+void check_head(const python::RunsBlock& b, std::uintptr_t h_head, std::size_t head_bytes) {
+  if (h_head == 0) raise(error(ErrorCode::invalid_argument, "host head buffer is null"));
+  if (head_bytes != b.head_bytes())
+    raise(error(ErrorCode::invalid_argument, "host head buffer holds " + std::to_string(head_bytes) +
+                                                 " bytes; this view's block copies " + std::to_string(b.head_bytes())));
+}
+
+// What scan_runs() and scan_runs_tiles() share around their scan, on `device` with the GIL
+// released: the head zeroed first (the head copy reads bytes the kernels may leave
+// unwritten, the count's padding and runs past the count: zeroed, initcheck sees no
+// unwritten byte copied), then scan(scan temporary, its bytes, the block's spans, stream),
+// the run reduction, the one copy of the count and the first runs to h_head, and the one
+// synchronisation of the stream. Returns the run count.
+template <class Scan>
+std::int64_t scan_reduce_copy(const python::RunsBlock& b, std::uintptr_t d_block, std::int64_t q_len,
+                              std::uintptr_t h_head, std::uintptr_t stream, int device, Scan&& scan) {
+  auto* base = reinterpret_cast<std::uint8_t*>(d_block);
+  const cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);  // gpu::Stream is the same type
+  Status st = on_device(device, [&]() -> Status {
+    Status r = check(cudaMemsetAsync(base, 0, b.head_bytes(), s), "cudaMemsetAsync(run count and first runs)");
+    std::size_t scan_temp = b.scan_temp_bytes, reduce_temp = b.reduce_temp_bytes;
+    if (r.ok()) r = scan(base + b.scan_temp_at, scan_temp, reinterpret_cast<RowSpan*>(base + b.spans_at), s);
+    if (r.ok())
+      r = gpu::reduce_runs(base + b.reduce_temp_at, reduce_temp, reinterpret_cast<const RowSpan*>(base + b.spans_at),
+                           b.rows, q_len, reinterpret_cast<SpanRun*>(base + b.runs_at), b.room,
+                           reinterpret_cast<std::int64_t*>(base + b.count_at), s);
+    if (r.ok())
+      r = check(cudaMemcpyAsync(reinterpret_cast<void*>(h_head), base, b.head_bytes(), cudaMemcpyDeviceToHost, s),
+                "cudaMemcpyAsync(run count and first runs to the host)");
+    if (r.ok()) r = check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+    return r;
+  });
+  if (!st.ok()) raise(st);
+  std::int64_t count = 0;
+  std::memcpy(&count, reinterpret_cast<const void*>(h_head + b.count_at), sizeof count);
+  return count;
 }
 
 NB_MODULE(_cuda, m) {
@@ -182,30 +207,11 @@ NB_MODULE(_cuda, m) {
          std::size_t block_bytes, std::uintptr_t h_head, std::size_t head_bytes, std::uintptr_t stream, int device) {
         const MaskView view = take(python::view_of(data, dtype, shape, strides, masked_threshold));
         const python::RunsBlock b = checked_block(view, d_block, block_bytes);
-        if (h_head == 0) raise(error(ErrorCode::invalid_argument, "host head buffer is null"));
-        if (head_bytes != b.head_bytes())
-          raise(error(ErrorCode::invalid_argument, "host head buffer holds " + std::to_string(head_bytes) +
-                                                       " bytes; this view's block copies " +
-                                                       std::to_string(b.head_bytes())));
-        auto* base = reinterpret_cast<std::uint8_t*>(d_block);
-        const cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);  // gpu::Stream is the same type
-        Status st = on_device(device, [&]() -> Status {
-          // The head copy reads bytes the kernels may leave unwritten (the count's padding,
-          // runs past the count): zeroed first, so initcheck sees no unwritten byte copied.
-          Status r = check(cudaMemsetAsync(base, 0, b.head_bytes(), s), "cudaMemsetAsync(run count and first runs)");
-          std::size_t scan_temp = b.scan_temp_bytes, reduce_temp = b.reduce_temp_bytes;
-          if (r.ok())
-            r = gpu::scan_spans(base + b.scan_temp_at, scan_temp, view, reinterpret_cast<RowSpan*>(base + b.spans_at),
-                                s);
-          if (r.ok()) r = reduce_and_copy_head(b, base, view.q_len(), h_head, reduce_temp, s);
-          // The one synchronisation when the head brings every run.
-          if (r.ok()) r = check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
-          return r;
-        });
-        if (!st.ok()) raise(st);
-        std::int64_t count = 0;
-        std::memcpy(&count, reinterpret_cast<const void*>(h_head + b.count_at), sizeof count);
-        return count;
+        check_head(b, h_head, head_bytes);
+        return scan_reduce_copy(b, d_block, view.q_len(), h_head, stream, device,
+                                [&](void* temp, std::size_t& temp_bytes, RowSpan* rows, cudaStream_t s) {
+                                  return gpu::scan_spans(temp, temp_bytes, view, rows, s);
+                                });
       },
       "data"_a, "dtype"_a, "shape"_a, "strides"_a, "masked_threshold"_a, "d_block"_a, "block_bytes"_a, "h_head"_a,
       "head_bytes"_a, "stream"_a, "device"_a,
@@ -243,30 +249,14 @@ NB_MODULE(_cuda, m) {
         const TileSize size{block_q, block_k};
         const python::RunsBlock b = checked_block(view, d_block, block_bytes, &size);
         const TileGrid g = take(tile_grid_for(view, size));
-        if (h_head == 0) raise(error(ErrorCode::invalid_argument, "host head buffer is null"));
-        if (head_bytes != b.head_bytes())
-          raise(error(ErrorCode::invalid_argument, "host head buffer holds " + std::to_string(head_bytes) +
-                                                       " bytes; this view's block copies " +
-                                                       std::to_string(b.head_bytes())));
+        check_head(b, h_head, head_bytes);
         const BlockMaskArrays d_block_mask = block_mask_arrays(g, arrays, array_bytes);
-        auto* base = reinterpret_cast<std::uint8_t*>(d_block);
-        const cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
-        Status st = on_device(device, [&]() -> Status {
-          // As scan_runs(): the head zeroed first (initcheck), then the scan, now with
-          // the tile counts and the BlockMask writer, the run reduction, one copy, one sync.
-          Status r = check(cudaMemsetAsync(base, 0, b.head_bytes(), s), "cudaMemsetAsync(run count and first runs)");
-          std::size_t scan_temp = b.scan_temp_bytes, reduce_temp = b.reduce_temp_bytes;
-          if (r.ok())
-            r = gpu::scan_spans_tiles(base + b.scan_temp_at, scan_temp, view, size,
-                                      reinterpret_cast<RowSpan*>(base + b.spans_at), d_block_mask, nullptr, s);
-          if (r.ok()) r = reduce_and_copy_head(b, base, view.q_len(), h_head, reduce_temp, s);
-          if (r.ok()) r = check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
-          return r;
-        });
-        if (!st.ok()) raise(st);
-        std::int64_t count = 0;
-        std::memcpy(&count, reinterpret_cast<const void*>(h_head + b.count_at), sizeof count);
-        return count;
+        // As scan_runs(), the scan now counting the tiles and writing the BlockMask too.
+        return scan_reduce_copy(b, d_block, view.q_len(), h_head, stream, device,
+                                [&](void* temp, std::size_t& temp_bytes, RowSpan* rows, cudaStream_t s) {
+                                  return gpu::scan_spans_tiles(temp, temp_bytes, view, size, rows, d_block_mask,
+                                                               nullptr, s);
+                                });
       },
       "data"_a, "dtype"_a, "shape"_a, "strides"_a, "masked_threshold"_a, "block_q"_a, "block_k"_a, "d_block"_a,
       "block_bytes"_a, "h_head"_a, "head_bytes"_a, "arrays"_a, "array_bytes"_a, "stream"_a, "device"_a,
