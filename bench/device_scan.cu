@@ -25,37 +25,14 @@
 #include <utility>
 #include <vector>
 
+#include "device_bench.cuh"
+
 using namespace masklens;
 
 namespace {
 
-#define CHECK_CUDA(x)                                                      \
-  do {                                                                     \
-    cudaError_t e_ = (x);                                                  \
-    if (e_ != cudaSuccess) {                                               \
-      std::fprintf(stderr, "%s failed: %s\n", #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                        \
-    }                                                                      \
-  } while (0)
-
-// The program owns the CUDA error state (every call before is checked and exits on
-// failure), so peeking after a <<<>>> launch reads this launch's error.
-#define CHECK_LAUNCH() CHECK_CUDA(cudaPeekAtLastError())
-
-__global__ void plain_read(const uint4* p, std::int64_t n, unsigned* out) {
-  unsigned acc = 0;
-  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-  std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
-  for (; i + 3 * stride < n; i += 4 * stride) {
-    const uint4 a = __ldg(p + i), b = __ldg(p + i + stride), c = __ldg(p + i + 2 * stride), d = __ldg(p + i + 3 * stride);
-    acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^ d.w;
-  }
-  for (; i < n; i += stride) {
-    const uint4 a = __ldg(p + i);
-    acc ^= a.x ^ a.y ^ a.z ^ a.w;
-  }
-  if (acc == 0x9e3779b9u) *out = acc;  // keeps the loads alive
-}
+using masklens_bench::median_ms;
+using masklens_bench::plain_read;
 
 // An L x L causal mask: `attend` on and below the diagonal, `masked` above.
 template <class T>
@@ -63,30 +40,6 @@ __global__ void fill_causal(T* m, std::int64_t L, T attend, T masked) {
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < L * L;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
     m[i] = (i % L) <= (i / L) ? attend : masked;
-}
-
-template <class F>
-float median_ms(int reps, F&& launch) {
-  cudaEvent_t a, b;
-  CHECK_CUDA(cudaEventCreate(&a));
-  CHECK_CUDA(cudaEventCreate(&b));
-  launch();  // warm-up
-  CHECK_LAUNCH();
-  CHECK_CUDA(cudaDeviceSynchronize());
-  std::vector<float> t;
-  for (int i = 0; i < reps; ++i) {
-    CHECK_CUDA(cudaEventRecord(a));
-    launch();
-    CHECK_CUDA(cudaEventRecord(b));
-    CHECK_CUDA(cudaEventSynchronize(b));
-    float ms = 0;
-    CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms);
-  }
-  CHECK_CUDA(cudaEventDestroy(a));
-  CHECK_CUDA(cudaEventDestroy(b));
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
 }
 
 struct Options {

@@ -31,41 +31,20 @@
 #include <string>
 #include <vector>
 
+#include "device_bench.cuh"
+
 using namespace masklens;
 
 namespace {
 
-#define CHECK_CUDA(x)                                                      \
-  do {                                                                     \
-    cudaError_t e_ = (x);                                                  \
-    if (e_ != cudaSuccess) {                                               \
-      std::fprintf(stderr, "%s failed: %s\n", #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                        \
-    }                                                                      \
-  } while (0)
-// The program owns the CUDA error state: peeking after <<<>>> reads this launch's error.
-#define CHECK_LAUNCH() CHECK_CUDA(cudaPeekAtLastError())
+using masklens_bench::median_ms;
+using masklens_bench::plain_read;
 
 void require(const Status& s, const char* what) {
   if (!s.ok()) {
     std::fprintf(stderr, "%s: %s\n", what, s.to_string().c_str());
     std::exit(1);
   }
-}
-
-__global__ void plain_read(const uint4* p, std::int64_t n, unsigned* out) {
-  unsigned acc = 0;
-  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-  std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
-  for (; i + 3 * stride < n; i += 4 * stride) {
-    const uint4 a = __ldg(p + i), b = __ldg(p + i + stride), c = __ldg(p + i + 2 * stride), d = __ldg(p + i + 3 * stride);
-    acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^ d.w;
-  }
-  for (; i < n; i += stride) {
-    const uint4 a = __ldg(p + i);
-    acc ^= a.x ^ a.y ^ a.z ^ a.w;
-  }
-  if (acc == 0x9e3779b9u) *out = acc;  // keeps the loads alive
 }
 
 // The structures of the cases: k <= q, inside a window, a document and the valid keys.
@@ -88,28 +67,6 @@ __global__ void fill(std::uint8_t* m, std::int64_t L, int esize, std::uint16_t m
     if (esize == 1) m[q * L + k] = a ? 1 : 0;
     else reinterpret_cast<std::uint16_t*>(m)[q * L + k] = a ? 0 : masked;
   }
-}
-
-template <class F>
-float median_event_ms(int reps, F&& launch) {
-  cudaEvent_t a, b;
-  CHECK_CUDA(cudaEventCreate(&a));
-  CHECK_CUDA(cudaEventCreate(&b));
-  launch();  // warm-up
-  std::vector<float> t;
-  for (int i = 0; i < reps; ++i) {
-    CHECK_CUDA(cudaEventRecord(a));
-    launch();
-    CHECK_CUDA(cudaEventRecord(b));
-    CHECK_CUDA(cudaEventSynchronize(b));
-    float ms = 0;
-    CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms);
-  }
-  CHECK_CUDA(cudaEventDestroy(a));
-  CHECK_CUDA(cudaEventDestroy(b));
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
 }
 
 template <class F>
@@ -281,14 +238,14 @@ int main(int argc, char** argv) {
           require(decide(*v, call).status(), "decide");
         });
 
-        const float read = median_event_ms(reps, [&] {
+        const float read = median_ms(reps, [&] {
           plain_read<<<read_grid, 256>>>(reinterpret_cast<const uint4*>(mask), bytes / 16, sink);
         });
         CHECK_LAUNCH();
-        const float scan = median_event_ms(reps, [&] {
+        const float scan = median_ms(reps, [&] {
           require(gpu::scan_spans(buf.scan_temp, buf.scan_temp_bytes, view, buf.rows), "scan_spans");
         });
-        const float reduce = median_event_ms(reps, [&] { reduce_now(nullptr); });
+        const float reduce = median_ms(reps, [&] { reduce_now(nullptr); });
         CHECK_CUDA(cudaDeviceSynchronize());
         // Copy, classify and decide on the runs just reduced.
         std::vector<double> copies;
