@@ -20,50 +20,13 @@
 #include <vector>
 
 #include "../support/additive_encodings.hpp"
+#include "../support/device_buffer.hpp"
 #include "../support/mask_gen.hpp"
 
 using namespace masklens;
 using namespace masklens::testing;
 
 namespace {
-
-// The test's own CUDA calls, each checked where it is made.
-#define REQUIRE_CUDA(call)                                                            \
-  do {                                                                                \
-    const cudaError_t e_ = (call);                                                    \
-    REQUIRE_MESSAGE(e_ == cudaSuccess, #call << ": " << std::string(cudaGetErrorName(e_))); \
-  } while (0)
-
-// Device memory the test owns; freeing it is checked too.
-class DeviceBuffer {
- public:
-  explicit DeviceBuffer(std::size_t bytes) { REQUIRE_CUDA(cudaMalloc(&p_, bytes)); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  ~DeviceBuffer() {
-    if (p_) CHECK(cudaFree(p_) == cudaSuccess);
-  }
-  template <class T = std::uint8_t>
-  T* get() const {
-    return static_cast<T*>(p_);
-  }
-
- private:
-  void* p_ = nullptr;
-};
-
-// A host view's bytes copied into `buffer` (data() is its lowest address: strides are
-// non-negative) and the same view over the copy.
-MaskView to_device(const MaskView& host, const DeviceBuffer& buffer) {
-  REQUIRE_CUDA(cudaMemcpy(buffer.get(), host.data(), static_cast<std::size_t>(host.extent_bytes()),
-                          cudaMemcpyHostToDevice));
-  // A pageable copy may still be in flight when cudaMemcpy returns; streams that do not
-  // order after the legacy stream (non-blocking ones) must not see it half done.
-  REQUIRE_CUDA(cudaDeviceSynchronize());
-  auto view = MaskView::make(buffer.get(), host.dtype(), host.shape(), host.strides(), host.encoding());
-  REQUIRE(view.ok());
-  return *view;
-}
 
 // A bool [L, L] causal mask on the device (L*L may exceed 2^32), built in host chunks
 // of rows so that no L*L host buffer is needed.

@@ -26,45 +26,13 @@
 #include <vector>
 
 #include "../support/additive_encodings.hpp"
+#include "../support/device_buffer.hpp"
 #include "../support/mask_gen.hpp"
 
 using namespace masklens;
 using namespace masklens::testing;
 
 namespace {
-
-#define REQUIRE_CUDA(call)                                                                  \
-  do {                                                                                      \
-    const cudaError_t e_ = (call);                                                          \
-    REQUIRE_MESSAGE(e_ == cudaSuccess, #call << ": " << std::string(cudaGetErrorName(e_))); \
-  } while (0)
-
-class DeviceBuffer {
- public:
-  explicit DeviceBuffer(std::size_t bytes) { REQUIRE_CUDA(cudaMalloc(&p_, bytes < 1 ? 1 : bytes)); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  ~DeviceBuffer() {
-    if (p_) CHECK(cudaFree(p_) == cudaSuccess);
-  }
-  template <class T = std::uint8_t>
-  T* get() const {
-    return static_cast<T*>(p_);
-  }
-
- private:
-  void* p_ = nullptr;
-};
-
-// A host view's bytes copied into `buffer` and the same view over the copy.
-MaskView to_device(const MaskView& host, const DeviceBuffer& buffer) {
-  REQUIRE_CUDA(cudaMemcpy(buffer.get(), host.data(), static_cast<std::size_t>(host.extent_bytes()),
-                          cudaMemcpyHostToDevice));
-  REQUIRE_CUDA(cudaDeviceSynchronize());
-  auto view = MaskView::make(buffer.get(), host.dtype(), host.shape(), host.strides(), host.encoding());
-  REQUIRE(view.ok());
-  return *view;
-}
 
 std::string text(TileSize s) { return std::to_string(s.q) + "x" + std::to_string(s.k); }
 

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "../support/device_buffer.hpp"
 #include "../support/mask_gen.hpp"
 #include "../support/structure_fields.hpp"
 
@@ -24,29 +25,6 @@ using namespace masklens;
 using namespace masklens::testing;
 
 namespace {
-
-#define REQUIRE_CUDA(call)                                                                  \
-  do {                                                                                      \
-    const cudaError_t e_ = (call);                                                          \
-    REQUIRE_MESSAGE(e_ == cudaSuccess, #call << ": " << std::string(cudaGetErrorName(e_))); \
-  } while (0)
-
-class DeviceBuffer {
- public:
-  explicit DeviceBuffer(std::size_t bytes) { REQUIRE_CUDA(cudaMalloc(&p_, bytes < 1 ? 1 : bytes)); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  ~DeviceBuffer() {
-    if (p_) CHECK(cudaFree(p_) == cudaSuccess);
-  }
-  template <class T = std::uint8_t>
-  T* get() const {
-    return static_cast<T*>(p_);
-  }
-
- private:
-  void* p_ = nullptr;
-};
 
 // reduce_runs on the table's rows with room for `room` runs (0: one per row, the most
 // there can be), on `stream`, back on the host; *count_out gets the count.
