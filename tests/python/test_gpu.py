@@ -14,6 +14,19 @@ pytestmark = pytest.mark.gpu
 DEV = "cuda"
 
 
+def assert_forward_backward(out, ref, tensors):
+    """out (a bf16 kernel's) against the fp32 reference `ref` of the same inputs: the
+    output within 2e-2, and each gradient (of a random weighting of both) its reference's
+    shape and within 5e-2 of its scale."""
+    assert_close(out.float(), ref, 2e-2)
+    w = torch.randn_like(ref)
+    g1 = torch.autograd.grad((out.float() * w).sum(), tensors)
+    g2 = torch.autograd.grad((ref * w).sum(), tensors)
+    for a, b in zip(g1, g2):
+        assert a.shape == b.shape
+        assert_close(a.float(), b.float(), 5e-2 * max(1.0, b.abs().max().item()))
+
+
 def reference32(q, k, v, mask):
     from helpers import reference
     return reference(q.float(), k.float(), v.float(), mask)
@@ -56,12 +69,7 @@ def test_drop_in_matches_reference(name, flex, monkeypatch):
     if flex:
         from masklens.torch import inspect
         assert inspect(q, k, v, mask)[0].backend == "torch.flex_attention"
-    assert_close(out.float(), ref, 2e-2)
-    w = torch.randn_like(ref)
-    g1 = torch.autograd.grad((out.float() * w).sum(), (q, k, v))
-    g2 = torch.autograd.grad((ref * w).sum(), (q, k, v))
-    for a, b in zip(g1, g2):
-        assert_close(a.float(), b.float(), 5e-2 * max(1.0, b.abs().max().item()))
+    assert_forward_backward(out, ref, (q, k, v))
     before = masklens.scan_count()
     sdpa(q, k, v, attn_mask=mask)
     assert masklens.scan_count() == before
@@ -97,13 +105,7 @@ def test_gqa_runs_without_expanding_kv(name, family, backend, monkeypatch):
     assert policy.backend == backend and not policy.is_plan
     assert not any(h.kind == "gqa_expand" for h in policy.hazards)
     ref = reference32(q, k, v, mask)
-    assert_close(out.float(), ref, 2e-2)
-    w = torch.randn_like(ref)
-    g1 = torch.autograd.grad((out.float() * w).sum(), (q, k, v))
-    g2 = torch.autograd.grad((ref * w).sum(), (q, k, v))
-    for a, b in zip(g1, g2):
-        assert a.shape == b.shape
-        assert_close(a.float(), b.float(), 5e-2 * max(1.0, b.abs().max().item()))
+    assert_forward_backward(out, ref, (q, k, v))
 
 
 def test_seed_case_drops_the_mask_for_is_causal():
@@ -337,12 +339,7 @@ def test_compiled_flex_on_masklens_block_mask_matches_the_dense_reference(name):
     bm = mt.block_mask(mask, 128)
     out = torch.compile(flex_attention, dynamic=False)(q, k, v, block_mask=bm)
     ref = reference32(q, k, v, mask)
-    assert_close(out.float(), ref, 2e-2)
-    w = torch.randn_like(ref)
-    g1 = torch.autograd.grad((out.float() * w).sum(), (q, k, v))
-    g2 = torch.autograd.grad((ref * w).sum(), (q, k, v))
-    for a, b in zip(g1, g2):
-        assert_close(a.float(), b.float(), 5e-2 * max(1.0, b.abs().max().item()))
+    assert_forward_backward(out, ref, (q, k, v))
 
 
 # --- BlockMask tensors written on the device (masklens._cuda.scan_runs_tiles) --------------
@@ -504,12 +501,7 @@ def test_drop_in_flex_on_a_block_sparse_cuda_mask_uses_device_tiles(shape, monke
     sdpa(q, k, v, attn_mask=mask)  # memoised: no second tile scan
     assert len(tile_scans) == 1
     ref = reference32(q, k, v, mask)
-    assert_close(out.float(), ref, 2e-2)
-    w = torch.randn_like(ref)
-    g1 = torch.autograd.grad((out.float() * w).sum(), (q, k, v))
-    g2 = torch.autograd.grad((ref * w).sum(), (q, k, v))
-    for a, b in zip(g1, g2):
-        assert_close(a.float(), b.float(), 5e-2 * max(1.0, b.abs().max().item()))
+    assert_forward_backward(out, ref, (q, k, v))
 
 
 def test_drop_in_compiles_flex_once_forward_and_backward(monkeypatch):
