@@ -96,11 +96,25 @@ struct Variant {
   cudaError_t (*launch)(const dev::ScanParams&, const TileGrid&, RowSpan*, unsigned long long*, cudaStream_t);
 };
 
-template <class Policy, int Esize, std::int64_t TargetUnits, std::int64_t MaxRows>
+// Waves: 0 = as many blocks as the device holds at once (the tuned launch), n > 0 = n
+// times that, -1 = a block per unit.
+template <class Policy, int Esize, std::int64_t TargetUnits, std::int64_t MaxRows, int Waves = 0>
 cudaError_t launch_variant(const dev::ScanParams& s, const TileGrid& g, RowSpan* rows, unsigned long long* counts,
                            cudaStream_t stream) {
   const dev::TileScanPlan plan = dev::plan_tile_scan(g, Esize, Policy::kWarpRowsPerBlock, TargetUnits, MaxRows);
-  return dev::launch_tile_plan<Policy, Esize>(s, plan, rows, counts, stream);
+  std::int64_t blocks = 0;
+  if constexpr (Waves < 0) {
+    blocks = plan.units;
+  } else if constexpr (Waves > 0) {
+    const auto kernel = plan.shared ? dev::scan_tiles_warp_kernel<Policy, Esize, true>
+                                    : dev::scan_tiles_warp_kernel<Policy, Esize, false>;
+    if (const cudaError_t e = dev::resident_blocks(kernel, Policy::kBlockThreads, plan.shared ? plan.shared_bytes : 0,
+                                                   blocks);
+        e != cudaSuccess)
+      return e;
+    blocks *= Waves;
+  }
+  return dev::launch_tile_plan<Policy, Esize>(s, plan, rows, counts, stream, blocks);
 }
 
 // The tuned shape first. A block per row (the span scan's choice for long rows) measured
@@ -110,7 +124,9 @@ std::vector<Variant> variants() {
   using dev::ScanPolicy;
   constexpr std::int64_t T = dev::kTileTargetUnits, M = dev::kTileMaxRowsPerParallelRow;
   return {
-      {"warp/row, 256 threads (tuned)", launch_variant<ScanPolicy<256, 4, 2048>, Esize, T, M>},
+      {"warp/row, 256 threads, resident blocks (tuned)", launch_variant<ScanPolicy<256, 4, 2048>, Esize, T, M>},
+      {"warp/row, a block per unit (before)", launch_variant<ScanPolicy<256, 4, 2048>, Esize, T, M, -1>},
+      {"warp/row, 2 x resident blocks", launch_variant<ScanPolicy<256, 4, 2048>, Esize, T, M, 2>},
       {"warp/row, 6 blocks/SM", launch_variant<ScanPolicy<256, 4, 2048, 6>, Esize, T, M>},
       {"warp/row, 8 loads in flight, 4 blocks/SM", launch_variant<ScanPolicy<256, 8, 2048, 4>, Esize, T, M>},
       {"warp/row, 128 threads", launch_variant<ScanPolicy<128, 4, 2048>, Esize, T, M>},

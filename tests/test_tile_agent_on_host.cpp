@@ -48,12 +48,12 @@ struct Replayed {
   std::vector<unsigned long long> counts;  // what the kernels' 64-bit atomics add into
 };
 
-// The kernels of dispatch_tiles.cuh on the CPU: units of the plan in turn, each row read
-// by `Threads` agents (merged in an order unlike the threads'), each thread adding into
-// its copy of the block's counters (Shared) or into the q tile's counts, the counters
-// flushed after each unit.
+// The kernels of dispatch_tiles.cuh on the CPU: `blocks` blocks in turn, each taking its
+// range of units (units_of), each row read by `Threads` agents (merged in an order unlike
+// the threads'), each thread adding into its copy of the block's counters (Shared) or
+// into the q tile's counts, the counters flushed where the plan says (flush_after).
 template <int Esize, int Threads, bool Shared>
-Replayed replay(const ScanParams& s, const TileScanPlan& plan) {
+Replayed replay(const ScanParams& s, const TileScanPlan& plan, std::int64_t blocks) {
   using Policy = ScanTuning<Esize, 900>::Policy;
   using Count = std::conditional_t<Shared, unsigned, unsigned long long>;
   using Acc = SpanTileAccumulator<Count>;
@@ -64,8 +64,7 @@ Replayed replay(const ScanParams& s, const TileScanPlan& plan) {
   out.counts.assign(static_cast<std::size_t>(g.tiles()), 0);
   std::vector<unsigned> block(static_cast<std::size_t>(plan.slots()), 0);
   const std::int64_t copies = std::int64_t{1} << plan.copy_shift;
-  for (std::int64_t u = 0; u < plan.units; ++u) {
-    const TileUnit unit = plan.unit(u);
+  const auto scan_unit = [&](const TileUnit& unit) {
     const auto init = [&](int thread) {
       Acc a{};
       if constexpr (Shared) {
@@ -84,21 +83,32 @@ Replayed replay(const ScanParams& s, const TileScanPlan& plan) {
       for (int t = 0; t < Threads; t += 2) row = SpanAccumulator::merge(row, agent.scan(r, t, init(t)).spans);
       row.store(out.rows.data(), r);
     }
-    if constexpr (Shared)
-      for (std::int64_t kt = 0; kt < g.k_tiles(); ++kt)
-        for (std::int64_t c = 0; c < copies; ++c) {
-          unsigned& slot = block[static_cast<std::size_t>((kt << plan.copy_shift) + c)];
-          out.counts[static_cast<std::size_t>(g.tile_index(unit.slice, unit.qt, kt))] += slot;
-          slot = 0;
-        }
+  };
+  const auto flush = [&](const TileUnit& unit) {
+    for (std::int64_t kt = 0; kt < g.k_tiles(); ++kt)
+      for (std::int64_t c = 0; c < copies; ++c) {
+        unsigned& slot = block[static_cast<std::size_t>((kt << plan.copy_shift) + c)];
+        out.counts[static_cast<std::size_t>(g.tile_index(unit.slice, unit.qt, kt))] += slot;
+        slot = 0;
+      }
+  };
+  for (std::int64_t b = 0; b < blocks; ++b) {
+    const UnitRange range = plan.units_of(b, blocks);
+    for (std::int64_t u = range.begin; u < range.end; ++u) {
+      const TileUnit unit = plan.unit(u);
+      scan_unit(unit);
+      if (Shared && plan.flush_after(u, range.end)) flush(unit);
+    }
   }
+  for (const unsigned left : block) REQUIRE(left == 0);  // every block ends with a flush
   return out;
 }
 
 // The plan of the kernel `threads` stands for (a warp per row: the block's 8 warps read
 // rows side by side), replayed with its counters where the plan puts them, or in the
 // 64-bit counts when `force_global`.
-Replayed replay(const MaskView& view, const TileGrid& g, int threads, bool force_global, TileScanPlan* used = nullptr) {
+Replayed replay(const MaskView& view, const TileGrid& g, int threads, bool force_global, std::int64_t blocks,
+                TileScanPlan* used = nullptr) {
   const ScanParams s = scan_params(view);
   const int esize = element_size(view.dtype());
   TileScanPlan plan = plan_tile_scan(g, esize, threads == 32 ? 8 : 1);
@@ -108,9 +118,10 @@ Replayed replay(const MaskView& view, const TileGrid& g, int threads, bool force
     plan.shared_bytes = 0;
   }
   if (used) *used = plan;
+  blocks = std::clamp<std::int64_t>(blocks, 1, plan.units);
   const auto run = [&]<int E>() {
-    if (threads == 32) return plan.shared ? replay<E, 32, true>(s, plan) : replay<E, 32, false>(s, plan);
-    return plan.shared ? replay<E, 256, true>(s, plan) : replay<E, 256, false>(s, plan);
+    if (threads == 32) return plan.shared ? replay<E, 32, true>(s, plan, blocks) : replay<E, 32, false>(s, plan, blocks);
+    return plan.shared ? replay<E, 256, true>(s, plan, blocks) : replay<E, 256, false>(s, plan, blocks);
   };
   switch (esize) {
     case 1: return run.template operator()<1>();
@@ -230,6 +241,37 @@ TEST_CASE("device tile plan: units cover every row of every q tile once; counter
       CHECK(expect_slice == grid->slices());
       CHECK(expect_q == 0);
     }
+    // Counters flushed once per q tile hold a whole q tile's rows.
+    if (p.flush_per_q_tile) {
+      CHECK(p.shared);
+      CHECK(std::min(size.q, Q) <= ((std::int64_t{1} << 32) - 1) / p.keys.divisor);
+    }
+    // Blocks' ranges: consecutive from 0 to units, sizes one apart at most; a flush at the
+    // end of each range and before each new q tile, nowhere else (or after every unit).
+    for (const std::int64_t blocks : {std::int64_t{1}, std::int64_t{7}, std::int64_t{528}, p.units}) {
+      if (blocks > p.units) continue;
+      std::int64_t next = 0, smallest = p.units, largest = 0;
+      for (const std::int64_t b : {std::int64_t{0}, blocks / 2, blocks - 1}) {
+        const UnitRange r = p.units_of(b, blocks);
+        smallest = std::min(smallest, r.end - r.begin);
+        largest = std::max(largest, r.end - r.begin);
+        CHECK(r.end - r.begin >= 1);
+        CHECK(p.flush_after(r.end - 1, r.end));
+        const std::int64_t u = r.begin;
+        if (u + 1 < r.end)
+          CHECK(p.flush_after(u, r.end) == (!p.flush_per_q_tile || p.unit(u).slice != p.unit(u + 1).slice ||
+                                            p.unit(u).qt != p.unit(u + 1).qt));
+      }
+      CHECK(largest - smallest <= 1);
+      if (blocks <= 600) {
+        for (std::int64_t b = 0; b < blocks; ++b) {
+          const UnitRange r = p.units_of(b, blocks);
+          REQUIRE(r.begin == next);
+          next = r.end;
+        }
+        CHECK(next == p.units);
+      }
+    }
     ++plans;
   }
   MESSAGE(plans << " plans");
@@ -296,14 +338,16 @@ TEST_CASE("device agent with the tile accumulator on the CPU: spans, counts and 
     auto spans = scan(view);
     REQUIRE(spans.ok());
     const std::vector<unsigned long long> want = reference_counts(view, *grid);
+    // Blocks: one for every unit, a few (ranges cut inside q tiles), one for all.
+    const std::int64_t blocks = coin(rng) ? std::int64_t{1} << 40 : uniform(rng, 1, 5);
     for (const int threads : {32, 256})
       for (const bool force_global : {false, true}) {
         TileScanPlan plan;
-        const Replayed got = replay(view, *grid, threads, force_global, &plan);
+        const Replayed got = replay(view, *grid, threads, force_global, blocks, &plan);
         INFO(dense.describe << " encoding " << encoding << " tiles " << text(size) << " threads " << threads
                             << (plan.shared ? " shared copies " + std::to_string(1 << plan.copy_shift) : " global")
-                            << " rows/unit " << plan.rows_per_unit << " base +"
-                            << (reinterpret_cast<std::uintptr_t>(view.data()) & 15));
+                            << " rows/unit " << plan.rows_per_unit << " blocks " << std::min(blocks, plan.units)
+                            << " base +" << (reinterpret_cast<std::uintptr_t>(view.data()) & 15));
         REQUIRE(got.rows.size() == spans->rows.size());
         for (std::size_t r = 0; r < got.rows.size(); ++r) {
           INFO("row " << r);
@@ -353,7 +397,7 @@ TEST_CASE("device tile accumulator on the CPU: whole and striped rows, every len
         for (std::int64_t width = 1; width <= 40; ++width) {
           const TileGrid g = *tile_grid_for(placed.view, TileSize{1, width});
           for (const int threads : {32, 256}) {
-            const Replayed got = replay(placed.view, g, threads, false);
+            const Replayed got = replay(placed.view, g, threads, false, 3);
             for (std::int64_t kt = 0; kt < g.k_tiles(); ++kt) {
               const std::int64_t lo = kt * width, hi = std::min(k_len, lo + width);
               const std::int64_t even = (hi + 1) / 2 - (lo + 1) / 2;

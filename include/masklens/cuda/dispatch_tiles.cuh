@@ -1,11 +1,13 @@
 // Tile summaries on the device, in the pass that scans the row spans: the kernels and
 // their launch. nvcc only; the entry points are declared in tiles.hpp and defined in
 // tiles.cu.
-//   1. the scan: dispatch_scan.cuh's agent with SpanTileAccumulator, a warp per row; a
-//      block takes units of rows of one q tile (tile_plan.hpp), its warps reduce each
-//      row's span with CUB and store it, while every lane adds its attending keys into
-//      the block's per-k-tile counters; after a unit the block adds the counters into
-//      the q tile's 64-bit counts (temporary storage, zeroed before the scan);
+//   1. the scan: dispatch_scan.cuh's agent with SpanTileAccumulator, a warp per row; as
+//      many blocks as the device holds at once, each taking a range of consecutive units
+//      of rows (tile_plan.hpp); its warps reduce each row's span with CUB and store it,
+//      while every lane adds its attending keys into the block's per-k-tile counters;
+//      where the block's next unit is of another q tile (and at the end of its range) it
+//      adds the counters into the q tile's 64-bit counts (temporary storage, zeroed
+//      before the scan);
 //   2. torch's BlockMask: a warp per q tile (its row of k tiles) and a warp per k tile
 //      (its column of q tiles) turns the counts into states (TileGrid::state_of), or
 //      reads states the caller has (write_block_mask), and writes the tiles of each
@@ -95,7 +97,9 @@ __global__ void __launch_bounds__(Policy::kBlockThreads, Policy::kMinBlocksPerSM
     zero_tile_counters(plan, shared_counts);
     __syncthreads();
   }
-  for (std::int64_t u = blockIdx.x; u < plan.units; u += gridDim.x) {
+  // The warps run ahead into the next unit of the same q tile: only a flush waits for all.
+  const UnitRange range = plan.units_of(blockIdx.x, gridDim.x);
+  for (std::int64_t u = range.begin; u < range.end; ++u) {
     const TileUnit unit = plan.unit(u);
     const Accumulator init = tile_accumulator<Shared>(plan, unit, shared_counts, counts);
     for (std::int64_t q = unit.q_begin + warp; q < unit.q_end; q += kRowsAtOnce) {
@@ -106,25 +110,46 @@ __global__ void __launch_bounds__(Policy::kBlockThreads, Policy::kMinBlocksPerSM
       __syncwarp();
     }
     if constexpr (Shared) {
-      __syncthreads();
-      flush_tile_counters(plan, unit, shared_counts, counts);
-      __syncthreads();
+      if (plan.flush_after(u, range.end)) {
+        __syncthreads();
+        flush_tile_counters(plan, unit, shared_counts, counts);
+        __syncthreads();
+      }
     }
   }
 }
 
-// The scan with `Policy` and `plan` (plan_tile_scan's with kWarpRowsPerBlock rows at once).
+// Blocks of `kernel` the device holds at once (its SMs x the blocks an SM holds with
+// `threads` threads and `smem` bytes of dynamic shared memory): the grid of a scan whose
+// blocks each take a share of the units.
+template <class Kernel>
+cudaError_t resident_blocks(Kernel kernel, int threads, std::size_t smem, std::int64_t& blocks) {
+  int device = 0, sms = 0, per_sm = 0;
+  cudaError_t e = cudaGetDevice(&device);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem);
+  blocks = static_cast<std::int64_t>(sms) * (per_sm > 0 ? per_sm : 1);
+  return e;
+}
+
+// The scan with `Policy` and `plan` (plan_tile_scan's with kWarpRowsPerBlock rows at once)
+// on `blocks` blocks (0: as many as the device holds at once; never more than the units).
 template <class Policy, int Esize>
 cudaError_t launch_tile_plan(const ScanParams& s, const TileScanPlan& plan, RowSpan* rows, unsigned long long* counts,
-                             cudaStream_t stream) {
+                             cudaStream_t stream, std::int64_t blocks = 0) {
+  const auto kernel =
+      plan.shared ? scan_tiles_warp_kernel<Policy, Esize, true> : scan_tiles_warp_kernel<Policy, Esize, false>;
+  const std::size_t smem = plan.shared ? plan.shared_bytes : 0;
+  if (blocks <= 0)
+    if (const cudaError_t e = resident_blocks(kernel, Policy::kBlockThreads, smem, blocks); e != cudaSuccess) return e;
+  if (blocks > plan.units) blocks = plan.units;
+  if (blocks > Policy::kMaxGrid) blocks = Policy::kMaxGrid;
   cudaLaunchConfig_t config{};
   config.blockDim = dim3(Policy::kBlockThreads);
-  config.gridDim = dim3(static_cast<unsigned>(plan.units < Policy::kMaxGrid ? plan.units : Policy::kMaxGrid));
-  config.dynamicSmemBytes = plan.shared ? plan.shared_bytes : 0;
+  config.gridDim = dim3(static_cast<unsigned>(blocks));
+  config.dynamicSmemBytes = smem;
   config.stream = stream;
-  if (plan.shared)
-    return cudaLaunchKernelEx(&config, scan_tiles_warp_kernel<Policy, Esize, true>, s, plan, rows, counts);
-  return cudaLaunchKernelEx(&config, scan_tiles_warp_kernel<Policy, Esize, false>, s, plan, rows, counts);
+  return cudaLaunchKernelEx(&config, kernel, s, plan, rows, counts);
 }
 
 // The scan with `Policy` and its plan.

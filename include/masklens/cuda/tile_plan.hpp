@@ -4,14 +4,20 @@
 // the split of q tiles into units and the counter sizes are tested without a GPU. No
 // CUDA headers.
 //
-// A block takes units of consecutive rows of one q tile (a warp per row, several rows at
-// once; the plan also serves a kernel of a block per row, rows_at_once 1) and adds each row's attending keys per k tile into its
-// own counters in shared memory: one 32-bit counter per k tile and *copy*, the lanes of
-// a warp spread over the copies so that lanes reading keys of one tile rarely add to one
-// address in one instruction. At the end of a unit the block adds each tile's copies into
-// the q tile's 64-bit count in global memory (skipping zeros). Where the counters of a
+// The rows are cut into units of consecutive rows of one q tile (a warp per row, several
+// rows at once; the plan also serves a kernel of a block per row, rows_at_once 1), and
+// each block of the grid takes a range of consecutive units (units_of: as many blocks as
+// the device holds at once, so every block starts at once and none waits for a second
+// wave). A block adds each row's attending keys per k tile into its own counters in
+// shared memory: one 32-bit counter per k tile and *copy*, the lanes of a warp spread
+// over the copies so that lanes reading keys of one tile rarely add to one address in
+// one instruction. Where its next unit is of another q tile, and at the end of its range,
+// the block adds each tile's copies into the q tile's 64-bit count in global memory
+// (skipping zeros): a flush costs two barriers and a pass over the counters, so a block
+// flushes about once per q tile it meets, not once per unit. Where the counters of a
 // row's k tiles do not fit the shared-memory budget (tiny k tiles, huge rows), or a
-// 32-bit counter could overflow, every add goes to the 64-bit counts directly.
+// 32-bit counter could overflow, every add goes to the 64-bit counts directly (or, where
+// only a whole q tile's rows could overflow one, the block flushes after every unit).
 #pragma once
 
 #include <bit>
@@ -64,16 +70,21 @@ struct TileUnit {
   std::int64_t slice = 0, qt = 0, q_begin = 0, q_end = 0;
 };
 
+// Units [begin, end) of the plan: one block's share.
+struct UnitRange {
+  std::int64_t begin = 0, end = 0;
+};
+
 // Shared-memory counters a block may take: enough for 512 k tiles (65536 keys at 128)
 // with 16 copies, and small enough that register use, not shared memory, bounds how
 // many blocks an SM holds.
 inline constexpr std::size_t kTileSharedBudget = 32 * 1024;
-// Units a scan aims for: several per block an H200 holds at once (132 SMs x 8), so the
-// last wave is short; fewer rows per unit only below that.
+// Units a scan aims for: the grain of the split of rows among the blocks (each block
+// takes units / blocks of them, an H200 holds 132 SMs x 4 blocks at once), fine enough
+// that blocks finish together; fewer rows per unit only below that.
 inline constexpr std::int64_t kTileTargetUnits = 8192;
-// The most rows a unit takes per row read at once: a unit's counters are added into the
-// 64-bit counts once per unit, which costs about one shared-memory read per 16-byte
-// vector of a row, so a unit of 16 rows makes that 1/16 of the pass's loads.
+// The most rows a unit takes per row read at once (a coarser grain helps nothing: a
+// block's counters are flushed per q tile, not per unit).
 inline constexpr std::int64_t kTileMaxRowsPerParallelRow = 16;
 
 struct TileScanPlan {
@@ -85,10 +96,28 @@ struct TileScanPlan {
   std::int64_t groups = 1;          // units per (slice, q tile)
   std::int64_t units = 1;           // slices x q tiles x groups
   std::size_t shared_bytes = 0;     // k_tiles << copy_shift 32-bit counters (0 when not shared)
+  // A 32-bit counter holds a whole q tile's rows x a tile's keys: a block flushes where
+  // its next unit is of another q tile (false: after every unit).
+  bool flush_per_q_tile = true;
 
   // Counter slots of the block: k tile kt's copy c is slot (kt << copy_shift) + c.
   [[nodiscard]] MASKLENS_HOST_DEVICE constexpr std::int64_t slots() const noexcept {
     return grid.k_tiles() << copy_shift;
+  }
+
+  // The units block b of `blocks` (1 <= blocks, b < blocks) takes: consecutive, the
+  // first units % blocks blocks one more than the others. (b * base <= units: no overflow.)
+  [[nodiscard]] MASKLENS_HOST_DEVICE constexpr UnitRange units_of(std::int64_t b, std::int64_t blocks) const noexcept {
+    const std::int64_t base = units / blocks, extra = units % blocks;
+    const std::int64_t begin = b * base + (b < extra ? b : extra);
+    return {begin, begin + base + (b < extra ? 1 : 0)};
+  }
+
+  // Whether a block whose range ends at `end` flushes its counters after unit u: at its
+  // last unit, before a unit of another q tile, or after every unit where a q tile's rows
+  // could overflow a counter.
+  [[nodiscard]] MASKLENS_HOST_DEVICE constexpr bool flush_after(std::int64_t u, std::int64_t end) const noexcept {
+    return !flush_per_q_tile || u + 1 == end || (u + 1) % groups == 0;
   }
 
   [[nodiscard]] MASKLENS_HOST_DEVICE constexpr TileUnit unit(std::int64_t u) const noexcept {
@@ -150,6 +179,7 @@ struct TileScanPlan {
     }
   }
   if (!p.shared) p.copy_shift = 0;
+  p.flush_per_q_tile = p.shared && tile_rows <= max_count / p.keys.divisor;
 
   p.rows_per_unit = r;
   p.groups = tile_rows / r + (tile_rows % r != 0 ? 1 : 0);
