@@ -124,15 +124,15 @@ std::vector<Variant> variants() {
   using dev::ScanPolicy;
   constexpr std::int64_t T = dev::kTileTargetUnits, M = dev::kTileMaxRowsPerParallelRow;
   return {
-      {"warp/row, 256 threads, resident blocks (tuned)", launch_variant<ScanPolicy<256, 4, 2048>, Esize, T, M>},
-      {"warp/row, a block per unit (before)", launch_variant<ScanPolicy<256, 4, 2048>, Esize, T, M, -1>},
-      {"warp/row, 2 x resident blocks", launch_variant<ScanPolicy<256, 4, 2048>, Esize, T, M, 2>},
-      {"warp/row, 6 blocks/SM", launch_variant<ScanPolicy<256, 4, 2048, 6>, Esize, T, M>},
-      {"warp/row, 8 loads in flight, 4 blocks/SM", launch_variant<ScanPolicy<256, 8, 2048, 4>, Esize, T, M>},
-      {"warp/row, 128 threads", launch_variant<ScanPolicy<128, 4, 2048>, Esize, T, M>},
-      {"warp/row, 512 threads", launch_variant<ScanPolicy<512, 4, 2048>, Esize, T, M>},
-      {"warp/row, 2048 units", launch_variant<ScanPolicy<256, 4, 2048>, Esize, 2048, 64>},
-      {"warp/row, 32768 units", launch_variant<ScanPolicy<256, 4, 2048>, Esize, 32768, M>},
+      {"warp/row, 128 threads, resident blocks (tuned)", launch_variant<ScanPolicy<128, 4, 2048>, Esize, T, M>},
+      {"warp/row, 128 threads, a block per unit", launch_variant<ScanPolicy<128, 4, 2048>, Esize, T, M, -1>},
+      {"warp/row, 128 threads, 2 x resident blocks", launch_variant<ScanPolicy<128, 4, 2048>, Esize, T, M, 2>},
+      {"warp/row, 128 threads, 12 blocks/SM", launch_variant<ScanPolicy<128, 4, 2048, 12>, Esize, T, M>},
+      {"warp/row, 128 threads, 2 loads in flight", launch_variant<ScanPolicy<128, 2, 2048>, Esize, T, M>},
+      {"warp/row, 64 threads", launch_variant<ScanPolicy<64, 4, 2048>, Esize, T, M>},
+      {"warp/row, 256 threads (before)", launch_variant<ScanPolicy<256, 4, 2048>, Esize, T, M>},
+      {"warp/row, 128 threads, 2048 units", launch_variant<ScanPolicy<128, 4, 2048>, Esize, 2048, 64>},
+      {"warp/row, 128 threads, 32768 units", launch_variant<ScanPolicy<128, 4, 2048>, Esize, 32768, M>},
   };
 }
 

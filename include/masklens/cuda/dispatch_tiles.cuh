@@ -8,11 +8,12 @@
 //      where the block's next unit is of another q tile (and at the end of its range) it
 //      adds the counters into the q tile's 64-bit counts (temporary storage, zeroed
 //      before the scan);
-//   2. torch's BlockMask: a warp per q tile (its row of k tiles) and a warp per k tile
+//   2. torch's BlockMask: a block per q tile (its row of k tiles) and a block per k tile
 //      (its column of q tiles) turns the counts into states (TileGrid::state_of), or
 //      reads states the caller has (write_block_mask), and writes the tiles of each
 //      state in ascending order, then the others in ascending order: what write_kv_row
-//      / write_q_column write (tile_grid.hpp), with ballots in place of their loops.
+//      / write_q_column write (tile_grid.hpp), with ballots and a block prefix in place
+//      of their loops.
 // Launched with cudaLaunchKernelEx (its result is the launch's own status: the caller's
 // CUDA "last error" is neither read nor cleared).
 #pragma once
@@ -187,65 +188,113 @@ inline cudaError_t dispatch_scan_tiles(const MaskView& view, const TileGrid& g, 
 // --- torch's BlockMask from the counts ---
 
 inline constexpr int kBlockMaskThreads = 256;
+inline constexpr int kBlockMaskWarps = kBlockMaskThreads / 32;
 
-// Tiles each lane of a line's warp loads before the warp's ballots over them: that many
-// independent loads in flight, so a line of n tiles waits for about n / (32 x this) load
-// latencies instead of n / 32 (the lines are few: latency, not bandwidth, bounds them).
-inline constexpr int kLineChunk = 8;
+// Tiles each thread of a line's block holds at once: a line of up to 256 x 4 tiles (every
+// k tile of a 131072-key row at 128) is read once, and its states stay in registers
+// between the counts and the indices.
+inline constexpr int kLineChunk = 4;
+inline constexpr std::int64_t kLineRound = std::int64_t{kBlockMaskThreads} * kLineChunk;
 
-// One warp writes one line of n tiles (a q tile's k tiles, or a k tile's q tiles; tile i's
-// state is state(i)): into part_* the partial tiles, into full_* the full ones, each as
-// detail::write_ordered writes it — the count, the indices in the state in ascending
+// Each warp's count of each state in each chunk of a round: the block's prefix of ranks.
+struct LineCounts {
+  std::int32_t part[kLineChunk][kBlockMaskWarps];
+  std::int32_t full[kLineChunk][kBlockMaskWarps];
+};
+
+// One block writes one line of n tiles (a q tile's k tiles, or a k tile's q tiles; tile
+// i's state is state(i)): into part_* the partial tiles, into full_* the full ones, each
+// as detail::write_ordered writes it — the count, the indices in the state in ascending
 // order, then the others in ascending order. Null pointers are skipped; states[i *
-// stride] gets each state where states is not null. Every lane of the warp calls it with
-// the same arguments. Two passes: the counts, then every index at once (tile i not in a
-// state goes after that state's `count` tiles, at count + i - (its tiles before i)).
+// stride] gets each state where states is not null. Every thread of the block calls it
+// with the same arguments. A round holds tiles base + c x 256 + thread (c < kLineChunk),
+// so (c, warp, lane) is index order: a tile's rank in its state is the round's tiles of
+// that state before its (c, warp) — a prefix over `counts` — plus its lane's in its
+// warp's ballot. Tile i not in a state goes after that state's `count` tiles, at count +
+// i - (its tiles before i). A line longer than a round is read twice: the counts, then
+// the indices. (A warp per line, as before, left an H200 idle: 512 lines at 32768^2,
+// 28 us of latency; a block per line is 8 times the loads in flight.)
 template <class StateOf>
 __device__ void write_line(std::int64_t n, StateOf state, std::int32_t* part_count, std::int32_t* part_idx,
-                           std::int32_t* full_count, std::int32_t* full_idx, TileState* states,
-                           std::int64_t stride) {
-  const unsigned lane = threadIdx.x & 31u, below = (1u << lane) - 1u;
-  constexpr std::int64_t kStep = 32 * kLineChunk;
-  const auto load = [&](std::int64_t base, TileState (&st)[kLineChunk]) {
+                           std::int32_t* full_count, std::int32_t* full_idx, TileState* states, std::int64_t stride,
+                           LineCounts& counts) {
+  const int thread = static_cast<int>(threadIdx.x), warp = thread / 32;
+  const unsigned below = (1u << (thread % 32)) - 1u;
+  const auto tile = [&](std::int64_t base, int c) { return base + std::int64_t{c} * kBlockMaskThreads + thread; };
+  TileState st[kLineChunk];
+  unsigned part[kLineChunk], full[kLineChunk];  // the warp's ballots
+  // Reads a round's states and counts them into `counts`; ends at a barrier.
+  const auto read_round = [&](std::int64_t base) {
 #pragma unroll
     for (int c = 0; c < kLineChunk; ++c) {
-      const std::int64_t i = base + c * 32 + lane;
+      const std::int64_t i = tile(base, c);
       st[c] = i < n ? state(i) : TileState::empty;
     }
-  };
-  std::int32_t parts = 0, fulls = 0;
-  for (std::int64_t base = 0; base < n; base += kStep) {
-    TileState st[kLineChunk];
-    load(base, st);
 #pragma unroll
     for (int c = 0; c < kLineChunk; ++c) {
-      parts += __popc(__ballot_sync(0xffffffffu, st[c] == TileState::partial));
-      fulls += __popc(__ballot_sync(0xffffffffu, st[c] == TileState::full));
-      const std::int64_t i = base + c * 32 + lane;
-      if (states && i < n) states[i * stride] = st[c];
+      part[c] = __ballot_sync(0xffffffffu, st[c] == TileState::partial);
+      full[c] = __ballot_sync(0xffffffffu, st[c] == TileState::full);
+      if (thread % 32 == 0) {
+        counts.part[c][warp] = __popc(part[c]);
+        counts.full[c][warp] = __popc(full[c]);
+      }
     }
+    __syncthreads();
+  };
+  const bool one_round = n <= kLineRound;
+  std::int32_t parts = 0, fulls = 0;  // the line's
+  for (std::int64_t base = 0; base < n; base += kLineRound) {
+    read_round(base);
+    if (states)
+#pragma unroll
+      for (int c = 0; c < kLineChunk; ++c)
+        if (tile(base, c) < n) states[tile(base, c) * stride] = st[c];
+#pragma unroll
+    for (int c = 0; c < kLineChunk; ++c)
+#pragma unroll
+      for (int w = 0; w < kBlockMaskWarps; ++w) {
+        parts += counts.part[c][w];
+        fulls += counts.full[c][w];
+      }
+    if (!one_round) __syncthreads();  // the next round rewrites the counts (one round keeps them)
   }
-  if (lane == 0) {
+  if (thread == 0) {
     if (part_count) *part_count = parts;
     if (full_count) *full_count = fulls;
   }
-  if (part_idx == nullptr && full_idx == nullptr) return;
-  std::int32_t parts_before = 0, fulls_before = 0;  // tiles of each state before this group of 32
-  for (std::int64_t base = 0; base < n; base += kStep) {
-    TileState st[kLineChunk];
-    load(base, st);
+  if (part_idx != nullptr || full_idx != nullptr) {
+    std::int32_t parts_before = 0, fulls_before = 0;  // tiles of each state in the rounds before
+    for (std::int64_t base = 0; base < n; base += kLineRound) {
+      if (!one_round) read_round(base);
+      std::int32_t part_at[kLineChunk], full_at[kLineChunk];  // before (c, this warp) in the round
+      std::int32_t p = 0, f = 0;
 #pragma unroll
-    for (int c = 0; c < kLineChunk; ++c) {
-      const std::int64_t i = base + c * 32 + lane;
-      const unsigned p = __ballot_sync(0xffffffffu, st[c] == TileState::partial);
-      const unsigned f = __ballot_sync(0xffffffffu, st[c] == TileState::full);
-      const std::int32_t p_rank = parts_before + __popc(p & below), f_rank = fulls_before + __popc(f & below);
-      const auto index = static_cast<std::int32_t>(i);
-      if (i < n && part_idx) part_idx[st[c] == TileState::partial ? p_rank : parts + (index - p_rank)] = index;
-      if (i < n && full_idx) full_idx[st[c] == TileState::full ? f_rank : fulls + (index - f_rank)] = index;
-      parts_before += __popc(p);
-      fulls_before += __popc(f);
+      for (int c = 0; c < kLineChunk; ++c)
+#pragma unroll
+        for (int w = 0; w < kBlockMaskWarps; ++w) {
+          if (w == warp) {
+            part_at[c] = p;
+            full_at[c] = f;
+          }
+          p += counts.part[c][w];
+          f += counts.full[c][w];
+        }
+#pragma unroll
+      for (int c = 0; c < kLineChunk; ++c) {
+        const std::int64_t i = tile(base, c);
+        if (i >= n) continue;
+        const auto index = static_cast<std::int32_t>(i);
+        const std::int32_t p_rank = parts_before + part_at[c] + __popc(part[c] & below);
+        const std::int32_t f_rank = fulls_before + full_at[c] + __popc(full[c] & below);
+        if (part_idx) part_idx[st[c] == TileState::partial ? p_rank : parts + (index - p_rank)] = index;
+        if (full_idx) full_idx[st[c] == TileState::full ? f_rank : fulls + (index - f_rank)] = index;
+      }
+      parts_before += p;
+      fulls_before += f;
+      __syncthreads();  // the counts are rewritten by the next round or line
     }
+  } else {
+    __syncthreads();  // the next line rewrites the counts
   }
 }
 
@@ -267,16 +316,15 @@ struct StatesGiven {
   }
 };
 
-// Warps [0, slices x q_tiles) write the kv side (and the states, if asked), the next
-// slices x k_tiles warps the q side; each takes its tiles' states from `source`.
+// Blocks [0, slices x q_tiles) write the kv side (and the states, if asked), the next
+// slices x k_tiles blocks the q side; each takes its tiles' states from `source`.
 template <class Source>
 __global__ void __launch_bounds__(kBlockMaskThreads)
     block_mask_kernel(TileGrid g, Source source, BlockMaskArrays out, TileState* states) {
+  __shared__ LineCounts counts;
   const std::int64_t nq = g.q_tiles(), nk = g.k_tiles();
   const std::int64_t kv_lines = g.slices() * nq, lines = kv_lines + g.slices() * nk;
-  const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * (kBlockMaskThreads / 32);
-  for (std::int64_t w = (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; w < lines;
-       w += warps) {
+  for (std::int64_t w = blockIdx.x; w < lines; w += gridDim.x) {
     if (w < kv_lines) {
       const std::int64_t slice = w / nq, qt = w % nq;
       const auto state = [&](std::int64_t kt) { return source(slice, qt, kt); };
@@ -284,14 +332,14 @@ __global__ void __launch_bounds__(kBlockMaskThreads)
                  out.kv_indices ? out.kv_indices + w * nk : nullptr,
                  out.full_kv_num_blocks ? out.full_kv_num_blocks + w : nullptr,
                  out.full_kv_indices ? out.full_kv_indices + w * nk : nullptr,
-                 states ? states + g.tile_index(slice, qt, 0) : nullptr, 1);
+                 states ? states + g.tile_index(slice, qt, 0) : nullptr, 1, counts);
     } else {
       const std::int64_t column = w - kv_lines, slice = column / nk, kt = column % nk;
       const auto state = [&](std::int64_t qt) { return source(slice, qt, kt); };
       write_line(nq, state, out.q_num_blocks ? out.q_num_blocks + column : nullptr,
                  out.q_indices ? out.q_indices + column * nq : nullptr,
                  out.full_q_num_blocks ? out.full_q_num_blocks + column : nullptr,
-                 out.full_q_indices ? out.full_q_indices + column * nq : nullptr, nullptr, 0);
+                 out.full_q_indices ? out.full_q_indices + column * nq : nullptr, nullptr, 0, counts);
     }
   }
 }
@@ -301,8 +349,7 @@ __global__ void __launch_bounds__(kBlockMaskThreads)
 template <class Source>
 cudaError_t launch_block_mask(const TileGrid& g, const Source& source, const BlockMaskArrays& out,
                               TileState* states_out, cudaStream_t stream) {
-  const std::int64_t lines = g.slices() * (g.q_tiles() + g.k_tiles());
-  const std::int64_t blocks = (lines + kBlockMaskThreads / 32 - 1) / (kBlockMaskThreads / 32);
+  const std::int64_t blocks = g.slices() * (g.q_tiles() + g.k_tiles());  // a block per line
   constexpr std::int64_t kMaxBlocks = std::int64_t{1} << 20;
   cudaLaunchConfig_t config{};
   config.blockDim = dim3(kBlockMaskThreads);

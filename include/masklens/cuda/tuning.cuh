@@ -60,10 +60,12 @@ struct ScanTuning<Esize, 800> {
 // holds fewer blocks per SM and waits at a barrier per row. A warp per row, for rows of
 // any length, measured fastest (bench/device_tiles.cu --sweep, H200, 2026-12-03: 1.25x a
 // plain read at bool 32768^2 and 1.11-1.15x at 65536^2, against 1.6-1.9x and 1.22-1.32x
-// with a block per row; capping registers for more blocks per SM did worse).
+// with a block per row; capping registers for more blocks per SM did worse), and blocks
+// of 128 threads beat 256 (1.23-1.27x against 1.28-1.30x at 32768^2, 1.10x against
+// 1.12-1.14x at 65536^2, the grid as many blocks as the device holds).
 template <int Esize, int Sm>
 struct TileScanTuning {
-  using Policy = ScanPolicy<256, 4, 2048>;  // the tile scan takes a warp per row: kLongRowBytes is not read
+  using Policy = ScanPolicy<128, 4, 2048>;  // the tile scan takes a warp per row: kLongRowBytes is not read
 };
 
 }  // namespace masklens::gpu::detail
