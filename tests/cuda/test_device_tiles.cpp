@@ -363,10 +363,12 @@ TEST_CASE("device tiles: write_block_mask from states the caller has equals bloc
   Rng rng(test_seed(1407));
   const int n = cases(300);
   for (int c = 0; c < n; ++c) {
-    // Random grids: ragged and whole tiles, long lines (more tiles than a warp's chunk),
-    // broadcast and distinct slices, every mix of states.
+    // Random grids: ragged and whole tiles, long lines (up to 2500 tiles: more than one
+    // round of the writer's block, kLineRound), broadcast and distinct slices, every mix
+    // of states.
     const std::int64_t B = uniform(rng, 1, 3), H = uniform(rng, 1, 3);
-    const TileSize size{uniform(rng, 1, 4) * 32, uniform(rng, 1, 4) * 32};
+    const TileSize size{c % 10 == 0 ? uniform(rng, 1, 2) * 16 : uniform(rng, 1, 4) * 32,
+                        c % 7 == 0 ? uniform(rng, 1, 2) * 16 : uniform(rng, 1, 4) * 32};
     const std::int64_t Q = uniform(rng, 1, c % 10 == 0 ? 40000 : 3000), K = uniform(rng, 1, c % 7 == 0 ? 40000 : 3000);
     auto grid = make_tile_grid(B, H, Q, K, size, coin(rng, 0.5) ? 1 : B, coin(rng, 0.5) ? 1 : H);
     REQUIRE(grid.ok());
