@@ -60,6 +60,7 @@ def masks():
     docs = torch.stack([torch.bucketize(torch.arange(L), torch.tensor(cuts), right=True) for cuts in ([10, 40], [30])])
     start = torch.tensor([0, 12])
     qi, kj = rows_cols(16, L)
+    many = torch.bucketize(torch.arange(L), torch.tensor([3, 7, 12, 18, 22, 27, 33, 38, 44, 50, 55, 60]), right=True)
     return {
         "packed documents": (c[None] & (docs[:, :, None] == docs[:, None, :]))[:, None],
         "sliding window 16": (c & (i - j < 16)).expand(2, 1, L, L),
@@ -70,6 +71,8 @@ def masks():
         # 2-D masks: a structure of batch 1 that stands for every batch of the call.
         "2-D packed documents": c & (docs[0][:, None] == docs[0][None, :]),
         "2-D sliding window 16": c & (i - j < 16),
+        # More document starts than the mask_mod compares inline: its document table.
+        "2-D thirteen documents": c & (many[:, None] == many[None, :]),
     }
 
 
@@ -206,6 +209,19 @@ def test_flex_mask_mod_from_structure(name):
     mod = _run.mask_mod_for(s, "cpu")
     dense = create_mask(mod, B, 1, Q, K, device="cpu")
     assert torch.equal(dense, mask.expand(B, 1, Q, K))
+
+
+def test_flex_mask_mod_holds_no_tensor_for_a_few_documents_or_one_padding_range():
+    """A structure whose modifiers are shared by every batch (a few document starts, one
+    valid range) gives a mask_mod over Python ints: nothing is built or copied to the
+    device per BlockMask. Many documents, or ranges per batch, keep a tensor."""
+    def tensors_held(name):
+        mod = _run.mask_mod_for(masklens.scan(MASKS[name]).structure, "cpu")
+        return [c.cell_contents for c in mod.__closure__ if isinstance(c.cell_contents, torch.Tensor)]
+    assert tensors_held("2-D packed documents") == []
+    assert tensors_held("2-D sliding window 16") == []
+    assert len(tensors_held("2-D thirteen documents")) == 1
+    assert len(tensors_held("left padded causal")) == 1  # two batches, two ranges
 
 
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
