@@ -9,6 +9,7 @@
 
 #include <cuda_runtime_api.h>
 #include <masklens/cuda/runs.hpp>
+#include <masklens/cuda/runs_tiles.hpp>  // the kernels' tile and pass sizes, for the edges below
 #include <masklens/cuda/scan.hpp>
 
 #include <cstdint>
@@ -117,9 +118,12 @@ TEST_SUITE("cuda") {
 
 TEST_CASE("device runs equal the host encoding on random tables, across tile and prefix-pass edges") {
   Rng rng(test_seed(1301));
-  // Rows around the tile (2048 rows) and the prefix kernel's pass (256 tiles = 524288 rows).
-  const std::int64_t row_counts[] = {1, 2, 3, 7, 2047, 2048, 2049, 4095, 4096, 4097, 65536 + 5, 524287, 524288,
-                                     524289, 1100003};
+  // Rows around the tile (kRunsTileRows) and the prefix kernel's pass (kRunsThreads tiles).
+  constexpr std::int64_t tile = masklens::gpu::detail::kRunsTileRows;
+  constexpr std::int64_t pass = tile * masklens::gpu::detail::kRunsThreads;
+  const std::int64_t row_counts[] = {1,        2,        3,        7,        tile - 1,  tile,    tile + 1,
+                                     2 * tile - 1, 2 * tile, 2 * tile + 1, 65536 + 5, pass - 1, pass,
+                                     pass + 1, 2 * pass + 3, 1100003};
   int compared = 0;
   for (const std::int64_t rows : row_counts)
     for (int rep = 0; rep < 3; ++rep) {
