@@ -201,10 +201,12 @@ def _tiles_on_device(mask, device):
 
 
 def _device_block_mask(mask, size, masked_threshold):
-    """(structure, BlockMask over the tensors one device read wrote, or None where the
-    structure is exact: then it is tiled from its fields). The structure is None where the
-    spans reduce to more than one run in 8 rows (block-sparse masks: about
-    one run per row): the BlockMask then reads the mask in its mask_mod, exact for any
+    """(structure, BlockMask over the tensors one device read wrote). Its mask_mod is the
+    structure's rule where the structure is exact (nothing holds the mask), else a lookup
+    into the mask. The tensors are the mask's tiles either way: for an exact structure the
+    very tiles tiles_from_structure would give (the CUDA suite holds the two equal), so
+    nothing is tiled again. The structure is None where the spans reduce to more than one
+    run in 8 rows (block-sparse masks: about one run per row): the lookup is exact for any
     mask, and the runs are never brought to the host."""
     view = mask
     while view.dim() < 4:
@@ -212,8 +214,9 @@ def _device_block_mask(mask, size, masked_threshold):
     verdict, arrays = _cache.device_scan_tiles(view.detach(), size, masked_threshold, classify_many_runs=False)
     structure = None if verdict is None else verdict.structure
     if structure is not None and structure.kind != "arbitrary":
-        return structure, None
-    mask_mod = _run.mask_mod_for(structure, view.device, _attends(view, masked_threshold))
+        mask_mod = _run.mask_mod_for(structure, view.device)
+    else:
+        mask_mod = _run.mask_mod_for(structure, view.device, _attends(view, masked_threshold))
     return structure, _run.block_mask_from_arrays(arrays, view.shape[-2:], size, mask_mod)
 
 
@@ -222,14 +225,14 @@ def block_mask(mask_or_report, block_size=128, *, mask=None, device=None, masked
     with the q side masklens writes too), at block_size = N or (q, k).
 
     `mask_or_report` is a mask (torch tensor or numpy array, 1-4 dims) or a masklens.Report.
-    An exact structure's tiles come from its fields (no read of the mask past the scan)
-    and its mask_mod from its fields; an arbitrary mask's tiles from a host scan, or for
-    a CUDA mask (with `device` its own) from masklens._cuda's device scan, which writes
-    the BlockMask's tensors on the device in the read that proves the structure (without
-    masklens._cuda the mask is copied to the host for them); its mask_mod reads the mask
-    (`mask[b, h, q, kv]`): a Report of an arbitrary mask needs `mask=` (its tiles are
-    reused when inspect(tiles=...) counted them at this size). The tensors are on
-    `device` (default: the mask's, else the CPU)."""
+    A CUDA mask (with `device` its own) is read once on the device by masklens._cuda,
+    which proves the structure and writes the BlockMask's tensors there in that read.
+    Otherwise an exact structure's tiles come from its fields (no read of the mask past
+    the scan), an arbitrary mask's from a host scan (a CUDA mask without masklens._cuda
+    is copied to the host for them). An exact structure's mask_mod comes from its fields;
+    an arbitrary mask's reads the mask (`mask[b, h, q, kv]`): a Report of an arbitrary
+    mask needs `mask=` (its tiles are reused when inspect(tiles=...) counted them at this
+    size). The tensors are on `device` (default: the mask's, else the CPU)."""
     import masklens
     size = _cache.tile_size(block_size)
     tiles = None
@@ -247,11 +250,9 @@ def block_mask(mask_or_report, block_size=128, *, mask=None, device=None, masked
     if structure is None:
         if _tiles_on_device(mask, device):
             # One read on the device: the verdict, and the tiles written as the BlockMask's
-            # tensors there (used only where the structure is arbitrary).
-            structure, bm = _device_block_mask(mask, size, masked_threshold)
-            if bm is not None:
-                return bm
-        elif mask.device.type == "cuda":
+            # tensors there.
+            return _device_block_mask(mask, size, masked_threshold)[1]
+        if mask.device.type == "cuda":
             structure = masklens.scan(mask, masked_threshold).structure
         if structure is None or structure.kind == "arbitrary":
             verdict, tiles = _cache.scan_with_tiles(mask, size, masked_threshold)

@@ -463,12 +463,23 @@ def test_inspect_tiles_of_a_cuda_mask_come_from_one_device_read(name):
 
 
 @needs_device_tiles
-def test_device_block_mask_of_an_exact_structure_comes_from_its_fields():
+def test_device_block_mask_of_an_exact_structure_takes_its_rule_and_the_tensors_of_its_one_read(monkeypatch):
+    """An exact structure's BlockMask on a CUDA mask: one tile scan writes the tensors
+    (nothing tiled again from the fields), and the mask_mod is the structure's rule,
+    holding no reference to the mask."""
     import masklens.torch as mt
+    from masklens import _cache, _core
     from torch.nn.attention.flex_attention import create_block_mask
+    scans, from_fields = [], []
+    real_scan, real_fields = _cache.device_scan_tiles, _core.tiles_from_structure
+    monkeypatch.setattr(_cache, "device_scan_tiles", lambda *a, **kw: scans.append(a) or real_scan(*a, **kw))
+    monkeypatch.setattr(_core, "tiles_from_structure", lambda *a, **kw: from_fields.append(a) or real_fields(*a, **kw))
     L = 1000
     mask = torch.ones(L, L, dtype=torch.bool, device=DEV).tril()
     ours = mt.block_mask(mask, 128)
+    assert len(scans) == 1 and from_fields == []
+    held = [c.cell_contents for c in ours.mask_mod.__closure__ or () if isinstance(c.cell_contents, torch.Tensor)]
+    assert held == []
     theirs = create_block_mask(lambda b, h, q, kv: kv <= q, 1, 1, L, L, device=DEV)
     for f in BM_FIELDS:
         assert torch.equal(getattr(ours, f), getattr(theirs, f)), f
