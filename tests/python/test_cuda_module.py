@@ -575,7 +575,8 @@ def test_a_block_mask_brings_no_runs_past_the_first_copy(monkeypatch):
     assert verdict.structure.kind == "causal"
     # Many runs of an exact structure (one a document, 300 documents of 4 rows): under one
     # run in 8 rows? No: 300 runs for 1200 rows is one in 4, left unclassified; 150
-    # documents of 8 rows are one run in 8 rows: classified, the structure's own BlockMask.
+    # documents of 8 rows are one run in 8 rows: classified, the structure's rule as the
+    # mask_mod over the scan's tensors. Either way the BlockMask is create_block_mask's.
     for n, exact in ((300, False), (150, True)):
         L = 1200
         docs = torch.arange(L) // (L // n)
@@ -583,7 +584,14 @@ def test_a_block_mask_brings_no_runs_past_the_first_copy(monkeypatch):
         packed = ((j <= i) & (docs[:, None] == docs[None, :]))[None, None]
         fake_tile_scan(packed, (32, 8), monkeypatch)
         structure, bm = mt._device_block_mask(packed, (32, 8), -1000.0)
-        assert (structure is not None and bm is None) == exact, n
+        assert (structure is not None) == exact, n
+        held = [c.cell_contents for c in bm.mask_mod.__closure__ or () if isinstance(c.cell_contents, torch.Tensor)]
+        assert any(t is packed or t.data_ptr() == packed.data_ptr() for t in held) == (not exact), n
+        assert torch.equal(fa.create_mask(bm.mask_mod, 1, 1, L, L, device="cpu"), packed)
+        theirs = fa.create_block_mask(lambda b, h, q, kv: packed[0, 0, q.clamp(max=L - 1), kv.clamp(max=L - 1)],
+                                      1, 1, L, L, device="cpu", BLOCK_SIZE=(32, 8))
+        for field in TILE_FIELDS:
+            assert torch.equal(getattr(bm, field), getattr(theirs, field)), (n, field)
     # No verdict, yet a NaN / +inf row is an error, found in the spans on the device.
     fake_tile_scan(m, (32, 8), monkeypatch, flags_row=123)
     with pytest.raises(masklens.MaskError, match=r"^invalid_value: mask row \[0, 0, 123\] holds NaN or \+inf"):
