@@ -7,8 +7,10 @@ on masklens' BlockMask against the dense mask on torch's default dispatch.
 Per mask (sliding window 4096, packed documents, random block-sparse; bool [1, 1, L, L]):
   masklens, from structure   the structure's tiles (tiles.hpp, no read of the mask) and the
                              eight tensors on the device: BlockMask(...) with the q side
-  masklens, scan + structure masklens.torch.block_mask(mask): the scan (on the device where
-                             masklens._cuda is built) then the above; exact structures only
+  masklens, scan + structure masklens.torch.block_mask(mask) on an exact structure: with
+                             masklens._cuda, one device read that proves the structure
+                             and writes the eight tensors (its rule is the mask_mod);
+                             without, the scan then the above
   masklens, device scan      CUDA, arbitrary masks, where masklens._cuda is built:
                              masklens.torch.block_mask(mask), one device read that gives
                              the verdict and writes the eight tensors on the device
