@@ -236,12 +236,6 @@ def run_flash_attn(call, t: Tensors, q, k, v, args=None):
     return out.transpose(1, 2)
 
 
-# Documents whose starts a mask_mod compares inline (more: a per-position document table).
-# Each start is two comparisons per element of a partial tile; a packed batch rarely
-# holds more documents.
-_INLINE_DOCUMENT_STARTS = 16
-
-
 def mask_mod_for(structure, device, mask=None):
     """FlexAttention's mask_mod: the structure's rule from its fields, or (for a kept
     mask) a lookup into the dense mask."""
@@ -270,32 +264,24 @@ def mask_mod_for(structure, device, mask=None):
             blocks[start:end] = n
     last_block = blocks.shape[0] - 1 if blocks is not None else 0
     docs = None
-    bounds = None
-    if s.segments is not None and len(s.segments) == 1 and Q == K and len(s.segments[0]) - 2 <= _INLINE_DOCUMENT_STARTS:
-        # A few documents shared by every batch: q and k are in one document when no
-        # document start falls between them, a comparison per start against Python ints
-        # (no tensor to build and copy to the device, no gather in the traced rule).
-        bounds = tuple(s.segments[0][1:-1])
-    elif s.segments is not None:
+    if s.segments is not None:
         # Row q's document: how many document starts (offsets past 0) are <= q, as a
-        # cumulative sum of start marks, on the host (torch.bucketize costs ~10 ms on a
-        # busy CPU; building it on a GPU costs a synchronising copy and five launches):
-        # one copy of the table.
+        # cumulative sum of start marks, built on the host (torch.bucketize costs ~10 ms
+        # on a busy CPU; building it on a GPU costs a synchronising copy and five
+        # launches, ~0.3 ms on an H200) and copied once. A tensor, not Python ints: new
+        # document boundaries then reuse the compiled flex_attention (Dynamo guards ints
+        # as constants and would compile again for each packing).
         def documents(seg):
             marks = np.zeros(Q, dtype=np.int32)
             np.add.at(marks, np.asarray(seg[1:-1], dtype=np.int64), 1)
             return np.cumsum(marks, dtype=np.int32)
         docs = torch.from_numpy(np.stack([documents(seg) for seg in s.segments])).to(device)
-    # Modifiers hold one entry per batch (a tensor indexed by b), or one for every batch
-    # (a broadcast mask: Python ints, nothing to copy to the device).
-    def ranges(valid):
-        if valid is None:
-            return None
-        if len(valid) == 1:
-            return tuple(valid[0])
-        return torch.tensor(valid, device=device, dtype=torch.long)
-    kv, qv = ranges(s.kv_valid), ranges(s.q_valid)
+    kv = torch.tensor(s.kv_valid, device=device, dtype=torch.long) if s.kv_valid is not None else None
+    qv = torch.tensor(s.q_valid, device=device, dtype=torch.long) if s.q_valid is not None else None
+    # Modifiers hold one entry per batch, or one for every batch (a broadcast mask).
     docs_batch = docs is not None and docs.shape[0] > 1
+    kv_batch = kv is not None and kv.shape[0] > 1
+    qv_batch = qv is not None and qv.shape[0] > 1
 
     def mask_mod(b, h, qi, ki):
         # create_block_mask evaluates whole tiles: indices past Q or K reach here when a
@@ -316,18 +302,15 @@ def mask_mod_for(structure, device, mask=None):
         else:  # causal_blocks: p's block, when p lies in one
             kc = ki.clamp(max=K - 1)
             ok = (ki <= p) | ((blocks[kc] >= 0) & (blocks[kc] == blocks[p.clamp(min=0, max=last_block)]) & (p >= 0))
-        if bounds is not None:
-            for start in bounds:
-                ok = ok & ((qi >= start) == (ki >= start))
         if docs is not None:
             db = b if docs_batch else 0
             ok = ok & (docs[db, qi.clamp(max=Q - 1)] == docs[db, ki.clamp(max=K - 1)])
         if kv is not None:
-            lo, hi = kv if isinstance(kv, tuple) else (kv[b, 0], kv[b, 1])
-            ok = ok & (ki >= lo) & (ki < hi)
+            kb = b if kv_batch else 0
+            ok = ok & (ki >= kv[kb, 0]) & (ki < kv[kb, 1])
         if qv is not None:  # rows outside q_valid attend nothing: their tiles are empty
-            lo, hi = qv if isinstance(qv, tuple) else (qv[b, 0], qv[b, 1])
-            ok = ok & (qi >= lo) & (qi < hi)
+            qb = b if qv_batch else 0
+            ok = ok & (qi >= qv[qb, 0]) & (qi < qv[qb, 1])
         return ok
     return mask_mod
 

@@ -212,19 +212,6 @@ def test_flex_mask_mod_from_structure(name):
     assert torch.equal(dense, mask.expand(B, 1, Q, K))
 
 
-def test_flex_mask_mod_holds_no_tensor_for_a_few_documents_or_one_padding_range():
-    """A structure whose modifiers are shared by every batch (a few document starts, one
-    valid range) gives a mask_mod over Python ints: nothing is built or copied to the
-    device per BlockMask. Many documents, or ranges per batch, keep a tensor."""
-    def tensors_held(name):
-        mod = _run.mask_mod_for(masklens.scan(MASKS[name]).structure, "cpu")
-        return [c.cell_contents for c in mod.__closure__ if isinstance(c.cell_contents, torch.Tensor)]
-    assert tensors_held("2-D packed documents") == []
-    assert tensors_held("2-D sliding window 16") == []
-    assert len(tensors_held("2-D twenty-one documents")) == 1
-    assert len(tensors_held("left padded causal")) == 1  # two batches, two ranges
-
-
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 def test_flex_runs_eager_on_cpu():
     pytest.importorskip("torch.nn.attention.flex_attention")
@@ -338,21 +325,26 @@ def test_kernel_switches_are_sdpa_kernels(backend, monkeypatch):
         set_sdp_flags(start)
 
 
-@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
-@pytest.mark.parametrize("name", ["sliding window 16", "packed documents", "left padded causal", "2-D sliding window 16"])
-def test_drop_in_compiles_flex_once_per_shape_and_structure(name, monkeypatch):
-    """The drop-in's compiled FlexAttention is traced once for a shape and structure: the
-    first call compiles one Dynamo frame, and a new mask tensor of the same structure (a
-    new BlockMask, a new mask_mod closure over new tensors) and cached calls reuse it.
-    Dynamo with backend="eager": its guards and recompiles are those of the real call,
-    without Inductor's minutes on the CPU."""
-    pytest.importorskip("torch.nn.attention.flex_attention")
+def only_flex(monkeypatch):
+    """The environment as an sm90 GPU's with FlexAttention the only backend."""
+    from masklens import _env
+    real_env = _env.environment
+    if getattr(real_env, "only_flex", False):
+        return
+    patched = lambda *a, **kw: real_env(*a, **{**kw, "available": {"flex"}, "sm": 90})  # noqa: E731
+    patched.only_flex = True
+    monkeypatch.setattr(_env, "environment", patched)
+
+
+def flex_frames(masks, q, k, v, monkeypatch):
+    """The drop-in over `masks` in turn with only FlexAttention available, its
+    torch.compile on Dynamo's "eager" backend (Dynamo's guards and recompiles are those
+    of the real call, without Inductor's minutes on the CPU): (frames, graphs compiled,
+    torch.compile's keyword arguments per compiled function, the outputs)."""
     import torch._dynamo
     from torch._dynamo.utils import counters
-    from masklens import _env
-    from masklens.torch import inspect, scaled_dot_product_attention as sdpa
-    real_env = _env.environment
-    monkeypatch.setattr(_env, "environment", lambda *a, **kw: real_env(*a, **{**kw, "available": {"flex"}, "sm": 90}))
+    from masklens.torch import scaled_dot_product_attention as sdpa
+    only_flex(monkeypatch)
     real_compile = torch.compile
     made = []
 
@@ -361,20 +353,54 @@ def test_drop_in_compiles_flex_once_per_shape_and_structure(name, monkeypatch):
         return real_compile(fn, **{**kwargs, "backend": "eager"})
     monkeypatch.setattr(torch, "compile", compile_eager)
     monkeypatch.setattr(_run, "_compiled_flex", None)  # restored after the test
-    mask = MASKS[name]
-    q, k, v = qkv(2, 4, L, L, dtype=torch.float32, grad=False)  # flex has no CPU backward
-    assert inspect(q, k, v, mask)[0].backend == "torch.flex_attention"
     torch._dynamo.reset()
     counters.clear()
     try:
-        fresh = mask.clone()  # a new tensor: scanned again, its own BlockMask and mask_mod
-        outs = [sdpa(q, k, v, attn_mask=m) for m in (mask, fresh, mask, fresh)]
+        outs = [sdpa(q, k, v, attn_mask=m) for m in masks]
         frames, graphs = counters["frames"]["ok"], counters["stats"]["unique_graphs"]
     finally:
         torch._dynamo.reset()
-        masklens.forget(mask)  # the shared mask's entry holds its BlockMask
+        for m in masks:
+            masklens.forget(m)  # a mask's entry holds its BlockMask
+    return frames, graphs, made, outs
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize("name", ["sliding window 16", "packed documents", "left padded causal", "2-D sliding window 16"])
+def test_drop_in_compiles_flex_once_per_shape_and_structure(name, monkeypatch):
+    """The drop-in's compiled FlexAttention is traced once for a shape and structure: the
+    first call compiles one Dynamo frame, and a new mask tensor of the same structure (a
+    new BlockMask, a new mask_mod closure over new tensors) and cached calls reuse it."""
+    pytest.importorskip("torch.nn.attention.flex_attention")
+    from masklens.torch import inspect
+    mask = MASKS[name]
+    q, k, v = qkv(2, 4, L, L, dtype=torch.float32, grad=False)  # flex has no CPU backward
+    only_flex(monkeypatch)
+    assert inspect(q, k, v, mask)[0].backend == "torch.flex_attention"
+    fresh = mask.clone()  # a new tensor: scanned again, its own BlockMask and mask_mod
+    frames, graphs, made, outs = flex_frames([mask, fresh, mask, fresh], q, k, v, monkeypatch)
     assert made == [{"dynamic": False}]  # one compiled flex_attention for the process
     assert (frames, graphs) == (1, 1), f"flex_attention compiled {frames} frames, {graphs} graphs"
     ref = zero_empty_rows(reference(q, k, v, mask), mask)
     for out in outs:
         assert_close(out, ref, 1e-5)
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_drop_in_reuses_compiled_flex_for_new_document_boundaries_and_padding(monkeypatch):
+    """Packed batches move their document boundaries every step, padded ones their valid
+    ranges: the mask_mod reads them from tensors (Dynamo would guard Python ints as
+    constants and compile again for each), so one frame serves them all."""
+    pytest.importorskip("torch.nn.attention.flex_attention")
+    i, j = rows_cols(L, L)
+    c = j <= i
+    packed = [c & (d[:, None] == d[None, :])
+              for d in (torch.bucketize(torch.arange(L), torch.tensor(cuts), right=True)
+                        for cuts in ([10, 40], [20, 45], [5, 33]))]
+    padded = [(c[None] & (j[None] >= torch.tensor(starts)[:, None, None]))[:, None] for starts in ([0, 12], [3, 20], [7, 9])]
+    q, k, v = qkv(2, 4, L, L, dtype=torch.float32, grad=False)
+    for masks in (packed, padded):
+        frames, graphs, _, outs = flex_frames(masks, q, k, v, monkeypatch)
+        assert (frames, graphs) == (1, 1), f"flex_attention compiled {frames} frames, {graphs} graphs"
+        for m, out in zip(masks, outs):
+            assert_close(out, zero_empty_rows(reference(q, k, v, m), m), 1e-5)
