@@ -288,8 +288,10 @@ TEST_SUITE("host") {
 
 TEST_CASE("span runs: the device's tiled reduction, replayed on the host, gives encode()'s runs") {
   Rng rng(test_seed(20261309));
-  // Around a tile (2048 rows) and a pass of the tile kernel (256 tiles = 524288 rows).
-  const std::int64_t row_counts[] = {1, 2, 9, 2047, 2048, 2049, 6000, 524287, 524289};
+  // Around a tile (kRunsTileRows) and a pass of the prefix kernel (kRunsThreads tiles).
+  constexpr std::int64_t tile = masklens::gpu::detail::kRunsTileRows;
+  constexpr std::int64_t pass = tile * masklens::gpu::detail::kRunsThreads;
+  const std::int64_t row_counts[] = {1, 2, 9, tile - 1, tile, tile + 1, 6000, pass - 1, pass + 1};
   for (const std::int64_t rows : row_counts)
     for (int rep = 0; rep < 3; ++rep) {
       SpanTable t;

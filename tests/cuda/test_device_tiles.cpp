@@ -363,14 +363,17 @@ TEST_CASE("device tiles: write_block_mask from states the caller has equals bloc
   Rng rng(test_seed(1407));
   const int n = cases(300);
   for (int c = 0; c < n; ++c) {
-    // Random grids: ragged and whole tiles, long lines (up to 2500 tiles: more than one
-    // round of the writer's block, kLineRound), broadcast and distinct slices, every mix
-    // of states.
-    const std::int64_t B = uniform(rng, 1, 3), H = uniform(rng, 1, 3);
-    const TileSize size{c % 10 == 0 ? uniform(rng, 1, 2) * 16 : uniform(rng, 1, 4) * 32,
-                        c % 7 == 0 ? uniform(rng, 1, 2) * 16 : uniform(rng, 1, 4) * 32};
-    const std::int64_t Q = uniform(rng, 1, c % 10 == 0 ? 40000 : 3000), K = uniform(rng, 1, c % 7 == 0 ? 40000 : 3000);
-    auto grid = make_tile_grid(B, H, Q, K, size, coin(rng, 0.5) ? 1 : B, coin(rng, 0.5) ? 1 : H);
+    // Random grids: ragged and whole tiles, long lines (up to 2500 tiles: more than two
+    // rounds of the writer's block, kLineRound), broadcast and distinct slices, every mix
+    // of states. Case 0 always: 9 distinct slices of 2500 q tiles, ~23000 lines, more
+    // than the writer's grid (a block takes several lines in turn).
+    const bool long_q = c % 10 == 0, long_k = c % 7 == 0 && !long_q;  // never both: arrays stay small
+    const std::int64_t B = c == 0 ? 3 : uniform(rng, 1, 3), H = c == 0 ? 3 : uniform(rng, 1, 3);
+    const TileSize size{long_q ? (c == 0 ? 16 : uniform(rng, 1, 2) * 16) : uniform(rng, 1, 4) * 32,
+                        long_k ? uniform(rng, 1, 2) * 16 : uniform(rng, 1, 4) * 32};
+    const std::int64_t Q = c == 0 ? 40000 : uniform(rng, 1, long_q ? 40000 : 3000);
+    const std::int64_t K = uniform(rng, 1, long_k ? 40000 : 3000);
+    auto grid = make_tile_grid(B, H, Q, K, size, c == 0 || coin(rng, 0.5) ? B : 1, c == 0 || coin(rng, 0.5) ? H : 1);
     REQUIRE(grid.ok());
     auto summary = TileSummary::for_grid(*grid);
     REQUIRE(summary.ok());

@@ -72,7 +72,7 @@ def masks():
         # 2-D masks: a structure of batch 1 that stands for every batch of the call.
         "2-D packed documents": c & (docs[0][:, None] == docs[0][None, :]),
         "2-D sliding window 16": c & (i - j < 16),
-        # More document starts than the mask_mod compares inline: its document table.
+        # Many short documents.
         "2-D twenty-one documents": c & (many[:, None] == many[None, :]),
     }
 
@@ -398,8 +398,9 @@ def test_drop_in_reuses_compiled_flex_for_new_document_boundaries_and_padding(mo
               for d in (torch.bucketize(torch.arange(L), torch.tensor(cuts), right=True)
                         for cuts in ([10, 40], [20, 45], [5, 33]))]
     padded = [(c[None] & (j[None] >= torch.tensor(starts)[:, None, None]))[:, None] for starts in ([0, 12], [3, 20], [7, 9])]
+    padded_2d = [c & (j >= start) for start in (3, 20, 7)]  # one valid range for every batch
     q, k, v = qkv(2, 4, L, L, dtype=torch.float32, grad=False)
-    for masks in (packed, padded):
+    for masks in (packed, padded, padded_2d):
         frames, graphs, _, outs = flex_frames(masks, q, k, v, monkeypatch)
         assert (frames, graphs) == (1, 1), f"flex_attention compiled {frames} frames, {graphs} graphs"
         for m, out in zip(masks, outs):

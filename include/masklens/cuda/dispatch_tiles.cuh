@@ -213,7 +213,7 @@ struct LineCounts {
 // warp's ballot. Tile i not in a state goes after that state's `count` tiles, at count +
 // i - (its tiles before i). A line longer than a round is read twice: the counts, then
 // the indices. (A warp per line, as before, left an H200 idle: 512 lines at 32768^2,
-// 28 us of latency; a block per line is 8 times the loads in flight.)
+// 28 us of latency; a block per line is 4 times the loads in flight, 1024 against 256.)
 template <class StateOf>
 __device__ void write_line(std::int64_t n, StateOf state, std::int32_t* part_count, std::int32_t* part_idx,
                            std::int32_t* full_count, std::int32_t* full_idx, TileState* states, std::int64_t stride,
@@ -350,7 +350,10 @@ template <class Source>
 cudaError_t launch_block_mask(const TileGrid& g, const Source& source, const BlockMaskArrays& out,
                               TileState* states_out, cudaStream_t stream) {
   const std::int64_t blocks = g.slices() * (g.q_tiles() + g.k_tiles());  // a block per line
-  constexpr std::int64_t kMaxBlocks = std::int64_t{1} << 20;
+  // Past this many lines a block takes several in turn (more blocks than an H200 holds
+  // at once several times over; a 65536^2 mask has 1024 lines). The CUDA suite's grids
+  // reach it, so the loop's reuse of a block's LineCounts is tested.
+  constexpr std::int64_t kMaxBlocks = 4096;
   cudaLaunchConfig_t config{};
   config.blockDim = dim3(kBlockMaskThreads);
   config.gridDim = dim3(static_cast<unsigned>(blocks < kMaxBlocks ? blocks : kMaxBlocks));

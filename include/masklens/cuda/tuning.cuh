@@ -61,8 +61,9 @@ struct ScanTuning<Esize, 800> {
 // any length, measured fastest (bench/device_tiles.cu --sweep, H200, 2026-12-03: 1.25x a
 // plain read at bool 32768^2 and 1.11-1.15x at 65536^2, against 1.6-1.9x and 1.22-1.32x
 // with a block per row; capping registers for more blocks per SM did worse), and blocks
-// of 128 threads beat 256 (1.23-1.27x against 1.28-1.30x at 32768^2, 1.10x against
-// 1.12-1.14x at 65536^2, the grid as many blocks as the device holds).
+// of 128 threads beat 256 (with the block-per-line writer and as many blocks as the
+// device holds: 1.16-1.18x against 1.20-1.21x at 32768^2, 1.08-1.11x against
+// 1.09-1.12x at 65536^2).
 template <int Esize, int Sm>
 struct TileScanTuning {
   using Policy = ScanPolicy<128, 4, 2048>;  // the tile scan takes a warp per row: kLongRowBytes is not read
