@@ -200,20 +200,32 @@ def _tiles_on_device(mask, device):
     return mask.device.type == "cuda" and torch.device(device) == mask.device and _cache.has_device_tiles()
 
 
+def _structure_slices(structure):
+    """(distinct batch, distinct heads) of an exact structure's own tiles, as
+    structure_tile_grid (structure_tiles.hpp) tiles it: one slice per batch where its
+    modifiers differ by batch, else one; the heads are alike."""
+    differ = any(len(f or ()) > 1 for f in (structure.segments, structure.kv_valid, structure.q_valid))
+    return (structure.batch if differ else 1, 1)
+
+
 def _device_block_mask(mask, size, masked_threshold):
-    """(structure, BlockMask over the tensors one device read wrote). Its mask_mod is the
-    structure's rule where the structure is exact (nothing holds the mask), else a lookup
-    into the mask. The tensors are the mask's tiles either way: for an exact structure the
-    very tiles tiles_from_structure would give (the CUDA suite holds the two equal), so
-    nothing is tiled again. The structure is None where the spans reduce to more than one
-    run in 8 rows (block-sparse masks: about one run per row): the lookup is exact for any
-    mask, and the runs are never brought to the host."""
+    """(structure, BlockMask over the tensors one device read wrote, or None). Its mask_mod
+    is the structure's rule where the structure is exact (nothing holds the mask), else a
+    lookup into the mask. The tensors are the mask's tiles either way: for an exact
+    structure the very tiles tiles_from_structure would give (the CUDA suite holds the two
+    equal), so nothing is tiled again, where they have the structure's own slices; a mask
+    that stores more ([B, H, Q, K] materialised, every head alike) gets None: its fields
+    give the BlockMask, B x H times smaller. The structure is None where the spans reduce
+    to more than one run in 8 rows (block-sparse masks: about one run per row): the
+    lookup is exact for any mask, and the runs are never brought to the host."""
     view = mask
     while view.dim() < 4:
         view = view.unsqueeze(0)
     verdict, arrays = _cache.device_scan_tiles(view.detach(), size, masked_threshold, classify_many_runs=False)
     structure = None if verdict is None else verdict.structure
     if structure is not None and structure.kind != "arbitrary":
+        if tuple(arrays["kv_num_blocks"].shape[:2]) != _structure_slices(structure):
+            return structure, None
         mask_mod = _run.mask_mod_for(structure, view.device)
     else:
         mask_mod = _run.mask_mod_for(structure, view.device, _attends(view, masked_threshold))
@@ -250,9 +262,12 @@ def block_mask(mask_or_report, block_size=128, *, mask=None, device=None, masked
     if structure is None:
         if _tiles_on_device(mask, device):
             # One read on the device: the verdict, and the tiles written as the BlockMask's
-            # tensors there.
-            return _device_block_mask(mask, size, masked_threshold)[1]
-        if mask.device.type == "cuda":
+            # tensors there (None: an exact structure stored B x H times over, tiled from
+            # its fields below).
+            structure, bm = _device_block_mask(mask, size, masked_threshold)
+            if bm is not None:
+                return bm
+        elif mask.device.type == "cuda":
             structure = masklens.scan(mask, masked_threshold).structure
         if structure is None or structure.kind == "arbitrary":
             verdict, tiles = _cache.scan_with_tiles(mask, size, masked_threshold)

@@ -598,6 +598,31 @@ def test_a_block_mask_brings_no_runs_past_the_first_copy(monkeypatch):
         _cache.device_scan_tiles(m, (32, 8), classify_many_runs=False)
 
 
+def test_device_block_mask_of_an_exact_structure_keeps_the_structures_slices(monkeypatch):
+    """An exact structure's BlockMask takes the device read's tensors where they have the
+    structure's own slices (one for a broadcast or 2-D mask, one per batch where the
+    batches differ), and is tiled from the fields where the mask stores more: a
+    materialised [2, 3, Q, K] causal mask would give 6 slices of one rule."""
+    fa = pytest.importorskip("torch.nn.attention.flex_attention")
+    import masklens.torch as mt
+    i, j = rows_cols(64, 64)
+    c = j <= i
+    cases = {
+        "2-D causal": (c[None, None], True),
+        "stride-0 batch and heads": (c[None, None].expand(2, 3, 64, 64), True),
+        "left padded, batches differ": (torch.stack([c & (j >= s) for s in (0, 9)])[:, None], True),
+        "materialised [2, 3] causal": (c[None, None].expand(2, 3, 64, 64).contiguous(), False),
+    }
+    for name, (m, keeps) in cases.items():
+        fake_tile_scan(m, (16, 16), monkeypatch)
+        structure, bm = mt._device_block_mask(m, (16, 16), -1000.0)
+        assert structure.kind != "arbitrary", name
+        assert (bm is not None) == keeps, name
+        if bm is not None:
+            assert tuple(bm.kv_num_blocks.shape[:2]) == mt._structure_slices(structure), name
+            assert torch.equal(fa.create_mask(bm.mask_mod, m.shape[0], 1, 64, 64, device="cpu"), m[:, :1]), name
+
+
 def test_device_tile_scan_names_an_invalid_row(monkeypatch):
     m = torch.ones(2, 3, 40, 40, dtype=torch.bool)
     fake_tile_scan(m, (16, 16), monkeypatch, flags_row=4 * 40 + 17)
