@@ -57,6 +57,12 @@ inline Result<TileGrid> make_tile_grid(std::int64_t batch, std::int64_t heads, s
   return g;
 }
 
+// A TileGrid a caller built, checked as make_tile_grid checks its members.
+inline Result<TileGrid> make_tile_grid(const TileGrid& g) {
+  return make_tile_grid(g.batch, g.heads, g.q_len, g.k_len, TileSize{g.block_q, g.block_k}, g.distinct_batch,
+                        g.distinct_heads);
+}
+
 // The tiles of a mask: one TileState per tile, [distinct slice][q tile][k tile].
 struct TileSummary {
   TileGrid grid;
@@ -211,9 +217,7 @@ inline Result<SpansAndTiles> scan_with_tiles(const MaskView& view, TileSize size
 // full; invalid_argument naming the first tile that is not so.
 inline Result<TileSummary> tile_summary_from_states(const TileGrid& given, const std::uint8_t* states,
                                                     std::size_t count) {
-  Result<TileGrid> checked = make_tile_grid(given.batch, given.heads, given.q_len, given.k_len,
-                                            TileSize{given.block_q, given.block_k}, given.distinct_batch,
-                                            given.distinct_heads);
+  Result<TileGrid> checked = make_tile_grid(given);
   if (!checked) return checked.status();
   const TileGrid& grid = *checked;
   if (states == nullptr && count != 0) return error(ErrorCode::invalid_argument, "states is null");
@@ -279,6 +283,18 @@ inline constexpr BlockMaskField kBlockMaskFields[] = {
     BlockMaskField::kv_num_blocks, BlockMaskField::kv_indices, BlockMaskField::full_kv_num_blocks,
     BlockMaskField::full_kv_indices, BlockMaskField::q_num_blocks, BlockMaskField::q_indices,
     BlockMaskField::full_q_num_blocks, BlockMaskField::full_q_indices};
+
+// Entries of one BlockMask array of grid g: a count per line ([slices][q tiles] for the kv
+// side, [slices][k tiles] for the q side) or an index per tile.
+[[nodiscard]] constexpr std::int64_t block_mask_entries(const TileGrid& g, BlockMaskField f) noexcept {
+  switch (f) {
+    case BlockMaskField::kv_num_blocks:
+    case BlockMaskField::full_kv_num_blocks: return g.slices() * g.q_tiles();
+    case BlockMaskField::q_num_blocks:
+    case BlockMaskField::full_q_num_blocks: return g.slices() * g.k_tiles();
+    default: return g.tiles();
+  }
+}
 
 // torch's name (BlockMask's attribute and from_kv_blocks' keyword).
 constexpr std::string_view to_string(BlockMaskField f) noexcept {

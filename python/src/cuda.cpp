@@ -29,6 +29,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -88,26 +89,22 @@ python::RunsBlock checked_block(const MaskView& view, std::uintptr_t d_block, st
 // sizes in bytes, each checked: given, int32-aligned, exactly the grid's size.
 BlockMaskArrays block_mask_arrays(const TileGrid& g, const std::vector<std::uintptr_t>& arrays,
                                   const std::vector<std::size_t>& array_bytes) {
-  static const char* const names[8] = {"kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices",
-                                       "q_num_blocks",  "q_indices",  "full_q_num_blocks",  "full_q_indices"};
-  if (arrays.size() != 8 || array_bytes.size() != 8)
+  constexpr std::size_t n = std::size(kBlockMaskFields);
+  if (arrays.size() != n || array_bytes.size() != n)
     raise(error(ErrorCode::invalid_argument, "pass the eight BlockMask arrays and their sizes in bytes, got " +
                                                  std::to_string(arrays.size()) + " and " +
                                                  std::to_string(array_bytes.size())));
-  const auto nq = static_cast<std::size_t>(g.q_tiles()), nk = static_cast<std::size_t>(g.k_tiles());
-  const auto slices = static_cast<std::size_t>(g.slices());
-  const std::size_t elements[8] = {slices * nq, slices * nq * nk, slices * nq, slices * nq * nk,
-                                   slices * nk, slices * nk * nq, slices * nk, slices * nk * nq};
-  std::int32_t* out[8] = {};
-  for (std::size_t i = 0; i < 8; ++i) {
-    const std::string name = names[i];
+  std::int32_t* out[n] = {};
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::string name(to_string(kBlockMaskFields[i]));
+    const auto elements = static_cast<std::size_t>(block_mask_entries(g, kBlockMaskFields[i]));
     if (arrays[i] == 0) raise(error(ErrorCode::invalid_argument, name + " is null"));
     if (arrays[i] % alignof(std::int32_t) != 0)
       raise(error(ErrorCode::misaligned_pointer, name + " is not aligned to int32 (4 bytes)"));
-    if (array_bytes[i] != elements[i] * sizeof(std::int32_t))
+    if (array_bytes[i] != elements * sizeof(std::int32_t))
       raise(error(ErrorCode::invalid_argument, name + " holds " + std::to_string(array_bytes[i]) +
-                                                   " bytes; this grid needs " + std::to_string(elements[i]) +
-                                                   " int32 (" + std::to_string(elements[i] * 4) + " bytes)"));
+                                                   " bytes; this grid needs " + std::to_string(elements) +
+                                                   " int32 (" + std::to_string(elements * 4) + " bytes)"));
     out[i] = reinterpret_cast<std::int32_t*>(arrays[i]);
   }
   return {out[0], out[1], out[2], out[3], out[4], out[5], out[6], out[7]};

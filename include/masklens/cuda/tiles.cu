@@ -44,16 +44,8 @@ std::int32_t* field(const BlockMaskArrays& a, BlockMaskField f) {
   return nullptr;
 }
 
-// Entries of one BlockMask array of grid g.
-std::size_t entries(const TileGrid& g, BlockMaskField f) {
-  switch (f) {
-    case BlockMaskField::kv_num_blocks:
-    case BlockMaskField::full_kv_num_blocks: return static_cast<std::size_t>(g.slices() * g.q_tiles());
-    case BlockMaskField::q_num_blocks:
-    case BlockMaskField::full_q_num_blocks: return static_cast<std::size_t>(g.slices() * g.k_tiles());
-    default: return static_cast<std::size_t>(g.tiles());
-  }
-}
+// Entries of one BlockMask array of grid g, as a size.
+std::size_t entries(const TileGrid& g, BlockMaskField f) { return static_cast<std::size_t>(block_mask_entries(g, f)); }
 
 std::string field_name(BlockMaskField f) { return "d_block_mask." + std::string(to_string(f)); }
 // The BlockMask arrays' alignment; `any` set where one is given.
@@ -225,9 +217,7 @@ Status scan_spans_tiles(void* d_temp_storage, std::size_t& temp_storage_bytes, c
 
 Status write_block_mask(const TileGrid& grid, const TileState* d_states, const BlockMaskArrays& d_block_mask,
                         Stream stream) {
-  Result<TileGrid> checked = make_tile_grid(grid.batch, grid.heads, grid.q_len, grid.k_len,
-                                            TileSize{grid.block_q, grid.block_k}, grid.distinct_batch,
-                                            grid.distinct_heads);
+  Result<TileGrid> checked = make_tile_grid(grid);
   if (!checked) return checked.status();
   if (d_states == nullptr) return error(ErrorCode::invalid_argument, "d_states is null");
   bool any_output = false;
