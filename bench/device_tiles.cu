@@ -106,12 +106,7 @@ cudaError_t launch_variant(const dev::ScanParams& s, const TileGrid& g, RowSpan*
   if constexpr (Waves < 0) {
     blocks = plan.units;
   } else if constexpr (Waves > 0) {
-    const auto kernel = plan.shared ? dev::scan_tiles_warp_kernel<Policy, Esize, true>
-                                    : dev::scan_tiles_warp_kernel<Policy, Esize, false>;
-    if (const cudaError_t e = dev::resident_blocks(kernel, Policy::kBlockThreads, plan.shared ? plan.shared_bytes : 0,
-                                                   blocks);
-        e != cudaSuccess)
-      return e;
+    if (const cudaError_t e = dev::resident_tile_blocks<Policy, Esize>(plan, blocks); e != cudaSuccess) return e;
     blocks *= Waves;
   }
   return dev::launch_tile_plan<Policy, Esize>(s, plan, rows, counts, stream, blocks);

@@ -133,24 +133,34 @@ cudaError_t resident_blocks(Kernel kernel, int threads, std::size_t smem, std::i
   return e;
 }
 
+// The scan kernel `plan` takes (counters in shared memory or not), and how many of its
+// blocks the device holds at once with the plan's shared memory (plan.shared_bytes is 0
+// where the counters are not shared).
+template <class Policy, int Esize>
+auto tile_scan_kernel(const TileScanPlan& plan) {
+  return plan.shared ? scan_tiles_warp_kernel<Policy, Esize, true> : scan_tiles_warp_kernel<Policy, Esize, false>;
+}
+
+template <class Policy, int Esize>
+cudaError_t resident_tile_blocks(const TileScanPlan& plan, std::int64_t& blocks) {
+  return resident_blocks(tile_scan_kernel<Policy, Esize>(plan), Policy::kBlockThreads, plan.shared_bytes, blocks);
+}
+
 // The scan with `Policy` and `plan` (plan_tile_scan's with kWarpRowsPerBlock rows at once)
 // on `blocks` blocks (0: as many as the device holds at once; never more than the units).
 template <class Policy, int Esize>
 cudaError_t launch_tile_plan(const ScanParams& s, const TileScanPlan& plan, RowSpan* rows, unsigned long long* counts,
                              cudaStream_t stream, std::int64_t blocks = 0) {
-  const auto kernel =
-      plan.shared ? scan_tiles_warp_kernel<Policy, Esize, true> : scan_tiles_warp_kernel<Policy, Esize, false>;
-  const std::size_t smem = plan.shared ? plan.shared_bytes : 0;
   if (blocks <= 0)
-    if (const cudaError_t e = resident_blocks(kernel, Policy::kBlockThreads, smem, blocks); e != cudaSuccess) return e;
+    if (const cudaError_t e = resident_tile_blocks<Policy, Esize>(plan, blocks); e != cudaSuccess) return e;
   if (blocks > plan.units) blocks = plan.units;
   if (blocks > Policy::kMaxGrid) blocks = Policy::kMaxGrid;
   cudaLaunchConfig_t config{};
   config.blockDim = dim3(Policy::kBlockThreads);
   config.gridDim = dim3(static_cast<unsigned>(blocks));
-  config.dynamicSmemBytes = smem;
+  config.dynamicSmemBytes = plan.shared_bytes;
   config.stream = stream;
-  return cudaLaunchKernelEx(&config, kernel, s, plan, rows, counts);
+  return cudaLaunchKernelEx(&config, tile_scan_kernel<Policy, Esize>(plan), s, plan, rows, counts);
 }
 
 // The scan with `Policy` and its plan.
