@@ -7,6 +7,11 @@ def rows_cols(q_len, k_len):
     return torch.arange(q_len)[:, None], torch.arange(k_len)[None, :]
 
 
+def tensors_held(fn):
+    """The tensors a function's closure holds (a mask_mod's document table, its mask...)."""
+    return [c.cell_contents for c in fn.__closure__ or () if isinstance(c.cell_contents, torch.Tensor)]
+
+
 def reference(q, k, v, mask, scale=None):
     """Dense-mask SDPA on the math kernel, in float64, rows that attend to nothing 0."""
     attends = mask if mask.dtype == torch.bool else (mask > -1000) if mask.is_floating_point() else mask != 0

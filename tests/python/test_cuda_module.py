@@ -14,7 +14,7 @@ import torch
 
 import masklens
 from masklens import _cache, _core, _run
-from helpers import rows_cols
+from helpers import rows_cols, tensors_held
 
 try:
     from masklens import _build
@@ -585,7 +585,7 @@ def test_a_block_mask_brings_no_runs_past_the_first_copy(monkeypatch):
         fake_tile_scan(packed, (32, 8), monkeypatch)
         structure, bm = mt._device_block_mask(packed, (32, 8), -1000.0)
         assert (structure is not None) == exact, n
-        held = [c.cell_contents for c in bm.mask_mod.__closure__ or () if isinstance(c.cell_contents, torch.Tensor)]
+        held = tensors_held(bm.mask_mod)
         assert any(t is packed or t.data_ptr() == packed.data_ptr() for t in held) == (not exact), n
         assert torch.equal(fa.create_mask(bm.mask_mod, 1, 1, L, L, device="cpu"), packed)
         theirs = fa.create_block_mask(lambda b, h, q, kv: packed[0, 0, q.clamp(max=L - 1), kv.clamp(max=L - 1)],

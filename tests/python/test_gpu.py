@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import masklens
-from helpers import assert_close, rows_cols
+from helpers import assert_close, rows_cols, tensors_held
 from masklens.torch import scaled_dot_product_attention as sdpa
 
 pytestmark = pytest.mark.gpu
@@ -478,8 +478,7 @@ def test_device_block_mask_of_an_exact_structure_takes_its_rule_and_the_tensors_
     mask = torch.ones(L, L, dtype=torch.bool, device=DEV).tril()
     ours = mt.block_mask(mask, 128)
     assert len(scans) == 1 and from_fields == []
-    held = [c.cell_contents for c in ours.mask_mod.__closure__ or () if isinstance(c.cell_contents, torch.Tensor)]
-    assert held == []
+    assert tensors_held(ours.mask_mod) == []
     theirs = create_block_mask(lambda b, h, q, kv: kv <= q, 1, 1, L, L, device=DEV)
     for f in BM_FIELDS:
         assert torch.equal(getattr(ours, f), getattr(theirs, f)), f
