@@ -97,11 +97,14 @@ struct Variant {
 };
 
 // Waves: 0 = as many blocks as the device holds at once (the tuned launch), n > 0 = n
-// times that, -1 = a block per unit.
-template <class Policy, int Esize, std::int64_t TargetUnits, std::int64_t MaxRows, int Waves = 0>
+// times that, -1 = a block per unit. FromIntervals: TileScanPlan::tiles_from_intervals
+// (false: every row counted vector by vector, as before).
+template <class Policy, int Esize, std::int64_t TargetUnits, std::int64_t MaxRows, int Waves = 0,
+          bool FromIntervals = true>
 cudaError_t launch_variant(const dev::ScanParams& s, const TileGrid& g, RowSpan* rows, unsigned long long* counts,
                            cudaStream_t stream) {
-  const dev::TileScanPlan plan = dev::plan_tile_scan(g, Esize, Policy::kWarpRowsPerBlock, TargetUnits, MaxRows);
+  dev::TileScanPlan plan = dev::plan_tile_scan(g, Esize, Policy::kWarpRowsPerBlock, TargetUnits, MaxRows);
+  plan.tiles_from_intervals = FromIntervals;
   std::int64_t blocks = 0;
   if constexpr (Waves < 0) {
     blocks = plan.units;
@@ -120,12 +123,14 @@ std::vector<Variant> variants() {
   constexpr std::int64_t T = dev::kTileTargetUnits, M = dev::kTileMaxRowsPerParallelRow;
   return {
       {"warp/row, 128 threads, resident blocks (tuned)", launch_variant<ScanPolicy<128, 4, 2048>, Esize, T, M>},
+      {"every row counted by vector (before)", launch_variant<ScanPolicy<128, 4, 2048>, Esize, T, M, 0, false>},
+      {"warp/row, 256 threads", launch_variant<ScanPolicy<256, 4, 2048>, Esize, T, M>},
+      {"warp/row, 128 threads, 8 loads in flight", launch_variant<ScanPolicy<128, 8, 2048>, Esize, T, M>},
       {"warp/row, 128 threads, a block per unit", launch_variant<ScanPolicy<128, 4, 2048>, Esize, T, M, -1>},
       {"warp/row, 128 threads, 2 x resident blocks", launch_variant<ScanPolicy<128, 4, 2048>, Esize, T, M, 2>},
       {"warp/row, 128 threads, 12 blocks/SM", launch_variant<ScanPolicy<128, 4, 2048, 12>, Esize, T, M>},
       {"warp/row, 128 threads, 2 loads in flight", launch_variant<ScanPolicy<128, 2, 2048>, Esize, T, M>},
       {"warp/row, 64 threads", launch_variant<ScanPolicy<64, 4, 2048>, Esize, T, M>},
-      {"warp/row, 256 threads (before)", launch_variant<ScanPolicy<256, 4, 2048>, Esize, T, M>},
       {"warp/row, 128 threads, 2048 units", launch_variant<ScanPolicy<128, 4, 2048>, Esize, 2048, 64>},
       {"warp/row, 128 threads, 32768 units", launch_variant<ScanPolicy<128, 4, 2048>, Esize, 32768, M>},
   };
@@ -250,8 +255,13 @@ struct Bench {
       CHECK_CUDA(cudaMemsetAsync(counts, 0, tiles * sizeof(std::uint64_t)));
       CHECK_CUDA(all.front().launch(s, g, d_rows, counts, nullptr));
     });
-    std::printf("|   split: counts zeroed %.3f ms, + scan kernel %.3f ms (%.2fx read); the writer and the rest below | | | | | | | | | |\n",
-                zeroed, scanned, scanned / read_ms);
+    const float scanned_by_vector = median_ms(options.reps, [&] {
+      CHECK_CUDA(cudaMemsetAsync(counts, 0, tiles * sizeof(std::uint64_t)));
+      CHECK_CUDA(all[1].launch(s, g, d_rows, counts, nullptr));
+    });
+    std::printf("|   split: counts zeroed %.3f ms, + scan kernel %.3f ms (%.2fx read; every row by vector %.3f ms, "
+                "%.2fx); the writer and the rest below | | | | | | | | | |\n",
+                zeroed, scanned, scanned / read_ms, scanned_by_vector, scanned_by_vector / read_ms);
     for (const Variant& v : all) {
       const auto once = [&] {
         CHECK_CUDA(cudaMemsetAsync(counts, 0, tiles * sizeof(std::uint64_t)));

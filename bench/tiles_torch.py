@@ -2,7 +2,7 @@
 on masklens' BlockMask against the dense mask on torch's default dispatch.
 
     python3 bench/tiles_torch.py [--device cuda] [--lengths 32768,65536] [--reps 5] [--quick]
-                                 [--flex-length 69632] [--no-flex] [--masklens PATH]
+                                 [--flex-length 69632] [--no-flex] [--masklens PATH] [--split]
 
 Per mask (sliding window 4096, packed documents, random block-sparse; bool [1, 1, L, L]):
   masklens, from structure   the structure's tiles (tiles.hpp, no read of the mask) and the
@@ -34,6 +34,8 @@ Every BlockMask is checked equal to the pad+sum one (and create_block_mask's). T
 F.scaled_dot_product_attention with the dense bool mask (default dispatch), forward +
 backward, bf16, [1, 8, L, 128]. --quick: 3 repetitions (fits in about 3 minutes on an
 H200). Prints median milliseconds and each way's ratio to create_block_mask (rule).
+--split instead times masklens' ways step by step (tiles, tensors, mask_mod, BlockMask;
+the device read and its verdict) and prints torch.profiler's table of one device read.
 
 --masklens PATH checks `masklens inspect --tiles 128 --json` against create_block_mask on
 small masks (the CLI's JSON), as before."""
@@ -204,6 +206,69 @@ def bench_flex(L, device, reps, window=4096, heads=8, dim=128):
           f"max |out diff| {err:.3g}")
 
 
+def bench_split(L, device, reps):
+    """Where a BlockMask's milliseconds go, step by step (each step synchronised and timed
+    alone, median of `reps`), for the two masklens ways above: from the structure (its
+    tiles on the host, the eight tensors written on the device, the mask_mod, torch's
+    BlockMask) and one device read (the tile pass with its verdict, the mask_mod, the
+    BlockMask); and the whole call beside the sum of its steps."""
+    import masklens
+    import masklens.torch as mt
+    from masklens import _cache, _core, _run
+    print(f"\nsplit, bool [1, 1, {L}, {L}], BLOCK_SIZE 128, ms (median of {reps}, each step synchronised):")
+    for name, m, _ in masks(L, device):
+        structure = masklens.scan(m).structure
+        line = [f"  {name:18s}"]
+        if structure.kind != "arbitrary":
+            t_tiles, tiles = timed(lambda: _core.tiles_from_structure(structure, 128, 128), reps, device)
+            t_mod, mod = timed(lambda: _run.mask_mod_for(structure, device), reps, device)
+            if device == "cuda" and _cache.has_device_writer():
+                t_tensors, arrays = timed(lambda: _cache.device_block_mask_tensors(tiles, device), reps, device)
+            else:
+                t_tensors, arrays = timed(lambda: {f: torch.from_numpy(getattr(tiles.block_mask(), f)) for f in FIELDS},
+                                          reps, device)
+            t_bm, _ = timed(lambda: _run.block_mask_from_arrays(arrays, (L, L), (128, 128), mod), reps, device)
+            t_all, _ = timed(lambda: _run.block_mask_from_tiles(_core.tiles_from_structure(structure, 128, 128),
+                                                                _run.mask_mod_for(structure, device), device),
+                             reps, device)
+            line.append(f"from structure {t_all:.3f} = tiles {t_tiles:.3f} + mask_mod {t_mod:.3f} + "
+                        f"tensors {t_tensors:.3f} + BlockMask {t_bm:.3f};")
+        if device == "cuda" and _cache.has_device_tiles():
+            t_read, (verdict, arrays) = timed(
+                lambda: _cache.device_scan_tiles(m, (128, 128), classify_many_runs=False), reps, device)
+            scan_ms, classify_ms = _cache.timing.get("scan_ms", 0.0), _cache.timing.get("classify_ms", 0.0)
+            reads = verdict is not None and verdict.structure.kind == "arbitrary" or verdict is None
+            kept = verdict.structure if verdict is not None else None
+            t_mod, mod = timed(lambda: _run.mask_mod_for(kept, device, m if reads else None), reps, device)
+            t_bm, _ = timed(lambda: _run.block_mask_from_arrays(arrays, (L, L), (128, 128), mod), reps, device)
+            t_all, _ = timed(lambda: mt.block_mask(m, 128), reps, device, before=masklens.forget)
+            line.append(f"one device read {t_all:.3f} = read + tiles + verdict {t_read:.3f} (device part {scan_ms:.3f},"
+                        f" classify {classify_ms:.3f}) + mask_mod {t_mod:.3f} + BlockMask {t_bm:.3f}")
+        print(" ".join(line))
+        del m
+        if device == "cuda":
+            torch.cuda.empty_cache()
+
+
+def profile_device_read(L, device):
+    """torch.profiler's table of one masklens.torch.block_mask(mask) on the window mask:
+    the host-side calls and the kernels with their times."""
+    import masklens
+    import masklens.torch as mt
+    name, m, _ = next(masks(L, device))
+    for _ in range(3):
+        masklens.forget()
+        mt.block_mask(m, 128)
+    torch.cuda.synchronize()
+    masklens.forget()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                            torch.profiler.ProfilerActivity.CUDA]) as prof:
+        mt.block_mask(m, 128)
+        torch.cuda.synchronize()
+    print(f"\nprofile of masklens.torch.block_mask on the {name} mask at {L}:")
+    print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=25, max_name_column_width=60))
+
+
 def check_cli(cli):
     import masklens  # noqa: F401
     small = 1024
@@ -231,13 +296,22 @@ def main():
     ap.add_argument("--no-flex", action="store_true")
     ap.add_argument("--no-create-check", action="store_true", help="skip comparing create_block_mask's tensors")
     ap.add_argument("--masklens", help="the masklens command, to compare its JSON tiles with create_block_mask")
+    ap.add_argument("--split", action="store_true",
+                    help="only where masklens' milliseconds go, step by step (and a profile at the largest length)")
     args = ap.parse_args()
     reps = 3 if args.quick else args.reps
     import masklens
     dev = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU, {torch.get_num_threads()} threads"
     print(f"torch {torch.__version__}, masklens {masklens.__version__}, {dev}; "
           f"device scan: {masklens.has_cuda_scan()}")
-    for L in (int(x) for x in args.lengths.split(",")):
+    lengths = [int(x) for x in args.lengths.split(",")]
+    if args.split:
+        for L in lengths:
+            bench_split(L, args.device, max(reps, 5))
+        if args.device == "cuda":
+            profile_device_read(lengths[-1], args.device)
+        return
+    for L in lengths:
         bench_block_masks(L, args.device, reps, not args.no_create_check)
     if not args.no_flex and args.device == "cuda":
         bench_flex(args.flex_length, args.device, reps)

@@ -48,6 +48,9 @@ struct Placed {
 struct Replayed {
   std::vector<RowSpan> rows;
   std::vector<unsigned long long> counts;  // what the kernels' 64-bit atomics add into
+  // Rows whose tiles came from their bounds, and rows guessed to be intervals that were
+  // not (read again, counting).
+  std::int64_t rows_from_bounds = 0, rows_read_twice = 0;
 };
 
 // The kernels of dispatch_tiles.cuh on the CPU: `blocks` blocks in turn, each taking its
@@ -60,8 +63,14 @@ Replayed replay(const ScanParams& s, const TileScanPlan& plan, std::int64_t bloc
   using Count = std::conditional_t<Shared, unsigned, unsigned long long>;
   using Acc = SpanTileAccumulator<Count>;
   const AgentScanRow<Policy, Esize, Acc, Threads> agent(s);
+  const AgentScanRow<Policy, Esize, SpanAccumulator, Threads> span_agent(s);
   const TileGrid& g = plan.grid;
+  // Each warp's guess, as the kernel keeps it: whether its last row was no interval.
+  const std::int64_t rows_at_once = Threads == 32 ? Policy::kWarpRowsPerBlock : 1;
+  std::vector<char> count_vectors(static_cast<std::size_t>(rows_at_once));
   Replayed out;
+  std::int64_t& rows_from_bounds = out.rows_from_bounds;
+  std::int64_t& rows_read_twice = out.rows_read_twice;
   out.rows.assign(static_cast<std::size_t>(s.rows), RowSpan{});
   out.counts.assign(static_cast<std::size_t>(g.tiles()), 0);
   std::vector<unsigned> block(static_cast<std::size_t>(plan.slots()), 0);
@@ -80,10 +89,21 @@ Replayed replay(const ScanParams& s, const TileScanPlan& plan, std::int64_t bloc
     };
     for (std::int64_t q = unit.q_begin; q < unit.q_end; ++q) {
       const std::int64_t r = unit.slice * s.q_len + q;
+      char& counting = count_vectors[static_cast<std::size_t>((q - unit.q_begin) % rows_at_once)];
+      const auto read = [&](int t) { return counting ? agent.scan(r, t, init(t)).spans : span_agent.scan(r, t); };
       SpanAccumulator row{};
-      for (int t = Threads - 1; t >= 0; t -= 2) row = SpanAccumulator::merge(agent.scan(r, t, init(t)).spans, row);
-      for (int t = 0; t < Threads; t += 2) row = SpanAccumulator::merge(row, agent.scan(r, t, init(t)).spans);
+      for (int t = Threads - 1; t >= 0; t -= 2) row = SpanAccumulator::merge(read(t), row);
+      for (int t = 0; t < Threads; t += 2) row = SpanAccumulator::merge(row, read(t));
       row.store(out.rows.data(), r);
+      const bool interval = row.span.is_interval();
+      if (!counting) {
+        for (int t = 0; t < Threads; ++t) {
+          if (!interval) agent.scan(r, t, init(t));  // read again, counting
+          else if (row.span.count != 0) init(t).tiles.add_interval(row.span.first, row.span.count, t, Threads);
+        }
+        ++(interval ? rows_from_bounds : rows_read_twice);
+      }
+      counting = !plan.tiles_from_intervals || !interval;
     }
   };
   const auto flush = [&](const TileUnit& unit) {
@@ -96,6 +116,7 @@ Replayed replay(const ScanParams& s, const TileScanPlan& plan, std::int64_t bloc
   };
   for (std::int64_t b = 0; b < blocks; ++b) {
     std::fill(block.begin(), block.end(), 0u);  // a block's counters start zeroed
+    std::fill(count_vectors.begin(), count_vectors.end(), plan.tiles_from_intervals ? 0 : 1);
     const UnitRange range = plan.units_of(b, blocks);
     for (std::int64_t u = range.begin; u < range.end; ++u) {
       const TileUnit unit = plan.unit(u);
@@ -111,11 +132,12 @@ Replayed replay(const ScanParams& s, const TileScanPlan& plan, std::int64_t bloc
 // rows side by side), replayed with its counters where the plan puts them, or in the
 // 64-bit counts when `force_global`.
 Replayed replay(const MaskView& view, const TileGrid& g, int threads, bool force_global, std::int64_t blocks,
-                TileScanPlan* used = nullptr) {
+                TileScanPlan* used = nullptr, bool from_intervals = true) {
   const ScanParams s = scan_params(view);
   const int esize = element_size(view.dtype());
   // A warp per row: the tuned kernel's rows at once (its warps per block).
   TileScanPlan plan = plan_tile_scan(g, esize, threads == 32 ? TileScanTuning<1, 900>::Policy::kWarpRowsPerBlock : 1);
+  plan.tiles_from_intervals = from_intervals;
   if (force_global) {
     plan.shared = false;
     plan.copy_shift = 0;
@@ -305,6 +327,7 @@ TEST_CASE("device agent with the tile accumulator on the CPU: spans, counts and 
   const ElementType types[] = {ElementType::boolean, ElementType::uint8,    ElementType::int8,
                                ElementType::float16, ElementType::bfloat16, ElementType::float32};
   int compared = 0;
+  std::int64_t rows_from_bounds = 0, rows_read_twice = 0;
   for (int i = 0; i < 700; ++i) {
     const std::int64_t q_len = uniform(rng, 1, 14);
     const std::int64_t k_len = coin(rng) ? uniform(rng, 1, 200) : uniform(rng, 1, 3000);
@@ -345,10 +368,15 @@ TEST_CASE("device agent with the tile accumulator on the CPU: spans, counts and 
     // Blocks: one for every unit, a few (ranges cut inside q tiles), one for all.
     const std::int64_t blocks = coin(rng) ? std::int64_t{1} << 40 : uniform(rng, 1, 5);
     for (const int threads : {32, 256})
-      for (const bool force_global : {false, true}) {
+      for (const bool force_global : {false, true})
+        for (const bool from_intervals : {true, false}) {
         TileScanPlan plan;
-        const Replayed got = replay(view, *grid, threads, force_global, blocks, &plan);
+        const Replayed got = replay(view, *grid, threads, force_global, blocks, &plan, from_intervals);
+        rows_from_bounds += got.rows_from_bounds;
+        rows_read_twice += got.rows_read_twice;
+        if (!from_intervals) REQUIRE(got.rows_from_bounds + got.rows_read_twice == 0);
         INFO(dense.describe << " encoding " << encoding << " tiles " << text(size) << " threads " << threads
+                            << (from_intervals ? " intervals from bounds" : " every row by vector")
                             << (plan.shared ? " shared copies " + std::to_string(1 << plan.copy_shift) : " global")
                             << " rows/unit " << plan.rows_per_unit << " blocks " << std::min(blocks, plan.units)
                             << " base +" << (reinterpret_cast<std::uintptr_t>(view.data()) & 15));
@@ -369,7 +397,12 @@ TEST_CASE("device agent with the tile accumulator on the CPU: spans, counts and 
         ++compared;
       }
   }
-  MESSAGE(compared << " replays: spans == scan(), counts == element counts, states == scan_with_tiles()");
+  MESSAGE(compared << " replays: spans == scan(), counts == element counts, states == scan_with_tiles(); "
+                    << rows_from_bounds << " rows counted from their bounds, " << rows_read_twice
+                    << " guessed intervals read again");
+  // Both ways a guessed interval ends were met, many times.
+  CHECK(rows_from_bounds > 1000);
+  CHECK(rows_read_twice > 100);
 }
 
 TEST_CASE("device tile accumulator on the CPU: whole and striped rows, every length to 100, start and tile width") {
@@ -400,13 +433,15 @@ TEST_CASE("device tile accumulator on the CPU: whole and striped rows, every len
         const Placed placed(view, start * esize);
         for (std::int64_t width = 1; width <= 40; ++width) {
           const TileGrid g = *tile_grid_for(placed.view, TileSize{1, width});
-          for (const int threads : {32, 256}) {
-            const Replayed got = replay(placed.view, g, threads, false, 3);
+          for (const int threads : {32, 256})
+            for (const bool from_intervals : {true, false}) {
+            const Replayed got = replay(placed.view, g, threads, false, 3, nullptr, from_intervals);
             for (std::int64_t kt = 0; kt < g.k_tiles(); ++kt) {
               const std::int64_t lo = kt * width, hi = std::min(k_len, lo + width);
               const std::int64_t even = (hi + 1) / 2 - (lo + 1) / 2;
               INFO(to_string(kind.dtype) << " K=" << k_len << " start +" << start << " width " << width << " threads "
-                                         << threads << " k tile " << kt);
+                                         << threads << (from_intervals ? " from bounds" : " by vector") << " k tile "
+                                         << kt);
               REQUIRE(got.counts[static_cast<std::size_t>(kt)] == static_cast<unsigned long long>(hi - lo));
               REQUIRE(got.counts[static_cast<std::size_t>(g.k_tiles() + kt)] == static_cast<unsigned long long>(even));
               ++checked;

@@ -1,10 +1,11 @@
 // Tile summaries on the device, in the pass that scans the row spans: the kernels and
 // their launch. nvcc only; the entry points are declared in tiles.hpp and defined in
 // tiles.cu.
-//   1. the scan: dispatch_scan.cuh's agent with SpanTileAccumulator, a warp per row; as
-//      many blocks as the device holds at once, each taking a range of consecutive units
-//      of rows (tile_plan.hpp); its warps reduce each row's span with CUB and store it,
-//      while every lane adds its attending keys into the block's per-k-tile counters;
+//   1. the scan: dispatch_scan.cuh's agent, a warp per row; as many blocks as the device
+//      holds at once, each taking a range of consecutive units of rows (tile_plan.hpp);
+//      its warps reduce each row's span with CUB and store it, and add the row's
+//      attending keys into the block's per-k-tile counters: from the span's bounds where
+//      the row is one interval, else key by key as they are read (SpanTileAccumulator);
 //      where the block's next unit is of another q tile (and at the end of its range) it
 //      adds the counters into the q tile's 64-bit counts (temporary storage, zeroed
 //      before the scan);
@@ -83,7 +84,10 @@ __device__ __forceinline__ void zero_tile_counters(const TileScanPlan& plan, uns
 // A warp per row, rows of any length: the block's warps read the unit's rows side by
 // side. (A block per row, as the span scan takes for long rows, measured slower here: the
 // tile sink's registers leave fewer blocks per SM, and a block waits at a barrier per
-// row; bench/device_tiles.cu --sweep.)
+// row; bench/device_tiles.cu --sweep.) A warp guesses, from its previous row, whether a
+// row is one interval (plan.tiles_from_intervals): if so it reads it for the span alone
+// and its lanes add the tiles' counts from the bounds; a row that turns out not to be
+// one is read again, counting vector by vector, and so is the next row at once.
 template <class Policy, int Esize, bool Shared>
 __global__ void __launch_bounds__(Policy::kBlockThreads, Policy::kMinBlocksPerSM)
     scan_tiles_warp_kernel(ScanParams s, TileScanPlan plan, RowSpan* rows, unsigned long long* counts) {
@@ -94,10 +98,12 @@ __global__ void __launch_bounds__(Policy::kBlockThreads, Policy::kMinBlocksPerSM
   extern __shared__ unsigned shared_counts[];
   const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
   const AgentScanRow<Policy, Esize, Accumulator, 32> agent(s);
+  const AgentScanRow<Policy, Esize, SpanAccumulator, 32> span_agent(s);
   if constexpr (Shared) {
     zero_tile_counters(plan, shared_counts);
     __syncthreads();
   }
+  bool count_vectors = !plan.tiles_from_intervals;  // warp-uniform: the warp's last row was no interval
   // The warps run ahead into the next unit of the same q tile: only a flush waits for all.
   const UnitRange range = plan.units_of(blockIdx.x, gridDim.x);
   for (std::int64_t u = range.begin; u < range.end; ++u) {
@@ -105,9 +111,18 @@ __global__ void __launch_bounds__(Policy::kBlockThreads, Policy::kMinBlocksPerSM
     const Accumulator init = tile_accumulator<Shared>(plan, unit, shared_counts, counts);
     for (std::int64_t q = unit.q_begin + warp; q < unit.q_end; q += kRowsAtOnce) {
       const std::int64_t r = unit.slice * s.q_len + q;
-      const Accumulator mine = agent.scan(r, lane, init);
-      const SpanAccumulator row = Reduce(temp[warp]).Reduce(mine.spans, MergeAccumulators<SpanAccumulator>{});
+      const SpanAccumulator mine = count_vectors ? agent.scan(r, lane, init).spans : span_agent.scan(r, lane);
+      const SpanAccumulator row = Reduce(temp[warp]).Reduce(mine, MergeAccumulators<SpanAccumulator>{});
       if (lane == 0) row.store(rows, r);
+      // The row's span in every lane (the reduction leaves it in lane 0).
+      const std::int64_t first = __shfl_sync(0xffffffffu, row.span.first, 0);
+      const std::int64_t n = __shfl_sync(0xffffffffu, row.span.count, 0);
+      const bool interval = __shfl_sync(0xffffffffu, static_cast<int>(row.span.is_interval()), 0) != 0;
+      if (!count_vectors) {
+        if (!interval) agent.scan(r, lane, init);  // the row again, counting (its spans are stored)
+        else if (n != 0) init.tiles.add_interval(first, n, lane, 32);
+      }
+      count_vectors = !plan.tiles_from_intervals || !interval;
       __syncwarp();
     }
     if constexpr (Shared) {

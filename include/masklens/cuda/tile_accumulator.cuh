@@ -2,7 +2,9 @@
 // has the RowAccumulator concept): a RowSpan as SpanAccumulator keeps it, and every
 // attending key added to its k tile's counter as it is seen, so one read of the mask
 // gives the spans and the per-tile counts (dispatch_tiles.cuh reduces the spans and
-// flushes the counters; tile_plan.hpp says where the counters are). nvcc only, with the
+// flushes the counters; tile_plan.hpp says where the counters are). A row that is one
+// interval needs no per-key counting: the kernel reads it with the plain SpanAccumulator
+// and its lanes add the tiles' counts from the span's bounds (TileSink::add_interval). nvcc only, with the
 // exception agent_scan.cuh has: the host suite runs it on the CPU through the stand-in
 // for the CUDA builtins (tests/test_tile_agent_on_host.cpp), which has atomicAdd too.
 #pragma once
@@ -25,7 +27,9 @@ struct TileSink {
   int copy_shift = 0;
   KeyTileDivider keys;
 
-  __device__ __forceinline__ void count(std::int64_t kt, int n) const {
+  // n <= keys.divisor, which a 32-bit counter holds where the counters are 32-bit
+  // (plan_tile_scan).
+  __device__ __forceinline__ void count(std::int64_t kt, std::int64_t n) const {
     atomicAdd(counts + (kt << copy_shift), static_cast<Count>(n));
   }
 
@@ -56,6 +60,18 @@ struct TileSink {
       if (n == 0) return;
       ++kt;
       room = keys.divisor;
+    }
+  }
+
+  // Keys first .. first + n - 1 (n >= 1) of a row that is one interval, its k tiles
+  // shared among `lanes` threads, this one `lane` (< lanes): tiles t0 + lane, t0 + lane +
+  // lanes, ... each get their overlap with the interval. A row of 32768 keys at 128 is
+  // 8 adds a lane of a warp, where counting it vector by vector is 64.
+  __device__ __forceinline__ void add_interval(std::int64_t first, std::int64_t n, int lane, int lanes) const {
+    const std::int64_t end = first + n, last_tile = keys.tile_of(end - 1);
+    for (std::int64_t kt = keys.tile_of(first) + lane; kt <= last_tile; kt += lanes) {
+      const std::int64_t lo = kt * keys.divisor, hi = lo + keys.divisor;
+      count(kt, (hi < end ? hi : end) - (lo > first ? lo : first));
     }
   }
 };

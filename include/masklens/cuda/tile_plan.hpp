@@ -4,6 +4,9 @@
 // the split of q tiles into units and the counter sizes are tested without a GPU. No
 // CUDA headers.
 //
+// A row that is one interval gets its tiles' counts from its bounds after it is read;
+// the others are counted 16-byte vector by vector (tiles_from_intervals below).
+//
 // The rows are cut into units of consecutive rows of one q tile (a warp per row, several
 // rows at once; the plan also serves a kernel of a block per row, rows_at_once 1), and
 // each block of the grid takes a range of consecutive units (units_of: as many blocks as
@@ -100,6 +103,13 @@ struct TileScanPlan {
   // A 32-bit counter holds a whole q tile's rows x a tile's keys: a block flushes where
   // its next unit is of another q tile (false: after every unit).
   bool flush_per_q_tile = true;
+  // A row that is one interval (every row of a structured mask) has its tiles' counts
+  // from its span's bounds, a few adds a lane once the row is read, instead of an add per
+  // 16-byte vector while it is read: a warp reads a row counting vector by vector only
+  // where its previous row was not an interval, and reads a row again, counting, where
+  // it guessed wrong (from L2: the row was just read). false: every row counted vector by
+  // vector (bench/device_tiles.cu --sweep compares the two).
+  bool tiles_from_intervals = true;
 
   // Counter slots of the block: k tile kt's copy c is slot (kt << copy_shift) + c.
   [[nodiscard]] MASKLENS_HOST_DEVICE constexpr std::int64_t slots() const noexcept {
