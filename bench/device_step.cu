@@ -19,9 +19,15 @@
 //              since a first touch of freshly written memory costs the read too
 // Ratios are to the read. bf16 masks hold 0 / finfo(bf16).min as transformers writes them
 // (--neg-inf: 0 / -inf). Writes a JSON line per case with --json FILE; --only SUBSTRING
-// runs the cases whose name holds it.
+// runs the cases whose name holds it. --preload calls gpu::load_kernels() once the CUDA
+// context exists and before anything is timed (the baseline read's warm-up included),
+// timed on the host clock, then again (finding them loaded): the process's first call
+// (the first case's "buffers (first)", marked [first call of the process]) can then be
+// set against a first read with the kernels already loaded, and against a run without
+// the flag, where CUDA's lazy loading loads them inside that call.
 #include <cuda_runtime.h>
 #include <masklens/classify_runs.hpp>
+#include <masklens/cuda/load_kernels.hpp>
 #include <masklens/cuda/runs.hpp>
 #include <masklens/cuda/scan.hpp>
 #include <masklens/masklens.hpp>
@@ -144,11 +150,19 @@ double copy_runs(const Buffers& b, SpanRuns& out, cudaStream_t stream) {
 
 FILE* json = nullptr;
 
+// A time for the JSON line, or null where it was not taken (negative).
+std::string json_ms(double ms) {
+  if (ms < 0) return "null";
+  char text[32];
+  std::snprintf(text, sizeof text, "%.4f", ms);
+  return text;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string only;
-  bool neg_inf = false;
+  bool neg_inf = false, preload = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--json" && i + 1 < argc) {
@@ -160,8 +174,10 @@ int main(int argc, char** argv) {
       only = argv[++i];
     } else if (a == "--neg-inf") {
       neg_inf = true;
+    } else if (a == "--preload") {
+      preload = true;
     } else {
-      std::fprintf(stderr, "usage: device_step [--json FILE] [--only SUBSTRING] [--neg-inf]\n");
+      std::fprintf(stderr, "usage: device_step [--json FILE] [--only SUBSTRING] [--neg-inf] [--preload]\n");
       return 2;
     }
   }
@@ -175,6 +191,16 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaMalloc(&sink, sizeof(unsigned)));
   cudaStream_t stream = nullptr;
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  // --preload: masklens' kernels loaded as a framework's start-up would, the context
+  // already made (cudaMalloc above), before anything is timed. The second call finds them
+  // loaded: what a call that is not the first costs.
+  double preload_ms = -1, preload_again_ms = -1;
+  if (preload) {
+    preload_ms = host_ms([] { require(gpu::load_kernels(), "load_kernels"); });
+    preload_again_ms = host_ms([] { require(gpu::load_kernels(), "load_kernels (again)"); });
+    std::printf("preload: gpu::load_kernels() %.3f ms, again %.3f ms (host clock, before anything timed)\n",
+                preload_ms, preload_again_ms);
+  }
   // Load the baseline's kernel now: the first "read, first" must not pay for it.
   plain_read<<<1, 32, 0, stream>>>(reinterpret_cast<const uint4*>(sink), 0, sink);
   CHECK_LAUNCH();
@@ -288,16 +314,21 @@ int main(int argc, char** argv) {
                     name.c_str(), read, scan, reduce, copy, classify_ms, decide_ms, first, first / read, step,
                     step / read, read_first, buffers_first, buffers_first / read, buffers_first / read_first, buffers,
                     buffers / read, rows_path, rows_path / read, runs.runs.size(), text.c_str(),
-                    same ? "" : " (VERDICTS DIFFER)", first_of_process ? " [first call of the process]" : "");
+                    same ? "" : " (VERDICTS DIFFER)",
+                    first_of_process ? (preload ? " [first call of the process] [kernels preloaded]"
+                                                : " [first call of the process]")
+                                     : "");
         if (json)
           std::fprintf(json,
                        "{\"case\": \"%s\", \"bytes\": %lld, \"read_ms\": %.4f, \"scan_ms\": %.4f, \"reduce_ms\": %.4f, "
                        "\"copy_ms\": %.4f, \"classify_ms\": %.5f, \"decide_ms\": %.5f, \"step_first_ms\": %.4f, "
                        "\"step_ms\": %.4f, \"read_first_ms\": %.4f, \"step_buffers_first_ms\": %.4f, \"step_buffers_ms\": %.4f, \"rows_path_ms\": %.4f, \"runs\": %zu, "
-                       "\"step_ratio\": %.4f, \"step_buffers_ratio\": %.4f, \"first_of_process\": %s, \"verdict\": \"%s\"}\n",
+                       "\"step_ratio\": %.4f, \"step_buffers_ratio\": %.4f, \"first_of_process\": %s, \"verdict\": \"%s\", "
+                       "\"preload\": %s, \"preload_ms\": %s, \"preload_again_ms\": %s}\n",
                        name.c_str(), static_cast<long long>(bytes), read, scan, reduce, copy, classify_ms, decide_ms,
                        first, step, read_first, buffers_first, buffers, rows_path, runs.runs.size(), step / read, buffers / read,
-                       first_of_process ? "true" : "false", text.c_str());
+                       first_of_process ? "true" : "false", text.c_str(), preload ? "true" : "false",
+                       json_ms(preload_ms).c_str(), json_ms(preload_again_ms).c_str());
         first_of_process = false;
         if (!same) return 1;
       }

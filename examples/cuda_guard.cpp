@@ -1,8 +1,10 @@
 // What a C++ framework puts before its attention call: scan the device mask on the
-// framework's stream with the two-phase API, synchronise once, classify, decide.
+// framework's stream with the two-phase API, synchronise once, classify, decide. And at
+// its start-up: gpu::load_kernels(), so that the first guard does not load the kernels.
 // Plain C++: the host compiler builds it against masklens/cuda/scan.hpp and the CUDA
 // runtime API; the scanner's entry points come compiled from masklens_cuda_dep.
 #include <cuda_runtime_api.h>
+#include <masklens/cuda/load_kernels.hpp>
 #include <masklens/cuda/scan.hpp>
 #include <masklens/masklens.hpp>
 
@@ -42,7 +44,10 @@ int main() {
   void* d_mask = nullptr;
   void* d_temp = nullptr;
   void* d_rows = nullptr;
-  bool good = ok(cudaMallocAsync(&d_mask, host.size(), stream), "cudaMallocAsync(mask)") &&
+  // Start-up, the context made: masklens' kernels loaded now rather than inside the first
+  // guard (CUDA loads a kernel at its first launch).
+  bool good = ok(masklens::gpu::load_kernels(), "load_kernels") &&
+              ok(cudaMallocAsync(&d_mask, host.size(), stream), "cudaMallocAsync(mask)") &&
               ok(cudaMemcpyAsync(d_mask, host.data(), host.size(), cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync");
 
   // The guard.

@@ -6,6 +6,7 @@ and arguments that compute it correctly and fastest.
     masklens.explain(mask, q, k, v)               # the decision, printed as the CLI prints it
     from masklens.torch import scaled_dot_product_attention   # the drop-in
     import masklens.transformers                  # attn_implementation="masklens"
+    masklens.load_kernels()                       # at start-up: the CUDA kernels loaded now
 
 See docs/python.md.
 """
@@ -28,7 +29,7 @@ __all__ = ["AttentionCall", "BlockMaskTensors", "Call", "Environment", "FlexArgs
            "MaskStructure", "PlanStep", "Policy", "Rejection", "Report", "SdpaArgs", "TileFractions", "TileSummary",
            "VarlenArgs", "Verdict", "decide", "describe", "tiles_from_structure",
            "cuda_scan_unavailable", "environment", "explain", "forget", "forward", "has_cuda_scan", "inspect",
-           "last_timing", "scan", "scan_count", "set_strict", "strict"]
+           "last_timing", "load_kernels", "scan", "scan_count", "set_strict", "strict"]
 
 _strict = False
 
@@ -63,6 +64,34 @@ def has_cuda_scan() -> bool:
 def cuda_scan_unavailable() -> str | None:
     """Why CUDA masks are not scanned on the device, or None where they are."""
     return _cache.cuda_reason()
+
+
+def load_kernels(device=None) -> bool:
+    """Loads masklens' CUDA kernels on a device now, so that the process's first scan of a
+    CUDA mask does not also pay for loading them (CUDA loads a kernel at its first launch:
+    0.7-1.0 ms once per process on an H200, bench/README.md's device_step). A framework
+    calls it at start-up, once its CUDA context exists (masklens.transformers does not
+    call it, nor initialise CUDA itself). `device`: a torch.device, "cuda:N", an index, or
+    None for torch's current CUDA device. Returns True once every kernel of the device
+    scanner (scan, run reduction, tile scan, BlockMask writer) is loaded there (a second
+    call finds them loaded); False, with no error and nothing done, where there is no
+    masklens._cuda (`cuda_scan_unavailable()` says why), no CUDA device, or `device` is
+    not a CUDA device. A failure on a CUDA device (an index past the device count, a GPU
+    the build has no code for) is a MaskError naming the CUDA call."""
+    module = _cache.cuda_module()
+    if module is None:
+        return False
+    try:
+        import torch
+    except ImportError:
+        return False
+    if not torch.cuda.is_available():
+        return False
+    device = torch.device("cuda") if device is None else torch.device(device)
+    if device.type != "cuda":
+        return False
+    module.load_kernels(torch.cuda.current_device() if device.index is None else device.index)
+    return True
 
 
 def last_timing() -> dict:

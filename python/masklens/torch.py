@@ -14,6 +14,15 @@ not decide for (float64), inside torch.compile, and during CUDA graph capture.
 A call on a mask and call seen before reads its entry (a memo of the last mask, then
 the weak dictionary), the runner prepared for the call (masklens._run.Prepared) and
 runs it: no scan, no decision, no check already made (bench/dropin_overhead.py).
+
+    from masklens.torch import scaled_dot_product_attention, block_mask, inspect, load_kernels
+    load_kernels()      # at start-up, after torch's CUDA context exists: masklens.load_kernels
+
+load_kernels (masklens.load_kernels, here beside the functions a torch program calls)
+loads the device scanner's CUDA kernels now, so that the first drop-in call on a CUDA
+mask does not pay for loading them (CUDA loads a kernel at its first launch). True once
+loaded; False, doing nothing, without masklens._cuda or a CUDA device. Nothing here
+calls it.
 """
 from __future__ import annotations
 
@@ -25,7 +34,7 @@ import torch.nn.functional as F
 
 from . import _cache, _env, _run
 from . import _core
-from . import element_name, strict as _is_strict
+from . import element_name, load_kernels, strict as _is_strict  # load_kernels: re-exported, see above
 
 logger = logging.getLogger("masklens")
 

@@ -12,6 +12,17 @@ sdpa_mask hands every layer of a forward the same mask tensor, so a model pays o
 per forward (per mask kind: sliding and full layers have one each). One-token decode,
 CUDA graph capture and torch.compile take transformers' sdpa path unchanged: the scan
 would cost more than it saves there, or cannot run at all.
+
+Importing this module or calling register() does not initialise CUDA (nor load
+masklens' kernels): registration happens at import, often before the program has chosen
+its device. CUDA loads a kernel at its first launch, so the first forward's scan of a
+CUDA mask would also pay for loading masklens' (about a millisecond, once per process);
+a framework that wants it at start-up calls masklens.load_kernels() once its CUDA
+context exists (after the model is on its device, say):
+
+    import masklens, masklens.transformers
+    model = AutoModelForCausalLM.from_pretrained(..., attn_implementation="masklens").to("cuda")
+    masklens.load_kernels()           # True; False without masklens._cuda or a CUDA device
 """
 from __future__ import annotations
 
@@ -63,7 +74,8 @@ def masklens_attention_forward(module, query, key, value, attention_mask, dropou
 
 
 def register() -> None:
-    """Registers "masklens" with AttentionInterface and AttentionMaskInterface."""
+    """Registers "masklens" with AttentionInterface and AttentionMaskInterface. Touches no
+    CUDA device: masklens.load_kernels() is the framework's to call at start-up."""
     AttentionInterface.register(NAME, masklens_attention_forward)
     AttentionMaskInterface.register(NAME, masklens_mask)
 

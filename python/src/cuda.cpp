@@ -23,6 +23,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <masklens/cuda/check.cuh>
+#include <masklens/cuda/load_kernels.hpp>
 #include <masklens/cuda/runs.hpp>
 #include <masklens/cuda/scan.hpp>
 #include <masklens/cuda/tiles.hpp>
@@ -183,6 +184,18 @@ NB_MODULE(_cuda, m) {
   m.def(
       "device_count", [] { return take(gpu::device_count()); },
       "CUDA devices this process can use; MaskError (device_error) naming the call when none.");
+
+  m.def(
+      "load_kernels",
+      [](int device) {
+        if (Status st = on_device(device, [] { return gpu::load_kernels(); }); !st.ok()) raise(st);
+      },
+      "device"_a,
+      "Loads every kernel masklens' device entry points can launch (gpu::load_kernels(), "
+      "include/masklens/cuda/load_kernels.hpp) on CUDA device `device` now, instead of at their first launch "
+      "(CUDA's lazy loading), with that device current and the previous one restored. Creates the device's primary "
+      "context if there is none; nothing is enqueued or allocated. MaskError (device_error) naming what failed; "
+      "again, it finds them loaded.");
 
   // The size queries of both phases (no CUDA call): (scan temporary bytes, run
   // reduction temporary bytes), for masklens._core.DeviceRuns to lay out the block.

@@ -1,5 +1,6 @@
 // CUDA runtime results as a Status naming the call, for the translation units that call
-// the runtime themselves: cuda/scan.cu and the Python extension (python/src/cuda.cpp).
+// the runtime themselves: cuda/scan.cu, runs.cu, tiles.cu and the Python extension
+// (python/src/cuda.cpp).
 // It needs only the CUDA runtime API header, so a host compiler builds it as well as
 // nvcc; a program without the CUDA toolkit never includes it (cuda/scan.hpp does not).
 #pragma once
@@ -18,6 +19,20 @@ namespace masklens::gpu::detail {
 inline Status check(cudaError_t e, const char* call) {
   if (e == cudaSuccess) return {};
   return error(ErrorCode::device_error, std::string(call) + ": " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
+}
+
+// Loads `kernel` (a __global__ function's address) on the current device, or says why
+// it could not: "cudaFuncGetAttributes(scan_rows_warp_kernel, 2-byte elements): ...".
+// Under CUDA's lazy loading (the default since CUDA 12.2) a kernel is loaded at its first
+// launch; querying its attributes loads it now (the CUDA programming guide's Lazy Loading
+// section names this call for it). A kernel already loaded answers from what the runtime
+// holds, so a second call is cheap. gpu::load_kernels() and its parts call this.
+inline Status load_kernel(const void* kernel, const std::string& name) {
+  cudaFuncAttributes attributes{};
+  const cudaError_t e = cudaFuncGetAttributes(&attributes, kernel);
+  if (e == cudaSuccess) return {};
+  return error(ErrorCode::device_error,
+               "cudaFuncGetAttributes(" + name + "): " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
 }
 
 // The first failure is the answer; a later one (a cleanup after it) is added to its

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "check.cuh"
 #include "runs.hpp"
 #include "span_runs.cuh"
 
@@ -18,16 +19,8 @@ namespace masklens::gpu {
 
 namespace {
 
-Status check(cudaError_t e, const char* call) {
-  if (e == cudaSuccess) return {};
-  return error(ErrorCode::device_error, std::string(call) + ": " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
-}
-
-void keep_first(Status& first, Status next) {
-  if (next.ok()) return;
-  if (first.ok()) first = std::move(next);
-  else first = Status(first.code(), first.message() + "; then " + next.message());
-}
+using detail::check;
+using detail::keep_first;
 
 // The rows one reduction takes (64 GiB of spans): its tiles, a grid's blocks, stay under
 // 2^20, and the grid dimensions are unsigned.
@@ -47,6 +40,19 @@ struct Block {
 std::size_t align256(std::size_t n) { return (n + 255) & ~std::size_t{255}; }
 
 }  // namespace
+
+Status load_runs_kernels() {
+  // The four kernels launch_reduce_runs enqueues, in its order.
+  const std::pair<const void*, const char*> kernels[] = {
+      {reinterpret_cast<const void*>(&detail::runs_tile_summary), "runs_tile_summary"},
+      {reinterpret_cast<const void*>(&detail::runs_tile_prefix), "runs_tile_prefix"},
+      {reinterpret_cast<const void*>(&detail::runs_write), "runs_write"},
+      {reinterpret_cast<const void*>(&detail::runs_lengths), "runs_lengths"},
+  };
+  for (const auto& [kernel, name] : kernels)
+    if (Status st = detail::load_kernel(kernel, name); !st.ok()) return st;
+  return {};
+}
 
 Status reduce_runs(void* d_temp_storage, std::size_t& temp_storage_bytes, const RowSpan* d_rows, std::int64_t rows,
                    std::int64_t q_len, SpanRun* d_runs, std::int64_t max_runs, std::int64_t* d_run_count,

@@ -22,6 +22,11 @@
 
 namespace masklens::gpu {
 
+// Loads the run reduction's four kernels (what reduce_runs and scan_runs launch, beside
+// the scan's) on the current device now rather than at their first launch: what
+// load_scan_kernels() (scan.hpp) does for the scan, with its errors and its cost.
+[[nodiscard]] Status load_runs_kernels();
+
 // Reduces `rows` RowSpans at d_rows (device memory, slices of `q_len` rows laid out as
 // SpanTable::rows) to their runs, exactly the runs SpanRuns::encode gives for the same
 // rows: their number n in *d_run_count and the first min(n, max_runs) in d_runs (device

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <string>
 #include <utility>
 
@@ -43,9 +44,52 @@ Status first_invalid_row(const SpanTable& table) {
   return {};
 }
 
+// The kernels dispatch_scan<SpanAccumulator> can launch with Policy for this element
+// size: a block per row (long rows) and a warp per row (short ones).
+template <class Policy, int Esize>
+Status load_span_scan_with() {
+  using detail::SpanAccumulator;
+  const std::string size = std::to_string(Esize) + "-byte elements";
+  Status st = detail::load_kernel(
+      reinterpret_cast<const void*>(&detail::scan_rows_block_kernel<Policy, Esize, SpanAccumulator>),
+      "scan_rows_block_kernel, " + size);
+  if (st.ok())
+    st = detail::load_kernel(
+        reinterpret_cast<const void*>(&detail::scan_rows_warp_kernel<Policy, Esize, SpanAccumulator>),
+        "scan_rows_warp_kernel, " + size);
+  return st;
+}
+
+// The policy dispatch_scan's launch_for_arch takes for `arch` (tuned_arch: one of
+// kTunedArchs), found by walking kTunedArchs at compile time, so an architecture added to
+// the table is loaded without a change here.
+template <int Esize, std::size_t I = 0>
+Status load_span_scan_for_arch(int arch) {
+  if constexpr (I < std::size(detail::kTunedArchs)) {
+    constexpr int kTuned = detail::kTunedArchs[I];
+    if (detail::tuned_arch(arch) == kTuned)
+      return load_span_scan_with<typename detail::ScanTuning<Esize, kTuned>::Policy, Esize>();
+    return load_span_scan_for_arch<Esize, I + 1>(arch);
+  } else {
+    return {};  // unreachable: tuned_arch() answers one of kTunedArchs
+  }
+}
+
 }  // namespace
 
 bool built_with_cuda() noexcept { return true; }
+
+Status load_scan_kernels() {
+  int arch = 0;
+  if (Status st = check(detail::current_arch(arch), "cudaGetDevice / cudaDeviceGetAttribute(compute capability)");
+      !st.ok())
+    return st;
+  // Every element size a view can have (element_size(): 1, 2 or 4), as dispatch_scan switches.
+  Status st = load_span_scan_for_arch<1>(arch);
+  if (st.ok()) st = load_span_scan_for_arch<2>(arch);
+  if (st.ok()) st = load_span_scan_for_arch<4>(arch);
+  return st;
+}
 
 Result<int> device_count() {
   int n = 0;

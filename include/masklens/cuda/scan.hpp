@@ -39,6 +39,15 @@ using Stream = CUstream_st*;  // nullptr: the legacy default stream
 // none can be used (no driver, no device) or when built without CUDA.
 [[nodiscard]] Result<int> device_count();
 
+// Loads the scan's kernels (what scan_spans and the calls over it launch: every element
+// size, the tuning policy the current device's architecture takes, a block and a warp
+// per row) on the current device now rather than at their first launch, where CUDA's
+// lazy loading (the default) would add its cost to the first scan of the process.
+// gpu::load_kernels() (load_kernels.hpp) loads these and every other entry point's. The
+// first failure as device_error naming the kernel ("cudaFuncGetAttributes(...): ...");
+// calling it again is cheap. It creates the device's primary context if there is none.
+[[nodiscard]] Status load_scan_kernels();
+
 // RowSpans the output must hold for `view`: one per row of each distinct slice, laid
 // out as SpanTable::rows (stride-0 batch / head dimensions are scanned once).
 [[nodiscard]] inline std::int64_t span_rows(const MaskView& view) noexcept {

@@ -19,6 +19,8 @@ bool built_with_cuda() noexcept { return false; }
 
 Result<int> device_count() { return without_cuda(); }
 
+Status load_scan_kernels() { return without_cuda(); }
+
 Status scan_spans(void* d_temp_storage, std::size_t& temp_storage_bytes, const MaskView&, RowSpan*, Stream) {
   // The size query needs no device, as in the CUDA build.
   if (d_temp_storage == nullptr) {

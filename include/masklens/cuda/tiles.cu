@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <string>
 #include <utility>
 #include <vector>
@@ -177,7 +178,52 @@ Result<TileScan> run_with_tiles(const MaskView& view, const MaskView* host_view,
   return made;
 }
 
+// The tile scan's kernels for Policy and this element size: the block's counters in
+// shared memory, or the q tile's 64-bit counts (launch_tile_plan takes one per plan).
+template <class Policy, int Esize>
+Status load_tile_scan_with() {
+  const std::string size = std::to_string(Esize) + "-byte elements";
+  Status st = detail::load_kernel(reinterpret_cast<const void*>(&detail::scan_tiles_warp_kernel<Policy, Esize, true>),
+                                  "scan_tiles_warp_kernel, shared counters, " + size);
+  if (st.ok())
+    st = detail::load_kernel(reinterpret_cast<const void*>(&detail::scan_tiles_warp_kernel<Policy, Esize, false>),
+                             "scan_tiles_warp_kernel, global counts, " + size);
+  return st;
+}
+
+// The policy dispatch_scan_tiles takes for `arch` (tuned_arch: one of kTunedArchs), as
+// scan.cu's loader finds the scan's.
+template <int Esize, std::size_t I = 0>
+Status load_tile_scan_for_arch(int arch) {
+  if constexpr (I < std::size(detail::kTunedArchs)) {
+    constexpr int kTuned = detail::kTunedArchs[I];
+    if (detail::tuned_arch(arch) == kTuned)
+      return load_tile_scan_with<typename detail::TileScanTuning<Esize, kTuned>::Policy, Esize>();
+    return load_tile_scan_for_arch<Esize, I + 1>(arch);
+  } else {
+    return {};  // unreachable: tuned_arch() answers one of kTunedArchs
+  }
+}
+
 }  // namespace
+
+Status load_tile_kernels() {
+  int arch = 0;
+  if (Status st = check(detail::current_arch(arch), "cudaGetDevice / cudaDeviceGetAttribute(compute capability)");
+      !st.ok())
+    return st;
+  Status st = load_tile_scan_for_arch<1>(arch);
+  if (st.ok()) st = load_tile_scan_for_arch<2>(arch);
+  if (st.ok()) st = load_tile_scan_for_arch<4>(arch);
+  // The BlockMask writer with both sources: the scan's counts, and states the caller has.
+  if (st.ok())
+    st = detail::load_kernel(reinterpret_cast<const void*>(&detail::block_mask_kernel<detail::StatesFromCounts>),
+                             "block_mask_kernel, states from counts");
+  if (st.ok())
+    st = detail::load_kernel(reinterpret_cast<const void*>(&detail::block_mask_kernel<detail::StatesGiven>),
+                             "block_mask_kernel, states given");
+  return st;
+}
 
 Status scan_spans_tiles(void* d_temp_storage, std::size_t& temp_storage_bytes, const MaskView& device_view,
                         TileSize size, RowSpan* d_rows, const BlockMaskArrays& d_block_mask, TileState* d_states,

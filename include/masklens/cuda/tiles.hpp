@@ -28,6 +28,13 @@
 
 namespace masklens::gpu {
 
+// Loads the tile kernels (the tile scan for every element size, with its counters in
+// shared memory and in the 64-bit counts, under the tuning policy the current device's
+// architecture takes; the BlockMask writer from the scan's counts and from states given)
+// on the current device now rather than at their first launch: what
+// load_scan_kernels() (scan.hpp) does for the scan, with its errors and its cost.
+[[nodiscard]] Status load_tile_kernels();
+
 // Scans a view of device memory into its RowSpans (d_rows: span_rows(view) of them,
 // laid out as SpanTable::rows, exactly what scan_spans() writes) and, in the same read,
 // counts the attending elements of every tile of `size` (temporary storage), then
