@@ -306,7 +306,7 @@ def device_block_mask_tensors(tiles, device):
     return arrays
 
 
-def device_scan_tiles(mask, size, masked_threshold: float = -1000.0, classify_many_runs: bool = True):
+def device_scan_tiles(mask, size, masked_threshold: float = -1000.0, classify_many_runs: bool = True, states=None):
     """device_scan() whose one read of the mask also counts its tiles of `size` (q, k) and
     writes torch BlockMask's eight int32 tensors on the mask's device (masklens._cuda.
     scan_runs_tiles, which must be there): (Verdict, {name: tensor}) with counts
@@ -317,16 +317,20 @@ def device_scan_tiles(mask, size, masked_threshold: float = -1000.0, classify_ma
     stream before the one synchronisation. classify_many_runs=False: the Verdict is None
     where the spans reduce to more than one run in _MANY_RUNS rows (a BlockMask needs no
     verdict: a mask_mod reading the mask is exact for any mask; a block-sparse mask's
-    ~one run per row would cost more on the host than the read on the device)."""
+    ~one run per row would cost more on the host than the read on the device). `states`: a
+    contiguous uint8 tensor of one byte a tile on the mask's device, written with each
+    tile's state ([B', H', q tiles, k tiles], 0 empty, 1 partial, 2 full) in the same pass."""
     dtype = _device_dtype(mask)
     q, k = size
     args = (mask.data_ptr(), dtype, list(mask.shape), list(mask.stride()), masked_threshold)
     sizes, (db, dh, nq, nk) = _cuda.query_runs_tiles(*args, q, k)
     arrays, pointers, nbytes = _block_mask_tensors(mask.device, db, dh, nq, nk)
 
+    extra = {} if states is None else {"d_states": states.data_ptr(), "states_bytes": states.numel()}
+
     def scan_call(base, runs, stream, device):
         return _cuda.scan_runs_tiles(*args, q, k, base, runs.block_bytes, runs.head_address, runs.head_bytes,
-                                     pointers, nbytes, stream, device)
+                                     pointers, nbytes, stream, device, **extra)
     verdict = _device_runs(mask, masked_threshold, sizes, scan_call, tiles=(q, k),
                            classify_many_runs=classify_many_runs)
     global _scans
@@ -338,19 +342,14 @@ def device_scan_tiles(mask, size, masked_threshold: float = -1000.0, classify_ma
 
 def device_tile_summary(mask, size, masked_threshold: float = -1000.0):
     """(Verdict, TileSummary) of a CUDA mask from one device read (device_scan_tiles): the
-    tile states are rebuilt on the device from the kv side (each row of indices is an
-    order of its k tiles, the first `count` of them in the state) and cross to the host at
-    one byte a tile. An arbitrary verdict's structure carries the tiles' fractions, as
-    scan_with_tiles() gives it."""
+    BlockMask writer stores each tile's state beside the tensors, and the states cross to
+    the host at one byte a tile. An arbitrary verdict's structure carries the tiles'
+    fractions, as scan_with_tiles() gives it."""
     import torch
-    verdict, arrays = device_scan_tiles(mask, size, masked_threshold)
-    nk = arrays["kv_indices"].shape[-1]
-    order = torch.arange(nk, device=mask.device, dtype=torch.int32)
-    states = torch.zeros(arrays["kv_indices"].shape, dtype=torch.uint8, device=mask.device)
-    for kind, value in (("", 1), ("full_", 2)):
-        in_state = (order < arrays[f"{kind}kv_num_blocks"][..., None]).to(torch.uint8) * value
-        part = torch.zeros_like(states).scatter_(-1, arrays[f"{kind}kv_indices"].long(), in_state)
-        states += part
+    _, (db, dh, nq, nk) = _cuda.query_runs_tiles(mask.data_ptr(), _device_dtype(mask), list(mask.shape),
+                                                 list(mask.stride()), masked_threshold, *size)
+    states = torch.empty((db, dh, nq, nk), dtype=torch.uint8, device=mask.device)
+    verdict, _ = device_scan_tiles(mask, size, masked_threshold, states=states)
     shape = (1,) * (4 - mask.dim()) + tuple(mask.shape)
     summary = _core.tile_summary_from_states(states.cpu().numpy(), *shape, *size)
     if verdict.structure.kind == "arbitrary":

@@ -254,28 +254,35 @@ NB_MODULE(_cuda, m) {
          const std::vector<std::int64_t>& strides, float masked_threshold, std::int64_t block_q, std::int64_t block_k,
          std::uintptr_t d_block, std::size_t block_bytes, std::uintptr_t h_head, std::size_t head_bytes,
          const std::vector<std::uintptr_t>& arrays, const std::vector<std::size_t>& array_bytes, std::uintptr_t stream,
-         int device) {
+         int device, std::uintptr_t d_states, std::size_t states_bytes) {
         const MaskView view = take(python::view_of(data, dtype, shape, strides, masked_threshold));
         const TileSize size{block_q, block_k};
         const python::RunsBlock b = checked_block(view, d_block, block_bytes, &size);
         const TileGrid g = take(tile_grid_for(view, size));
         check_head(b, h_head, head_bytes);
         const BlockMaskArrays d_block_mask = block_mask_arrays(g, arrays, array_bytes);
+        if (d_states != 0 && states_bytes != static_cast<std::size_t>(g.tiles()) * sizeof(TileState))
+          raise(error(ErrorCode::invalid_argument, "states holds " + std::to_string(states_bytes) +
+                                                       " bytes; this grid needs " + std::to_string(g.tiles()) +
+                                                       " (one byte a tile)"));
+        auto* states = reinterpret_cast<TileState*>(d_states);
         // As scan_runs(), the scan now counting the tiles and writing the BlockMask too.
         return scan_reduce_copy(b, d_block, view.q_len(), h_head, stream, device,
                                 [&](void* temp, std::size_t& temp_bytes, RowSpan* rows, cudaStream_t s) {
                                   return gpu::scan_spans_tiles(temp, temp_bytes, view, size, rows, d_block_mask,
-                                                               nullptr, s);
+                                                               states, s);
                                 });
       },
       "data"_a, "dtype"_a, "shape"_a, "strides"_a, "masked_threshold"_a, "block_q"_a, "block_k"_a, "d_block"_a,
       "block_bytes"_a, "h_head"_a, "head_bytes"_a, "arrays"_a, "array_bytes"_a, "stream"_a, "device"_a,
+      "d_states"_a = 0, "states_bytes"_a = 0,
       "scan_runs() reading the mask once for its tiles too: the block laid out with query_runs_tiles()' scan "
       "temporary, and torch BlockMask's eight int32 arrays (device addresses, in the order kv_num_blocks, kv_indices, "
       "full_kv_num_blocks, full_kv_indices, q_num_blocks, q_indices, full_q_num_blocks, full_q_indices, each "
-      "contiguous over the grid query_runs_tiles() gives, with its size in bytes) written on the device. Returns the "
-      "run count; copy_rest() (with the same block) brings runs past the first copy. Every argument is checked "
-      "before any CUDA call.");
+      "contiguous over the grid query_runs_tiles() gives, with its size in bytes) written on the device; with "
+      "d_states (a device address, states_bytes = one byte a tile), each tile's state too ([slice][q tile][k tile], "
+      "0 empty, 1 partial, 2 full). Returns the run count; copy_rest() (with the same block) brings runs past the "
+      "first copy. Every argument is checked before any CUDA call.");
 
   // torch BlockMask's eight arrays from tile states already on the device (a host tile
   // summary's states copied over: masklens._run.block_mask_from_tiles), no host writer.

@@ -356,6 +356,7 @@ class FakeTileCuda(FakeCuda):
         self.size = size
         _, tiles = _core.scan_with_tiles(m, size[0], size[1], -1000.0)
         self.host = tiles.block_mask()
+        self.states = np.ascontiguousarray(tiles.states)
 
     def query_runs_tiles(self, data, dtype, shape, strides, threshold, block_q, block_k):
         assert (block_q, block_k) == self.size
@@ -363,13 +364,17 @@ class FakeTileCuda(FakeCuda):
         return (TILES_TEMP, 1000), [g[0], g[1], g[2], g[3]]
 
     def scan_runs_tiles(self, data, dtype, shape, strides, threshold, block_q, block_k, d_block, block_bytes, h_head,
-                        head_bytes, arrays, array_bytes, stream, device):
+                        head_bytes, arrays, array_bytes, stream, device, d_states=0, states_bytes=0):
         self.calls.append(dict(call="scan_runs_tiles", block_bytes=block_bytes, head_bytes=head_bytes, stream=stream,
-                               arrays=list(arrays), array_bytes=list(array_bytes), tiles=(block_q, block_k)))
+                               arrays=list(arrays), array_bytes=list(array_bytes), tiles=(block_q, block_k),
+                               states=d_states != 0))
         for name, address, nbytes in zip(TILE_FIELDS, arrays, array_bytes):
             want = np.ascontiguousarray(getattr(self.host, name))
             assert nbytes == want.nbytes, name
             ctypes.memmove(address, want.ctypes.data, nbytes)
+        if d_states:
+            assert states_bytes == self.states.nbytes
+            ctypes.memmove(d_states, self.states.ctypes.data, states_bytes)
         return self.scan_runs(data, dtype, shape, strides, threshold, d_block, block_bytes, h_head, head_bytes,
                               stream, device)
 
@@ -501,8 +506,9 @@ def test_device_tile_summary_is_the_host_summary(name, size, monkeypatch):
     device's kv side equal the host scan's, tile for tile, and an arbitrary verdict
     carries the same tile fractions (what decide() charges flex on)."""
     m = tile_masks()[name]
-    fake_tile_scan(m, size, monkeypatch)
+    fake = fake_tile_scan(m, size, monkeypatch)
     verdict, summary = _cache.device_tile_summary(m, size)
+    assert fake.calls[0]["states"]  # the writer stores the states in the same pass
     host_verdict, host = _core.scan_with_tiles(m, size[0], size[1], -1000.0)
     assert np.array_equal(summary.states, host.states)
     assert summary.shape == host.shape and summary.block_size == host.block_size
@@ -701,6 +707,9 @@ def test_tile_scan_arguments_are_checked_before_any_cuda_call():
         call(array_bytes=nbytes[:1] + [4] + nbytes[2:])
     with pytest.raises(masklens.MaskError, match="^invalid_argument: host head buffer is null"):
         call(h_head=0)
+    with pytest.raises(masklens.MaskError, match=r"^invalid_argument: states holds 17 bytes; this grid needs 18 "
+                                                 r"\(one byte a tile\)"):
+        call(d_states=1 << 20, states_bytes=17)
     with pytest.raises(masklens.MaskError, match=r"^invalid_argument: copy_rest is for counts"):
         _cuda.copy_rest(*args, block, runs.block_bytes, 0, 3, 4096, 64, 0, 0, block_q=16, block_k=8)
     with pytest.raises(masklens.MaskError, match="^invalid_argument: device block holds"):
