@@ -128,6 +128,8 @@ std::vector<Variant> variants() {
       {"warp/row, 128 threads, 8 loads in flight", launch_variant<ScanPolicy<128, 8, 2048>, Esize, T, M>},
       {"warp/row, 128 threads, a block per unit", launch_variant<ScanPolicy<128, 4, 2048>, Esize, T, M, -1>},
       {"warp/row, 128 threads, 2 x resident blocks", launch_variant<ScanPolicy<128, 4, 2048>, Esize, T, M, 2>},
+      {"warp/row, 128 threads, 8 blocks/SM (64 registers)", launch_variant<ScanPolicy<128, 4, 2048, 8>, Esize, T, M>},
+      {"warp/row, 128 threads, 10 blocks/SM", launch_variant<ScanPolicy<128, 4, 2048, 10>, Esize, T, M>},
       {"warp/row, 128 threads, 12 blocks/SM", launch_variant<ScanPolicy<128, 4, 2048, 12>, Esize, T, M>},
       {"warp/row, 128 threads, 2 loads in flight", launch_variant<ScanPolicy<128, 2, 2048>, Esize, T, M>},
       {"warp/row, 64 threads", launch_variant<ScanPolicy<64, 4, 2048>, Esize, T, M>},

@@ -116,7 +116,7 @@ Replayed replay(const ScanParams& s, const TileScanPlan& plan, std::int64_t bloc
   };
   for (std::int64_t b = 0; b < blocks; ++b) {
     std::fill(block.begin(), block.end(), 0u);  // a block's counters start zeroed
-    std::fill(count_vectors.begin(), count_vectors.end(), plan.tiles_from_intervals ? 0 : 1);
+    std::fill(count_vectors.begin(), count_vectors.end(), 1);  // a warp's first row is counted by vector
     const UnitRange range = plan.units_of(b, blocks);
     for (std::int64_t u = range.begin; u < range.end; ++u) {
       const TileUnit unit = plan.unit(u);

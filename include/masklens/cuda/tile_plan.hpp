@@ -106,9 +106,9 @@ struct TileScanPlan {
   // A row that is one interval (every row of a structured mask) has its tiles' counts
   // from its span's bounds, a few adds a lane once the row is read, instead of an add per
   // 16-byte vector while it is read: a warp reads a row counting vector by vector only
-  // where its previous row was not an interval, and reads a row again, counting, where
-  // it guessed wrong (from L2: the row was just read). false: every row counted vector by
-  // vector (bench/device_tiles.cu --sweep compares the two).
+  // where it is its first or its previous row was not an interval, and reads a row
+  // again, counting, where it guessed wrong (from L2: the row was just read). false:
+  // every row counted vector by vector (bench/device_tiles.cu --sweep compares the two).
   bool tiles_from_intervals = true;
 
   // Counter slots of the block: k tile kt's copy c is slot (kt << copy_shift) + c.
