@@ -237,13 +237,15 @@ def bench_split(L, device, reps):
             t_read, (verdict, arrays) = timed(
                 lambda: _cache.device_scan_tiles(m, (128, 128), classify_many_runs=False), reps, device)
             scan_ms, classify_ms = _cache.timing.get("scan_ms", 0.0), _cache.timing.get("classify_ms", 0.0)
+            prepare_ms = _cache.timing.get("prepare_ms", 0.0)
             reads = verdict is not None and verdict.structure.kind == "arbitrary" or verdict is None
             kept = verdict.structure if verdict is not None else None
             t_mod, mod = timed(lambda: _run.mask_mod_for(kept, device, m if reads else None), reps, device)
             t_bm, _ = timed(lambda: _run.block_mask_from_arrays(arrays, (L, L), (128, 128), mod), reps, device)
             t_all, _ = timed(lambda: mt.block_mask(m, 128), reps, device, before=masklens.forget)
-            line.append(f"one device read {t_all:.3f} = read + tiles + verdict {t_read:.3f} (device part {scan_ms:.3f},"
-                        f" classify {classify_ms:.3f}) + mask_mod {t_mod:.3f} + BlockMask {t_bm:.3f}")
+            line.append(f"one device read {t_all:.3f} = read + tiles + verdict {t_read:.3f} (last call: prepare "
+                        f"{prepare_ms:.3f}, device part {scan_ms:.3f}, classify {classify_ms:.3f}) + mask_mod "
+                        f"{t_mod:.3f} + BlockMask {t_bm:.3f}")
         print(" ".join(line))
         del m
         if device == "cuda":
@@ -251,11 +253,16 @@ def bench_split(L, device, reps):
 
 
 def profile_device_read(L, device):
-    """torch.profiler's table of one masklens.torch.block_mask(mask) on the window mask:
-    the host-side calls and the kernels with their times."""
+    """torch.profiler's table of one masklens.torch.block_mask(mask) on the documents mask
+    (the host-side calls and the kernels with their times), and cProfile's of ten calls of
+    it and of the BlockMask from the structure."""
     import masklens
     import masklens.torch as mt
-    name, m, _ = next(masks(L, device))
+    from masklens import _core, _run
+    it = masks(L, device)
+    next(it)
+    name, m, _ = next(it)  # the documents: the slowest from the structure (bench/README.md)
+    structure = masklens.scan(m).structure
     for _ in range(3):
         masklens.forget()
         mt.block_mask(m, 128)
@@ -267,6 +274,24 @@ def profile_device_read(L, device):
         torch.cuda.synchronize()
     print(f"\nprofile of masklens.torch.block_mask on the {name} mask at {L}:")
     print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=25, max_name_column_width=60))
+    # The Python side, function by function (cumulative wall time of 10 calls each).
+    import cProfile
+    import pstats
+    for label, fn in (("one device read", lambda: mt.block_mask(m, 128)),
+                      ("from structure", lambda: _run.block_mask_from_tiles(
+                          _core.tiles_from_structure(structure, 128, 128), _run.mask_mod_for(structure, device),
+                          device))):
+        fn()
+        torch.cuda.synchronize()
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(10):
+            masklens.forget()
+            fn()
+            torch.cuda.synchronize()
+        prof.disable()
+        print(f"\ncProfile, 10 calls of {label} on the {name} mask at {L}, cumulative:")
+        pstats.Stats(prof, stream=sys.stdout).sort_stats("cumulative").print_stats(22)
 
 
 def check_cli(cli):

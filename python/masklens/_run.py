@@ -257,11 +257,13 @@ def mask_mod_for(structure, device, mask=None):
     # The closure holds Python ints, and a tensor only for a rule or modifier that reads
     # one: torch.compile traces exactly the terms the structure has (no dead clamp, no
     # `+ 0`), the graph a hand-written mask_mod of the same rule gives.
+    from ._cache import to_device  # host tables cross once, from pinned memory
     blocks = None
     if kind == "causal_blocks":
-        blocks = torch.full((max(K, Q + d, 1),), -1, device=device, dtype=torch.int32)
+        table = np.full((max(K, Q + d, 1),), -1, dtype=np.int32)
         for n, (start, end) in enumerate(s.blocks):
-            blocks[start:end] = n
+            table[start:end] = n
+        blocks = to_device(table, device)
     last_block = blocks.shape[0] - 1 if blocks is not None else 0
     docs = None
     if s.segments is not None:
@@ -275,9 +277,9 @@ def mask_mod_for(structure, device, mask=None):
             marks = np.zeros(Q, dtype=np.int32)
             np.add.at(marks, np.asarray(seg[1:-1], dtype=np.int64), 1)
             return np.cumsum(marks, dtype=np.int32)
-        docs = torch.from_numpy(np.stack([documents(seg) for seg in s.segments])).to(device)
-    kv = torch.tensor(s.kv_valid, device=device, dtype=torch.long) if s.kv_valid is not None else None
-    qv = torch.tensor(s.q_valid, device=device, dtype=torch.long) if s.q_valid is not None else None
+        docs = to_device(np.stack([documents(seg) for seg in s.segments]), device)
+    kv = to_device(np.asarray(s.kv_valid, dtype=np.int64), device) if s.kv_valid is not None else None
+    qv = to_device(np.asarray(s.q_valid, dtype=np.int64), device) if s.q_valid is not None else None
     # Modifiers hold one entry per batch, or one for every batch (a broadcast mask).
     docs_batch = docs is not None and docs.shape[0] > 1
     kv_batch = kv is not None and kv.shape[0] > 1
@@ -345,7 +347,7 @@ def block_mask_from_tiles(tiles, mask_mod, device):
         arrays = _cache.device_block_mask_tensors(tiles, device)
         return block_mask_from_arrays(arrays, (tiles.q_len, tiles.k_len), tiles.block_size, mask_mod)
     t = tiles.block_mask()
-    arrays = {name: torch.from_numpy(getattr(t, name)).to(device) for name in t.fields}
+    arrays = {name: _cache.to_device(getattr(t, name), device) for name in t.fields}
     return block_mask_from_arrays(arrays, t.seq_lengths, t.block_size, mask_mod)
 
 

@@ -141,7 +141,7 @@ def _attending_rows(entry, device):
     key = ("rows", device)
     rows = entry.derived.get(key)
     if rows is None:
-        rows = torch.from_numpy(entry.verdict.attending_rows()).to(device).unsqueeze(-1)  # [b, h, Q, 1]
+        rows = _cache.to_device(entry.verdict.attending_rows(), device).unsqueeze(-1)  # [b, h, Q, 1]
         entry.derived[key] = rows
     return rows
 
