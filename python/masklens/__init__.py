@@ -77,7 +77,8 @@ def load_kernels(device=None) -> bool:
     call finds them loaded); False, with no error and nothing done, where there is no
     masklens._cuda (`cuda_scan_unavailable()` says why), no CUDA device, or `device` is
     not a CUDA device. A failure on a CUDA device (an index past the device count, a GPU
-    the build has no code for) is a MaskError naming the CUDA call."""
+    the build has no code for) is a MaskError naming the CUDA call. It also allocates the
+    pinned host memory a BlockMask's tables cross to the device through (a few MiB)."""
     module = _cache.cuda_module()
     if module is None:
         return False
@@ -91,6 +92,7 @@ def load_kernels(device=None) -> bool:
     if device.type != "cuda":
         return False
     module.load_kernels(torch.cuda.current_device() if device.index is None else device.index)
+    _cache.reserve_staging(device)
     return True
 
 

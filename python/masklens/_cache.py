@@ -166,19 +166,86 @@ def _host_array(mask, warn=True):
     return host.expand(mask.shape) if host.shape != mask.shape else host
 
 
+class _PinnedStaging:
+    """Pinned host memory that host tables cross to a CUDA device through: a few slots per
+    device, taken in turn, each reused once the copy out of it has finished (a CUDA event;
+    by then long done). A copy from pageable memory is staged by the driver and waited
+    for, and one from a fresh pin_memory() block of torch's caching host allocator now
+    and then allocates pinned memory again (a block still being copied out of is not
+    reused): each measured 0.1-6 ms for 64-256 KiB on an H200 host, more than the rest of
+    a BlockMask (bench/README.md, tiles_torch --split)."""
+
+    SLOTS = 4  # tables crossing for one BlockMask (document table, tile states, ranges)
+    MIN_BYTES = 1 << 20
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._devices = {}  # device index -> [next slot, [(pinned uint8 tensor, event) or None] * SLOTS]
+
+    def reserve(self, device, nbytes=MIN_BYTES):
+        """Every slot of `device` (a torch CUDA device with an index) holds nbytes."""
+        with self._lock:
+            for slot in range(self.SLOTS):
+                self._slot(device, slot, nbytes)
+
+    def _slot(self, device, slot, nbytes):
+        import torch
+        state = self._devices.setdefault(device.index, [0, [None] * self.SLOTS])
+        held = state[1][slot]
+        if held is None or held[0].numel() < nbytes:
+            if held is not None:
+                held[1].synchronize()  # its last copy is done before the memory goes
+            buffer = torch.empty(max(nbytes, self.MIN_BYTES), dtype=torch.uint8, pin_memory=True)
+            held = state[1][slot] = (buffer, torch.cuda.Event())
+        return held
+
+    def copy(self, host, device):
+        """The contiguous CPU tensor `host` on `device`, enqueued on its current stream."""
+        import torch
+        out = torch.empty(host.shape, dtype=host.dtype, device=device)
+        nbytes = host.numel() * host.element_size()
+        if nbytes == 0:
+            return out
+        with self._lock:
+            state = self._devices.setdefault(device.index, [0, [None] * self.SLOTS])
+            slot = state[0]
+            state[0] = (slot + 1) % self.SLOTS
+            buffer, event = self._slot(device, slot, nbytes)
+            event.synchronize()  # the slot's previous copy has left it (an event never recorded is done)
+            staged = buffer[:nbytes]
+            staged.copy_(host.reshape(-1).view(torch.uint8))
+            out.view(-1).view(torch.uint8).copy_(staged, non_blocking=True)
+            event.record(torch.cuda.current_stream(device))
+        return out
+
+
+_staging = _PinnedStaging()
+
+
+def _cuda_device(device):
+    """A torch CUDA device with its index (the current device's where none is given)."""
+    import torch
+    device = torch.device(device)
+    return device if device.index is not None else torch.device("cuda", torch.cuda.current_device())
+
+
+def reserve_staging(device):
+    """Allocates `device`'s pinned staging (masklens.load_kernels does, at start-up), so a
+    first BlockMask does not allocate it."""
+    _staging.reserve(_cuda_device(device))
+
+
 def to_device(array, device):
     """A numpy array (or a nested list of ints) as a tensor on `device`. To a CUDA device it
-    crosses from pinned memory (torch's caching host allocator), enqueued on the current
-    stream without waiting: a copy from pageable memory is staged by the driver and waited
-    for, which measured 0.1-0.9 ms for 64-256 KiB (a BlockMask's tile states, a document
-    table) on an H200 host, more than the rest of a BlockMask."""
+    crosses through masklens' pinned staging (_PinnedStaging), enqueued on the device's
+    current stream without waiting for the copy."""
     import numpy as np
     import torch
     host = torch.from_numpy(np.ascontiguousarray(array))
     device = torch.device(device)
     if device.type != "cuda":
         return host.to(device)
-    return host.pin_memory().to(device, non_blocking=True)
+    return _staging.copy(host, _cuda_device(device))
 
 
 def _stream_of(device) -> int:

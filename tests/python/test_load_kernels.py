@@ -144,14 +144,17 @@ def test_on_a_gpu_it_loads_and_scans_after_it_are_right():
     masks = {
         "causal bool": (j <= i)[None, None],
         "sliding window bf16": torch.where((j <= i) & (i - j < 40), 0.0, -torch.inf).to(torch.bfloat16)[None, None],
-        "padded float32": torch.where(j >= 17, 0.0, torch.finfo(torch.float32).min).expand(2, 3, L, L),
+        "padded float32": torch.where(j >= 17, 0.0, torch.finfo(torch.float32).min)[None, None],
     }
-    for name, m in masks.items():
+    for name, base in masks.items():
+        # Broadcast on the device as on the host (.cuda() of an expanded tensor would copy
+        # every batch and head: another mask's verdict, one entry per batch).
+        m, on_device = base.expand(2, 3, L, L), base.cuda().expand(2, 3, L, L)
         host = _cache.scan(m)
-        device = masklens.scan(m.cuda())
+        device = masklens.scan(on_device)
         assert masklens.last_timing()["device"] == "cuda", name
         assert device.structure.describe() == host.structure.describe(), name
         assert np.array_equal(device.attending_rows(), host.attending_rows()), name
-        on_gpu = masklens.inspect(m.cuda(), tiles=64).tiles
+        on_gpu = masklens.inspect(on_device, tiles=64).tiles
         on_cpu = masklens.inspect(m, tiles=64).tiles
         assert np.array_equal(on_gpu.states, on_cpu.states), name
