@@ -91,8 +91,9 @@ def load_kernels(device=None) -> bool:
     device = torch.device("cuda") if device is None else torch.device(device)
     if device.type != "cuda":
         return False
-    module.load_kernels(torch.cuda.current_device() if device.index is None else device.index)
-    _cache.reserve_staging(device)
+    index = torch.cuda.current_device() if device.index is None else device.index
+    module.load_kernels(index)
+    _cache.reserve_staging(torch.device("cuda", index))
     return True
 
 

@@ -81,15 +81,18 @@ def test_loads_on_the_device_it_resolves(monkeypatch):
     monkeypatch.setattr(_cache, "cuda_module", lambda: fake)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    reserved = []  # the pinned staging of each device it loads on
+    monkeypatch.setattr(_cache, "reserve_staging", lambda device: reserved.append(str(device)))
     assert masklens.load_kernels() is True              # torch's current device
     assert masklens.load_kernels("cuda") is True        # no index: the current one too
     assert masklens.load_kernels("cuda:1") is True
     assert masklens.load_kernels(2) is True             # an index, as torch.device(2)
     assert masklens.load_kernels(torch.device("cuda", 0)) is True
     assert fake.calls == [3, 3, 1, 2, 0]
+    assert reserved == ["cuda:3", "cuda:3", "cuda:1", "cuda:2", "cuda:0"]
     assert masklens.load_kernels("cpu") is False         # not a CUDA device: nothing to load
     assert masklens.load_kernels(torch.device("meta")) is False
-    assert fake.calls == [3, 3, 1, 2, 0]
+    assert fake.calls == [3, 3, 1, 2, 0] and len(reserved) == 5
 
 
 def test_a_failure_on_a_cuda_device_is_raised(monkeypatch):
