@@ -446,6 +446,63 @@ TEST_CASE("device tile scan on the CPU: each warp guesses from its own previous 
   for (std::size_t r = 0; r < host->rows.size(); ++r) CHECK(got.rows[r].same_keys(host->rows[r]));
 }
 
+TEST_CASE("device tile sink: an interval's tiles from its bounds, rows past 2^31 keys and tiles wider than the row") {
+  // TileSink::add_interval shared among 1, 32 and 256 lanes, each tile's count against
+  // its overlap with the interval: the multiply-and-shift divider up to 2^31 keys, the
+  // 64-bit one past it, and a tile wider than the row (the divisor is the row's length).
+  Rng rng(test_seed(1404));
+  const std::int64_t two31 = std::int64_t{1} << 31;
+  struct Case {
+    std::int64_t block_k, k_len;
+  };
+  const Case cases[] = {{1, 300},
+                        {7, 1000},
+                        {128, 70000},
+                        {two31 >> 12, two31},
+                        {(two31 >> 12) + 3, two31},
+                        {std::int64_t{1} << 22, (std::int64_t{1} << 33) + 5},
+                        {two31 + 1, (std::int64_t{1} << 33) + 5},
+                        {(std::int64_t{1} << 32) + 7, (std::int64_t{1} << 34)},
+                        {std::int64_t{1} << 40, (std::int64_t{1} << 33) + 5},
+                        {std::int64_t{1} << 40, 1000}};
+  std::int64_t checked = 0;
+  for (const Case& c : cases) {
+    const KeyTileDivider keys = KeyTileDivider::make(c.block_k, c.k_len);
+    const std::int64_t nk = (c.k_len + keys.divisor - 1) / keys.divisor;
+    REQUIRE(nk <= 100000);
+    for (int i = 0; i < 40; ++i) {
+      // Whole rows, intervals at either end (the last key of a 2^31-key row among them),
+      // and anywhere.
+      std::int64_t first = 0, n = c.k_len;
+      if (i % 4 == 1) {
+        n = uniform(rng, 1, c.k_len);
+        first = c.k_len - n;
+      } else if (i % 4 == 2) {
+        n = uniform(rng, 1, std::min<std::int64_t>(c.k_len, 3 * keys.divisor));
+      } else if (i % 4 == 3) {
+        first = uniform(rng, 0, c.k_len - 1);
+        n = uniform(rng, 1, c.k_len - first);
+      }
+      for (const int lanes : {1, 32, 256}) {
+        std::vector<unsigned long long> counts(static_cast<std::size_t>(nk), 0);
+        TileSink<unsigned long long> sink;
+        sink.counts = counts.data();
+        sink.keys = keys;
+        for (int lane = 0; lane < lanes; ++lane) sink.add_interval(first, n, lane, lanes);
+        for (std::int64_t kt = 0; kt < nk; ++kt) {
+          const std::int64_t lo = kt * keys.divisor, hi = std::min(c.k_len, lo + keys.divisor);
+          const std::int64_t want = std::max<std::int64_t>(0, std::min(hi, first + n) - std::max(lo, first));
+          INFO("block_k " << c.block_k << " K=" << c.k_len << " keys " << first << " + " << n << " lanes " << lanes
+                          << " k tile " << kt);
+          REQUIRE(counts[static_cast<std::size_t>(kt)] == static_cast<unsigned long long>(want));
+          ++checked;
+        }
+      }
+    }
+  }
+  MESSAGE(checked << " tile counts exact");
+}
+
 TEST_CASE("device tile accumulator on the CPU: whole and striped rows, every length to 100, start and tile width") {
   // Rows cut by tile boundaries at every position a 16-byte vector, the head or the tail
   // can meet them: every key of the row attends (runs), or every other one (bits).
