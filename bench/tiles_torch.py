@@ -224,9 +224,11 @@ def bench_split(L, device, reps):
             t_mod, mod = timed(lambda: _run.mask_mod_for(structure, device), reps, device)
             if device == "cuda" and _cache.has_device_writer():
                 t_tensors, arrays = timed(lambda: _cache.device_block_mask_tensors(tiles, device), reps, device)
-            else:
-                t_tensors, arrays = timed(lambda: {f: torch.from_numpy(getattr(tiles.block_mask(), f)) for f in FIELDS},
-                                          reps, device)
+            else:  # as block_mask_from_tiles off CUDA: the host writer once, its arrays shared
+                def host_tensors():
+                    written = tiles.block_mask()
+                    return {f: torch.from_numpy(getattr(written, f)).to(device) for f in FIELDS}
+                t_tensors, arrays = timed(host_tensors, reps, device)
             t_bm, _ = timed(lambda: _run.block_mask_from_arrays(arrays, (L, L), (128, 128), mod), reps, device)
             t_all, _ = timed(lambda: _run.block_mask_from_tiles(_core.tiles_from_structure(structure, 128, 128),
                                                                 _run.mask_mod_for(structure, device), device),
@@ -246,6 +248,8 @@ def bench_split(L, device, reps):
             line.append(f"one device read {t_all:.3f} = read + tiles + verdict {t_read:.3f} (last call: prepare "
                         f"{prepare_ms:.3f}, device part {scan_ms:.3f}, classify {classify_ms:.3f}) + mask_mod "
                         f"{t_mod:.3f} + BlockMask {t_bm:.3f}")
+        if len(line) == 1:  # an arbitrary mask off CUDA (or without masklens._cuda): neither way applies
+            line.append("arbitrary: no structure to tile, and no device read here")
         print(" ".join(line))
         del m
         if device == "cuda":
@@ -334,7 +338,7 @@ def main():
         for L in lengths:
             bench_split(L, args.device, max(reps, 5))
         if args.device == "cuda":
-            profile_device_read(lengths[-1], args.device)
+            profile_device_read(max(lengths), args.device)
         return
     for L in lengths:
         bench_block_masks(L, args.device, reps, not args.no_create_check)

@@ -59,7 +59,9 @@ struct Replayed {
 // into the q tile's counts, the counters flushed where the plan says (flush_after).
 template <int Esize, int Threads, bool Shared>
 Replayed replay(const ScanParams& s, const TileScanPlan& plan, std::int64_t blocks) {
-  using Policy = ScanTuning<Esize, 900>::Policy;
+  // The tile scan's own policy (dispatch_tiles.cuh launches TileScanTuning's): its loads
+  // in flight, and its warps per block, which decide the rows each warp's guess follows.
+  using Policy = TileScanTuning<Esize, 900>::Policy;
   using Count = std::conditional_t<Shared, unsigned, unsigned long long>;
   using Acc = SpanTileAccumulator<Count>;
   const AgentScanRow<Policy, Esize, Acc, Threads> agent(s);
@@ -135,7 +137,10 @@ Replayed replay(const MaskView& view, const TileGrid& g, int threads, bool force
                 TileScanPlan* used = nullptr, bool from_intervals = true) {
   const ScanParams s = scan_params(view);
   const int esize = element_size(view.dtype());
-  // A warp per row: the tuned kernel's rows at once (its warps per block).
+  // A warp per row: the tuned kernel's rows at once (its warps per block, as the replay
+  // of each element size takes them).
+  static_assert(TileScanTuning<1, 900>::Policy::kWarpRowsPerBlock == TileScanTuning<2, 900>::Policy::kWarpRowsPerBlock &&
+                TileScanTuning<1, 900>::Policy::kWarpRowsPerBlock == TileScanTuning<4, 900>::Policy::kWarpRowsPerBlock);
   TileScanPlan plan = plan_tile_scan(g, esize, threads == 32 ? TileScanTuning<1, 900>::Policy::kWarpRowsPerBlock : 1);
   plan.tiles_from_intervals = from_intervals;
   if (force_global) {
@@ -403,6 +408,99 @@ TEST_CASE("device agent with the tile accumulator on the CPU: spans, counts and 
   // Both ways a guessed interval ends were met, many times.
   CHECK(rows_from_bounds > 1000);
   CHECK(rows_read_twice > 100);
+}
+
+TEST_CASE("device tile scan on the CPU: each warp guesses from its own previous row, across units") {
+  // The kernel's warp w of W reads rows q_begin + w, q_begin + w + W, ... of each unit and
+  // keeps its guess from unit to unit. Rows q with q % 2W == 1 are two keys apart (no
+  // interval), every other row one interval: warp 1's rows alternate, so each of its
+  // non-interval rows is met guessed an interval (read again), and its interval rows are
+  // counted by vector (after a row that was not one); the other warps' rows all come
+  // from their bounds. A replay with another number of warps, or one guess per block,
+  // counts otherwise.
+  constexpr int W = TileScanTuning<1, 900>::Policy::kWarpRowsPerBlock;
+  const std::int64_t q_len = 8 * W, k_len = 48;
+  std::vector<std::uint8_t> mask(static_cast<std::size_t>(q_len * k_len), 0);
+  for (std::int64_t q = 0; q < q_len; ++q) {
+    std::uint8_t* row = mask.data() + q * k_len;
+    if (q % (2 * W) == 1) {
+      row[3] = row[40] = 1;
+    } else {
+      for (std::int64_t k = q % 7; k <= 20 + q % 11; ++k) row[k] = 1;
+    }
+  }
+  const std::int64_t shape[] = {q_len, k_len};
+  const MaskView view = *MaskView::contiguous(mask.data(), ElementType::boolean, shape);
+  const TileGrid g = *tile_grid_for(view, TileSize{q_len, 16});
+  // Two units of 4W rows, both taken by one block.
+  const TileScanPlan plan = plan_tile_scan(g, 1, W, 2, 16);
+  REQUIRE(plan.shared);
+  REQUIRE(plan.units == 2);
+  REQUIRE(plan.rows_per_unit == 4 * W);
+  const Replayed got = replay<1, 32, true>(scan_params(view), plan, 1);
+  CHECK(got.rows_read_twice == q_len / (2 * W));
+  CHECK(got.rows_from_bounds == (W - 1) * (q_len / W));
+  CHECK(got.counts == reference_counts(view, g));
+  auto host = scan(view);
+  REQUIRE(host.ok());
+  for (std::size_t r = 0; r < host->rows.size(); ++r) CHECK(got.rows[r].same_keys(host->rows[r]));
+}
+
+TEST_CASE("device tile sink: an interval's tiles from its bounds, rows past 2^31 keys and tiles wider than the row") {
+  // TileSink::add_interval shared among 1, 32 and 256 lanes, each tile's count against
+  // its overlap with the interval: the multiply-and-shift divider up to 2^31 keys, the
+  // 64-bit one past it, and a tile wider than the row (the divisor is the row's length).
+  Rng rng(test_seed(1404));
+  const std::int64_t two31 = std::int64_t{1} << 31;
+  struct Case {
+    std::int64_t block_k, k_len;
+  };
+  const Case cases[] = {{1, 300},
+                        {7, 1000},
+                        {128, 70000},
+                        {two31 >> 12, two31},
+                        {(two31 >> 12) + 3, two31},
+                        {std::int64_t{1} << 22, (std::int64_t{1} << 33) + 5},
+                        {two31 + 1, (std::int64_t{1} << 33) + 5},
+                        {(std::int64_t{1} << 32) + 7, (std::int64_t{1} << 34)},
+                        {std::int64_t{1} << 40, (std::int64_t{1} << 33) + 5},
+                        {std::int64_t{1} << 40, 1000}};
+  std::int64_t checked = 0;
+  for (const Case& c : cases) {
+    const KeyTileDivider keys = KeyTileDivider::make(c.block_k, c.k_len);
+    const std::int64_t nk = (c.k_len + keys.divisor - 1) / keys.divisor;
+    REQUIRE(nk <= 100000);
+    for (int i = 0; i < 40; ++i) {
+      // Whole rows, intervals at either end (the last key of a 2^31-key row among them),
+      // and anywhere.
+      std::int64_t first = 0, n = c.k_len;
+      if (i % 4 == 1) {
+        n = uniform(rng, 1, c.k_len);
+        first = c.k_len - n;
+      } else if (i % 4 == 2) {
+        n = uniform(rng, 1, std::min<std::int64_t>(c.k_len, 3 * keys.divisor));
+      } else if (i % 4 == 3) {
+        first = uniform(rng, 0, c.k_len - 1);
+        n = uniform(rng, 1, c.k_len - first);
+      }
+      for (const int lanes : {1, 32, 256}) {
+        std::vector<unsigned long long> counts(static_cast<std::size_t>(nk), 0);
+        TileSink<unsigned long long> sink;
+        sink.counts = counts.data();
+        sink.keys = keys;
+        for (int lane = 0; lane < lanes; ++lane) sink.add_interval(first, n, lane, lanes);
+        for (std::int64_t kt = 0; kt < nk; ++kt) {
+          const std::int64_t lo = kt * keys.divisor, hi = std::min(c.k_len, lo + keys.divisor);
+          const std::int64_t want = std::max<std::int64_t>(0, std::min(hi, first + n) - std::max(lo, first));
+          INFO("block_k " << c.block_k << " K=" << c.k_len << " keys " << first << " + " << n << " lanes " << lanes
+                          << " k tile " << kt);
+          REQUIRE(counts[static_cast<std::size_t>(kt)] == static_cast<unsigned long long>(want));
+          ++checked;
+        }
+      }
+    }
+  }
+  MESSAGE(checked << " tile counts exact");
 }
 
 TEST_CASE("device tile accumulator on the CPU: whole and striped rows, every length to 100, start and tile width") {
