@@ -7,6 +7,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <initializer_list>
 #include <string>
 #include <utility>
 
@@ -33,6 +34,14 @@ inline Status load_kernel(const void* kernel, const std::string& name) {
   if (e == cudaSuccess) return {};
   return error(ErrorCode::device_error,
                "cudaFuncGetAttributes(" + name + "): " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
+}
+
+// Each kernel in turn, named (a kernel's address and what the error calls it); the first
+// failure is the answer.
+inline Status load_kernels_named(std::initializer_list<std::pair<const void*, std::string>> kernels) {
+  for (const auto& [kernel, name] : kernels)
+    if (Status st = load_kernel(kernel, name); !st.ok()) return st;
+  return {};
 }
 
 // The first failure is the answer; a later one (a cleanup after it) is added to its

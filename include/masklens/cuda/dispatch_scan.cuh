@@ -8,7 +8,9 @@
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <type_traits>
 
 #include <cub/block/block_reduce.cuh>
@@ -78,6 +80,19 @@ constexpr int tuned_arch(int arch) noexcept {
   for (const int tuned : kTunedArchs)
     if (tuned <= arch) return tuned;
   return kTunedArchs[sizeof kTunedArchs / sizeof kTunedArchs[0] - 1];
+}
+
+// f(std::type_identity<Policy>{}) with the Policy of Tuning<Esize, A> for the architecture
+// A of kTunedArchs that tuned_arch(arch) picks (what the launches' switches choose),
+// walking kTunedArchs at compile time: an architecture added to the table is covered
+// without a change at the callers (gpu::load_kernels' loaders).
+template <template <int, int> class Tuning, int Esize, std::size_t I = 0, class F>
+auto with_tuned_policy(int arch, F&& f) {
+  constexpr int kTuned = kTunedArchs[I];
+  if constexpr (I + 1 < std::size(kTunedArchs)) {
+    if (tuned_arch(arch) != kTuned) return with_tuned_policy<Tuning, Esize, I + 1>(arch, f);
+  }
+  return f(std::type_identity<typename Tuning<Esize, kTuned>::Policy>{});
 }
 
 // Launches one kernel with Policy: a block per row from Policy::kLongRowBytes, a warp

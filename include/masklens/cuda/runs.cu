@@ -43,15 +43,12 @@ std::size_t align256(std::size_t n) { return (n + 255) & ~std::size_t{255}; }
 
 Status load_runs_kernels() {
   // The four kernels launch_reduce_runs enqueues, in its order.
-  const std::pair<const void*, const char*> kernels[] = {
+  return detail::load_kernels_named({
       {reinterpret_cast<const void*>(&detail::runs_tile_summary), "runs_tile_summary"},
       {reinterpret_cast<const void*>(&detail::runs_tile_prefix), "runs_tile_prefix"},
       {reinterpret_cast<const void*>(&detail::runs_write), "runs_write"},
       {reinterpret_cast<const void*>(&detail::runs_lengths), "runs_lengths"},
-  };
-  for (const auto& [kernel, name] : kernels)
-    if (Status st = detail::load_kernel(kernel, name); !st.ok()) return st;
-  return {};
+  });
 }
 
 Status reduce_runs(void* d_temp_storage, std::size_t& temp_storage_bytes, const RowSpan* d_rows, std::int64_t rows,

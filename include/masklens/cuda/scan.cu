@@ -50,29 +50,18 @@ template <class Policy, int Esize>
 Status load_span_scan_with() {
   using detail::SpanAccumulator;
   const std::string size = std::to_string(Esize) + "-byte elements";
-  Status st = detail::load_kernel(
-      reinterpret_cast<const void*>(&detail::scan_rows_block_kernel<Policy, Esize, SpanAccumulator>),
-      "scan_rows_block_kernel, " + size);
-  if (st.ok())
-    st = detail::load_kernel(
-        reinterpret_cast<const void*>(&detail::scan_rows_warp_kernel<Policy, Esize, SpanAccumulator>),
-        "scan_rows_warp_kernel, " + size);
-  return st;
+  return detail::load_kernels_named(
+      {{reinterpret_cast<const void*>(&detail::scan_rows_block_kernel<Policy, Esize, SpanAccumulator>),
+        "scan_rows_block_kernel, " + size},
+       {reinterpret_cast<const void*>(&detail::scan_rows_warp_kernel<Policy, Esize, SpanAccumulator>),
+        "scan_rows_warp_kernel, " + size}});
 }
 
-// The policy dispatch_scan's launch_for_arch takes for `arch` (tuned_arch: one of
-// kTunedArchs), found by walking kTunedArchs at compile time, so an architecture added to
-// the table is loaded without a change here.
-template <int Esize, std::size_t I = 0>
+// The policy the launches take for `arch`.
+template <int Esize>
 Status load_span_scan_for_arch(int arch) {
-  if constexpr (I < std::size(detail::kTunedArchs)) {
-    constexpr int kTuned = detail::kTunedArchs[I];
-    if (detail::tuned_arch(arch) == kTuned)
-      return load_span_scan_with<typename detail::ScanTuning<Esize, kTuned>::Policy, Esize>();
-    return load_span_scan_for_arch<Esize, I + 1>(arch);
-  } else {
-    return {};  // unreachable: tuned_arch() answers one of kTunedArchs
-  }
+  return detail::with_tuned_policy<detail::ScanTuning, Esize>(
+      arch, [](auto policy) { return load_span_scan_with<typename decltype(policy)::type, Esize>(); });
 }
 
 }  // namespace

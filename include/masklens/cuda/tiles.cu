@@ -183,26 +183,18 @@ Result<TileScan> run_with_tiles(const MaskView& view, const MaskView* host_view,
 template <class Policy, int Esize>
 Status load_tile_scan_with() {
   const std::string size = std::to_string(Esize) + "-byte elements";
-  Status st = detail::load_kernel(reinterpret_cast<const void*>(&detail::scan_tiles_warp_kernel<Policy, Esize, true>),
-                                  "scan_tiles_warp_kernel, shared counters, " + size);
-  if (st.ok())
-    st = detail::load_kernel(reinterpret_cast<const void*>(&detail::scan_tiles_warp_kernel<Policy, Esize, false>),
-                             "scan_tiles_warp_kernel, global counts, " + size);
-  return st;
+  return detail::load_kernels_named(
+      {{reinterpret_cast<const void*>(&detail::scan_tiles_warp_kernel<Policy, Esize, true>),
+        "scan_tiles_warp_kernel, shared counters, " + size},
+       {reinterpret_cast<const void*>(&detail::scan_tiles_warp_kernel<Policy, Esize, false>),
+        "scan_tiles_warp_kernel, global counts, " + size}});
 }
 
-// The policy dispatch_scan_tiles takes for `arch` (tuned_arch: one of kTunedArchs), as
-// scan.cu's loader finds the scan's.
-template <int Esize, std::size_t I = 0>
+// The policy the launches take for `arch`.
+template <int Esize>
 Status load_tile_scan_for_arch(int arch) {
-  if constexpr (I < std::size(detail::kTunedArchs)) {
-    constexpr int kTuned = detail::kTunedArchs[I];
-    if (detail::tuned_arch(arch) == kTuned)
-      return load_tile_scan_with<typename detail::TileScanTuning<Esize, kTuned>::Policy, Esize>();
-    return load_tile_scan_for_arch<Esize, I + 1>(arch);
-  } else {
-    return {};  // unreachable: tuned_arch() answers one of kTunedArchs
-  }
+  return detail::with_tuned_policy<detail::TileScanTuning, Esize>(
+      arch, [](auto policy) { return load_tile_scan_with<typename decltype(policy)::type, Esize>(); });
 }
 
 }  // namespace
@@ -217,11 +209,11 @@ Status load_tile_kernels() {
   if (st.ok()) st = load_tile_scan_for_arch<4>(arch);
   // The BlockMask writer with both sources: the scan's counts, and states the caller has.
   if (st.ok())
-    st = detail::load_kernel(reinterpret_cast<const void*>(&detail::block_mask_kernel<detail::StatesFromCounts>),
-                             "block_mask_kernel, states from counts");
-  if (st.ok())
-    st = detail::load_kernel(reinterpret_cast<const void*>(&detail::block_mask_kernel<detail::StatesGiven>),
-                             "block_mask_kernel, states given");
+    st = detail::load_kernels_named(
+        {{reinterpret_cast<const void*>(&detail::block_mask_kernel<detail::StatesFromCounts>),
+          "block_mask_kernel, states from counts"},
+         {reinterpret_cast<const void*>(&detail::block_mask_kernel<detail::StatesGiven>),
+          "block_mask_kernel, states given"}});
   return st;
 }
 
