@@ -269,16 +269,15 @@ def mask_mod_for(structure, device, mask=None):
     if s.segments is not None:
         # Row q's document: how many document starts (offsets past 0) are <= q, a
         # cumulative sum of start marks built where the mask_mod runs from the starts
-        # alone (a few dozen integers cross, not a table of Q; four launches, no
+        # alone (a few dozen integers cross, not a table of Q; three launches, no
         # synchronisation: a Q-long table built on the host cost 0.7-1.1 ms a BlockMask at
         # 65536 on an H200 host, numpy's cumsum and the copy). A tensor, not Python ints:
         # new document boundaries then reuse the compiled flex_attention (Dynamo guards
         # ints as constants and would compile again for each packing).
         flat = [b * Q + start for b, seg in enumerate(s.segments) for start in seg[1:-1]]
         marks = torch.zeros(len(s.segments) * Q, dtype=torch.int32, device=device)
-        if flat:
-            index = to_device(np.asarray(flat, dtype=np.int64), device)
-            marks.index_add_(0, index, torch.ones(len(flat), dtype=torch.int32, device=device))
+        if flat:  # a document's starts are distinct: a fill marks each once
+            marks.index_fill_(0, to_device(np.asarray(flat, dtype=np.int64), device), 1)
         docs = marks.view(len(s.segments), Q).cumsum(1, dtype=torch.int32)
     kv = to_device(np.asarray(s.kv_valid, dtype=np.int64), device) if s.kv_valid is not None else None
     qv = to_device(np.asarray(s.q_valid, dtype=np.int64), device) if s.q_valid is not None else None
