@@ -414,10 +414,11 @@ TEST_CASE("device tile scan on the CPU: each warp guesses from its own previous 
   // The kernel's warp w of W reads rows q_begin + w, q_begin + w + W, ... of each unit and
   // keeps its guess from unit to unit. Rows q with q % 2W == 1 are two keys apart (no
   // interval), every other row one interval: warp 1's rows alternate, so each of its
-  // non-interval rows is met guessed an interval (read again), and its interval rows are
-  // counted by vector (after a row that was not one); the other warps' rows all come
-  // from their bounds. A replay with another number of warps, or one guess per block,
-  // counts otherwise.
+  // non-interval rows but its first is met guessed an interval (read again), and its
+  // interval rows are counted by vector (after a row that was not one); every warp's
+  // first row is counted by vector, the other warps' later rows all come from their
+  // bounds. A replay with another number of warps, or one guess per block, counts
+  // otherwise.
   constexpr int W = TileScanTuning<1, 900>::Policy::kWarpRowsPerBlock;
   const std::int64_t q_len = 8 * W, k_len = 48;
   std::vector<std::uint8_t> mask(static_cast<std::size_t>(q_len * k_len), 0);
@@ -438,8 +439,8 @@ TEST_CASE("device tile scan on the CPU: each warp guesses from its own previous 
   REQUIRE(plan.units == 2);
   REQUIRE(plan.rows_per_unit == 4 * W);
   const Replayed got = replay<1, 32, true>(scan_params(view), plan, 1);
-  CHECK(got.rows_read_twice == q_len / (2 * W));
-  CHECK(got.rows_from_bounds == (W - 1) * (q_len / W));
+  CHECK(got.rows_read_twice == q_len / (2 * W) - 1);
+  CHECK(got.rows_from_bounds == (W - 1) * (q_len / W - 1));
   CHECK(got.counts == reference_counts(view, g));
   auto host = scan(view);
   REQUIRE(host.ok());
