@@ -111,6 +111,13 @@ BlockMaskArrays block_mask_arrays(const TileGrid& g, const std::vector<std::uint
   return {out[0], out[1], out[2], out[3], out[4], out[5], out[6], out[7]};
 }
 
+// Tile states at d_states (one TileState byte a tile of g), as the caller sized them.
+void check_states(const TileGrid& g, std::size_t states_bytes) {
+  if (states_bytes != static_cast<std::size_t>(g.tiles()) * sizeof(TileState))
+    raise(error(ErrorCode::invalid_argument, "states hold " + std::to_string(states_bytes) + " bytes; this grid has " +
+                                                 std::to_string(g.tiles()) + " tiles"));
+}
+
 // Runs `work` with `device` current (the stream belongs to the tensor's device; launches
 // go to the current one), the GIL released, and the previous device restored.
 template <class Work>
@@ -303,10 +310,7 @@ NB_MODULE(_cuda, m) {
         const TileGrid g = take(tile_grid_for(view, size));
         check_head(b, h_head, head_bytes);
         const BlockMaskArrays d_block_mask = block_mask_arrays(g, arrays, array_bytes);
-        if (d_states != 0 && states_bytes != static_cast<std::size_t>(g.tiles()) * sizeof(TileState))
-          raise(error(ErrorCode::invalid_argument, "states holds " + std::to_string(states_bytes) +
-                                                       " bytes; this grid needs " + std::to_string(g.tiles()) +
-                                                       " (one byte a tile)"));
+        if (d_states != 0) check_states(g, states_bytes);
         auto* states = reinterpret_cast<TileState*>(d_states);
         // As scan_runs(), the scan now counting the tiles and writing the BlockMask too.
         return scan_reduce_copy(b, d_block, view.q_len(), h_head, stream, device,
@@ -340,9 +344,7 @@ NB_MODULE(_cuda, m) {
         const TileGrid g = take(make_tile_grid(grid[0], grid[1], grid[2], grid[3], TileSize{grid[4], grid[5]},
                                                grid[6], grid[7]));
         if (d_states == 0) raise(error(ErrorCode::invalid_argument, "states is null"));
-        if (states_bytes != static_cast<std::size_t>(g.tiles()))
-          raise(error(ErrorCode::invalid_argument, "states hold " + std::to_string(states_bytes) +
-                                                       " bytes; this grid has " + std::to_string(g.tiles()) + " tiles"));
+        check_states(g, states_bytes);
         const BlockMaskArrays out = block_mask_arrays(g, arrays, array_bytes);
         const cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
         Status st = on_device(device, [&] {

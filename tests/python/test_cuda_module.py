@@ -707,8 +707,7 @@ def test_tile_scan_arguments_are_checked_before_any_cuda_call():
         call(array_bytes=nbytes[:1] + [4] + nbytes[2:])
     with pytest.raises(masklens.MaskError, match="^invalid_argument: host head buffer is null"):
         call(h_head=0)
-    with pytest.raises(masklens.MaskError, match=r"^invalid_argument: states holds 17 bytes; this grid needs 18 "
-                                                 r"\(one byte a tile\)"):
+    with pytest.raises(masklens.MaskError, match="^invalid_argument: states hold 17 bytes; this grid has 18 tiles"):
         call(d_states=1 << 20, states_bytes=17)
     with pytest.raises(masklens.MaskError, match=r"^invalid_argument: copy_rest is for counts"):
         _cuda.copy_rest(*args, block, runs.block_bytes, 0, 3, 4096, 64, 0, 0, block_q=16, block_k=8)
