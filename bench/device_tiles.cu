@@ -253,14 +253,13 @@ struct Bench {
     const float zeroed = median_ms(options.reps, [&] {
       CHECK_CUDA(cudaMemsetAsync(counts, 0, tiles * sizeof(std::uint64_t)));
     });
-    const float scanned = median_ms(options.reps, [&] {
-      CHECK_CUDA(cudaMemsetAsync(counts, 0, tiles * sizeof(std::uint64_t)));
-      CHECK_CUDA(all.front().launch(s, g, d_rows, counts, nullptr));
-    });
-    const float scanned_by_vector = median_ms(options.reps, [&] {
-      CHECK_CUDA(cudaMemsetAsync(counts, 0, tiles * sizeof(std::uint64_t)));
-      CHECK_CUDA(all[1].launch(s, g, d_rows, counts, nullptr));
-    });
+    const auto scan_kernel_ms = [&](const Variant& v) {  // the counts zeroed and the scan, no writer
+      return median_ms(options.reps, [&] {
+        CHECK_CUDA(cudaMemsetAsync(counts, 0, tiles * sizeof(std::uint64_t)));
+        CHECK_CUDA(v.launch(s, g, d_rows, counts, nullptr));
+      });
+    };
+    const float scanned = scan_kernel_ms(all[0]), scanned_by_vector = scan_kernel_ms(all[1]);
     std::printf("|   split: counts zeroed %.3f ms, + scan kernel %.3f ms (%.2fx read; every row by vector %.3f ms, "
                 "%.2fx); the writer and the rest below | | | | | | | | | |\n",
                 zeroed, scanned, scanned / read_ms, scanned_by_vector, scanned_by_vector / read_ms);

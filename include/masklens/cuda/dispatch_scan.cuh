@@ -19,6 +19,7 @@
 #include "../mask_view.hpp"
 #include "accumulators.cuh"
 #include "agent_scan.cuh"
+#include "check.cuh"
 #include "scan.hpp"
 #include "tuning.cuh"
 
@@ -93,6 +94,24 @@ auto with_tuned_policy(int arch, F&& f) {
     if (tuned_arch(arch) != kTuned) return with_tuned_policy<Tuning, Esize, I + 1>(arch, f);
   }
   return f(std::type_identity<typename Tuning<Esize, kTuned>::Policy>{});
+}
+
+// load(std::type_identity<Policy>{}, std::integral_constant<int, Esize>{}) for every
+// element size a view can have (1, 2, 4: what the launches switch on), each under the
+// Policy of Tuning that the current device's architecture takes: the first failure, or
+// the device query's (gpu::load_kernels' loaders of the scan and of the tile scan).
+template <template <int, int> class Tuning, class Load>
+Status load_for_current_arch(Load&& load) {
+  int arch = 0;
+  if (Status st = check(current_arch(arch), "cudaGetDevice / cudaDeviceGetAttribute(compute capability)"); !st.ok())
+    return st;
+  const auto each = [&](auto esize) {
+    return with_tuned_policy<Tuning, decltype(esize)::value>(arch, [&](auto policy) { return load(policy, esize); });
+  };
+  Status st = each(std::integral_constant<int, 1>{});
+  if (st.ok()) st = each(std::integral_constant<int, 2>{});
+  if (st.ok()) st = each(std::integral_constant<int, 4>{});
+  return st;
 }
 
 // Launches one kernel with Policy: a block per row from Policy::kLongRowBytes, a warp

@@ -34,9 +34,9 @@ namespace masklens::gpu {
 // (scan_rows_block_kernel, 1-byte elements): cudaErrorNoKernelImageForDevice: ...": a
 // device outside -Dgpu_archs) and the rest is not tried; without CUDA, "masklens was
 // built without CUDA". Idempotent: a second call finds every kernel loaded and only
-// queries their attributes again (bench/device_step --preload times both calls). Like every entry point it neither reads nor clears the caller's
-// CUDA "last error" (a failing call records its error there, as any failing runtime
-// call does).
+// queries their attributes again (bench/device_step --preload times both calls). Like
+// every entry point it neither reads nor clears the caller's CUDA "last error" (a failing
+// call records its error there, as any failing runtime call does).
 [[nodiscard]] inline Status load_kernels() {
   if (Status st = load_scan_kernels(); !st.ok()) return st;
   if (Status st = load_runs_kernels(); !st.ok()) return st;

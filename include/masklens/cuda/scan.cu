@@ -7,7 +7,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <iterator>
 #include <string>
 #include <utility>
 
@@ -57,27 +56,15 @@ Status load_span_scan_with() {
         "scan_rows_warp_kernel, " + size}});
 }
 
-// The policy the launches take for `arch`.
-template <int Esize>
-Status load_span_scan_for_arch(int arch) {
-  return detail::with_tuned_policy<detail::ScanTuning, Esize>(
-      arch, [](auto policy) { return load_span_scan_with<typename decltype(policy)::type, Esize>(); });
-}
-
 }  // namespace
 
 bool built_with_cuda() noexcept { return true; }
 
 Status load_scan_kernels() {
-  int arch = 0;
-  if (Status st = check(detail::current_arch(arch), "cudaGetDevice / cudaDeviceGetAttribute(compute capability)");
-      !st.ok())
-    return st;
-  // Every element size a view can have (element_size(): 1, 2 or 4), as dispatch_scan switches.
-  Status st = load_span_scan_for_arch<1>(arch);
-  if (st.ok()) st = load_span_scan_for_arch<2>(arch);
-  if (st.ok()) st = load_span_scan_for_arch<4>(arch);
-  return st;
+  // Every element size a view can have, as dispatch_scan switches.
+  return detail::load_for_current_arch<detail::ScanTuning>([](auto policy, auto esize) {
+    return load_span_scan_with<typename decltype(policy)::type, decltype(esize)::value>();
+  });
 }
 
 Result<int> device_count() {

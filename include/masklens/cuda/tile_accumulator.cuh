@@ -4,9 +4,10 @@
 // gives the spans and the per-tile counts (dispatch_tiles.cuh reduces the spans and
 // flushes the counters; tile_plan.hpp says where the counters are). A row that is one
 // interval needs no per-key counting: the kernel reads it with the plain SpanAccumulator
-// and its lanes add the tiles' counts from the span's bounds (TileSink::add_interval). nvcc only, with the
-// exception agent_scan.cuh has: the host suite runs it on the CPU through the stand-in
-// for the CUDA builtins (tests/test_tile_agent_on_host.cpp), which has atomicAdd too.
+// and its lanes add the tiles' counts from the span's bounds (TileSink::add_interval).
+// nvcc only, with the exception agent_scan.cuh has: the host suite runs it on the CPU
+// through the stand-in for the CUDA builtins (tests/test_tile_agent_on_host.cpp), which
+// has atomicAdd too.
 #pragma once
 
 #include <cstdint>

@@ -84,8 +84,7 @@ struct UnitRange {
 inline constexpr std::size_t kTileSharedBudget = 32 * 1024;
 // Units a scan aims for: the grain of the split of rows among the blocks (each block
 // takes units / blocks of them; an H200 holds 132 SMs x about 8 blocks of 128 threads at
-// once), fine enough
-// that blocks finish together; fewer rows per unit only below that.
+// once), fine enough that blocks finish together; fewer rows per unit only below that.
 inline constexpr std::int64_t kTileTargetUnits = 8192;
 // The most rows a unit takes per row read at once (a coarser grain helps nothing: a
 // block's counters are flushed per q tile, not per unit).

@@ -190,23 +190,12 @@ Status load_tile_scan_with() {
         "scan_tiles_warp_kernel, global counts, " + size}});
 }
 
-// The policy the launches take for `arch`.
-template <int Esize>
-Status load_tile_scan_for_arch(int arch) {
-  return detail::with_tuned_policy<detail::TileScanTuning, Esize>(
-      arch, [](auto policy) { return load_tile_scan_with<typename decltype(policy)::type, Esize>(); });
-}
-
 }  // namespace
 
 Status load_tile_kernels() {
-  int arch = 0;
-  if (Status st = check(detail::current_arch(arch), "cudaGetDevice / cudaDeviceGetAttribute(compute capability)");
-      !st.ok())
-    return st;
-  Status st = load_tile_scan_for_arch<1>(arch);
-  if (st.ok()) st = load_tile_scan_for_arch<2>(arch);
-  if (st.ok()) st = load_tile_scan_for_arch<4>(arch);
+  Status st = detail::load_for_current_arch<detail::TileScanTuning>([](auto policy, auto esize) {
+    return load_tile_scan_with<typename decltype(policy)::type, decltype(esize)::value>();
+  });
   // The BlockMask writer with both sources: the scan's counts, and states the caller has.
   if (st.ok())
     st = detail::load_kernels_named(
