@@ -188,9 +188,12 @@ class _PinnedStaging:
             for slot in range(self.SLOTS):
                 self._slot(device, slot, nbytes)
 
+    def _state(self, device):
+        return self._devices.setdefault(device.index, [0, [None] * self.SLOTS])
+
     def _slot(self, device, slot, nbytes):
         import torch
-        state = self._devices.setdefault(device.index, [0, [None] * self.SLOTS])
+        state = self._state(device)
         held = state[1][slot]
         if held is None or held[0].numel() < nbytes:
             if held is not None:
@@ -207,7 +210,7 @@ class _PinnedStaging:
         if nbytes == 0:
             return out
         with self._lock:
-            state = self._devices.setdefault(device.index, [0, [None] * self.SLOTS])
+            state = self._state(device)
             slot = state[0]
             state[0] = (slot + 1) % self.SLOTS
             buffer, event = self._slot(device, slot, nbytes)
@@ -365,8 +368,7 @@ def _block_mask_tensors(device, distinct_batch, distinct_heads, nq, nk):
     # One split (a single op: torch ops cost microseconds each on the host), then a view
     # per field; the addresses by arithmetic from the block's.
     parts = block.split(padded)
-    arrays = {name: part[:n].view(shapes[name.replace("full_", "")]) if n != len(part) else
-              part.view(shapes[name.replace("full_", "")])
+    arrays = {name: (part if n == len(part) else part[:n]).view(shapes[name.replace("full_", "")])
               for name, part, n in zip(BLOCK_MASK_FIELDS, parts, sizes)}
     base, pointers = block.data_ptr(), []
     for n in padded:
