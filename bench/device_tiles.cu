@@ -263,6 +263,25 @@ struct Bench {
     std::printf("|   split: counts zeroed %.3f ms, + scan kernel %.3f ms (%.2fx read; every row by vector %.3f ms, "
                 "%.2fx); the writer and the rest below | | | | | | | | | |\n",
                 zeroed, scanned, scanned / read_ms, scanned_by_vector, scanned_by_vector / read_ms);
+    // The whole pass (zeroing, scan, writer) as gpu::scan_spans_tiles enqueues it, its
+    // launches chained where the device allows (dependent_launch.cuh), beside a memset
+    // and three plain launches (before). Both checked below or by the main case.
+    int arch = 0;
+    CHECK_CUDA(dev::current_arch(arch));
+    const float chained = median_ms(options.reps, [&] {
+      CHECK_CUDA(dev::launch_zero_counts(counts, g.tiles(), nullptr));
+      CHECK_CUDA(dev::dispatch_scan_tiles(view, g, d_rows, counts, nullptr, arch));
+      CHECK_CUDA(dev::launch_block_mask(g, dev::StatesFromCounts{g, counts}, out, nullptr, nullptr,
+                                        arch >= dev::kDependentLaunchArch));
+    });
+    const float plain = median_ms(options.reps, [&] {
+      CHECK_CUDA(cudaMemsetAsync(counts, 0, tiles * sizeof(std::uint64_t)));
+      CHECK_CUDA(all[0].launch(s, g, d_rows, counts, nullptr));
+      CHECK_CUDA(dev::launch_block_mask(g, dev::StatesFromCounts{g, counts}, out, nullptr, nullptr));
+    });
+    std::printf("|   launches: zero kernel + scan + writer chained %.3f ms (%.2fx read), memset + plain launches "
+                "(before) %.3f ms (%.2fx) | | | | | | | | | |\n",
+                chained, chained / read_ms, plain, plain / read_ms);
     for (const Variant& v : all) {
       const auto once = [&] {
         CHECK_CUDA(cudaMemsetAsync(counts, 0, tiles * sizeof(std::uint64_t)));

@@ -169,7 +169,7 @@ TEST_CASE("gpu tiles API: without a usable device, the error names the CUDA call
   const Status st = gpu::scan_spans_tiles(fake(0x10000), bytes, m.view, TileSize{}, static_cast<RowSpan*>(fake(0x20000)),
                                           BlockMaskArrays{}, static_cast<TileState*>(fake(0x30000)));
   CHECK(st.code() == ErrorCode::device_error);
-  CHECK(starts_with(st.message(), "cudaMemsetAsync(tile counts): "));
+  CHECK(starts_with(st.message(), "cudaLaunchKernelEx(tile counts zeroed): "));
   auto scanned = gpu::scan_host_mask_with_tiles(m.view);
   REQUIRE_FALSE(scanned.ok());
   CHECK(scanned.status().code() == ErrorCode::device_error);

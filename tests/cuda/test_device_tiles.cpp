@@ -320,9 +320,11 @@ TEST_CASE("device tiles: two-phase into the caller's arrays on the caller's stre
       CHECK(states == host->tiles.states);
     }
   };
-  const std::pair<const DeviceBuffer*, std::size_t> outputs[] = {{&d_rows, row_bytes},       {&d_states, tiles},
-                                                                  {&kv_count, kv_rows * 4},  {&kv_index, tiles * 4},
-                                                                  {&full_count, kv_rows * 4}, {&full_index, tiles * 4}};
+  // The temporary storage too: the counts in it must be zeroed by the pass itself, before
+  // the scan (chained to the zeroing kernel on sm_90) adds into them.
+  const std::pair<const DeviceBuffer*, std::size_t> outputs[] = {
+      {&d_rows, row_bytes},      {&d_states, tiles},         {&kv_count, kv_rows * 4},     {&kv_index, tiles * 4},
+      {&full_count, kv_rows * 4}, {&full_index, tiles * 4}, {&temp, temp_bytes + 3}};
   const auto poison = [&] {  // leftovers must not pass for results
     for (const auto& [buffer, bytes] : outputs) REQUIRE_CUDA(cudaMemsetAsync(buffer->get(), 0xff, bytes, stream));
   };

@@ -30,6 +30,7 @@
 #include "../tile_grid.hpp"
 #include "accumulators.cuh"
 #include "agent_scan.cuh"
+#include "dependent_launch.cuh"
 #include "dispatch_scan.cuh"
 #include "tile_accumulator.cuh"
 #include "tile_plan.hpp"
@@ -62,8 +63,11 @@ __device__ __forceinline__ SpanTileAccumulator<TileCount<Shared>> tile_accumulat
 
 // Adds the block's counters into the unit's q tile's counts, zeroing them for the next
 // unit. Between two __syncthreads: every add of the unit is before, the next unit after.
+// The counts are the zeroing kernel's until it completes (a chained launch: the block has
+// read its rows meanwhile); after the first flush the wait returns at once.
 __device__ __forceinline__ void flush_tile_counters(const TileScanPlan& plan, const TileUnit& unit,
                                                     unsigned* shared_counts, unsigned long long* counts) {
+  wait_for_previous_kernel();
   const std::int64_t nk = plan.grid.k_tiles(), copies = std::int64_t{1} << plan.copy_shift;
   unsigned long long* q_tile = counts + plan.grid.tile_index(unit.slice, unit.qt, 0);
   for (std::int64_t kt = threadIdx.x; kt < nk; kt += blockDim.x) {
@@ -102,9 +106,12 @@ __global__ void __launch_bounds__(Policy::kBlockThreads, Policy::kMinBlocksPerSM
   const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
   const AgentScanRow<Policy, Esize, Accumulator, 32> agent(s);
   const AgentScanRow<Policy, Esize, SpanAccumulator, 32> span_agent(s);
+  launch_dependents();  // the writer's blocks wait for this kernel themselves
   if constexpr (Shared) {
     zero_tile_counters(plan, shared_counts);
     __syncthreads();
+  } else {
+    wait_for_previous_kernel();  // every add goes to the counts: they must be zeroed first
   }
   bool count_vectors = true;  // warp-uniform: no row read yet, or the warp's last row was no interval
   // The warps run ahead into the next unit of the same q tile: only a flush waits for all.
@@ -165,10 +172,11 @@ cudaError_t resident_tile_blocks(const TileScanPlan& plan, std::int64_t& blocks)
 }
 
 // The scan with `Policy` and `plan` (plan_tile_scan's with kWarpRowsPerBlock rows at once)
-// on `blocks` blocks (0: as many as the device holds at once; never more than the units).
+// on `blocks` blocks (0: as many as the device holds at once; never more than the units);
+// chained: started while the kernel zeroing the counts runs (dependent_launch.cuh).
 template <class Policy, int Esize>
 cudaError_t launch_tile_plan(const ScanParams& s, const TileScanPlan& plan, RowSpan* rows, unsigned long long* counts,
-                             cudaStream_t stream, std::int64_t blocks = 0) {
+                             cudaStream_t stream, std::int64_t blocks = 0, bool chained = false) {
   if (blocks <= 0)
     if (const cudaError_t e = resident_tile_blocks<Policy, Esize>(plan, blocks); e != cudaSuccess) return e;
   if (blocks > plan.units) blocks = plan.units;
@@ -178,39 +186,68 @@ cudaError_t launch_tile_plan(const ScanParams& s, const TileScanPlan& plan, RowS
   config.gridDim = dim3(static_cast<unsigned>(blocks));
   config.dynamicSmemBytes = plan.shared_bytes;
   config.stream = stream;
+  cudaLaunchAttribute attribute{};
+  chain_launch(config, attribute, chained);
   return cudaLaunchKernelEx(&config, tile_scan_kernel<Policy, Esize>(plan), s, plan, rows, counts);
 }
 
 // The scan with `Policy` and its plan.
 template <class Policy, int Esize>
 cudaError_t launch_tiles_with(const ScanParams& s, const TileGrid& g, RowSpan* rows, unsigned long long* counts,
-                              cudaStream_t stream) {
+                              cudaStream_t stream, bool chained) {
   const TileScanPlan plan = plan_tile_scan(g, Esize, Policy::kWarpRowsPerBlock);
-  return launch_tile_plan<Policy, Esize>(s, plan, rows, counts, stream);
+  return launch_tile_plan<Policy, Esize>(s, plan, rows, counts, stream, 0, chained);
 }
 
 template <int Esize>
 cudaError_t launch_tiles_for_arch(int arch, const ScanParams& s, const TileGrid& g, RowSpan* rows,
-                                  unsigned long long* counts, cudaStream_t stream) {
+                                  unsigned long long* counts, cudaStream_t stream, bool chained) {
   switch (tuned_arch(arch)) {
-    case 900: return launch_tiles_with<typename TileScanTuning<Esize, 900>::Policy, Esize>(s, g, rows, counts, stream);
-    default: return launch_tiles_with<typename TileScanTuning<Esize, 800>::Policy, Esize>(s, g, rows, counts, stream);
+    case 900:
+      return launch_tiles_with<typename TileScanTuning<Esize, 900>::Policy, Esize>(s, g, rows, counts, stream, chained);
+    default:
+      return launch_tiles_with<typename TileScanTuning<Esize, 800>::Policy, Esize>(s, g, rows, counts, stream, chained);
   }
 }
 
 // Enqueues the scan of `view` (device memory, validated) into `rows` (span_rows(view)
 // RowSpans) and the per-tile counts of grid `g` (tile_grid_for(view, size)) into
-// `counts` (g.tiles() zeroed 64-bit counts) on `stream`; the launch's own status.
+// `counts` (g.tiles() 64-bit counts, zeroed by the kernel before: launch_zero_counts) on
+// `stream` with the policy of `arch` (current_arch); chained (dependent_launch.cuh) where
+// the architecture allows. The launch's own status.
 inline cudaError_t dispatch_scan_tiles(const MaskView& view, const TileGrid& g, RowSpan* rows,
-                                       unsigned long long* counts, cudaStream_t stream) {
-  int arch = 0;
-  if (const cudaError_t e = current_arch(arch); e != cudaSuccess) return e;
+                                       unsigned long long* counts, cudaStream_t stream, int arch) {
   const ScanParams s = scan_params(view);
+  const bool chained = arch >= kDependentLaunchArch;
   switch (element_size(view.dtype())) {
-    case 1: return launch_tiles_for_arch<1>(arch, s, g, rows, counts, stream);
-    case 2: return launch_tiles_for_arch<2>(arch, s, g, rows, counts, stream);
-    default: return launch_tiles_for_arch<4>(arch, s, g, rows, counts, stream);
+    case 1: return launch_tiles_for_arch<1>(arch, s, g, rows, counts, stream, chained);
+    case 2: return launch_tiles_for_arch<2>(arch, s, g, rows, counts, stream, chained);
+    default: return launch_tiles_for_arch<4>(arch, s, g, rows, counts, stream, chained);
   }
+}
+
+// The tile scan's counts zeroed by a kernel rather than a memset, so that the scan can be
+// chained to it (dependent_launch.cuh). It lets the scan launch at once: the scan waits
+// for it before its first add. (A template: a header's kernel is then defined once
+// however many .cu files include it.)
+template <class Count>
+__global__ void __launch_bounds__(256) zero_counts_kernel(Count* counts, std::int64_t n) {
+  launch_dependents();
+  const std::int64_t stride = std::int64_t{gridDim.x} * blockDim.x;
+  for (std::int64_t i = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += stride) counts[i] = 0;
+}
+
+// Enqueues zero_counts_kernel over n counts (a plain launch: it runs after everything
+// before it on the stream); the launch's own status.
+inline cudaError_t launch_zero_counts(unsigned long long* counts, std::int64_t n, cudaStream_t stream) {
+  // One wave covers 2^18 counts (the 128 x 128 tiles of a 65536^2 mask); more loop.
+  constexpr std::int64_t kThreads = 256, kMaxBlocks = 1024;
+  const std::int64_t blocks = (n + kThreads - 1) / kThreads;
+  cudaLaunchConfig_t config{};
+  config.blockDim = dim3(static_cast<unsigned>(kThreads));
+  config.gridDim = dim3(static_cast<unsigned>(blocks < 1 ? 1 : blocks < kMaxBlocks ? blocks : kMaxBlocks));
+  config.stream = stream;
+  return cudaLaunchKernelEx(&config, zero_counts_kernel<unsigned long long>, counts, n);
 }
 
 // --- torch's BlockMask from the counts ---
@@ -350,6 +387,7 @@ template <class Source>
 __global__ void __launch_bounds__(kBlockMaskThreads)
     block_mask_kernel(TileGrid g, Source source, BlockMaskArrays out, TileState* states) {
   __shared__ LineCounts counts;
+  wait_for_previous_kernel();  // chained after the scan: its counts, and every write, after it
   const std::int64_t nq = g.q_tiles(), nk = g.k_tiles();
   const std::int64_t kv_lines = g.slices() * nq, lines = kv_lines + g.slices() * nk;
   for (std::int64_t w = blockIdx.x; w < lines; w += gridDim.x) {
@@ -373,10 +411,11 @@ __global__ void __launch_bounds__(kBlockMaskThreads)
 }
 
 // Enqueues the BlockMask writer over grid `g` with states from `source` (states_out: where
-// to store them too, or null); the launch's own status.
+// to store them too, or null); chained: launched while the scan kernel before it drains
+// (only after a kernel: a copy before it is not waited for). The launch's own status.
 template <class Source>
 cudaError_t launch_block_mask(const TileGrid& g, const Source& source, const BlockMaskArrays& out,
-                              TileState* states_out, cudaStream_t stream) {
+                              TileState* states_out, cudaStream_t stream, bool chained = false) {
   const std::int64_t blocks = g.slices() * (g.q_tiles() + g.k_tiles());  // a block per line
   // Past this many lines a block takes several in turn (more blocks than an H200 holds
   // at once several times over; a 65536^2 mask has 1024 lines). The CUDA suite's grids
@@ -386,6 +425,8 @@ cudaError_t launch_block_mask(const TileGrid& g, const Source& source, const Blo
   config.blockDim = dim3(kBlockMaskThreads);
   config.gridDim = dim3(static_cast<unsigned>(blocks < kMaxBlocks ? blocks : kMaxBlocks));
   config.stream = stream;
+  cudaLaunchAttribute attribute{};
+  chain_launch(config, attribute, chained);
   return cudaLaunchKernelEx(&config, block_mask_kernel<Source>, g, source, out, states_out);
 }
 

@@ -196,10 +196,12 @@ Status load_tile_kernels() {
   Status st = detail::load_for_current_arch<detail::TileScanTuning>([](auto policy, auto esize) {
     return load_tile_scan_with<typename decltype(policy)::type, decltype(esize)::value>();
   });
-  // The BlockMask writer with both sources: the scan's counts, and states the caller has.
+  // The counts' zeroing, and the BlockMask writer with both sources: the scan's counts,
+  // and states the caller has.
   if (st.ok())
     st = detail::load_kernels_named(
-        {{reinterpret_cast<const void*>(&detail::block_mask_kernel<detail::StatesFromCounts>),
+        {{reinterpret_cast<const void*>(&detail::zero_counts_kernel<unsigned long long>), "zero_counts_kernel"},
+         {reinterpret_cast<const void*>(&detail::block_mask_kernel<detail::StatesFromCounts>),
           "block_mask_kernel, states from counts"},
          {reinterpret_cast<const void*>(&detail::block_mask_kernel<detail::StatesGiven>),
           "block_mask_kernel, states given"}});
@@ -231,13 +233,17 @@ Status scan_spans_tiles(void* d_temp_storage, std::size_t& temp_storage_bytes, c
     return error(ErrorCode::invalid_argument,
                  "no tile output: every d_block_mask pointer is null and d_states is null (scan_spans() scans spans alone)");
   auto* counts = reinterpret_cast<unsigned long long*>(align256(reinterpret_cast<std::uintptr_t>(d_temp_storage)));
-  Status st = check(cudaMemsetAsync(counts, 0, static_cast<std::size_t>(g.tiles()) * sizeof(std::uint64_t), stream),
-                    "cudaMemsetAsync(tile counts)");
+  // Three kernels, the last two chained where the device allows (dependent_launch.cuh):
+  // the scan reads while the counts are zeroed, the writer launches while the scan drains.
+  Status st = check(detail::launch_zero_counts(counts, g.tiles(), stream), "cudaLaunchKernelEx(tile counts zeroed)");
+  int arch = 0;
+  if (st.ok()) st = check(detail::current_arch(arch), "cudaGetDevice / cudaDeviceGetAttribute(compute capability)");
   if (st.ok())
-    st = check(detail::dispatch_scan_tiles(device_view, g, d_rows, counts, stream),
+    st = check(detail::dispatch_scan_tiles(device_view, g, d_rows, counts, stream, arch),
                "cudaLaunchKernelEx(tile scan kernel)");
   if (st.ok())
-    st = check(detail::launch_block_mask(g, detail::StatesFromCounts{g, counts}, d_block_mask, d_states, stream),
+    st = check(detail::launch_block_mask(g, detail::StatesFromCounts{g, counts}, d_block_mask, d_states, stream,
+                                         arch >= detail::kDependentLaunchArch),
                "cudaLaunchKernelEx(BlockMask kernel)");
   return st;
 }

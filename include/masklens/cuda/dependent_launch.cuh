@@ -1,0 +1,56 @@
+// Programmatic dependent launch (sm_90 and newer): a kernel launched with programmatic
+// stream serialisation may start while the kernel before it on the stream still runs,
+// and waits where it first needs that kernel's results. The tile pass chains its three
+// kernels so (dispatch_tiles.cuh): the scan's blocks start reading the mask while the
+// counts are zeroed and wait only before their first add into them; the BlockMask
+// writer's blocks are launched while the scan's last blocks drain and wait before reading
+// the counts. What it saves is the gap between kernels: a launch's latency and the drain
+// of the kernel before (bench/device_tiles.cu --sweep times the pass both ways).
+//
+// The rules, from the CUDA programming guide's "Programmatic Dependent Launch":
+// - a dependent kernel is launched once every block of the kernel before has called
+//   launch_dependents() or exited, so every block of the kernel before is resident (or
+//   done) by then: the dependent's blocks never take the place of one that has to run;
+// - wait_for_previous_kernel() returns once the kernel before has completed and its
+//   writes are visible; a kernel that never calls it must not read what that kernel
+//   writes, nor write what it reads;
+// - the kernel before a chained kernel was itself launched as usual (after everything
+//   earlier on the stream completed), so the mask and everything earlier is readable at
+//   once.
+// Below sm_90 the device functions compile to nothing and the launches are plain.
+// nvcc only.
+#pragma once
+
+#include <cuda_runtime.h>
+
+namespace masklens::gpu::detail {
+
+// The oldest architecture (major * 100 + minor * 10) that chains launches.
+inline constexpr int kDependentLaunchArch = 900;
+
+// Blocks until the kernel before on the stream has completed and its writes are visible
+// (a no-op where this kernel was launched plainly: the stream already ordered it).
+__device__ __forceinline__ void wait_for_previous_kernel() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// Lets the next kernel on the stream, if launched chained, start launching now: it
+// waits itself before reading this kernel's results.
+__device__ __forceinline__ void launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+
+// Sets `config` (with `attribute` as its storage) to launch chained when `chained`.
+inline void chain_launch(cudaLaunchConfig_t& config, cudaLaunchAttribute& attribute, bool chained) {
+  if (!chained) return;
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+}
+
+}  // namespace masklens::gpu::detail
