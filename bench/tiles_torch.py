@@ -298,6 +298,76 @@ def profile_device_read(L, device):
         pstats.Stats(prof, stream=sys.stdout).sort_stats("cumulative").print_stats(22)
 
 
+def bench_stalls(L, device, calls):
+    """Where the host-side stalls are: `calls` BlockMasks of the window mask each way, every
+    step timed on its own clock (perf_counter; the GPU synchronised after each call, as
+    `timed` does), and a CUDA event pair around each call's GPU work. Prints each step's
+    median and maximum, how many calls took over 1 ms more than the median and in which
+    step, the Python threads alive and the GIL's switch interval: a stall inside a step
+    that releases the GIL (a CUDA call) while another thread holds it lasts up to that
+    interval."""
+    import threading
+    import masklens
+    import masklens.torch as mt
+    from masklens import _cache, _core, _run
+    it = masks(L, device)
+    name, m, _ = next(it)
+    structure = masklens.scan(m).structure
+    threads = [t.name for t in threading.enumerate()]
+    print(f"\nstalls, {name} bool [1, 1, {L}, {L}], {calls} calls each way; threads {threads}, "
+          f"switch interval {sys.getswitchinterval() * 1e3:.1f} ms")
+
+    def report(label, records):
+        steps = list(records[0])
+        total = sorted(sum(r.values()) for r in records)
+        median = total[len(total) // 2]
+        slow = [r for r in records if sum(r.values()) > median + 1.0]
+        where = {}
+        for r in slow:
+            worst = max(r, key=r.get)
+            where[worst] = where.get(worst, 0) + 1
+        cells = ", ".join(f"{k} {np.median([r[k] for r in records]):.3f}/{max(r[k] for r in records):.3f}"
+                          for k in steps)
+        print(f"  {label}: total median {median:.3f} max {total[-1]:.3f} ms; steps median/max: {cells}; "
+              f"calls > median + 1 ms: {len(slow)} (slowest step: {where})")
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for label in ("from structure", "one device read"):
+        records, gpu = [], []  # host steps per call; the events' span (beside the steps, not in the total)
+        for call in range(calls + 3):
+            masklens.forget()
+            torch.cuda.synchronize()
+            r = {}
+            t = time.perf_counter()
+            start.record()
+            if label == "from structure":
+                tiles = _core.tiles_from_structure(structure, 128, 128)
+                r["tiles"], t = (time.perf_counter() - t) * 1e3, time.perf_counter()
+                mod = _run.mask_mod_for(structure, device)
+                r["mask_mod"], t = (time.perf_counter() - t) * 1e3, time.perf_counter()
+                arrays = _cache.device_block_mask_tensors(tiles, device)
+                r["tensors"], t = (time.perf_counter() - t) * 1e3, time.perf_counter()
+                _run.block_mask_from_arrays(arrays, (L, L), (128, 128), mod)
+                r["BlockMask"], t = (time.perf_counter() - t) * 1e3, time.perf_counter()
+            else:
+                mt.block_mask(m, 128)
+                whole = (time.perf_counter() - t) * 1e3
+                for k in ("prepare_ms", "kernels_ms", "scan_ms", "classify_ms"):
+                    r[k[:-3]] = _cache.timing.get(k, 0.0)
+                r["scan"] -= r["kernels"]  # the block's allocation and the layout around the C++ call
+                r["rest"] = whole - sum(r.values())  # the mask_mod, the BlockMask, block_mask()'s own code
+                t = time.perf_counter()
+            end.record()
+            torch.cuda.synchronize()
+            r["sync"] = (time.perf_counter() - t) * 1e3
+            if call >= 3:  # three warm-up calls
+                records.append(r)
+                gpu.append(start.elapsed_time(end))
+        report(label, records)
+        gpu.sort()
+        print(f"    GPU work between the events: median {gpu[len(gpu) // 2]:.3f}, max {gpu[-1]:.3f} ms")
+
+
 def check_cli(cli):
     import masklens  # noqa: F401
     small = 1024
@@ -327,6 +397,8 @@ def main():
     ap.add_argument("--masklens", help="the masklens command, to compare its JSON tiles with create_block_mask")
     ap.add_argument("--split", action="store_true",
                     help="only where masklens' milliseconds go, step by step (and a profile at the largest length)")
+    ap.add_argument("--stalls", type=int, default=0, metavar="CALLS",
+                    help="only the host-side stalls: CALLS BlockMasks of the window mask each way, step by step")
     args = ap.parse_args()
     reps = 3 if args.quick else args.reps
     import masklens
@@ -334,6 +406,10 @@ def main():
     print(f"torch {torch.__version__}, masklens {masklens.__version__}, {dev}; "
           f"device scan: {masklens.has_cuda_scan()}")
     lengths = [int(x) for x in args.lengths.split(",")]
+    if args.stalls:
+        for L in lengths:
+            bench_stalls(L, args.device, args.stalls)
+        return
     if args.split:
         for L in lengths:
             bench_split(L, args.device, max(reps, 5))

@@ -297,7 +297,10 @@ def _device_runs(mask, masked_threshold, sizes, scan_call, tiles=(0, 0), classif
     base = block.data_ptr()
     stream = _stream_of(mask.device)
     device = mask.device.index
+    t_call = time.perf_counter()
     count = scan_call(base, runs, stream, device)
+    # The launches, the head's copy, the synchronisation (and the host work done meanwhile).
+    timing["kernels_ms"] = (time.perf_counter() - t_call) * 1e3
     if not classify_many_runs and count * _MANY_RUNS > runs.rows:
         # No verdict; the rows are still checked for NaN / +inf, on the device: the spans
         # are in the block (RowSpan is 32 bytes, its uint32 flags at byte 24).
@@ -353,28 +356,39 @@ def has_device_writer() -> bool:
     return module is not None and hasattr(module, "write_block_mask")
 
 
-def _block_mask_tensors(device, distinct_batch, distinct_heads, nq, nk):
-    """torch BlockMask's eight int32 tensors of a grid, empty, as views of one allocation
-    (one block of the caching allocator instead of eight); each view starts 16-byte
-    aligned. ({name: tensor}, [address], [bytes]) in BLOCK_MASK_FIELDS order."""
+def _block_mask_storage(device, distinct_batch, distinct_heads, nq, nk):
+    """The storage of torch BlockMask's eight int32 tensors of a grid: one allocation (one
+    block of the caching allocator instead of eight), each field 16-byte aligned in it.
+    ([address], [bytes], views) in BLOCK_MASK_FIELDS order, the addresses by arithmetic;
+    views() makes the {name: tensor} views. Torch ops cost microseconds each on the host
+    (the views, 40-60 us on an H200 host): a caller that launches kernels into the
+    storage makes them while the device works."""
     import torch
     shapes = {"kv_num_blocks": (distinct_batch, distinct_heads, nq),
               "kv_indices": (distinct_batch, distinct_heads, nq, nk),
               "q_num_blocks": (distinct_batch, distinct_heads, nk),
               "q_indices": (distinct_batch, distinct_heads, nk, nq)}
-    sizes = [math.prod(shapes[name.replace("full_", "")]) for name in BLOCK_MASK_FIELDS]
+    fields = [(name, shapes[name.replace("full_", "")]) for name in BLOCK_MASK_FIELDS]
+    sizes = [math.prod(shape) for _, shape in fields]
     padded = [-(-n // 4) * 4 for n in sizes]
     block = torch.empty(sum(padded), dtype=torch.int32, device=device)
-    # One split (a single op: torch ops cost microseconds each on the host), then a view
-    # per field; the addresses by arithmetic from the block's.
-    parts = block.split(padded)
-    arrays = {name: (part if n == len(part) else part[:n]).view(shapes[name.replace("full_", "")])
-              for name, part, n in zip(BLOCK_MASK_FIELDS, parts, sizes)}
     base, pointers = block.data_ptr(), []
     for n in padded:
         pointers.append(base)
         base += 4 * n
-    return arrays, pointers, [4 * n for n in sizes]
+
+    def views():
+        # One split (a single op), then a view per field.
+        return {name: (part if n == p else part[:n]).view(shape)
+                for (name, shape), part, n, p in zip(fields, block.split(padded), sizes, padded)}
+    return pointers, [4 * n for n in sizes], views
+
+
+def _block_mask_tensors(device, distinct_batch, distinct_heads, nq, nk):
+    """torch BlockMask's eight int32 tensors of a grid, empty, as views of one allocation
+    (_block_mask_storage). ({name: tensor}, [address], [bytes]) in BLOCK_MASK_FIELDS order."""
+    pointers, nbytes, views = _block_mask_storage(device, distinct_batch, distinct_heads, nq, nk)
+    return views(), pointers, nbytes
 
 
 def device_block_mask_tensors(tiles, device):
@@ -414,14 +428,22 @@ def device_scan_tiles(mask, size, masked_threshold: float = -1000.0, classify_ma
     q, k = size
     args = (mask.data_ptr(), dtype, list(mask.shape), list(mask.stride()), masked_threshold)
     sizes, (db, dh, nq, nk) = _cuda.query_runs_tiles(*args, q, k)
-    arrays, pointers, nbytes = _block_mask_tensors(mask.device, db, dh, nq, nk)
+    pointers, nbytes, views = _block_mask_storage(mask.device, db, dh, nq, nk)
 
     extra = {} if states is None else {"d_states": states.data_ptr(), "states_bytes": states.numel()}
     timing["prepare_ms"] = (time.perf_counter() - t0) * 1e3  # the size query and the tensors' allocation
+    arrays = {}
 
     def scan_call(base, runs, stream, device):
-        return _cuda.scan_runs_tiles(*args, q, k, base, runs.block_bytes, runs.head_address, runs.head_bytes,
-                                     pointers, nbytes, stream, device, **extra)
+        # Enqueued without waiting: the tensors' views are made while the device reads the
+        # mask, then the one synchronisation.
+        _cuda.scan_runs_tiles(*args, q, k, base, runs.block_bytes, runs.head_address, runs.head_bytes,
+                              pointers, nbytes, stream, device, wait=False, **extra)
+        try:
+            arrays.update(views())
+        finally:
+            count = _cuda.wait_runs()
+        return count
     verdict = _device_runs(mask, masked_threshold, sizes, scan_call, tiles=(q, k),
                            classify_many_runs=classify_many_runs)
     global _scans

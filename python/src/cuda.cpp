@@ -18,6 +18,7 @@
 // the same block, its scan temporary sized for the tile counts.
 #include <cuda_runtime.h>
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
@@ -31,6 +32,7 @@
 #include <cstdint>
 #include <cstring>
 #include <iterator>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -170,6 +172,22 @@ PinnedStaging& staging() {
   return buffer;
 }
 
+// A scan enqueued with wait=False whose head has not been waited for (wait_runs()): one
+// per thread, as the pinned staging its head is copied into is the thread's.
+struct PendingHead {
+  bool pending = false;
+  const void* pinned = nullptr;  // the thread's staging, written by the enqueued copy
+  std::uintptr_t h_head = 0;     // the caller's host head (masklens._core.DeviceRuns')
+  std::size_t head_bytes = 0, count_at = 0;
+  cudaStream_t stream = nullptr;
+  int device = 0;
+};
+
+PendingHead& pending_head() {
+  thread_local PendingHead head;
+  return head;
+}
+
 }  // namespace
 
 // The host head buffer scan_runs() and scan_runs_tiles() copy the count and first runs to.
@@ -180,18 +198,33 @@ void check_head(const python::RunsBlock& b, std::uintptr_t h_head, std::size_t h
                                                  " bytes; this view's block copies " + std::to_string(b.head_bytes())));
 }
 
+// The run count in a head copied to h_head.
+std::int64_t count_in(std::uintptr_t h_head, std::size_t count_at) {
+  std::int64_t count = 0;
+  std::memcpy(&count, reinterpret_cast<const void*>(h_head + count_at), sizeof count);
+  return count;
+}
+
 // What scan_runs() and scan_runs_tiles() share around their scan, on `device` with the GIL
 // released: the head zeroed first (the head copy reads bytes the kernels may leave
 // unwritten, the count's padding and runs past the count: zeroed, initcheck sees no
 // unwritten byte copied), then scan(scan temporary, its bytes, the block's spans, stream),
 // the run reduction, the one copy of the count and the first runs to h_head (through this
 // thread's pinned staging), and the one synchronisation of the stream. Returns the run
-// count.
+// count; with wait false, nothing past the enqueued copy: wait_runs() synchronises and
+// returns the count (meanwhile the caller's thread is free, for host work the scan's
+// results are not needed for).
 template <class Scan>
-std::int64_t scan_reduce_copy(const python::RunsBlock& b, std::uintptr_t d_block, std::int64_t q_len,
-                              std::uintptr_t h_head, std::uintptr_t stream, int device, Scan&& scan) {
+std::optional<std::int64_t> scan_reduce_copy(const python::RunsBlock& b, std::uintptr_t d_block, std::int64_t q_len,
+                                             std::uintptr_t h_head, std::uintptr_t stream, int device, bool wait,
+                                             Scan&& scan) {
+  PendingHead& pending = pending_head();
+  if (pending.pending)
+    raise(error(ErrorCode::invalid_argument,
+                "a scan enqueued with wait=False on this thread was not waited for: call wait_runs() first"));
   auto* base = reinterpret_cast<std::uint8_t*>(d_block);
   const cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);  // gpu::Stream is the same type
+  void* pinned = nullptr;
   Status st = on_device(device, [&]() -> Status {
     Status r = check(cudaMemsetAsync(base, 0, b.head_bytes(), s), "cudaMemsetAsync(run count and first runs)");
     std::size_t scan_temp = b.scan_temp_bytes, reduce_temp = b.reduce_temp_bytes;
@@ -200,19 +233,38 @@ std::int64_t scan_reduce_copy(const python::RunsBlock& b, std::uintptr_t d_block
       r = gpu::reduce_runs(base + b.reduce_temp_at, reduce_temp, reinterpret_cast<const RowSpan*>(base + b.spans_at),
                            b.rows, q_len, reinterpret_cast<SpanRun*>(base + b.runs_at), b.room,
                            reinterpret_cast<std::int64_t*>(base + b.count_at), s);
-    void* pinned = nullptr;
     if (r.ok()) r = staging().reserve(b.head_bytes(), pinned);
     if (r.ok())
       r = check(cudaMemcpyAsync(pinned, base, b.head_bytes(), cudaMemcpyDeviceToHost, s),
                 "cudaMemcpyAsync(run count and first runs to the host)");
+    if (!wait) return r;
     if (r.ok()) r = check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
     if (r.ok()) std::memcpy(reinterpret_cast<void*>(h_head), pinned, b.head_bytes());
     return r;
   });
   if (!st.ok()) raise(st);
-  std::int64_t count = 0;
-  std::memcpy(&count, reinterpret_cast<const void*>(h_head + b.count_at), sizeof count);
-  return count;
+  if (!wait) {
+    pending = PendingHead{true, pinned, h_head, b.head_bytes(), b.count_at, s, device};
+    return std::nullopt;
+  }
+  return count_in(h_head, b.count_at);
+}
+
+// The second half of a scan enqueued with wait=False on this thread: the stream
+// synchronised, the head copied to its host buffer, the run count.
+std::int64_t wait_runs() {
+  PendingHead& pending = pending_head();
+  if (!pending.pending)
+    raise(error(ErrorCode::invalid_argument, "no scan enqueued with wait=False is pending on this thread"));
+  const PendingHead head = pending;
+  pending = PendingHead{};  // waited for, whatever the outcome: the next scan may start
+  Status st = on_device(head.device, [&]() -> Status {
+    Status r = check(cudaStreamSynchronize(head.stream), "cudaStreamSynchronize");
+    if (r.ok()) std::memcpy(reinterpret_cast<void*>(head.h_head), head.pinned, head.head_bytes);
+    return r;
+  });
+  if (!st.ok()) raise(st);
+  return count_in(head.h_head, head.count_at);
 }
 
 NB_MODULE(_cuda, m) {
@@ -267,10 +319,10 @@ NB_MODULE(_cuda, m) {
         const MaskView view = take(python::view_of(data, dtype, shape, strides, masked_threshold));
         const python::RunsBlock b = checked_block(view, d_block, block_bytes);
         check_head(b, h_head, head_bytes);
-        return scan_reduce_copy(b, d_block, view.q_len(), h_head, stream, device,
-                                [&](void* temp, std::size_t& temp_bytes, RowSpan* rows, cudaStream_t s) {
-                                  return gpu::scan_spans(temp, temp_bytes, view, rows, s);
-                                });
+        return *scan_reduce_copy(b, d_block, view.q_len(), h_head, stream, device, true,
+                                 [&](void* temp, std::size_t& temp_bytes, RowSpan* rows, cudaStream_t s) {
+                                   return gpu::scan_spans(temp, temp_bytes, view, rows, s);
+                                 });
       },
       "data"_a, "dtype"_a, "shape"_a, "strides"_a, "masked_threshold"_a, "d_block"_a, "block_bytes"_a, "h_head"_a,
       "head_bytes"_a, "stream"_a, "device"_a,
@@ -303,7 +355,7 @@ NB_MODULE(_cuda, m) {
          const std::vector<std::int64_t>& strides, float masked_threshold, std::int64_t block_q, std::int64_t block_k,
          std::uintptr_t d_block, std::size_t block_bytes, std::uintptr_t h_head, std::size_t head_bytes,
          const std::vector<std::uintptr_t>& arrays, const std::vector<std::size_t>& array_bytes, std::uintptr_t stream,
-         int device, std::uintptr_t d_states, std::size_t states_bytes) {
+         int device, std::uintptr_t d_states, std::size_t states_bytes, bool wait) {
         const MaskView view = take(python::view_of(data, dtype, shape, strides, masked_threshold));
         const TileSize size{block_q, block_k};
         const python::RunsBlock b = checked_block(view, d_block, block_bytes, &size);
@@ -313,7 +365,7 @@ NB_MODULE(_cuda, m) {
         if (d_states != 0) check_states(g, states_bytes);
         auto* states = reinterpret_cast<TileState*>(d_states);
         // As scan_runs(), the scan now counting the tiles and writing the BlockMask too.
-        return scan_reduce_copy(b, d_block, view.q_len(), h_head, stream, device,
+        return scan_reduce_copy(b, d_block, view.q_len(), h_head, stream, device, wait,
                                 [&](void* temp, std::size_t& temp_bytes, RowSpan* rows, cudaStream_t s) {
                                   return gpu::scan_spans_tiles(temp, temp_bytes, view, size, rows, d_block_mask,
                                                                states, s);
@@ -321,14 +373,21 @@ NB_MODULE(_cuda, m) {
       },
       "data"_a, "dtype"_a, "shape"_a, "strides"_a, "masked_threshold"_a, "block_q"_a, "block_k"_a, "d_block"_a,
       "block_bytes"_a, "h_head"_a, "head_bytes"_a, "arrays"_a, "array_bytes"_a, "stream"_a, "device"_a,
-      "d_states"_a = 0, "states_bytes"_a = 0,
+      "d_states"_a = 0, "states_bytes"_a = 0, "wait"_a = true,
       "scan_runs() reading the mask once for its tiles too: the block laid out with query_runs_tiles()' scan "
       "temporary, and torch BlockMask's eight int32 arrays (device addresses, in the order kv_num_blocks, kv_indices, "
       "full_kv_num_blocks, full_kv_indices, q_num_blocks, q_indices, full_q_num_blocks, full_q_indices, each "
       "contiguous over the grid query_runs_tiles() gives, with its size in bytes) written on the device; with "
       "d_states (a device address, states_bytes = one byte a tile), each tile's state too ([slice][q tile][k tile], "
       "0 empty, 1 partial, 2 full). Returns the run count; copy_rest() (with the same block) brings runs past the "
-      "first copy. Every argument is checked before any CUDA call.");
+      "first copy. wait=False: returns None once everything is enqueued, before the synchronisation; wait_runs() "
+      "on the same thread then synchronises and returns the count (no other scan may start on the thread before). "
+      "Every argument is checked before any CUDA call.");
+
+  m.def("wait_runs", &wait_runs,
+        "The run count of the scan this thread enqueued with wait=False (scan_runs_tiles()): synchronises its "
+        "stream and copies the head to its host buffer. MaskError (invalid_argument) where none is pending; after "
+        "a CUDA error (raised here) none is.");
 
   // torch BlockMask's eight arrays from tile states already on the device (a host tile
   // summary's states copied over: masklens._run.block_mask_from_tiles), no host writer.

@@ -357,6 +357,7 @@ class FakeTileCuda(FakeCuda):
         _, tiles = _core.scan_with_tiles(m, size[0], size[1], -1000.0)
         self.host = tiles.block_mask()
         self.states = np.ascontiguousarray(tiles.states)
+        self.pending = None  # the count of a scan enqueued with wait=False
 
     def query_runs_tiles(self, data, dtype, shape, strides, threshold, block_q, block_k):
         assert (block_q, block_k) == self.size
@@ -364,10 +365,11 @@ class FakeTileCuda(FakeCuda):
         return (TILES_TEMP, 1000), [g[0], g[1], g[2], g[3]]
 
     def scan_runs_tiles(self, data, dtype, shape, strides, threshold, block_q, block_k, d_block, block_bytes, h_head,
-                        head_bytes, arrays, array_bytes, stream, device, d_states=0, states_bytes=0):
+                        head_bytes, arrays, array_bytes, stream, device, d_states=0, states_bytes=0, wait=True):
         self.calls.append(dict(call="scan_runs_tiles", block_bytes=block_bytes, head_bytes=head_bytes, stream=stream,
                                arrays=list(arrays), array_bytes=list(array_bytes), tiles=(block_q, block_k),
-                               states=d_states != 0))
+                               states=d_states != 0, wait=wait))
+        assert self.pending is None, "a scan enqueued with wait=False was not waited for"
         for name, address, nbytes in zip(TILE_FIELDS, arrays, array_bytes):
             want = np.ascontiguousarray(getattr(self.host, name))
             assert nbytes == want.nbytes, name
@@ -375,8 +377,18 @@ class FakeTileCuda(FakeCuda):
         if d_states:
             assert states_bytes == self.states.nbytes
             ctypes.memmove(d_states, self.states.ctypes.data, states_bytes)
-        return self.scan_runs(data, dtype, shape, strides, threshold, d_block, block_bytes, h_head, head_bytes,
-                              stream, device)
+        count = self.scan_runs(data, dtype, shape, strides, threshold, d_block, block_bytes, h_head, head_bytes,
+                               stream, device)
+        if wait:
+            return count
+        self.pending = count
+        return None
+
+    def wait_runs(self):
+        assert self.pending is not None, "wait_runs() without a scan enqueued with wait=False"
+        count, self.pending = self.pending, None
+        self.calls.append(dict(call="wait_runs"))
+        return count
 
     def copy_rest(self, *args, block_q=0, block_k=0):
         assert (block_q, block_k) == self.size  # the block is the tile scan's layout
@@ -413,9 +425,10 @@ def test_device_tile_scan_host_half(name, size, monkeypatch):
     verdict, arrays = _cache.device_scan_tiles(m, size)
     assert _cache.scan_count() == before + 1 and masklens.last_timing()["device"] == "cuda"
     assert verdict.structure.describe() == _cache.scan(m).structure.describe()
-    assert [c["call"] for c in fake.calls] == ["scan_runs_tiles", "scan_runs"]
+    assert [c["call"] for c in fake.calls] == ["scan_runs_tiles", "scan_runs", "wait_runs"]
     call = fake.calls[0]
     assert call["tiles"] == size and call["stream"] == 777
+    assert call["wait"] is False  # enqueued, the views made, then waited for: wait_runs() above
     layout = _core.DeviceRuns(*args_of(m), TILES_TEMP, 1000)
     assert call["block_bytes"] == layout.block_bytes and call["head_bytes"] == layout.head_bytes
     B, H, Q, K = m.shape
@@ -547,7 +560,7 @@ def test_device_tile_scan_brings_runs_past_the_first_copy(monkeypatch):
     m = ((j % 2 == 0) & (i % 5 != 0))[None, None]
     fake = fake_tile_scan(m, (32, 8), monkeypatch)
     verdict, arrays = _cache.device_scan_tiles(m, (32, 8))
-    assert [c["call"] for c in fake.calls] == ["scan_runs_tiles", "scan_runs", "copy_rest"]
+    assert [c["call"] for c in fake.calls] == ["scan_runs_tiles", "scan_runs", "wait_runs", "copy_rest"]
     assert verdict.run_count == 300 and verdict.structure.describe() == "arbitrary, 60 empty rows"
     assert arrays["kv_indices"].shape == (1, 1, 10, 2)
 
@@ -565,10 +578,10 @@ def test_a_block_mask_brings_no_runs_past_the_first_copy(monkeypatch):
     before = _cache.scan_count()
     verdict, arrays = _cache.device_scan_tiles(m, (32, 8), classify_many_runs=False)
     assert verdict is None and _cache.scan_count() == before + 1
-    assert [c["call"] for c in fake.calls] == ["scan_runs_tiles", "scan_runs"]
+    assert [c["call"] for c in fake.calls] == ["scan_runs_tiles", "scan_runs", "wait_runs"]
     fake.calls.clear()
     structure, ours = mt._device_block_mask(m, (32, 8), -1000.0)
-    assert structure is None and [c["call"] for c in fake.calls] == ["scan_runs_tiles", "scan_runs"]
+    assert structure is None and [c["call"] for c in fake.calls] == ["scan_runs_tiles", "scan_runs", "wait_runs"]
     theirs = fa.create_block_mask(lambda b, h, q, kv: m[0, 0, q.clamp(max=299), kv.clamp(max=15)], 1, 1, 300, 16,
                                   device="cpu", BLOCK_SIZE=(32, 8))
     for field in TILE_FIELDS:
@@ -725,3 +738,10 @@ def test_without_a_gpu_the_tile_scan_names_the_failing_cuda_call():
     with pytest.raises(masklens.MaskError, match=r"^device_error: cuda\w+: cudaError"):
         _cuda.scan_runs_tiles(*args_of(m), 4, 4, 1 << 20, runs.block_bytes, runs.head_address, runs.head_bytes,
                               [1 << 16] * 8, [8, 16, 8, 16, 8, 16, 8, 16], 0, 0)
+    # Enqueued without waiting, it fails the same way and leaves nothing to wait for.
+    with pytest.raises(masklens.MaskError, match=r"^device_error: cuda\w+: cudaError"):
+        _cuda.scan_runs_tiles(*args_of(m), 4, 4, 1 << 20, runs.block_bytes, runs.head_address, runs.head_bytes,
+                              [1 << 16] * 8, [8, 16, 8, 16, 8, 16, 8, 16], 0, 0, wait=False)
+    with pytest.raises(masklens.MaskError, match="^invalid_argument: no scan enqueued with wait=False is pending on "
+                                                 "this thread"):
+        _cuda.wait_runs()

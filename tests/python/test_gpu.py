@@ -419,6 +419,43 @@ def test_device_block_mask_equals_create_block_mask_and_host_tiles(name):
 
 
 @needs_device_tiles
+def test_a_tile_scan_enqueued_without_waiting_is_waited_for_once():
+    """scan_runs_tiles(wait=False) returns before the synchronisation; wait_runs() then
+    gives the run count, and the head and the tensors, of a scan with wait=True; another
+    scan on the thread before it, or a second wait_runs(), is refused by name."""
+    from masklens import _cache, _core, _cuda
+    i, j = (t.to(DEV) for t in rows_cols(1000, 1000))
+    mask = ((j <= i) & (i - j < 300)).expand(2, 1, 1000, 1000).contiguous()  # a window: few runs, all in the head
+    args = (mask.data_ptr(), "bool", list(mask.shape), list(mask.stride()), -1000.0)
+    sizes, (db, dh, nq, nk) = _cuda.query_runs_tiles(*args, 128, 128)
+    stream = torch.cuda.current_stream().cuda_stream
+
+    def scan(wait):
+        runs = _core.DeviceRuns(*args, *sizes)
+        block = torch.empty(runs.block_bytes, dtype=torch.uint8, device=DEV)
+        arrays, pointers, nbytes = _cache._block_mask_tensors(mask.device, db, dh, nq, nk)
+        count = _cuda.scan_runs_tiles(*args, 128, 128, block.data_ptr(), runs.block_bytes, runs.head_address,
+                                      runs.head_bytes, pointers, nbytes, stream, 0, wait=wait)
+        return runs, block, arrays, pointers, nbytes, count
+
+    runs, _, want, _, _, count = scan(True)
+    later, block, got, pointers, nbytes, none = scan(False)
+    assert none is None and 0 < count <= later.eager
+    with pytest.raises(masklens.MaskError, match="^invalid_argument: a scan enqueued with wait=False on this thread "
+                                                 "was not waited for: call wait_runs\(\) first"):
+        _cuda.scan_runs_tiles(*args, 128, 128, block.data_ptr(), later.block_bytes, later.head_address,
+                              later.head_bytes, pointers, nbytes, stream, 0)
+    assert _cuda.wait_runs() == count
+    with pytest.raises(masklens.MaskError, match="^invalid_argument: no scan enqueued with wait=False is pending"):
+        _cuda.wait_runs()
+    for f in BM_FIELDS:
+        assert torch.equal(got[f], want[f]), f
+    verdict = later.finish()  # from the head wait_runs() copied
+    assert verdict.structure.kind == "sliding_window" and verdict.structure.window == 300
+    assert verdict.structure.describe() == runs.finish().structure.describe()
+
+
+@needs_device_tiles
 @pytest.mark.parametrize("seed", range(6))
 def test_block_mask_written_on_the_device_from_host_tiles_equals_the_host_writer(seed):
     """A host tile summary's BlockMask tensors written on the GPU (its states copied over,
