@@ -5,8 +5,11 @@ on masklens' BlockMask against the dense mask on torch's default dispatch.
                                  [--flex-length 69632] [--no-flex] [--masklens PATH] [--split]
 
 Per mask (sliding window 4096, packed documents, random block-sparse; bool [1, 1, L, L]):
-  masklens, from structure   the structure's tiles (tiles.hpp, no read of the mask) and the
-                             eight tensors on the device: BlockMask(...) with the q side
+  masklens, from structure   the structure's tile ranges (tiles.hpp, no read of the mask;
+                             32 bytes a q tile) and the eight tensors written from them on
+                             the device: BlockMask(...) with the q side
+  masklens, tile states      the same from the structure's tile states (a byte a tile
+                             crosses; the way before the ranges)
   masklens, scan + structure masklens.torch.block_mask(mask) on an exact structure: with
                              masklens._cuda, one device read that proves the structure
                              and writes the eight tensors (its rule is the mask_mod);
@@ -136,10 +139,14 @@ def bench_block_masks(L, device, reps, check_create):
         structure = masklens.scan(m).structure
         exact = structure.kind != "arbitrary"
         if exact:
+            ms, bm = timed(lambda: _run.block_mask_from_structure(structure, (128, 128),
+                                                                  _run.mask_mod_for(structure, device), device),
+                           reps, device)
+            rows.append(("masklens, from structure", ms, same(bm, ref)))
             ms, bm = timed(lambda: _run.block_mask_from_tiles(_core.tiles_from_structure(structure, 128, 128),
                                                               _run.mask_mod_for(structure, device), device),
                            reps, device)
-            rows.append(("masklens, from structure", ms, same(bm, ref)))
+            rows.append(("masklens, tile states", ms, same(bm, ref)))
             ms, bm = timed(lambda: mt.block_mask(m, 128), reps, device, before=masklens.forget)
             rows.append(("masklens, scan + structure", ms, same(bm, ref)))
         if device == "cuda" and not exact and _cache.has_device_tiles():
@@ -209,8 +216,8 @@ def bench_flex(L, device, reps, window=4096, heads=8, dim=128):
 def bench_split(L, device, reps):
     """Where a BlockMask's milliseconds go, step by step (each step synchronised and timed
     alone, median of `reps`), for the two masklens ways above: from the structure (its
-    tiles on the host, the eight tensors written on the device, the mask_mod, torch's
-    BlockMask) and one device read (the tile pass with its verdict, the mask_mod, the
+    tile ranges on the host, the eight tensors written on the device from them, the
+    mask_mod, torch's BlockMask) and one device read (the tile pass with its verdict, the mask_mod, the
     BlockMask); and the whole call beside the sum of its steps."""
     import masklens
     import masklens.torch as mt
@@ -220,21 +227,22 @@ def bench_split(L, device, reps):
         structure = masklens.scan(m).structure
         line = [f"  {name:18s}"]
         if structure.kind != "arbitrary":
-            t_tiles, tiles = timed(lambda: _core.tiles_from_structure(structure, 128, 128), reps, device)
+            t_ranges, _ = timed(lambda: _core.structure_tile_ranges(structure, 128, 128), reps, device)
             t_mod, mod = timed(lambda: _run.mask_mod_for(structure, device), reps, device)
-            if device == "cuda" and _cache.has_device_writer():
-                t_tensors, arrays = timed(lambda: _cache.device_block_mask_tensors(tiles, device), reps, device)
-            else:  # as block_mask_from_tiles off CUDA: the host writer once, its arrays shared
+            if device == "cuda" and _cache.has_structure_writer():
+                t_tensors, (arrays, _) = timed(
+                    lambda: _cache.device_block_mask_from_structure(structure, (128, 128), device), reps, device)
+            else:  # as block_mask_from_structure off CUDA: the host writer once, its arrays shared
                 def host_tensors():
-                    written = tiles.block_mask()
+                    written = _core.tiles_from_structure(structure, 128, 128).block_mask()
                     return {f: torch.from_numpy(getattr(written, f)).to(device) for f in FIELDS}
                 t_tensors, arrays = timed(host_tensors, reps, device)
             t_bm, _ = timed(lambda: _run.block_mask_from_arrays(arrays, (L, L), (128, 128), mod), reps, device)
-            t_all, _ = timed(lambda: _run.block_mask_from_tiles(_core.tiles_from_structure(structure, 128, 128),
-                                                                _run.mask_mod_for(structure, device), device),
+            t_all, _ = timed(lambda: _run.block_mask_from_structure(structure, (128, 128),
+                                                                    _run.mask_mod_for(structure, device), device),
                              reps, device)
-            line.append(f"from structure {t_all:.3f} = tiles {t_tiles:.3f} + mask_mod {t_mod:.3f} + "
-                        f"tensors {t_tensors:.3f} + BlockMask {t_bm:.3f};")
+            line.append(f"from structure {t_all:.3f} = mask_mod {t_mod:.3f} + tensors {t_tensors:.3f} (of which "
+                        f"the ranges {t_ranges:.3f}) + BlockMask {t_bm:.3f};")
         if device == "cuda" and _cache.has_device_tiles():
             t_read, (verdict, arrays) = timed(
                 lambda: _cache.device_scan_tiles(m, (128, 128), classify_many_runs=False), reps, device)
@@ -282,8 +290,8 @@ def profile_device_read(L, device):
     import cProfile
     import pstats
     for label, fn in (("one device read", lambda: mt.block_mask(m, 128)),
-                      ("from structure", lambda: _run.block_mask_from_tiles(
-                          _core.tiles_from_structure(structure, 128, 128), _run.mask_mod_for(structure, device),
+                      ("from structure", lambda: _run.block_mask_from_structure(
+                          structure, (128, 128), _run.mask_mod_for(structure, device),
                           device))):
         fn()
         torch.cuda.synchronize()
@@ -341,13 +349,11 @@ def bench_stalls(L, device, calls):
             t = time.perf_counter()
             start.record()
             if label == "from structure":
-                tiles = _core.tiles_from_structure(structure, 128, 128)
-                r["tiles"], t = (time.perf_counter() - t) * 1e3, time.perf_counter()
                 mod = _run.mask_mod_for(structure, device)
                 r["mask_mod"], t = (time.perf_counter() - t) * 1e3, time.perf_counter()
-                arrays = _cache.device_block_mask_tensors(tiles, device)
-                r["tensors"], t = (time.perf_counter() - t) * 1e3, time.perf_counter()
-                _run.block_mask_from_arrays(arrays, (L, L), (128, 128), mod)
+                arrays, lengths = _cache.device_block_mask_from_structure(structure, (128, 128), device)
+                r["ranges + tensors"], t = (time.perf_counter() - t) * 1e3, time.perf_counter()
+                _run.block_mask_from_arrays(arrays, lengths, (128, 128), mod)
                 r["BlockMask"], t = (time.perf_counter() - t) * 1e3, time.perf_counter()
             else:
                 mt.block_mask(m, 128)

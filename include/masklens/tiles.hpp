@@ -247,11 +247,18 @@ inline Result<TileSummary> scan_tiles(const MaskView& view, TileSize size = {}, 
   return std::move(both->tiles);
 }
 
-// The tiles of an exact structure from its fields (structure_tiles.hpp): equal, tile for
-// tile, to scanning any mask the structure describes. One slice per batch when the
-// structure's modifiers are given per batch, else one; heads are alike. An arbitrary
-// structure has no tiles to derive: scan the mask.
-inline Result<TileSummary> tiles_from_structure(const MaskStructure& s, TileSize size = {}) {
+// An exact structure's tiles as ranges (structure_tiles.hpp): for each distinct slice and
+// q tile, the k tiles it touches and the ones it fills (rows[slice x q_tiles + qt]),
+// O(q tiles) values for O(q tiles x k tiles) tiles. A device writes a BlockMask
+// from them (gpu::write_block_mask_from_ranges), 32 bytes a q tile crossing to it.
+struct StructureTileRanges {
+  TileGrid grid;
+  std::vector<TileRowRanges> rows;  // [distinct slice][q tile]
+};
+
+// One slice per batch when the structure's modifiers are given per batch, else one;
+// heads are alike. An arbitrary structure has no tiles to derive: scan the mask.
+inline Result<StructureTileRanges> structure_tile_ranges(const MaskStructure& s, TileSize size = {}) {
   if (Status st = s.validate(); !st.ok()) return st;
   if (s.kind == StructureKind::arbitrary)
     return error(ErrorCode::invalid_argument,
@@ -259,17 +266,29 @@ inline Result<TileSummary> tiles_from_structure(const MaskStructure& s, TileSize
   const TileGrid shape = structure_tile_grid(s, size);
   Result<TileGrid> grid = make_tile_grid(s.batch, s.heads, s.q_len, s.k_len, size, shape.distinct_batch, 1);
   if (!grid) return grid.status();
-  Result<TileSummary> made = TileSummary::for_grid(*grid);
-  if (!made) return made;
-  const TileGrid& g = *grid;
+  StructureTileRanges out{*grid, {}};
+  const TileGrid& g = out.grid;
+  out.rows.reserve(static_cast<std::size_t>(g.slices() * g.q_tiles()));
   for (std::int64_t b = 0; b < g.distinct_batch; ++b) {
     const KeyRange attending = detail::attending_rows(s, b, g);
-    for (std::int64_t qt = 0; qt < g.q_tiles(); ++qt) {
-      const TileRowRanges r = structure_tile_row(s, b, g, qt, attending);
-      TileState* row = made->states.data() + g.tile_index(b, qt, 0);
-      std::fill(row + r.touched_begin, row + r.touched_end, TileState::partial);
-      std::fill(row + r.full_begin, row + r.full_end, TileState::full);
-    }
+    for (std::int64_t qt = 0; qt < g.q_tiles(); ++qt) out.rows.push_back(structure_tile_row(s, b, g, qt, attending));
+  }
+  return out;
+}
+
+// The tiles of an exact structure from its fields (structure_tile_ranges, each range
+// filled in): equal, tile for tile, to scanning any mask the structure describes.
+inline Result<TileSummary> tiles_from_structure(const MaskStructure& s, TileSize size = {}) {
+  Result<StructureTileRanges> ranges = structure_tile_ranges(s, size);
+  if (!ranges) return ranges.status();
+  const TileGrid& g = ranges->grid;
+  Result<TileSummary> made = TileSummary::for_grid(g);
+  if (!made) return made;
+  for (std::int64_t line = 0; line < g.slices() * g.q_tiles(); ++line) {
+    const TileRowRanges& r = ranges->rows[static_cast<std::size_t>(line)];
+    TileState* row = made->states.data() + line * g.k_tiles();
+    std::fill(row + r.touched_begin, row + r.touched_end, TileState::partial);
+    std::fill(row + r.full_begin, row + r.full_end, TileState::full);
   }
   return made;
 }

@@ -356,13 +356,21 @@ def has_device_writer() -> bool:
     return module is not None and hasattr(module, "write_block_mask")
 
 
-def _block_mask_storage(device, distinct_batch, distinct_heads, nq, nk):
+def has_structure_writer() -> bool:
+    """Whether an exact structure's BlockMask tensors can be written on a CUDA device from its
+    tile ranges."""
+    module = cuda_module()
+    return module is not None and hasattr(module, "write_block_mask_from_ranges")
+
+
+def _block_mask_storage(device, distinct_batch, distinct_heads, nq, nk, extra_bytes=0):
     """The storage of torch BlockMask's eight int32 tensors of a grid: one allocation (one
     block of the caching allocator instead of eight), each field 16-byte aligned in it.
     ([address], [bytes], views) in BLOCK_MASK_FIELDS order, the addresses by arithmetic;
     views() makes the {name: tensor} views. Torch ops cost microseconds each on the host
     (the views, 40-60 us on an H200 host): a caller that launches kernels into the
-    storage makes them while the device works."""
+    storage makes them while the device works. extra_bytes > 0: a ninth address, of that
+    many bytes after the fields (16-byte aligned; kept with the tensors, in no view)."""
     import torch
     shapes = {"kv_num_blocks": (distinct_batch, distinct_heads, nq),
               "kv_indices": (distinct_batch, distinct_heads, nq, nk),
@@ -371,16 +379,18 @@ def _block_mask_storage(device, distinct_batch, distinct_heads, nq, nk):
     fields = [(name, shapes[name.replace("full_", "")]) for name in BLOCK_MASK_FIELDS]
     sizes = [math.prod(shape) for _, shape in fields]
     padded = [-(-n // 4) * 4 for n in sizes]
-    block = torch.empty(sum(padded), dtype=torch.int32, device=device)
+    extra = -(-extra_bytes // 16) * 4  # int32 elements
+    block = torch.empty(sum(padded) + extra, dtype=torch.int32, device=device)
     base, pointers = block.data_ptr(), []
-    for n in padded:
+    for n in padded + ([extra] if extra else []):
         pointers.append(base)
         base += 4 * n
 
     def views():
         # One split (a single op), then a view per field.
         return {name: (part if n == p else part[:n]).view(shape)
-                for (name, shape), part, n, p in zip(fields, block.split(padded), sizes, padded)}
+                for (name, shape), part, n, p in zip(fields, block.split(padded + ([extra] if extra else [])), sizes,
+                                                      padded)}
     return pointers, [4 * n for n in sizes], views
 
 
@@ -407,6 +417,24 @@ def device_block_mask_tensors(tiles, device):
     index = device.index if device.index is not None or device.type != "cuda" else torch.cuda.current_device()
     _cuda.write_block_mask(states.data_ptr(), states.numel(), grid, pointers, nbytes, _stream_of(device), index or 0)
     return arrays
+
+
+def device_block_mask_from_structure(structure, size, device):
+    """torch BlockMask's eight int32 tensors of an exact structure at `size` (q, k), written
+    on the CUDA `device` by masklens._cuda (which must be there) from the structure's tile
+    ranges (_core.structure_tile_ranges: 32 bytes a q tile, copied over through the
+    module's pinned staging into 16-byte-aligned room after the tensors, kept with them)
+    on the device's current stream: no host writer, no tile states, no synchronisation.
+    ({name: tensor}, (q_len, k_len))."""
+    import torch
+    device = _cuda_device(device)
+    grid, ranges = _core.structure_tile_ranges(structure, *size)
+    batch, heads, q_len, k_len, bq, bk, db, dh = grid
+    nq, nk = -(-q_len // bq), -(-k_len // bk)
+    pointers, nbytes, views = _block_mask_storage(device, db, dh, nq, nk, extra_bytes=ranges.nbytes)
+    _cuda.write_block_mask_from_ranges(ranges.ctypes.data, ranges.nbytes, pointers[-1], grid, pointers[:-1], nbytes,
+                                       _stream_of(device), device.index)
+    return views(), (q_len, k_len)
 
 
 def device_scan_tiles(mask, size, masked_threshold: float = -1000.0, classify_many_runs: bool = True, states=None):

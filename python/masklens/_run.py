@@ -352,6 +352,18 @@ def block_mask_from_tiles(tiles, mask_mod, device):
     return block_mask_from_arrays(arrays, t.seq_lengths, t.block_size, mask_mod)
 
 
+def block_mask_from_structure(structure, size, mask_mod, device):
+    """torch's BlockMask of an exact structure at `size` (q, k), from its fields (no mask is
+    read): on a CUDA device with masklens._cuda, written there from the structure's tile
+    ranges (a few bytes a q tile cross; no host writer, no tile states); otherwise from
+    its tile summary (tiles_from_structure) as block_mask_from_tiles writes it."""
+    from . import _cache, _core
+    if torch.device(device).type == "cuda" and _cache.has_structure_writer():
+        arrays, seq_lengths = _cache.device_block_mask_from_structure(structure, size, device)
+        return block_mask_from_arrays(arrays, seq_lengths, size, mask_mod)
+    return block_mask_from_tiles(_core.tiles_from_structure(structure, *size), mask_mod, device)
+
+
 def device_block_mask(mask, size, mask_mod, masked_threshold=-1000.0, classify_many_runs=True):
     """The BlockMask of a CUDA mask ([B, H, Q, K]) from masklens._cuda's device tile summary:
     one read on the device, the eight tensors written there (masklens._cache.
@@ -371,8 +383,7 @@ def flex_block_mask(t: Tensors, a, device):
     device)."""
     from . import _cache, _core
     if not a.mask_mod_reads_mask:
-        tiles = _core.tiles_from_structure(t.structure, a.block_q, a.block_k)
-        return block_mask_from_tiles(tiles, mask_mod_for(t.structure, device), device)
+        return block_mask_from_structure(t.structure, (a.block_q, a.block_k), mask_mod_for(t.structure, device), device)
     if t.mask.device.type == "cpu":
         _, tiles = _core.scan_with_tiles(t.mask.detach(), a.block_q, a.block_k)
         return block_mask_from_tiles(tiles, mask_mod_for(t.structure, device, t.mask), device)

@@ -282,9 +282,10 @@ def block_mask(mask_or_report, block_size=128, *, mask=None, device=None, masked
             verdict, tiles = _cache.scan_with_tiles(mask, size, masked_threshold)
             structure = verdict.structure
     if structure.kind != "arbitrary":
+        mask_mod = _run.mask_mod_for(structure, device)
         if tiles is None:
-            tiles = _core.tiles_from_structure(structure, *size)
-        return _run.block_mask_from_tiles(tiles, _run.mask_mod_for(structure, device), device)
+            return _run.block_mask_from_structure(structure, size, mask_mod, device)
+        return _run.block_mask_from_tiles(tiles, mask_mod, device)
     if mask is None:
         raise _core.MaskError("invalid_argument: the BlockMask of an arbitrary mask reads the mask: pass mask=")
     if tiles is None and _tiles_on_device(mask, device):

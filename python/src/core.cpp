@@ -616,6 +616,27 @@ NB_MODULE(_core, m) {
       "describes. MaskError for an arbitrary structure.");
 
   m.def(
+      "structure_tile_ranges",
+      [](const MaskStructure& s, std::int64_t block_q, std::int64_t block_k) {
+        const TileSize size = tile_size(block_q, block_k);
+        auto* ranges = new StructureTileRanges{take(structure_tile_ranges(s, size))};
+        static_assert(sizeof(TileRowRanges) == 4 * sizeof(std::int64_t), "four int64 a q tile, as the array says");
+        const TileGrid& g = ranges->grid;
+        nb::capsule owner(ranges, [](void* p) noexcept { delete static_cast<StructureTileRanges*>(p); });
+        const std::size_t shape[2] = {ranges->rows.size(), 4};
+        nb::ndarray<nb::numpy, const std::int64_t, nb::ndim<2>> rows(
+            reinterpret_cast<const std::int64_t*>(ranges->rows.data()), 2, shape, owner);
+        return nb::make_tuple(
+            std::vector<std::int64_t>{g.batch, g.heads, g.q_len, g.k_len, g.block_q, g.block_k, g.distinct_batch,
+                                      g.distinct_heads},
+            rows);
+      },
+      "structure"_a, "block_q"_a = 128, "block_k"_a = 128,
+      "An exact structure's tiles as ranges: (grid [batch, heads, q_len, k_len, block_q, block_k, distinct_batch, "
+      "distinct_heads], int64 [distinct slices x q tiles, 4]: per q tile the k tiles it touches [begin, end) and the "
+      "ones it fills [begin, end)), the tiles tiles_from_structure() fills in. MaskError for an arbitrary structure.");
+
+  m.def(
       "scan_with_tiles",
       [](nb::ndarray<nb::ro, nb::device::cpu> mask, std::int64_t block_q, std::int64_t block_k, float masked_threshold,
          int threads) {

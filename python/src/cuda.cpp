@@ -32,6 +32,8 @@
 #include <cstdint>
 #include <cstring>
 #include <iterator>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -170,6 +172,59 @@ class PinnedStaging {
 PinnedStaging& staging() {
   thread_local PinnedStaging buffer;
   return buffer;
+}
+
+// Pinned host memory that small host tables cross to a device through, enqueued without
+// waiting: a copy from pageable memory is staged by the driver and can wait for the
+// copies before it (0.1-1 ms for 64-256 KiB on an H200 host). A few slots per device,
+// taken in turn, each reused once the event recorded after its copy has completed (by
+// then long done). Never destroyed: a process's exit may find the driver unloaded.
+class UploadStaging {
+ public:
+  // Copies `bytes` at `host` to `d_dst` on stream `s` of the current device `device`.
+  Status upload(int device, const void* host, std::size_t bytes, void* d_dst, cudaStream_t s) {
+    const std::lock_guard<std::mutex> hold(lock_);
+    Ring& ring = rings_[device];
+    Slot& slot = ring.slots[ring.next];
+    ring.next = (ring.next + 1) % kSlots;
+    Status st;
+    if (slot.done == nullptr)
+      st = check(cudaEventCreateWithFlags(&slot.done, cudaEventDisableTiming), "cudaEventCreateWithFlags(upload)");
+    if (st.ok()) st = check(cudaEventSynchronize(slot.done), "cudaEventSynchronize(upload slot)");  // its last copy
+    if (st.ok() && slot.bytes < bytes) {
+      if (slot.data != nullptr) static_cast<void>(cudaFreeHost(slot.data));
+      slot.data = nullptr;
+      slot.bytes = 0;
+      const std::size_t grown = bytes > kMinBytes ? bytes : kMinBytes;
+      st = check(cudaMallocHost(&slot.data, grown), "cudaMallocHost(upload staging)");
+      if (st.ok()) slot.bytes = grown;
+    }
+    if (!st.ok()) return st;
+    std::memcpy(slot.data, host, bytes);
+    st = check(cudaMemcpyAsync(d_dst, slot.data, bytes, cudaMemcpyHostToDevice, s), "cudaMemcpyAsync(to the device)");
+    if (st.ok()) st = check(cudaEventRecord(slot.done, s), "cudaEventRecord(upload)");
+    return st;
+  }
+
+ private:
+  static constexpr int kSlots = 4;
+  static constexpr std::size_t kMinBytes = 64 * 1024;
+  struct Slot {
+    void* data = nullptr;
+    std::size_t bytes = 0;
+    cudaEvent_t done = nullptr;  // recorded after the slot's last copy (none yet: complete)
+  };
+  struct Ring {
+    int next = 0;
+    Slot slots[kSlots];
+  };
+  std::mutex lock_;
+  std::map<int, Ring> rings_;
+};
+
+UploadStaging& uploads() {
+  static auto* staging = new UploadStaging;  // never destroyed: see above
+  return *staging;
 }
 
 // A scan enqueued with wait=False whose head has not been waited for (wait_runs()): one
@@ -416,6 +471,46 @@ NB_MODULE(_cuda, m) {
       "from one uint8 TileState per tile of the grid [batch, heads, q_len, k_len, block_q, block_k, distinct_batch, "
       "distinct_heads] at `states` (device memory), on `stream`: one kernel, no synchronisation. Every argument is "
       "checked before any CUDA call.");
+
+  // torch BlockMask's eight arrays of an exact structure from its tile ranges
+  // (masklens._core.structure_tile_ranges), copied over by this module: no host writer,
+  // no tile states.
+  m.def(
+      "write_block_mask_from_ranges",
+      [](std::uintptr_t h_ranges, std::size_t ranges_bytes, std::uintptr_t d_ranges, const std::vector<std::int64_t>& grid,
+         const std::vector<std::uintptr_t>& arrays, const std::vector<std::size_t>& array_bytes, std::uintptr_t stream,
+         int device) {
+        if (grid.size() != 8)
+          raise(error(ErrorCode::invalid_argument,
+                      "grid is [batch, heads, q_len, k_len, block_q, block_k, distinct_batch, distinct_heads], got " +
+                          std::to_string(grid.size()) + " values"));
+        const TileGrid g = take(make_tile_grid(grid[0], grid[1], grid[2], grid[3], TileSize{grid[4], grid[5]},
+                                               grid[6], grid[7]));
+        if (h_ranges == 0) raise(error(ErrorCode::invalid_argument, "host ranges are null"));
+        if (d_ranges == 0) raise(error(ErrorCode::invalid_argument, "device ranges are null"));
+        if (d_ranges % alignof(TileRowRanges) != 0)
+          raise(error(ErrorCode::misaligned_pointer, "device ranges are not aligned to 8 bytes"));
+        const auto want = static_cast<std::size_t>(g.slices() * g.q_tiles()) * sizeof(TileRowRanges);
+        if (ranges_bytes != want)
+          raise(error(ErrorCode::invalid_argument, "ranges hold " + std::to_string(ranges_bytes) + " bytes; this grid has " +
+                                                       std::to_string(g.slices() * g.q_tiles()) + " q tiles (" +
+                                                       std::to_string(want) + " bytes)"));
+        const BlockMaskArrays out = block_mask_arrays(g, arrays, array_bytes);
+        const cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
+        auto* ranges = reinterpret_cast<TileRowRanges*>(d_ranges);
+        Status st = on_device(device, [&] {
+          Status r = uploads().upload(device, reinterpret_cast<const void*>(h_ranges), ranges_bytes, ranges, s);
+          if (r.ok()) r = gpu::write_block_mask_from_ranges(g, ranges, out, s);
+          return r;
+        });
+        if (!st.ok()) raise(st);
+      },
+      "h_ranges"_a, "ranges_bytes"_a, "d_ranges"_a, "grid"_a, "arrays"_a, "array_bytes"_a, "stream"_a, "device"_a,
+      "Writes torch BlockMask's eight int32 arrays (device addresses and sizes in bytes, in scan_runs_tiles()' order) "
+      "of an exact structure from its tile ranges: h_ranges (host memory, int64 [distinct slices x q tiles, 4] as "
+      "masklens._core.structure_tile_ranges() gives them for this grid) is copied to d_ranges (device memory the "
+      "caller keeps until the kernel has run) through pinned staging, then one kernel writes the arrays on `stream`: "
+      "no synchronisation. Every argument is checked before any CUDA call.");
 
   m.def(
       "copy_rest",

@@ -416,6 +416,67 @@ TEST_CASE("device tiles: write_block_mask from states the caller has equals bloc
   MESSAGE("write_block_mask == block_mask_tensors on " << n << " grids");
 }
 
+TEST_CASE("device tiles: write_block_mask_from_ranges of random structures equals block_mask_tensors of their tiles") {
+  Rng rng(test_seed(1408));
+  const int n = cases(400);
+  int written = 0;
+  for (int c = 0; c < n; ++c) {
+    // Lengths from a few keys to lines longer than a round of the writer's block (at
+    // tiles of 8: 3000 / 8 = 375 tiles; kLineRound is 1024), ragged and whole tiles.
+    const std::int64_t B = uniform(rng, 1, 3), Q = uniform(rng, 1, c % 5 == 0 ? 9000 : 3000);
+    const std::int64_t K = coin(rng, 0.4) ? Q : uniform(rng, 1, c % 7 == 0 ? 9000 : 3000);
+    const MaskStructure s = random_structure(rng, B, Q, K);
+    if (!s.validate().ok()) continue;
+    const TileSize size{uniform(rng, 1, 4) * (c % 3 == 0 ? 8 : 32), uniform(rng, 1, 4) * (c % 4 == 0 ? 8 : 32)};
+    auto ranges = structure_tile_ranges(s, size);
+    REQUIRE_MESSAGE(ranges.ok(), ranges.status().to_string());
+    auto tiles = tiles_from_structure(s, size);
+    REQUIRE(tiles.ok());
+    auto want = block_mask_tensors(*tiles);
+    REQUIRE(want.ok());
+    const TileGrid& g = ranges->grid;
+    const std::size_t range_bytes = ranges->rows.size() * sizeof(TileRowRanges);
+    DeviceBuffer d_ranges(range_bytes);
+    REQUIRE_CUDA(cudaMemcpy(d_ranges.get(), ranges->rows.data(), range_bytes, cudaMemcpyHostToDevice));
+    std::vector<std::unique_ptr<DeviceBuffer>> buffers;
+    BlockMaskArrays out;
+    std::int32_t** slots[] = {&out.kv_num_blocks, &out.kv_indices, &out.full_kv_num_blocks, &out.full_kv_indices,
+                              &out.q_num_blocks,  &out.q_indices,  &out.full_q_num_blocks,  &out.full_q_indices};
+    for (std::size_t i = 0; i < std::size(kBlockMaskFields); ++i) {
+      const std::size_t bytes = want->values(kBlockMaskFields[i]).size() * sizeof(std::int32_t);
+      buffers.push_back(std::make_unique<DeviceBuffer>(bytes));
+      REQUIRE_CUDA(cudaMemset(buffers.back()->get(), 0xff, bytes));  // leftovers must not pass for results
+      *slots[i] = buffers.back()->get<std::int32_t>();
+    }
+    const Status st = gpu::write_block_mask_from_ranges(g, d_ranges.get<TileRowRanges>(), out);
+    REQUIRE_MESSAGE(st.ok(), st.to_string());
+    REQUIRE_CUDA(cudaDeviceSynchronize());
+    for (std::size_t i = 0; i < std::size(kBlockMaskFields); ++i) {
+      const std::vector<std::int32_t>& expected = want->values(kBlockMaskFields[i]);
+      std::vector<std::int32_t> got(expected.size());
+      REQUIRE_CUDA(cudaMemcpy(got.data(), *slots[i], got.size() * 4, cudaMemcpyDeviceToHost));
+      REQUIRE_MESSAGE(got == expected, to_string(kBlockMaskFields[i]) << " differs: " << describe(s) << " [" << B
+                                                                      << "," << Q << "," << K << "] tiles " << text(size));
+    }
+    ++written;
+  }
+  CHECK(written > n / 2);
+  // Bad input, before any CUDA call.
+  const MaskStructure causal = make_structure(StructureKind::causal, 1, 64, 64);
+  auto ranges = structure_tile_ranges(causal, TileSize{16, 16});
+  REQUIRE(ranges.ok());
+  BlockMaskArrays one;
+  one.kv_num_blocks = reinterpret_cast<std::int32_t*>(std::uintptr_t{0x1000});
+  CHECK(gpu::write_block_mask_from_ranges(ranges->grid, nullptr, one).message() == "d_ranges is null");
+  CHECK(gpu::write_block_mask_from_ranges(ranges->grid, reinterpret_cast<const TileRowRanges*>(std::uintptr_t{0x1004}),
+                                          one)
+            .code() == ErrorCode::misaligned_pointer);
+  CHECK(gpu::write_block_mask_from_ranges(ranges->grid, reinterpret_cast<const TileRowRanges*>(std::uintptr_t{0x1000}),
+                                          BlockMaskArrays{})
+            .message() == "no BlockMask array: every d_block_mask pointer is null");
+  MESSAGE("write_block_mask_from_ranges == block_mask_tensors on " << written << " structures");
+}
+
 TEST_CASE("device tiles: NaN in a device mask names the row, in a host mask the element, the two-phase spans flag it") {
   std::vector<float> m(4 * 300, 0.0f);
   m[2 * 300 + 7] = std::numeric_limits<float>::quiet_NaN();

@@ -286,6 +286,11 @@ def test_without_the_cuda_module_a_cuda_mask_is_copied_once_with_a_warning(monke
         _cache.scan(mask)
 
 
+needs_device_tiles = pytest.mark.skipif(not masklens.has_cuda_scan(), reason="masklens was built without _cuda")
+BM_FIELDS = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices", "q_num_blocks", "q_indices",
+             "full_q_num_blocks", "full_q_indices")
+
+
 def tile_masks(L=1000):
     """Ragged lengths (not a multiple of 128) on purpose, on the device."""
     i, j = (t.to(DEV) for t in rows_cols(L, L))
@@ -327,6 +332,63 @@ def test_block_mask_from_masklens_tiles_equals_create_block_mask(name, size):
         assert torch.equal(a.expand(b.shape), b), f
 
 
+def structure_masks(L=1000):
+    """Every exact kind and per-batch modifiers, ragged at 128, on the device."""
+    i, j = (t.to(DEV) for t in rows_cols(L, L))
+    c = j <= i
+    blocks = torch.zeros(L, dtype=torch.long, device=DEV)
+    blocks[200:330], blocks[600:777] = 1, 2
+    same_block = (blocks[:, None] == blocks[None, :]) & (blocks[:, None] > 0)
+    doc_starts = ([0, 300, 700], [0, 129, 500, 999])
+
+    def docs(starts):
+        d = torch.bucketize(torch.arange(L, device=DEV), torch.tensor(starts[1:], device=DEV), right=True)
+        return d[:, None] == d[None, :]
+    return {
+        "causal": c[None, None],
+        "sliding window 256": (c & (i - j < 256))[None, None],
+        "chunked 200": (c & (i // 200 == j // 200))[None, None],
+        "prefix-LM 300": (c | (j < 300))[None, None],
+        "VLM blocks": (c | same_block)[None, None],
+        "documents per batch": torch.stack([c & docs(s) for s in doc_starts])[:, None],
+        "right padded, per batch": torch.stack([c & (i < n) & (j < n) for n in (1000, 640)])[:, None],
+        "bottom-right causal 700 x 1000": (j[:700] <= i[:700] + 300)[None, None],
+    }
+
+
+STRUCTURE_MASKS = ["causal", "sliding window 256", "chunked 200", "prefix-LM 300", "VLM blocks", "documents per batch",
+                   "right padded, per batch", "bottom-right causal 700 x 1000"]
+
+
+@needs_device_tiles
+@pytest.mark.parametrize("name", STRUCTURE_MASKS)
+@pytest.mark.parametrize("size", [128, (64, 128)])
+def test_block_mask_of_a_structure_from_its_ranges_equals_the_states_writer_and_create_block_mask(name, size):
+    """An exact structure's BlockMask on the device from its tile ranges
+    (_cuda.write_block_mask_from_ranges: 32 bytes a q tile cross) equals the one written
+    from its tile states and torch's create_block_mask of the dense mask, every field."""
+    import masklens.torch as mt
+    from masklens import _cache, _core, _run
+    from torch.nn.attention.flex_attention import create_block_mask
+    mask = structure_masks()[name]
+    B, H, Q, K = mask.shape
+    bq, bk = (size, size) if isinstance(size, int) else size
+    report = masklens.inspect(mask)
+    assert report.structure.kind != "arbitrary", name
+    assert _cache.has_structure_writer()
+    ours = mt.block_mask(report, size, device=DEV)  # no tiles counted: from the ranges
+    mod = _run.mask_mod_for(report.structure, DEV)
+    from_states = _run.block_mask_from_tiles(_core.tiles_from_structure(report.structure, bq, bk), mod, DEV)
+    theirs = create_block_mask(lambda b, h, q, kv: mask[b, h, q.clamp(max=Q - 1), kv.clamp(max=K - 1)], B, H, Q, K,
+                               device=DEV, BLOCK_SIZE=(bq, bk))
+    assert tuple(ours.BLOCK_SIZE) == (bq, bk) and tuple(ours.seq_lengths) == (Q, K)
+    for f in BM_FIELDS:
+        a = getattr(ours, f)
+        assert a.device.type == "cuda" and a.dtype == torch.int32 and a.is_contiguous(), f
+        assert torch.equal(a, getattr(from_states, f)), f
+        assert torch.equal(a.expand(getattr(theirs, f).shape), getattr(theirs, f)), f
+
+
 @pytest.mark.parametrize("name", TILE_MASKS)
 def test_compiled_flex_on_masklens_block_mask_matches_the_dense_reference(name):
     import masklens.torch as mt
@@ -344,9 +406,6 @@ def test_compiled_flex_on_masklens_block_mask_matches_the_dense_reference(name):
 
 # --- BlockMask tensors written on the device (masklens._cuda.scan_runs_tiles) --------------
 
-needs_device_tiles = pytest.mark.skipif(not masklens.has_cuda_scan(), reason="masklens was built without _cuda")
-BM_FIELDS = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices", "q_num_blocks", "q_indices",
-             "full_q_num_blocks", "full_q_indices")
 
 
 def random_block_sparse(B, H, Q, K, bq, bk, density, seed, dtype=torch.bool):

@@ -116,6 +116,60 @@ def test_tiles_from_structure_equal_the_tiles_of_a_scan(name, size):
 
 
 @pytest.mark.parametrize("name", list(structured()))
+@pytest.mark.parametrize("size", [(16, 16), (32, 16), (7, 50)])
+def test_structure_tile_ranges_are_the_states_tiles_from_structure_fills(name, size):
+    """structure_tile_ranges gives per q tile the k tiles it touches and fills: filled in,
+    the states of tiles_from_structure, tile for tile; and the grid of the summary."""
+    s = masklens.scan(structured()[name]).structure
+    grid, ranges = _core.structure_tile_ranges(s, *size)
+    tiles = _core.tiles_from_structure(s, *size)
+    db, dh, nq, nk = tiles.states.shape
+    assert grid == [tiles.batch, tiles.heads, tiles.q_len, tiles.k_len, *size, db, dh]
+    assert ranges.dtype == np.int64 and ranges.shape == (db * dh * nq, 4)
+    states = np.zeros((db * dh * nq, nk), dtype=np.uint8)
+    for line, (touched_begin, touched_end, full_begin, full_end) in enumerate(ranges):
+        assert 0 <= touched_begin <= full_begin <= full_end <= touched_end <= nk or full_begin == full_end == 0
+        states[line, touched_begin:touched_end] = 1
+        states[line, full_begin:full_end] = 2
+    assert np.array_equal(states.reshape(tiles.states.shape), tiles.states)
+
+
+def test_structure_tile_ranges_and_their_device_writer_refuse_bad_input():
+    arbitrary = masklens.scan(torch.rand(8, 8) < 0.5).structure
+    with pytest.raises(masklens.MaskError, match="^invalid_argument: tiles_from_structure needs an exact structure"):
+        _core.structure_tile_ranges(arbitrary)
+    with pytest.raises(masklens.MaskError, match="^invalid_argument: tile size must be two integers >= 1"):
+        _core.structure_tile_ranges(masklens.scan(structured()["causal"]).structure, 0, 16)
+    cuda = pytest.importorskip("masklens._cuda") if masklens.has_cuda_scan() else None
+    if cuda is None:
+        pytest.skip("masklens was built without _cuda")
+    grid, ranges = _core.structure_tile_ranges(masklens.scan(structured()["causal"]).structure, 32, 32)
+    n = {"kv_num_blocks": 4, "kv_indices": 16, "q_num_blocks": 4, "q_indices": 16}
+    nbytes = [4 * n[f.replace("full_", "")] for f in FIELDS]
+    good = dict(h_ranges=ranges.ctypes.data, ranges_bytes=ranges.nbytes, d_ranges=1 << 20, grid=grid,
+                arrays=[1 << 16] * 8, array_bytes=nbytes, stream=0, device=0)
+
+    def call(**kw):
+        cuda.write_block_mask_from_ranges(**{**good, **kw})
+    with pytest.raises(masklens.MaskError, match=r"^invalid_argument: ranges hold 96 bytes; this grid has 4 q tiles "
+                                                 r"\(128 bytes\)"):
+        call(ranges_bytes=96)
+    with pytest.raises(masklens.MaskError, match="^invalid_argument: host ranges are null"):
+        call(h_ranges=0)
+    with pytest.raises(masklens.MaskError, match="^invalid_argument: device ranges are null"):
+        call(d_ranges=0)
+    with pytest.raises(masklens.MaskError, match="^misaligned_pointer: device ranges are not aligned to 8 bytes"):
+        call(d_ranges=(1 << 20) + 4)
+    with pytest.raises(masklens.MaskError, match="^invalid_argument: grid is \\[batch, heads"):
+        call(grid=grid[:7])
+    with pytest.raises(masklens.MaskError, match="^invalid_argument: kv_indices holds 4 bytes"):
+        call(array_bytes=nbytes[:1] + [4] + nbytes[2:])
+    if not torch.cuda.is_available():  # every argument right: the first CUDA call names the failure
+        with pytest.raises(masklens.MaskError, match=r"^device_error: cuda\w+"):
+            call()
+
+
+@pytest.mark.parametrize("name", list(structured()))
 @pytest.mark.parametrize("size", [(16, 16), (32, 16), (128, 128)])
 def test_block_mask_of_a_structure_equals_create_block_mask(name, size):
     mask = structured()[name]

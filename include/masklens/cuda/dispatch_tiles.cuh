@@ -27,6 +27,7 @@
 #include <cub/warp/warp_reduce.cuh>
 
 #include "../mask_view.hpp"
+#include "../structure_tiles.hpp"
 #include "../tile_grid.hpp"
 #include "accumulators.cuh"
 #include "agent_scan.cuh"
@@ -378,6 +379,18 @@ struct StatesGiven {
   const TileState* states;
   __device__ __forceinline__ TileState operator()(std::int64_t slice, std::int64_t qt, std::int64_t kt) const {
     return states[g.tile_index(slice, qt, kt)];
+  }
+};
+
+// An exact structure's tile states from its ranges (structure_tile_ranges()): a q tile's
+// full k tiles are one range inside the one range it touches.
+struct StatesFromRanges {
+  TileGrid g;
+  const TileRowRanges* rows;  // [slice][q tile]
+  __device__ __forceinline__ TileState operator()(std::int64_t slice, std::int64_t qt, std::int64_t kt) const {
+    const TileRowRanges& r = rows[slice * g.q_tiles() + qt];
+    if (kt >= r.full_begin && kt < r.full_end) return TileState::full;
+    return kt >= r.touched_begin && kt < r.touched_end ? TileState::partial : TileState::empty;
   }
 };
 

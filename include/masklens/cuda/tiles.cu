@@ -196,15 +196,17 @@ Status load_tile_kernels() {
   Status st = detail::load_for_current_arch<detail::TileScanTuning>([](auto policy, auto esize) {
     return load_tile_scan_with<typename decltype(policy)::type, decltype(esize)::value>();
   });
-  // The counts' zeroing, and the BlockMask writer with both sources: the scan's counts,
-  // and states the caller has.
+  // The counts' zeroing, and the BlockMask writer from each source: the scan's counts,
+  // states the caller has, a structure's ranges.
   if (st.ok())
     st = detail::load_kernels_named(
         {{reinterpret_cast<const void*>(&detail::zero_counts_kernel<unsigned long long>), "zero_counts_kernel"},
          {reinterpret_cast<const void*>(&detail::block_mask_kernel<detail::StatesFromCounts>),
           "block_mask_kernel, states from counts"},
          {reinterpret_cast<const void*>(&detail::block_mask_kernel<detail::StatesGiven>),
-          "block_mask_kernel, states given"}});
+          "block_mask_kernel, states given"},
+         {reinterpret_cast<const void*>(&detail::block_mask_kernel<detail::StatesFromRanges>),
+          "block_mask_kernel, a structure's ranges"}});
   return st;
 }
 
@@ -257,6 +259,21 @@ Status write_block_mask(const TileGrid& grid, const TileState* d_states, const B
   if (Status st = check_arrays(d_block_mask, any_output); !st.ok()) return st;
   if (!any_output) return error(ErrorCode::invalid_argument, "no BlockMask array: every d_block_mask pointer is null");
   return check(detail::launch_block_mask(*checked, detail::StatesGiven{*checked, d_states}, d_block_mask, nullptr,
+                                         stream),
+               "cudaLaunchKernelEx(BlockMask kernel)");
+}
+
+Status write_block_mask_from_ranges(const TileGrid& grid, const TileRowRanges* d_ranges,
+                                    const BlockMaskArrays& d_block_mask, Stream stream) {
+  Result<TileGrid> checked = make_tile_grid(grid);
+  if (!checked) return checked.status();
+  if (d_ranges == nullptr) return error(ErrorCode::invalid_argument, "d_ranges is null");
+  if (!aligned(d_ranges, alignof(TileRowRanges)))
+    return error(ErrorCode::misaligned_pointer, "d_ranges is not aligned to TileRowRanges (8 bytes)");
+  bool any_output = false;
+  if (Status st = check_arrays(d_block_mask, any_output); !st.ok()) return st;
+  if (!any_output) return error(ErrorCode::invalid_argument, "no BlockMask array: every d_block_mask pointer is null");
+  return check(detail::launch_block_mask(*checked, detail::StatesFromRanges{*checked, d_ranges}, d_block_mask, nullptr,
                                          stream),
                "cudaLaunchKernelEx(BlockMask kernel)");
 }

@@ -73,6 +73,15 @@ namespace masklens::gpu {
 [[nodiscard]] Status write_block_mask(const TileGrid& grid, const TileState* d_states,
                                       const BlockMaskArrays& d_block_mask, Stream stream = nullptr);
 
+// The same arrays of an exact structure from its tile ranges on the device: d_ranges
+// holds grid.slices() x grid.q_tiles() TileRowRanges, [slice][q tile], as
+// structure_tile_ranges() gives them (its grid is `grid`): 32 bytes a q tile cross to
+// the device instead of a byte a tile, and no states are filled on the host. Ranges
+// outside [0, k_tiles] give wrong arrays, never a write outside them. Enqueues one kernel;
+// errors as write_block_mask()'s (d_ranges null or off 8-byte alignment too).
+[[nodiscard]] Status write_block_mask_from_ranges(const TileGrid& grid, const TileRowRanges* d_ranges,
+                                                  const BlockMaskArrays& d_block_mask, Stream stream = nullptr);
+
 // A mask's spans, tiles and BlockMask tensors, on the host, from one device pass.
 struct TileScan {
   SpanTable spans;              // scan()'s, row for row

@@ -35,6 +35,10 @@ Status scan_spans_tiles(void* d_temp_storage, std::size_t& temp_storage_bytes, c
 
 Status write_block_mask(const TileGrid&, const TileState*, const BlockMaskArrays&, Stream) { return without_cuda(); }
 
+Status write_block_mask_from_ranges(const TileGrid&, const TileRowRanges*, const BlockMaskArrays&, Stream) {
+  return without_cuda();
+}
+
 Result<TileScan> scan_with_tiles(const MaskView&, TileSize, Stream) { return without_cuda(); }
 
 Result<TileScan> scan_host_mask_with_tiles(const MaskView&, TileSize, std::int64_t, Stream) { return without_cuda(); }
