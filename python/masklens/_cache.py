@@ -166,65 +166,6 @@ def _host_array(mask, warn=True):
     return host.expand(mask.shape) if host.shape != mask.shape else host
 
 
-class _PinnedStaging:
-    """Pinned host memory that host tables cross to a CUDA device through: a few slots per
-    device, taken in turn, each reused once the copy out of it has finished (a CUDA event;
-    by then long done). A copy from pageable memory is staged by the driver and waited
-    for, and one from a fresh pin_memory() block of torch's caching host allocator now
-    and then allocates pinned memory again (a block still being copied out of is not
-    reused): each measured 0.1-6 ms for 64-256 KiB on an H200 host, more than the rest of
-    a BlockMask (bench/README.md, tiles_torch --split)."""
-
-    SLOTS = 4  # tables crossing for one BlockMask (document table, tile states, ranges)
-    MIN_BYTES = 1 << 20
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._devices = {}  # device index -> [next slot, [(pinned uint8 tensor, event) or None] * SLOTS]
-
-    def reserve(self, device, nbytes=MIN_BYTES):
-        """Every slot of `device` (a torch CUDA device with an index) holds nbytes."""
-        with self._lock:
-            for slot in range(self.SLOTS):
-                self._slot(device, slot, nbytes)
-
-    def _state(self, device):
-        return self._devices.setdefault(device.index, [0, [None] * self.SLOTS])
-
-    def _slot(self, device, slot, nbytes):
-        import torch
-        state = self._state(device)
-        held = state[1][slot]
-        if held is None or held[0].numel() < nbytes:
-            if held is not None:
-                held[1].synchronize()  # its last copy is done before the memory goes
-            buffer = torch.empty(max(nbytes, self.MIN_BYTES), dtype=torch.uint8, pin_memory=True)
-            held = state[1][slot] = (buffer, torch.cuda.Event())
-        return held
-
-    def copy(self, host, device):
-        """The contiguous CPU tensor `host` on `device`, enqueued on its current stream."""
-        import torch
-        out = torch.empty(host.shape, dtype=host.dtype, device=device)
-        nbytes = host.numel() * host.element_size()
-        if nbytes == 0:
-            return out
-        with self._lock:
-            state = self._state(device)
-            slot = state[0]
-            state[0] = (slot + 1) % self.SLOTS
-            buffer, event = self._slot(device, slot, nbytes)
-            event.synchronize()  # the slot's previous copy has left it (an event never recorded is done)
-            staged = buffer[:nbytes]
-            staged.copy_(host.reshape(-1).view(torch.uint8))
-            out.view(-1).view(torch.uint8).copy_(staged, non_blocking=True)
-            event.record(torch.cuda.current_stream(device))
-        return out
-
-
-_staging = _PinnedStaging()
-
-
 def _cuda_device(device):
     """A torch CUDA device with its index (the current device's where none is given)."""
     import torch
@@ -233,22 +174,36 @@ def _cuda_device(device):
 
 
 def reserve_staging(device):
-    """Allocates `device`'s pinned staging (masklens.load_kernels does, at start-up), so a
-    first BlockMask does not allocate it."""
-    _staging.reserve(_cuda_device(device))
+    """Allocates `device`'s pinned upload staging (masklens._cuda.reserve_uploads;
+    masklens.load_kernels does, at start-up), so a first BlockMask does not allocate it."""
+    module = cuda_module()
+    if module is not None and hasattr(module, "reserve_uploads"):
+        module.reserve_uploads(_cuda_device(device).index)
+
+
+_torch_dtypes = {}  # numpy dtype -> torch dtype, as torch.from_numpy maps it
 
 
 def to_device(array, device):
-    """A numpy array (or a nested list of ints) as a tensor on `device`. To a CUDA device it
-    crosses through masklens' pinned staging (_PinnedStaging), enqueued on the device's
-    current stream without waiting for the copy."""
+    """A numpy array (or a nested list of ints) as a tensor on `device`. To a CUDA device with
+    masklens._cuda it crosses through the module's pinned staging (_cuda.upload), enqueued
+    on the device's current stream without waiting: a copy from pageable memory is staged
+    by the driver and can wait, and torch's pinned host blocks were measured to stall
+    copies now and then by milliseconds on an H200 host (bench/README.md, tiles_torch)."""
     import numpy as np
     import torch
-    host = torch.from_numpy(np.ascontiguousarray(array))
+    host = np.ascontiguousarray(array)
     device = torch.device(device)
-    if device.type != "cuda":
-        return host.to(device)
-    return _staging.copy(host, _cuda_device(device))
+    module = cuda_module() if device.type == "cuda" else None
+    if module is None or not hasattr(module, "upload"):
+        return torch.from_numpy(host if host.flags.writeable else host.copy()).to(device)
+    dtype = _torch_dtypes.get(host.dtype)
+    if dtype is None:
+        dtype = _torch_dtypes[host.dtype] = torch.from_numpy(np.empty(0, host.dtype)).dtype
+    device = _cuda_device(device)
+    out = torch.empty(host.shape, dtype=dtype, device=device)
+    module.upload(host.ctypes.data, host.nbytes, out.data_ptr(), _stream_of(device), device.index)
+    return out
 
 
 def _stream_of(device) -> int:
@@ -409,9 +364,7 @@ def device_block_mask_tensors(tiles, device):
     import torch
     device = torch.device(device)
     db, dh, nq, nk = tiles.shape
-    with warnings.catch_warnings():  # the read-only states are only read (copied to the device)
-        warnings.simplefilter("ignore", UserWarning)
-        states = to_device(tiles.states, device)
+    states = to_device(tiles.states, device)
     arrays, pointers, nbytes = _block_mask_tensors(device, db, dh, nq, nk)
     grid = [tiles.batch, tiles.heads, tiles.q_len, tiles.k_len, *tiles.block_size, db, dh]
     index = device.index if device.index is not None or device.type != "cuda" else torch.cuda.current_device()

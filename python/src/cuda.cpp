@@ -181,24 +181,17 @@ PinnedStaging& staging() {
 // then long done). Never destroyed: a process's exit may find the driver unloaded.
 class UploadStaging {
  public:
+  static constexpr int kSlots = 4;  // tables crossing for one BlockMask (ranges, document starts, padding)
+  static constexpr std::size_t kMinBytes = 1 << 20;
+
   // Copies `bytes` at `host` to `d_dst` on stream `s` of the current device `device`.
   Status upload(int device, const void* host, std::size_t bytes, void* d_dst, cudaStream_t s) {
+    if (bytes == 0) return {};
     const std::lock_guard<std::mutex> hold(lock_);
     Ring& ring = rings_[device];
     Slot& slot = ring.slots[ring.next];
     ring.next = (ring.next + 1) % kSlots;
-    Status st;
-    if (slot.done == nullptr)
-      st = check(cudaEventCreateWithFlags(&slot.done, cudaEventDisableTiming), "cudaEventCreateWithFlags(upload)");
-    if (st.ok()) st = check(cudaEventSynchronize(slot.done), "cudaEventSynchronize(upload slot)");  // its last copy
-    if (st.ok() && slot.bytes < bytes) {
-      if (slot.data != nullptr) static_cast<void>(cudaFreeHost(slot.data));
-      slot.data = nullptr;
-      slot.bytes = 0;
-      const std::size_t grown = bytes > kMinBytes ? bytes : kMinBytes;
-      st = check(cudaMallocHost(&slot.data, grown), "cudaMallocHost(upload staging)");
-      if (st.ok()) slot.bytes = grown;
-    }
+    Status st = ready(slot, bytes);
     if (!st.ok()) return st;
     std::memcpy(slot.data, host, bytes);
     st = check(cudaMemcpyAsync(d_dst, slot.data, bytes, cudaMemcpyHostToDevice, s), "cudaMemcpyAsync(to the device)");
@@ -206,9 +199,17 @@ class UploadStaging {
     return st;
   }
 
+  // Every slot of the current device `device` holds `bytes` (a first upload then
+  // allocates nothing).
+  Status reserve(int device, std::size_t bytes) {
+    const std::lock_guard<std::mutex> hold(lock_);
+    Status st;
+    for (Slot& slot : rings_[device].slots)
+      if (st.ok()) st = ready(slot, bytes);
+    return st;
+  }
+
  private:
-  static constexpr int kSlots = 4;
-  static constexpr std::size_t kMinBytes = 64 * 1024;
   struct Slot {
     void* data = nullptr;
     std::size_t bytes = 0;
@@ -218,6 +219,23 @@ class UploadStaging {
     int next = 0;
     Slot slots[kSlots];
   };
+  // The slot's last copy finished, and room for `bytes` in it.
+  static Status ready(Slot& slot, std::size_t bytes) {
+    Status st;
+    if (slot.done == nullptr)
+      st = check(cudaEventCreateWithFlags(&slot.done, cudaEventDisableTiming), "cudaEventCreateWithFlags(upload)");
+    if (st.ok()) st = check(cudaEventSynchronize(slot.done), "cudaEventSynchronize(upload slot)");
+    if (st.ok() && slot.bytes < bytes) {
+      if (slot.data != nullptr) static_cast<void>(cudaFreeHost(slot.data));
+      slot.data = nullptr;
+      slot.bytes = 0;
+      const std::size_t grown = bytes > kMinBytes ? bytes : kMinBytes;
+      st = check(cudaMallocHost(&slot.data, grown), "cudaMallocHost(upload staging)");
+      if (st.ok()) slot.bytes = grown;
+    }
+    return st;
+  }
+
   std::mutex lock_;
   std::map<int, Ring> rings_;
 };
@@ -471,6 +489,31 @@ NB_MODULE(_cuda, m) {
       "from one uint8 TileState per tile of the grid [batch, heads, q_len, k_len, block_q, block_k, distinct_batch, "
       "distinct_heads] at `states` (device memory), on `stream`: one kernel, no synchronisation. Every argument is "
       "checked before any CUDA call.");
+
+  m.def(
+      "upload",
+      [](std::uintptr_t h_data, std::size_t bytes, std::uintptr_t d_dst, std::uintptr_t stream, int device) {
+        if (bytes != 0 && (h_data == 0 || d_dst == 0))
+          raise(error(ErrorCode::invalid_argument, h_data == 0 ? "host data is null" : "device destination is null"));
+        Status st = on_device(device, [&] {
+          return uploads().upload(device, reinterpret_cast<const void*>(h_data), bytes,
+                                  reinterpret_cast<void*>(d_dst), reinterpret_cast<cudaStream_t>(stream));
+        });
+        if (!st.ok()) raise(st);
+      },
+      "h_data"_a, "bytes"_a, "d_dst"_a, "stream"_a, "device"_a,
+      "Copies `bytes` of host memory at h_data to device memory at d_dst on `stream` of CUDA device `device`, "
+      "through this module's pinned staging (a few slots a device, each reused once its last copy has finished): "
+      "h_data may be reused at once; nothing is waited for. A copy from pageable memory is staged by the driver and "
+      "can wait for earlier copies.");
+  m.def(
+      "reserve_uploads",
+      [](int device, std::size_t bytes) {
+        if (Status st = on_device(device, [&] { return uploads().reserve(device, bytes); }); !st.ok()) raise(st);
+      },
+      "device"_a, "bytes"_a = UploadStaging::kMinBytes,
+      "Allocates every upload() slot of CUDA device `device` at `bytes` now (masklens.load_kernels does), so that a "
+      "first BlockMask allocates no pinned memory.");
 
   // torch BlockMask's eight arrays of an exact structure from its tile ranges
   // (masklens._core.structure_tile_ranges), copied over by this module: no host writer,

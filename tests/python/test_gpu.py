@@ -645,15 +645,17 @@ def test_drop_in_compiles_flex_once_forward_and_backward(monkeypatch):
 
 
 def test_host_tables_cross_through_the_pinned_staging_intact():
-    """masklens._cache.to_device: every dtype a BlockMask's tables take, sizes past a slot's
-    first capacity (it grows), more copies than slots (each waits for its slot's last
-    copy), on a side stream too; each tensor equals its source after the copies finish."""
+    """masklens._cache.to_device (masklens._cuda.upload): every dtype a BlockMask's tables
+    take, sizes past a slot's first capacity (it grows), more copies than the four slots
+    (each waits for its slot's last copy), on a side stream too; each tensor equals its
+    source after the copies finish, though each source is overwritten right after its
+    call (the staging took a copy)."""
     import numpy as np
     from masklens import _cache
     rng = np.random.default_rng(7)
     sources, copies = [], []
     side = torch.cuda.Stream()
-    for i in range(3 * _cache._PinnedStaging.SLOTS + 1):
+    for i in range(3 * 4 + 1):
         n = int(rng.integers(0, 3 << 18)) if i % 3 else int(rng.integers(1, 64))
         dtype = (np.int32, np.int64, np.uint8, np.bool_)[i % 4]
         a = rng.integers(0, 2 if dtype is np.bool_ else 1000, size=(n,)).astype(dtype)
@@ -661,7 +663,8 @@ def test_host_tables_cross_through_the_pinned_staging_intact():
             a = a[: n - n % 2].reshape(2, -1) if n >= 2 else a
         with torch.cuda.stream(side if i % 2 else torch.cuda.current_stream()):
             copies.append(_cache.to_device(a, DEV))
-        sources.append(a)
+        sources.append(a.copy())
+        a[...] = 0  # the caller may reuse its array at once
     torch.cuda.synchronize()
     for a, t in zip(sources, copies):
         assert t.device.type == "cuda" and tuple(t.shape) == a.shape and t.dtype == torch.from_numpy(a).dtype
