@@ -267,21 +267,22 @@ struct Bench {
     // launches chained where the device allows (dependent_launch.cuh), beside a memset
     // and three plain launches (before). Both checked below or by the main case.
     int arch = 0;
+    bool chains = false;
     CHECK_CUDA(dev::current_arch(arch));
+    CHECK_CUDA(dev::tile_pass_chains(chains));
     const float chained = median_ms(options.reps, [&] {
       CHECK_CUDA(dev::launch_zero_counts(counts, g.tiles(), nullptr));
-      CHECK_CUDA(dev::dispatch_scan_tiles(view, g, d_rows, counts, nullptr, arch));
-      CHECK_CUDA(dev::launch_block_mask(g, dev::StatesFromCounts{g, counts}, out, nullptr, nullptr,
-                                        arch >= dev::kDependentLaunchArch));
+      CHECK_CUDA(dev::dispatch_scan_tiles(view, g, d_rows, counts, nullptr, arch, chains));
+      CHECK_CUDA(dev::launch_block_mask(g, dev::StatesFromCounts{g, counts}, out, nullptr, nullptr, chains));
     });
     const float plain = median_ms(options.reps, [&] {
       CHECK_CUDA(cudaMemsetAsync(counts, 0, tiles * sizeof(std::uint64_t)));
       CHECK_CUDA(all[0].launch(s, g, d_rows, counts, nullptr));
       CHECK_CUDA(dev::launch_block_mask(g, dev::StatesFromCounts{g, counts}, out, nullptr, nullptr));
     });
-    std::printf("|   launches: zero kernel + scan + writer chained %.3f ms (%.2fx read), memset + plain launches "
+    std::printf("|   launches: zero kernel + scan + writer%s %.3f ms (%.2fx read), memset + plain launches "
                 "(before) %.3f ms (%.2fx) | | | | | | | | | |\n",
-                chained, chained / read_ms, plain, plain / read_ms);
+                chains ? " chained" : " (not chained here)", chained, chained / read_ms, plain, plain / read_ms);
     for (const Variant& v : all) {
       const auto once = [&] {
         CHECK_CUDA(cudaMemsetAsync(counts, 0, tiles * sizeof(std::uint64_t)));

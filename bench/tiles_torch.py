@@ -317,7 +317,9 @@ def bench_stalls(L, device, calls):
     import threading
     import masklens
     import masklens.torch as mt
-    from masklens import _cache, _core, _run
+    from masklens import _cache, _run
+    if device != "cuda" or not _cache.has_device_tiles():
+        raise SystemExit("--stalls times the CUDA ways: it needs a GPU and masklens._cuda")
     it = masks(L, device)
     name, m, _ = next(it)
     structure = masklens.scan(m).structure

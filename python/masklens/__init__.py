@@ -102,7 +102,10 @@ def last_timing() -> dict:
     verdict came from the cache), `device` ("cuda" or "host": where the last scan ran),
     `scan_ms` (device: allocation, kernel, copy of the spans and the one synchronisation;
     host: scan and classify), `classify_ms` (device scans), `decide_ms` (0 when the
-    policy was cached). Timers are taken around each step, so they cost ~1 µs."""
+    policy was cached); device scans also `prepare_ms` (the size query, and a BlockMask's
+    tensors allocated, before scan_ms) and `kernels_ms` (within scan_ms: the call that
+    enqueues the kernels and copies and synchronises, host work done meanwhile included);
+    0 after a host scan. Timers are taken around each step, so they cost ~1 µs."""
     return dict(_cache.timing)
 
 

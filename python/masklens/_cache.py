@@ -48,7 +48,8 @@ _cuda_reason = None   # why it is not there (None: not looked for yet)
 
 # What the last scan or cache lookup cost (masklens.last_timing()); updated in place, a
 # few perf_counter() calls per scan.
-timing = {"scanned": False, "device": None, "scan_ms": 0.0, "classify_ms": 0.0, "decide_ms": 0.0}
+timing = {"scanned": False, "device": None, "scan_ms": 0.0, "classify_ms": 0.0, "decide_ms": 0.0, "prepare_ms": 0.0,
+          "kernels_ms": 0.0}
 
 
 def scan_count() -> int:
@@ -290,9 +291,11 @@ def device_scan(mask, masked_threshold: float = -1000.0):
     temporary storage): the spans are reduced to runs on the device, the count and the
     first 256 runs come back in one copy with one synchronisation of that stream (the
     rest, if any, with a second), and the runs are classified in O(runs)."""
+    t0 = time.perf_counter()
     dtype = _device_dtype(mask)
     args = (mask.data_ptr(), dtype, list(mask.shape), list(mask.stride()), masked_threshold)
     sizes = _cuda.query_runs(*args)
+    timing["prepare_ms"] = (time.perf_counter() - t0) * 1e3  # the size query
 
     def scan_call(base, runs, stream, device):
         return _cuda.scan_runs(*args, base, runs.block_bytes, runs.head_address, runs.head_bytes, stream, device)
@@ -417,13 +420,17 @@ def device_scan_tiles(mask, size, masked_threshold: float = -1000.0, classify_ma
 
     def scan_call(base, runs, stream, device):
         # Enqueued without waiting: the tensors' views are made while the device reads the
-        # mask, then the one synchronisation.
-        _cuda.scan_runs_tiles(*args, q, k, base, runs.block_bytes, runs.head_address, runs.head_bytes,
-                              pointers, nbytes, stream, device, wait=False, **extra)
+        # mask, then the one synchronisation (whatever happens between: the pending scan
+        # would refuse the thread's next one).
+        launched = False
         try:
+            _cuda.scan_runs_tiles(*args, q, k, base, runs.block_bytes, runs.head_address, runs.head_bytes,
+                                  pointers, nbytes, stream, device, wait=False, **extra)
+            launched = True
             arrays.update(views())
         finally:
-            count = _cuda.wait_runs()
+            if launched:
+                count = _cuda.wait_runs(runs.head_address)
         return count
     verdict = _device_runs(mask, masked_threshold, sizes, scan_call, tiles=(q, k),
                            classify_many_runs=classify_many_runs)
@@ -468,7 +475,7 @@ def scan(mask, masked_threshold: float = -1000.0, device: bool = True):
         verdict = _core.scan(_host_array(mask, warn=device) if is_tensor else mask, masked_threshold)
         timing["device"] = "host"
         timing["scan_ms"] = (time.perf_counter() - t0) * 1e3  # the host scan classifies too
-        timing["classify_ms"] = 0.0
+        timing["classify_ms"] = timing["prepare_ms"] = timing["kernels_ms"] = 0.0
     timing["scanned"] = True
     with _lock:
         _scans += 1
@@ -503,7 +510,7 @@ def scan_with_tiles(mask, size, masked_threshold: float = -1000.0):
                                            masked_threshold)
     timing["device"] = "host"
     timing["scan_ms"] = (time.perf_counter() - t0) * 1e3
-    timing["classify_ms"] = 0.0
+    timing["classify_ms"] = timing["prepare_ms"] = timing["kernels_ms"] = 0.0
     timing["scanned"] = True
     with _lock:
         _scans += 1

@@ -176,36 +176,50 @@ PinnedStaging& staging() {
 
 // Pinned host memory that small host tables cross to a device through, enqueued without
 // waiting: a copy from pageable memory is staged by the driver and can wait for the
-// copies before it (0.1-1 ms for 64-256 KiB on an H200 host). A few slots per device,
-// taken in turn, each reused once the event recorded after its copy has completed (by
-// then long done). Never destroyed: a process's exit may find the driver unloaded.
+// copies before it (0.1-1 ms for 64-256 KiB on an H200 host). Slots per device, each
+// reused once the event recorded after its copy has completed; where every slot's copy
+// is still queued (a host running ahead of its GPU) the ring grows, up to kMaxSlots,
+// before it waits for the oldest. Never destroyed: a process's exit may find the driver
+// unloaded.
 class UploadStaging {
  public:
-  static constexpr int kSlots = 4;  // tables crossing for one BlockMask (ranges, document starts, padding)
+  static constexpr std::size_t kSlots = 4;      // slots reserve() allocates: the tables of a BlockMask or two
+  static constexpr std::size_t kMaxSlots = 64;  // copies in flight a device may have before one waits
   static constexpr std::size_t kMinBytes = 1 << 20;
 
-  // Copies `bytes` at `host` to `d_dst` on stream `s` of the current device `device`.
+  // Copies `bytes` at `host` to `d_dst` on stream `s` of the current device `device`. Not
+  // while `s` captures a graph: a replay would copy from a slot later uploads reuse.
   Status upload(int device, const void* host, std::size_t bytes, void* d_dst, cudaStream_t s) {
     if (bytes == 0) return {};
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    if (Status st = check(cudaStreamIsCapturing(s, &capturing), "cudaStreamIsCapturing"); !st.ok()) return st;
+    if (capturing != cudaStreamCaptureStatusNone)
+      return error(ErrorCode::invalid_argument,
+                   "the stream is capturing a CUDA graph: a host table's upload cannot be captured (a replay would "
+                   "read staging memory later copies reuse); build the BlockMask before the capture");
     const std::lock_guard<std::mutex> hold(lock_);
-    Ring& ring = rings_[device];
-    Slot& slot = ring.slots[ring.next];
-    ring.next = (ring.next + 1) % kSlots;
-    Status st = ready(slot, bytes);
+    Slot* slot = nullptr;
+    Status st = free_slot(rings_[device], slot);
+    if (st.ok()) st = grow(*slot, bytes);
     if (!st.ok()) return st;
-    std::memcpy(slot.data, host, bytes);
-    st = check(cudaMemcpyAsync(d_dst, slot.data, bytes, cudaMemcpyHostToDevice, s), "cudaMemcpyAsync(to the device)");
-    if (st.ok()) st = check(cudaEventRecord(slot.done, s), "cudaEventRecord(upload)");
+    std::memcpy(slot->data, host, bytes);
+    st = check(cudaMemcpyAsync(d_dst, slot->data, bytes, cudaMemcpyHostToDevice, s), "cudaMemcpyAsync(to the device)");
+    if (st.ok()) {
+      st = check(cudaEventRecord(slot->done, s), "cudaEventRecord(upload)");
+      // Unrecorded, the event would call the slot free while its copy may be queued.
+      if (!st.ok()) static_cast<void>(cudaStreamSynchronize(s));
+    }
     return st;
   }
 
-  // Every slot of the current device `device` holds `bytes` (a first upload then
-  // allocates nothing).
+  // The first kSlots slots of the current device `device` hold `bytes` (a first upload
+  // then allocates nothing).
   Status reserve(int device, std::size_t bytes) {
     const std::lock_guard<std::mutex> hold(lock_);
+    std::vector<Slot>& ring = rings_[device];
     Status st;
-    for (Slot& slot : rings_[device].slots)
-      if (st.ok()) st = ready(slot, bytes);
+    while (st.ok() && ring.size() < kSlots) st = add(ring);
+    for (std::size_t i = 0; st.ok() && i < kSlots; ++i) st = grow(ring[i], bytes);
     return st;
   }
 
@@ -213,31 +227,50 @@ class UploadStaging {
   struct Slot {
     void* data = nullptr;
     std::size_t bytes = 0;
-    cudaEvent_t done = nullptr;  // recorded after the slot's last copy (none yet: complete)
+    cudaEvent_t done = nullptr;  // recorded after the slot's last copy (never recorded: complete)
   };
-  struct Ring {
-    int next = 0;
-    Slot slots[kSlots];
-  };
-  // The slot's last copy finished, and room for `bytes` in it.
-  static Status ready(Slot& slot, std::size_t bytes) {
-    Status st;
-    if (slot.done == nullptr)
-      st = check(cudaEventCreateWithFlags(&slot.done, cudaEventDisableTiming), "cudaEventCreateWithFlags(upload)");
-    if (st.ok()) st = check(cudaEventSynchronize(slot.done), "cudaEventSynchronize(upload slot)");
-    if (st.ok() && slot.bytes < bytes) {
-      if (slot.data != nullptr) static_cast<void>(cudaFreeHost(slot.data));
-      slot.data = nullptr;
-      slot.bytes = 0;
-      const std::size_t grown = bytes > kMinBytes ? bytes : kMinBytes;
-      st = check(cudaMallocHost(&slot.data, grown), "cudaMallocHost(upload staging)");
-      if (st.ok()) slot.bytes = grown;
+
+  static Status add(std::vector<Slot>& ring) {
+    Slot slot;
+    Status st = check(cudaEventCreateWithFlags(&slot.done, cudaEventDisableTiming), "cudaEventCreateWithFlags(upload)");
+    if (st.ok()) ring.push_back(slot);
+    return st;
+  }
+
+  // A slot whose last copy has finished: the first found, else a new one, else the
+  // oldest after waiting for it.
+  Status free_slot(std::vector<Slot>& ring, Slot*& slot) {
+    for (Slot& s : ring) {
+      const cudaError_t e = cudaEventQuery(s.done);
+      if (e == cudaSuccess) {
+        slot = &s;
+        return {};
+      }
+      if (e != cudaErrorNotReady) return check(e, "cudaEventQuery(upload slot)");
     }
+    if (ring.size() < kMaxSlots) {
+      Status st = add(ring);
+      if (st.ok()) slot = &ring.back();
+      return st;
+    }
+    slot = &ring[oldest_++ % ring.size()];
+    return check(cudaEventSynchronize(slot->done), "cudaEventSynchronize(upload slot)");
+  }
+
+  static Status grow(Slot& slot, std::size_t bytes) {
+    if (slot.bytes >= bytes) return {};
+    if (slot.data != nullptr) static_cast<void>(cudaFreeHost(slot.data));
+    slot.data = nullptr;
+    slot.bytes = 0;
+    const std::size_t grown = bytes > kMinBytes ? bytes : kMinBytes;
+    Status st = check(cudaMallocHost(&slot.data, grown), "cudaMallocHost(upload staging)");
+    if (st.ok()) slot.bytes = grown;
     return st;
   }
 
   std::mutex lock_;
-  std::map<int, Ring> rings_;
+  std::map<int, std::vector<Slot>> rings_;
+  std::size_t oldest_ = 0;  // where a full ring waits next
 };
 
 UploadStaging& uploads() {
@@ -294,7 +327,7 @@ std::optional<std::int64_t> scan_reduce_copy(const python::RunsBlock& b, std::ui
   PendingHead& pending = pending_head();
   if (pending.pending)
     raise(error(ErrorCode::invalid_argument,
-                "a scan enqueued with wait=False on this thread was not waited for: call wait_runs() first"));
+                "a scan enqueued with wait=False on this thread was not waited for: call wait_runs(h_head) first"));
   auto* base = reinterpret_cast<std::uint8_t*>(d_block);
   const cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);  // gpu::Stream is the same type
   void* pinned = nullptr;
@@ -325,10 +358,12 @@ std::optional<std::int64_t> scan_reduce_copy(const python::RunsBlock& b, std::ui
 
 // The second half of a scan enqueued with wait=False on this thread: the stream
 // synchronised, the head copied to its host buffer, the run count.
-std::int64_t wait_runs() {
+std::int64_t wait_runs(std::uintptr_t h_head) {
   PendingHead& pending = pending_head();
   if (!pending.pending)
     raise(error(ErrorCode::invalid_argument, "no scan enqueued with wait=False is pending on this thread"));
+  if (h_head != pending.h_head)  // the caller's head buffer, still theirs: the copy lands there
+    raise(error(ErrorCode::invalid_argument, "h_head is not the head buffer of the scan pending on this thread"));
   const PendingHead head = pending;
   pending = PendingHead{};  // waited for, whatever the outcome: the next scan may start
   Status st = on_device(head.device, [&]() -> Status {
@@ -457,10 +492,11 @@ NB_MODULE(_cuda, m) {
       "on the same thread then synchronises and returns the count (no other scan may start on the thread before). "
       "Every argument is checked before any CUDA call.");
 
-  m.def("wait_runs", &wait_runs,
+  m.def("wait_runs", &wait_runs, "h_head"_a,
         "The run count of the scan this thread enqueued with wait=False (scan_runs_tiles()): synchronises its "
-        "stream and copies the head to its host buffer. MaskError (invalid_argument) where none is pending; after "
-        "a CUDA error (raised here) none is.");
+        "stream and copies the head to h_head, the host head buffer that scan was given (it must still be alive). "
+        "MaskError (invalid_argument) where none is pending or h_head is another buffer; after a CUDA error (raised "
+        "here) none is pending.");
 
   // torch BlockMask's eight arrays from tile states already on the device (a host tile
   // summary's states copied over: masklens._run.block_mask_from_tiles), no host writer.

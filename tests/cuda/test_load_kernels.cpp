@@ -132,6 +132,32 @@ TEST_CASE("load_kernels: afterwards every entry point it loaded for gives the ho
       ++compared;
     }
   CHECK(compared == 9);
+
+  // The writer from an exact structure's ranges (write_block_mask_from_ranges), loaded too.
+  const MaskStructure window = [] {
+    MaskStructure s = make_structure(StructureKind::sliding_window, 1, 300, 300);
+    s.window = 70;
+    return s;
+  }();
+  auto ranges = structure_tile_ranges(window, TileSize{32, 16});
+  REQUIRE(ranges.ok());
+  auto tiles = tiles_from_structure(window, TileSize{32, 16});
+  REQUIRE(tiles.ok());
+  auto want = block_mask_tensors(*tiles);
+  REQUIRE(want.ok());
+  const std::size_t range_bytes = ranges->rows.size() * sizeof(TileRowRanges);
+  DeviceBuffer d_ranges(range_bytes);
+  REQUIRE_CUDA(cudaMemcpy(d_ranges.get(), ranges->rows.data(), range_bytes, cudaMemcpyHostToDevice));
+  const std::vector<std::int32_t>& full = want->values(BlockMaskField::full_q_indices);
+  DeviceBuffer d_full(full.size() * sizeof(std::int32_t));
+  REQUIRE_CUDA(cudaMemset(d_full.get(), 0xff, full.size() * sizeof(std::int32_t)));  // leftovers must not pass
+  BlockMaskArrays out{};
+  out.full_q_indices = d_full.get<std::int32_t>();
+  const Status written = gpu::write_block_mask_from_ranges(ranges->grid, d_ranges.get<TileRowRanges>(), out);
+  REQUIRE_MESSAGE(written.ok(), written.to_string());
+  std::vector<std::int32_t> got(full.size());
+  REQUIRE_CUDA(cudaMemcpy(got.data(), d_full.get(), got.size() * sizeof(std::int32_t), cudaMemcpyDeviceToHost));
+  CHECK(got == full);
 }
 
 }  // TEST_SUITE

@@ -370,6 +370,7 @@ class FakeTileCuda(FakeCuda):
                                arrays=list(arrays), array_bytes=list(array_bytes), tiles=(block_q, block_k),
                                states=d_states != 0, wait=wait))
         assert self.pending is None, "a scan enqueued with wait=False was not waited for"
+        self.head = h_head
         for name, address, nbytes in zip(TILE_FIELDS, arrays, array_bytes):
             want = np.ascontiguousarray(getattr(self.host, name))
             assert nbytes == want.nbytes, name
@@ -384,8 +385,9 @@ class FakeTileCuda(FakeCuda):
         self.pending = count
         return None
 
-    def wait_runs(self):
+    def wait_runs(self, h_head):
         assert self.pending is not None, "wait_runs() without a scan enqueued with wait=False"
+        assert h_head == self.head, "wait_runs() given another head buffer than the scan's"
         count, self.pending = self.pending, None
         self.calls.append(dict(call="wait_runs"))
         return count
@@ -510,6 +512,57 @@ def test_block_mask_tensors_written_on_the_device_from_host_tiles(name, size, mo
         assert np.array_equal(arrays[field].numpy(), want), field
     # One allocation: every view shares one storage.
     assert len({arrays[f].untyped_storage().data_ptr() for f in TILE_FIELDS}) == 1
+
+
+class FakeRangesCuda:
+    """masklens._cuda's write_block_mask_from_ranges for host memory: checks what
+    device_block_mask_from_structure() hands it (the structure's ranges, room for them
+    past the eight arrays, the grid) and writes masklens' host tensors of the structure."""
+
+    def __init__(self, structure, size):
+        self.host = _core.tiles_from_structure(structure, *size).block_mask()
+        self.grid, self.ranges = _core.structure_tile_ranges(structure, *size)
+        self.calls = []
+
+    def write_block_mask_from_ranges(self, h_ranges, ranges_bytes, d_ranges, grid, arrays, array_bytes, stream,
+                                     device):
+        self.calls.append(dict(grid=list(grid), stream=stream, device=device))
+        assert ctypes.string_at(h_ranges, ranges_bytes) == self.ranges.tobytes()
+        assert d_ranges % 16 == 0 and d_ranges >= arrays[-1] + array_bytes[-1]  # after every array, in no view
+        ctypes.memmove(d_ranges, h_ranges, ranges_bytes)  # what the upload does
+        self.d_ranges = d_ranges
+        for name, address, nbytes in zip(TILE_FIELDS, arrays, array_bytes):
+            want = np.ascontiguousarray(getattr(self.host, name))
+            assert nbytes == want.nbytes and address % 16 == 0, name
+            ctypes.memmove(address, want.ctypes.data, nbytes)
+
+
+@pytest.mark.parametrize("name", list(masks()))
+@pytest.mark.parametrize("size", [(16, 16), (32, 8)])
+def test_block_mask_tensors_of_a_structure_written_from_its_ranges(name, size, monkeypatch):
+    """device_block_mask_from_structure(): the structure's tile ranges cross (to room after
+    the eight arrays of one allocation, kept with them), the writer gets the structure's
+    grid, and the tensors are the host writer's of tiles_from_structure, with its shapes."""
+    m = masks()[name]
+    s = masklens.scan(m).structure
+    assert s.kind != "arbitrary"
+    fake = FakeRangesCuda(s, size)
+    monkeypatch.setattr(_cache, "_cuda", fake)
+    monkeypatch.setattr(_cache, "_stream_of", lambda device: 777)
+    monkeypatch.setattr(_cache, "_cuda_device", lambda device: torch.device("cpu"))  # host memory stands in
+    assert _cache.has_structure_writer()
+    arrays, lengths = _cache.device_block_mask_from_structure(s, size, "cpu")
+    assert fake.calls == [dict(grid=fake.grid, stream=777, device=None)]
+    assert lengths == (s.q_len, s.k_len) and list(arrays) == TILE_FIELDS
+    for field in TILE_FIELDS:
+        want = getattr(fake.host, field)
+        assert arrays[field].dtype == torch.int32 and arrays[field].is_contiguous()
+        assert tuple(arrays[field].shape) == want.shape and np.array_equal(arrays[field].numpy(), want), field
+    storage = arrays["kv_num_blocks"].untyped_storage()
+    assert len({arrays[f].untyped_storage().data_ptr() for f in TILE_FIELDS}) == 1
+    # The ranges' room lies in that storage, after the arrays: it lives as long as they do.
+    assert storage.data_ptr() < fake.d_ranges and fake.d_ranges + fake.ranges.nbytes <= storage.data_ptr() + storage.nbytes()
+    assert ctypes.string_at(fake.d_ranges, fake.ranges.nbytes) == fake.ranges.tobytes()
 
 
 @pytest.mark.parametrize("name", list(tile_masks()))
@@ -744,4 +797,4 @@ def test_without_a_gpu_the_tile_scan_names_the_failing_cuda_call():
                               [1 << 16] * 8, [8, 16, 8, 16, 8, 16, 8, 16], 0, 0, wait=False)
     with pytest.raises(masklens.MaskError, match="^invalid_argument: no scan enqueued with wait=False is pending on "
                                                  "this thread"):
-        _cuda.wait_runs()
+        _cuda.wait_runs(runs.head_address)

@@ -499,14 +499,20 @@ def test_a_tile_scan_enqueued_without_waiting_is_waited_for_once():
 
     runs, _, want, _, _, count = scan(True)
     later, block, got, pointers, nbytes, none = scan(False)
-    assert none is None and 0 < count <= later.eager
-    with pytest.raises(masklens.MaskError, match="^invalid_argument: a scan enqueued with wait=False on this thread "
-                                                 "was not waited for: call wait_runs\(\) first"):
-        _cuda.scan_runs_tiles(*args, 128, 128, block.data_ptr(), later.block_bytes, later.head_address,
-                              later.head_bytes, pointers, nbytes, stream, 0)
-    assert _cuda.wait_runs() == count
+    try:
+        assert none is None and 0 < count <= later.eager
+        with pytest.raises(masklens.MaskError, match=r"^invalid_argument: a scan enqueued with wait=False on this "
+                                                     r"thread was not waited for: call wait_runs\(h_head\) first"):
+            _cuda.scan_runs_tiles(*args, 128, 128, block.data_ptr(), later.block_bytes, later.head_address,
+                                  later.head_bytes, pointers, nbytes, stream, 0)
+        with pytest.raises(masklens.MaskError, match="^invalid_argument: h_head is not the head buffer of the scan "
+                                                     "pending on this thread"):
+            _cuda.wait_runs(runs.head_address)
+    finally:
+        waited = _cuda.wait_runs(later.head_address)  # whatever failed above: the thread is free again
+    assert waited == count
     with pytest.raises(masklens.MaskError, match="^invalid_argument: no scan enqueued with wait=False is pending"):
-        _cuda.wait_runs()
+        _cuda.wait_runs(later.head_address)
     for f in BM_FIELDS:
         assert torch.equal(got[f], want[f]), f
     verdict = later.finish()  # from the head wait_runs() copied

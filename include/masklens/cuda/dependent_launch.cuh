@@ -13,11 +13,15 @@
 //   done) by then: the dependent's blocks never take the place of one that has to run;
 // - wait_for_previous_kernel() returns once the kernel before has completed and its
 //   writes are visible; a kernel that never calls it must not read what that kernel
-//   writes, nor write what it reads;
-// - the kernel before a chained kernel was itself launched as usual (after everything
-//   earlier on the stream completed), so the mask and everything earlier is readable at
-//   once.
-// Below sm_90 the device functions compile to nothing and the launches are plain.
+//   writes, nor write what it reads. The kernel before may itself have started early:
+//   a chained kernel that is followed by another waits before it exits, on every path,
+//   so that "completed" covers everything before it on the stream;
+// - the first kernel of a chain is launched as usual (after everything earlier on the
+//   stream completed), so the mask and everything earlier is readable at once.
+// Below sm_90 the device functions compile to nothing. Whether a launch is chained is
+// decided by the code the device runs, not by the device alone: a kernel built for an
+// older architecture (its PTX compiled for sm_90 at load time) has no waits, and is
+// launched plainly (chains_launches below).
 // nvcc only.
 #pragma once
 
@@ -42,6 +46,20 @@ __device__ __forceinline__ void launch_dependents() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" :::);
 #endif
+}
+
+// Whether kernels compiled beside `kernel` (one translation unit, one set of
+// architectures) may be chained on the current device: the code it runs there was
+// compiled from sm_90 or newer (cudaFuncAttributes::ptxVersion; a binary for sm_80 run
+// through its PTX on an H200 reads 80) and the device is sm_90 or newer. Cached per
+// device and kernel by the caller; an attribute query, no stream work.
+template <class Kernel>
+cudaError_t chains_launches(Kernel kernel, bool& chained) {
+  cudaFuncAttributes attributes{};
+  const cudaError_t e = cudaFuncGetAttributes(&attributes, reinterpret_cast<const void*>(kernel));
+  chained = e == cudaSuccess && attributes.ptxVersion * 10 >= kDependentLaunchArch &&
+            attributes.binaryVersion * 10 >= kDependentLaunchArch;
+  return e;
 }
 
 // Sets `config` (with `attribute` as its storage) to launch chained when `chained`.

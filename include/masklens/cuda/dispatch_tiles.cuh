@@ -21,6 +21,7 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 #include <type_traits>
 
@@ -144,6 +145,9 @@ __global__ void __launch_bounds__(Policy::kBlockThreads, Policy::kMinBlocksPerSM
       }
     }
   }
+  // The writer chained after this kernel waits for it alone: every block waits for the
+  // zeroing before it exits, flushed or not (at once where it already has).
+  wait_for_previous_kernel();
 }
 
 // Blocks of `kernel` the device holds at once (its SMs x the blocks an SM holds with
@@ -214,12 +218,11 @@ cudaError_t launch_tiles_for_arch(int arch, const ScanParams& s, const TileGrid&
 // Enqueues the scan of `view` (device memory, validated) into `rows` (span_rows(view)
 // RowSpans) and the per-tile counts of grid `g` (tile_grid_for(view, size)) into
 // `counts` (g.tiles() 64-bit counts, zeroed by the kernel before: launch_zero_counts) on
-// `stream` with the policy of `arch` (current_arch); chained (dependent_launch.cuh) where
-// the architecture allows. The launch's own status.
+// `stream` with the policy of `arch` (current_arch); chained (dependent_launch.cuh) to
+// that kernel where `chained` (tile_pass_chains). The launch's own status.
 inline cudaError_t dispatch_scan_tiles(const MaskView& view, const TileGrid& g, RowSpan* rows,
-                                       unsigned long long* counts, cudaStream_t stream, int arch) {
+                                       unsigned long long* counts, cudaStream_t stream, int arch, bool chained) {
   const ScanParams s = scan_params(view);
-  const bool chained = arch >= kDependentLaunchArch;
   switch (element_size(view.dtype())) {
     case 1: return launch_tiles_for_arch<1>(arch, s, g, rows, counts, stream, chained);
     case 2: return launch_tiles_for_arch<2>(arch, s, g, rows, counts, stream, chained);
@@ -236,6 +239,22 @@ __global__ void __launch_bounds__(256) zero_counts_kernel(Count* counts, std::in
   launch_dependents();
   const std::int64_t stride = std::int64_t{gridDim.x} * blockDim.x;
   for (std::int64_t i = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += stride) counts[i] = 0;
+}
+
+// Whether the tile pass chains its kernels on the current device (chains_launches over
+// the kernels of this header, compiled together), asked once per device.
+inline cudaError_t tile_pass_chains(bool& chained) {
+  constexpr int kDevices = 64;  // devices past this are asked each time
+  static std::atomic<signed char> known[kDevices] = {};  // 0 unknown, 1 no, 2 yes
+  int device = 0;
+  if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
+  if (device < kDevices && known[device].load(std::memory_order_relaxed) != 0) {
+    chained = known[device].load(std::memory_order_relaxed) == 2;
+    return cudaSuccess;
+  }
+  const cudaError_t e = chains_launches(zero_counts_kernel<unsigned long long>, chained);
+  if (e == cudaSuccess && device < kDevices) known[device].store(chained ? 2 : 1, std::memory_order_relaxed);
+  return e;
 }
 
 // Enqueues zero_counts_kernel over n counts (a plain launch: it runs after everything

@@ -239,13 +239,14 @@ Status scan_spans_tiles(void* d_temp_storage, std::size_t& temp_storage_bytes, c
   // the scan reads while the counts are zeroed, the writer launches while the scan drains.
   Status st = check(detail::launch_zero_counts(counts, g.tiles(), stream), "cudaLaunchKernelEx(tile counts zeroed)");
   int arch = 0;
+  bool chained = false;
   if (st.ok()) st = check(detail::current_arch(arch), "cudaGetDevice / cudaDeviceGetAttribute(compute capability)");
+  if (st.ok()) st = check(detail::tile_pass_chains(chained), "cudaFuncGetAttributes(tile kernels)");
   if (st.ok())
-    st = check(detail::dispatch_scan_tiles(device_view, g, d_rows, counts, stream, arch),
+    st = check(detail::dispatch_scan_tiles(device_view, g, d_rows, counts, stream, arch, chained),
                "cudaLaunchKernelEx(tile scan kernel)");
   if (st.ok())
-    st = check(detail::launch_block_mask(g, detail::StatesFromCounts{g, counts}, d_block_mask, d_states, stream,
-                                         arch >= detail::kDependentLaunchArch),
+    st = check(detail::launch_block_mask(g, detail::StatesFromCounts{g, counts}, d_block_mask, d_states, stream, chained),
                "cudaLaunchKernelEx(BlockMask kernel)");
   return st;
 }
