@@ -115,6 +115,16 @@ BlockMaskArrays block_mask_arrays(const TileGrid& g, const std::vector<std::uint
   return {out[0], out[1], out[2], out[3], out[4], out[5], out[6], out[7]};
 }
 
+// A tile grid given as [batch, heads, q_len, k_len, block_q, block_k, distinct_batch,
+// distinct_heads] (the writers' argument), checked by make_tile_grid.
+TileGrid grid_of(const std::vector<std::int64_t>& grid) {
+  if (grid.size() != 8)
+    raise(error(ErrorCode::invalid_argument,
+                "grid is [batch, heads, q_len, k_len, block_q, block_k, distinct_batch, distinct_heads], got " +
+                    std::to_string(grid.size()) + " values"));
+  return take(make_tile_grid(grid[0], grid[1], grid[2], grid[3], TileSize{grid[4], grid[5]}, grid[6], grid[7]));
+}
+
 // Tile states at d_states (one TileState byte a tile of g), as the caller sized them.
 void check_states(const TileGrid& g, std::size_t states_bytes) {
   if (states_bytes != static_cast<std::size_t>(g.tiles()) * sizeof(TileState))
@@ -184,7 +194,10 @@ PinnedStaging& staging() {
 class UploadStaging {
  public:
   static constexpr std::size_t kSlots = 4;      // slots reserve() allocates: the tables of a BlockMask or two
-  static constexpr std::size_t kMaxSlots = 64;  // copies in flight a device may have before one waits
+  // Copies in flight a device may have before one waits; with slots grown to the largest
+  // table they carried (tile states of a report: up to a few MiB), this caps the pinned
+  // memory a host running ahead of its GPU holds.
+  static constexpr std::size_t kMaxSlots = 16;
   static constexpr std::size_t kMinBytes = 1 << 20;
 
   // Copies `bytes` at `host` to `d_dst` on stream `s` of the current device `device`. Not
@@ -505,12 +518,7 @@ NB_MODULE(_cuda, m) {
       [](std::uintptr_t d_states, std::size_t states_bytes, const std::vector<std::int64_t>& grid,
          const std::vector<std::uintptr_t>& arrays, const std::vector<std::size_t>& array_bytes, std::uintptr_t stream,
          int device) {
-        if (grid.size() != 8)
-          raise(error(ErrorCode::invalid_argument,
-                      "grid is [batch, heads, q_len, k_len, block_q, block_k, distinct_batch, distinct_heads], got " +
-                          std::to_string(grid.size()) + " values"));
-        const TileGrid g = take(make_tile_grid(grid[0], grid[1], grid[2], grid[3], TileSize{grid[4], grid[5]},
-                                               grid[6], grid[7]));
+        const TileGrid g = grid_of(grid);
         if (d_states == 0) raise(error(ErrorCode::invalid_argument, "states is null"));
         check_states(g, states_bytes);
         const BlockMaskArrays out = block_mask_arrays(g, arrays, array_bytes);
@@ -559,12 +567,7 @@ NB_MODULE(_cuda, m) {
       [](std::uintptr_t h_ranges, std::size_t ranges_bytes, std::uintptr_t d_ranges, const std::vector<std::int64_t>& grid,
          const std::vector<std::uintptr_t>& arrays, const std::vector<std::size_t>& array_bytes, std::uintptr_t stream,
          int device) {
-        if (grid.size() != 8)
-          raise(error(ErrorCode::invalid_argument,
-                      "grid is [batch, heads, q_len, k_len, block_q, block_k, distinct_batch, distinct_heads], got " +
-                          std::to_string(grid.size()) + " values"));
-        const TileGrid g = take(make_tile_grid(grid[0], grid[1], grid[2], grid[3], TileSize{grid[4], grid[5]},
-                                               grid[6], grid[7]));
+        const TileGrid g = grid_of(grid);
         if (h_ranges == 0) raise(error(ErrorCode::invalid_argument, "host ranges are null"));
         if (d_ranges == 0) raise(error(ErrorCode::invalid_argument, "device ranges are null"));
         if (d_ranges % alignof(TileRowRanges) != 0)

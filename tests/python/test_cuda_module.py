@@ -470,6 +470,15 @@ def test_device_block_mask_equals_create_block_mask(name, monkeypatch):
     assert torch.equal(fa.create_mask(ours.mask_mod, B, H, Q, K, device="cpu"), m)
 
 
+def write_host_arrays(host, arrays, array_bytes):
+    """What a fake writer writes: masklens' host BlockMask tensors (a _core.BlockMaskTensors)
+    into the eight arrays it was handed, each checked for its size and 16-byte alignment."""
+    for name, address, nbytes in zip(TILE_FIELDS, arrays, array_bytes):
+        want = np.ascontiguousarray(getattr(host, name))
+        assert nbytes == want.nbytes and address % 16 == 0, name
+        ctypes.memmove(address, want.ctypes.data, nbytes)
+
+
 class FakeWriterCuda:
     """masklens._cuda's write_block_mask for host memory: checks what
     device_block_mask_tensors() hands it (the summary's states, the grid, the eight
@@ -482,10 +491,7 @@ class FakeWriterCuda:
         t = self.tiles
         self.calls.append(dict(grid=list(grid), stream=stream, device=device))
         assert ctypes.string_at(states, states_bytes) == t.states.tobytes()
-        for name, address, nbytes in zip(TILE_FIELDS, arrays, array_bytes):
-            want = np.ascontiguousarray(getattr(self.host, name))
-            assert nbytes == want.nbytes and address % 16 == 0, name
-            ctypes.memmove(address, want.ctypes.data, nbytes)
+        write_host_arrays(self.host, arrays, array_bytes)
 
 
 @pytest.mark.parametrize("name", list(tile_masks()))
@@ -531,10 +537,7 @@ class FakeRangesCuda:
         assert d_ranges % 16 == 0 and d_ranges >= arrays[-1] + array_bytes[-1]  # after every array, in no view
         ctypes.memmove(d_ranges, h_ranges, ranges_bytes)  # what the upload does
         self.d_ranges = d_ranges
-        for name, address, nbytes in zip(TILE_FIELDS, arrays, array_bytes):
-            want = np.ascontiguousarray(getattr(self.host, name))
-            assert nbytes == want.nbytes and address % 16 == 0, name
-            ctypes.memmove(address, want.ctypes.data, nbytes)
+        write_host_arrays(self.host, arrays, array_bytes)
 
 
 @pytest.mark.parametrize("name", list(masks()))

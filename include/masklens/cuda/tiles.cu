@@ -251,32 +251,48 @@ Status scan_spans_tiles(void* d_temp_storage, std::size_t& temp_storage_bytes, c
   return st;
 }
 
-Status write_block_mask(const TileGrid& grid, const TileState* d_states, const BlockMaskArrays& d_block_mask,
-                        Stream stream) {
+namespace {
+
+// What both writers over the caller's device data check before any CUDA call — the grid,
+// their own input (check_input()), the arrays — then the launch with states from
+// make_source(checked grid).
+template <class CheckInput, class MakeSource>
+Status launch_writer(const TileGrid& grid, const BlockMaskArrays& d_block_mask, Stream stream, CheckInput check_input,
+                     MakeSource make_source) {
   Result<TileGrid> checked = make_tile_grid(grid);
   if (!checked) return checked.status();
-  if (d_states == nullptr) return error(ErrorCode::invalid_argument, "d_states is null");
+  if (Status st = check_input(); !st.ok()) return st;
   bool any_output = false;
   if (Status st = check_arrays(d_block_mask, any_output); !st.ok()) return st;
   if (!any_output) return error(ErrorCode::invalid_argument, "no BlockMask array: every d_block_mask pointer is null");
-  return check(detail::launch_block_mask(*checked, detail::StatesGiven{*checked, d_states}, d_block_mask, nullptr,
-                                         stream),
+  return check(detail::launch_block_mask(*checked, make_source(*checked), d_block_mask, nullptr, stream),
                "cudaLaunchKernelEx(BlockMask kernel)");
+}
+
+}  // namespace
+
+Status write_block_mask(const TileGrid& grid, const TileState* d_states, const BlockMaskArrays& d_block_mask,
+                        Stream stream) {
+  return launch_writer(
+      grid, d_block_mask, stream,
+      [&]() -> Status {
+        if (d_states == nullptr) return error(ErrorCode::invalid_argument, "d_states is null");
+        return {};
+      },
+      [&](const TileGrid& g) { return detail::StatesGiven{g, d_states}; });
 }
 
 Status write_block_mask_from_ranges(const TileGrid& grid, const TileRowRanges* d_ranges,
                                     const BlockMaskArrays& d_block_mask, Stream stream) {
-  Result<TileGrid> checked = make_tile_grid(grid);
-  if (!checked) return checked.status();
-  if (d_ranges == nullptr) return error(ErrorCode::invalid_argument, "d_ranges is null");
-  if (!aligned(d_ranges, alignof(TileRowRanges)))
-    return error(ErrorCode::misaligned_pointer, "d_ranges is not aligned to TileRowRanges (8 bytes)");
-  bool any_output = false;
-  if (Status st = check_arrays(d_block_mask, any_output); !st.ok()) return st;
-  if (!any_output) return error(ErrorCode::invalid_argument, "no BlockMask array: every d_block_mask pointer is null");
-  return check(detail::launch_block_mask(*checked, detail::StatesFromRanges{*checked, d_ranges}, d_block_mask, nullptr,
-                                         stream),
-               "cudaLaunchKernelEx(BlockMask kernel)");
+  return launch_writer(
+      grid, d_block_mask, stream,
+      [&]() -> Status {
+        if (d_ranges == nullptr) return error(ErrorCode::invalid_argument, "d_ranges is null");
+        if (!aligned(d_ranges, alignof(TileRowRanges)))
+          return error(ErrorCode::misaligned_pointer, "d_ranges is not aligned to TileRowRanges (8 bytes)");
+        return {};
+      },
+      [&](const TileGrid& g) { return detail::StatesFromRanges{g, d_ranges}; });
 }
 
 Result<TileScan> scan_with_tiles(const MaskView& device_view, TileSize size, Stream stream) {
