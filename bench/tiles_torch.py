@@ -3,6 +3,7 @@ on masklens' BlockMask against the dense mask on torch's default dispatch.
 
     python3 bench/tiles_torch.py [--device cuda] [--lengths 32768,65536] [--reps 5] [--quick]
                                  [--flex-length 69632] [--no-flex] [--masklens PATH] [--split]
+                                 [--stalls CALLS]
 
 Per mask (sliding window 4096, packed documents, random block-sparse; bool [1, 1, L, L]):
   masklens, from structure   the structure's tile ranges (tiles.hpp, no read of the mask;
@@ -39,6 +40,9 @@ backward, bf16, [1, 8, L, 128]. --quick: 3 repetitions (fits in about 3 minutes 
 H200). Prints median milliseconds and each way's ratio to create_block_mask (rule).
 --split instead times masklens' ways step by step (tiles, tensors, mask_mod, BlockMask;
 the device read and its verdict) and prints torch.profiler's table of one device read.
+--stalls CALLS instead times every step of both CUDA ways over CALLS BlockMasks of the
+window mask, with each step's median and maximum and the calls a millisecond or more
+over the median (the host-side stalls bench/README.md traces).
 
 --masklens PATH checks `masklens inspect --tiles 128 --json` against create_block_mask on
 small masks (the CLI's JSON), as before."""
