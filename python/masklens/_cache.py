@@ -167,6 +167,22 @@ def _host_array(mask, warn=True):
     return host.expand(mask.shape) if host.shape != mask.shape else host
 
 
+def _counted_scan() -> None:
+    """A scan ran (not the cache): masklens.scan_count() and last_timing()["scanned"]."""
+    global _scans
+    with _lock:
+        _scans += 1
+    timing["scanned"] = True
+
+
+def _host_timing(t0) -> None:
+    """last_timing() of a host scan begun at perf_counter() t0 (it classifies too; no
+    device steps)."""
+    timing["device"] = "host"
+    timing["scan_ms"] = (time.perf_counter() - t0) * 1e3
+    timing["classify_ms"] = timing["prepare_ms"] = timing["kernels_ms"] = 0.0
+
+
 def _cuda_device(device):
     """A torch CUDA device with its index (the current device's where none is given)."""
     import torch
@@ -338,17 +354,17 @@ def _block_mask_storage(device, distinct_batch, distinct_heads, nq, nk, extra_by
     sizes = [math.prod(shape) for _, shape in fields]
     padded = [-(-n // 4) * 4 for n in sizes]
     extra = -(-extra_bytes // 16) * 4  # int32 elements
-    block = torch.empty(sum(padded) + extra, dtype=torch.int32, device=device)
+    parts = padded + ([extra] if extra else [])
+    block = torch.empty(sum(parts), dtype=torch.int32, device=device)
     base, pointers = block.data_ptr(), []
-    for n in padded + ([extra] if extra else []):
+    for n in parts:
         pointers.append(base)
         base += 4 * n
 
     def views():
-        # One split (a single op), then a view per field.
+        # One split (a single op), then a view per field (the extra part has none).
         return {name: (part if n == p else part[:n]).view(shape)
-                for (name, shape), part, n, p in zip(fields, block.split(padded + ([extra] if extra else [])), sizes,
-                                                      padded)}
+                for (name, shape), part, n, p in zip(fields, block.split(parts), sizes, padded)}
     return pointers, [4 * n for n in sizes], views
 
 
@@ -370,8 +386,8 @@ def device_block_mask_tensors(tiles, device):
     states = to_device(tiles.states, device)
     arrays, pointers, nbytes = _block_mask_tensors(device, db, dh, nq, nk)
     grid = [tiles.batch, tiles.heads, tiles.q_len, tiles.k_len, *tiles.block_size, db, dh]
-    index = device.index if device.index is not None or device.type != "cuda" else torch.cuda.current_device()
-    _cuda.write_block_mask(states.data_ptr(), states.numel(), grid, pointers, nbytes, _stream_of(device), index or 0)
+    index = _cuda_device(device).index if device.type == "cuda" else 0  # 0: a host stand-in (tests)
+    _cuda.write_block_mask(states.data_ptr(), states.numel(), grid, pointers, nbytes, _stream_of(device), index)
     return arrays
 
 
@@ -434,10 +450,7 @@ def device_scan_tiles(mask, size, masked_threshold: float = -1000.0, classify_ma
         return count
     verdict = _device_runs(mask, masked_threshold, sizes, scan_call, tiles=(q, k),
                            classify_many_runs=classify_many_runs)
-    global _scans
-    with _lock:
-        _scans += 1
-    timing["scanned"] = True
+    _counted_scan()
     return verdict, arrays
 
 
@@ -461,7 +474,6 @@ def device_tile_summary(mask, size, masked_threshold: float = -1000.0):
 def scan(mask, masked_threshold: float = -1000.0, device: bool = True):
     """Scans and classifies `mask` (a torch tensor or a numpy array) without the cache:
     a CUDA tensor on its device where masklens._cuda is there (device=False: on the host)."""
-    global _scans
     try:
         import torch
     except ImportError:
@@ -473,12 +485,8 @@ def scan(mask, masked_threshold: float = -1000.0, device: bool = True):
         t0 = time.perf_counter()
         # device=False is asked for (tests compare both scanners): no warning then.
         verdict = _core.scan(_host_array(mask, warn=device) if is_tensor else mask, masked_threshold)
-        timing["device"] = "host"
-        timing["scan_ms"] = (time.perf_counter() - t0) * 1e3  # the host scan classifies too
-        timing["classify_ms"] = timing["prepare_ms"] = timing["kernels_ms"] = 0.0
-    timing["scanned"] = True
-    with _lock:
-        _scans += 1
+        _host_timing(t0)
+    _counted_scan()
     return verdict
 
 
@@ -499,7 +507,6 @@ def scan_with_tiles(mask, size, masked_threshold: float = -1000.0):
     """(Verdict, TileSummary) of a host-readable mask at `size` (q, k), from one read on
     the host (a CUDA tensor is copied there first; no warning: the caller asked for host
     tiles). An arbitrary verdict's structure carries its tile fractions."""
-    global _scans
     try:
         import torch
     except ImportError:
@@ -508,12 +515,8 @@ def scan_with_tiles(mask, size, masked_threshold: float = -1000.0):
     t0 = time.perf_counter()
     verdict, tiles = _core.scan_with_tiles(_host_array(mask, warn=False) if is_tensor else mask, size[0], size[1],
                                            masked_threshold)
-    timing["device"] = "host"
-    timing["scan_ms"] = (time.perf_counter() - t0) * 1e3
-    timing["classify_ms"] = timing["prepare_ms"] = timing["kernels_ms"] = 0.0
-    timing["scanned"] = True
-    with _lock:
-        _scans += 1
+    _host_timing(t0)
+    _counted_scan()
     return verdict, tiles
 
 

@@ -146,6 +146,25 @@ Status on_device(int device, Work&& work) {
   return st;
 }
 
+// A buffer of pinned host memory, grown by freeing it and allocating anew (its contents
+// need not survive: each use writes it whole). Freed by its owner, if ever.
+struct PinnedBuffer {
+  void* data = nullptr;
+  std::size_t bytes = 0;
+
+  // At least `bytes` (an allocation of `allocate` bytes where it is smaller), or the
+  // failing call, named `what`.
+  Status hold(std::size_t bytes_needed, std::size_t allocate, const char* what) {
+    if (bytes >= bytes_needed) return {};
+    if (data != nullptr) static_cast<void>(cudaFreeHost(data));
+    data = nullptr;
+    bytes = 0;
+    Status st = check(cudaMallocHost(&data, allocate), what);
+    if (st.ok()) bytes = allocate;
+    return st;
+  }
+};
+
 // Pinned host memory the head crosses through: a device-to-host copy into pageable
 // memory is staged by the driver and waited for (0.1 ms and more for a head of 16 KiB
 // on an H200 host, against microseconds from pinned memory). One buffer per thread (the
@@ -158,25 +177,17 @@ class PinnedStaging {
   PinnedStaging(const PinnedStaging&) = delete;
   PinnedStaging& operator=(const PinnedStaging&) = delete;
   ~PinnedStaging() {
-    if (data_ != nullptr) static_cast<void>(cudaFreeHost(data_));
+    if (buffer_.data != nullptr) static_cast<void>(cudaFreeHost(buffer_.data));
   }
   // `bytes` of pinned memory for this thread, or the failing call.
   Status reserve(std::size_t bytes, void*& out) {
-    if (bytes > bytes_) {
-      if (data_ != nullptr) static_cast<void>(cudaFreeHost(data_));
-      data_ = nullptr;
-      bytes_ = 0;
-      if (Status st = check(cudaMallocHost(&data_, bytes), "cudaMallocHost(pinned head staging)"); !st.ok())
-        return st;
-      bytes_ = bytes;
-    }
-    out = data_;
-    return {};
+    Status st = buffer_.hold(bytes, bytes, "cudaMallocHost(pinned head staging)");
+    out = buffer_.data;
+    return st;
   }
 
  private:
-  void* data_ = nullptr;
-  std::size_t bytes_ = 0;
+  PinnedBuffer buffer_;
 };
 
 PinnedStaging& staging() {
@@ -215,8 +226,9 @@ class UploadStaging {
     Status st = free_slot(rings_[device], slot);
     if (st.ok()) st = grow(*slot, bytes);
     if (!st.ok()) return st;
-    std::memcpy(slot->data, host, bytes);
-    st = check(cudaMemcpyAsync(d_dst, slot->data, bytes, cudaMemcpyHostToDevice, s), "cudaMemcpyAsync(to the device)");
+    std::memcpy(slot->buffer.data, host, bytes);
+    st = check(cudaMemcpyAsync(d_dst, slot->buffer.data, bytes, cudaMemcpyHostToDevice, s),
+               "cudaMemcpyAsync(to the device)");
     if (st.ok()) {
       st = check(cudaEventRecord(slot->done, s), "cudaEventRecord(upload)");
       // Unrecorded, the event would call the slot free while its copy may be queued.
@@ -238,8 +250,7 @@ class UploadStaging {
 
  private:
   struct Slot {
-    void* data = nullptr;
-    std::size_t bytes = 0;
+    PinnedBuffer buffer;
     cudaEvent_t done = nullptr;  // recorded after the slot's last copy (never recorded: complete)
   };
 
@@ -271,14 +282,7 @@ class UploadStaging {
   }
 
   static Status grow(Slot& slot, std::size_t bytes) {
-    if (slot.bytes >= bytes) return {};
-    if (slot.data != nullptr) static_cast<void>(cudaFreeHost(slot.data));
-    slot.data = nullptr;
-    slot.bytes = 0;
-    const std::size_t grown = bytes > kMinBytes ? bytes : kMinBytes;
-    Status st = check(cudaMallocHost(&slot.data, grown), "cudaMallocHost(upload staging)");
-    if (st.ok()) slot.bytes = grown;
-    return st;
+    return slot.buffer.hold(bytes, bytes > kMinBytes ? bytes : kMinBytes, "cudaMallocHost(upload staging)");
   }
 
   std::mutex lock_;
@@ -291,8 +295,9 @@ UploadStaging& uploads() {
   return *staging;
 }
 
-// A scan enqueued with wait=False whose head has not been waited for (wait_runs()): one
-// per thread, as the pinned staging its head is copied into is the thread's.
+// A scan whose head copy is enqueued and not yet waited for (wait_runs(): at once for
+// wait=True, by the caller for wait=False): one per thread, as the pinned staging its
+// head is copied into is the thread's.
 struct PendingHead {
   bool pending = false;
   const void* pinned = nullptr;  // the thread's staging, written by the enqueued copy
@@ -317,10 +322,25 @@ void check_head(const python::RunsBlock& b, std::uintptr_t h_head, std::size_t h
                                                  " bytes; this view's block copies " + std::to_string(b.head_bytes())));
 }
 
-// The run count in a head copied to h_head.
-std::int64_t count_in(std::uintptr_t h_head, std::size_t count_at) {
+// The second half of the scan this thread enqueued (scan_reduce_copy, which calls it for
+// wait=True; the caller does for wait=False): the stream synchronised, the head copied to
+// its host buffer, the run count.
+std::int64_t wait_runs(std::uintptr_t h_head) {
+  PendingHead& pending = pending_head();
+  if (!pending.pending)
+    raise(error(ErrorCode::invalid_argument, "no scan enqueued with wait=False is pending on this thread"));
+  if (h_head != pending.h_head)  // the caller's head buffer, still theirs: the copy lands there
+    raise(error(ErrorCode::invalid_argument, "h_head is not the head buffer of the scan pending on this thread"));
+  const PendingHead head = pending;
+  pending = PendingHead{};  // waited for, whatever the outcome: the next scan may start
+  Status st = on_device(head.device, [&]() -> Status {
+    Status r = check(cudaStreamSynchronize(head.stream), "cudaStreamSynchronize");
+    if (r.ok()) std::memcpy(reinterpret_cast<void*>(head.h_head), head.pinned, head.head_bytes);
+    return r;
+  });
+  if (!st.ok()) raise(st);
   std::int64_t count = 0;
-  std::memcpy(&count, reinterpret_cast<const void*>(h_head + count_at), sizeof count);
+  std::memcpy(&count, reinterpret_cast<const void*>(head.h_head + head.count_at), sizeof count);
   return count;
 }
 
@@ -329,10 +349,10 @@ std::int64_t count_in(std::uintptr_t h_head, std::size_t count_at) {
 // unwritten, the count's padding and runs past the count: zeroed, initcheck sees no
 // unwritten byte copied), then scan(scan temporary, its bytes, the block's spans, stream),
 // the run reduction, the one copy of the count and the first runs to h_head (through this
-// thread's pinned staging), and the one synchronisation of the stream. Returns the run
-// count; with wait false, nothing past the enqueued copy: wait_runs() synchronises and
-// returns the count (meanwhile the caller's thread is free, for host work the scan's
-// results are not needed for).
+// thread's pinned staging), then, with wait, wait_runs(): the one synchronisation of the
+// stream. Returns the run count; with wait false, nothing past the enqueued copy: the
+// caller's wait_runs() synchronises and returns the count (meanwhile the caller's thread
+// is free, for host work the scan's results are not needed for).
 template <class Scan>
 std::optional<std::int64_t> scan_reduce_copy(const python::RunsBlock& b, std::uintptr_t d_block, std::int64_t q_len,
                                              std::uintptr_t h_head, std::uintptr_t stream, int device, bool wait,
@@ -356,36 +376,12 @@ std::optional<std::int64_t> scan_reduce_copy(const python::RunsBlock& b, std::ui
     if (r.ok())
       r = check(cudaMemcpyAsync(pinned, base, b.head_bytes(), cudaMemcpyDeviceToHost, s),
                 "cudaMemcpyAsync(run count and first runs to the host)");
-    if (!wait) return r;
-    if (r.ok()) r = check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
-    if (r.ok()) std::memcpy(reinterpret_cast<void*>(h_head), pinned, b.head_bytes());
     return r;
   });
   if (!st.ok()) raise(st);
-  if (!wait) {
-    pending = PendingHead{true, pinned, h_head, b.head_bytes(), b.count_at, s, device};
-    return std::nullopt;
-  }
-  return count_in(h_head, b.count_at);
-}
-
-// The second half of a scan enqueued with wait=False on this thread: the stream
-// synchronised, the head copied to its host buffer, the run count.
-std::int64_t wait_runs(std::uintptr_t h_head) {
-  PendingHead& pending = pending_head();
-  if (!pending.pending)
-    raise(error(ErrorCode::invalid_argument, "no scan enqueued with wait=False is pending on this thread"));
-  if (h_head != pending.h_head)  // the caller's head buffer, still theirs: the copy lands there
-    raise(error(ErrorCode::invalid_argument, "h_head is not the head buffer of the scan pending on this thread"));
-  const PendingHead head = pending;
-  pending = PendingHead{};  // waited for, whatever the outcome: the next scan may start
-  Status st = on_device(head.device, [&]() -> Status {
-    Status r = check(cudaStreamSynchronize(head.stream), "cudaStreamSynchronize");
-    if (r.ok()) std::memcpy(reinterpret_cast<void*>(head.h_head), head.pinned, head.head_bytes);
-    return r;
-  });
-  if (!st.ok()) raise(st);
-  return count_in(head.h_head, head.count_at);
+  pending = PendingHead{true, pinned, h_head, b.head_bytes(), b.count_at, s, device};
+  if (!wait) return std::nullopt;
+  return wait_runs(h_head);
 }
 
 NB_MODULE(_cuda, m) {

@@ -21,6 +21,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -361,6 +362,41 @@ TEST_CASE("device tiles: two-phase into the caller's arrays on the caller's stre
   REQUIRE_CUDA(cudaStreamDestroy(stream));
 }
 
+// Device arrays for a BlockMask's fields, each filled with 0xff first (leftovers must not
+// pass for results), and the check of what a writer wrote into them.
+class FieldArrays {
+ public:
+  BlockMaskArrays out;  // null where a field was not added
+
+  // Field i, room for `entries` int32.
+  void add(std::size_t i, std::size_t entries) {
+    const std::size_t bytes = entries * sizeof(std::int32_t);
+    buffers_.push_back(std::make_unique<DeviceBuffer>(bytes));
+    REQUIRE_CUDA(cudaMemset(buffers_.back()->get(), 0xff, bytes));
+    *slot(i) = buffers_.back()->get<std::int32_t>();
+  }
+
+  // The first field added whose array differs from want's, if any.
+  std::optional<BlockMaskField> first_difference(const BlockMaskTensors& want) {
+    for (std::size_t i = 0; i < std::size(kBlockMaskFields); ++i) {
+      if (*slot(i) == nullptr) continue;
+      const std::vector<std::int32_t>& expected = want.values(kBlockMaskFields[i]);
+      std::vector<std::int32_t> got(expected.size());
+      REQUIRE_CUDA(cudaMemcpy(got.data(), *slot(i), got.size() * 4, cudaMemcpyDeviceToHost));
+      if (got != expected) return kBlockMaskFields[i];
+    }
+    return std::nullopt;
+  }
+
+ private:
+  std::int32_t** slot(std::size_t i) {
+    std::int32_t** slots[] = {&out.kv_num_blocks, &out.kv_indices, &out.full_kv_num_blocks, &out.full_kv_indices,
+                              &out.q_num_blocks,  &out.q_indices,  &out.full_q_num_blocks,  &out.full_q_indices};
+    return slots[i];
+  }
+  std::vector<std::unique_ptr<DeviceBuffer>> buffers_;
+};
+
 TEST_CASE("device tiles: write_block_mask from states the caller has equals block_mask_tensors, any subset of arrays") {
   Rng rng(test_seed(1407));
   const int n = cases(300);
@@ -387,31 +423,20 @@ TEST_CASE("device tiles: write_block_mask from states the caller has equals bloc
     const auto tiles = static_cast<std::size_t>(grid->tiles());
     DeviceBuffer d_states(tiles);
     REQUIRE_CUDA(cudaMemcpy(d_states.get(), summary->states.data(), tiles, cudaMemcpyHostToDevice));
-    std::vector<std::unique_ptr<DeviceBuffer>> buffers;
-    BlockMaskArrays out;
-    std::int32_t** slots[] = {&out.kv_num_blocks, &out.kv_indices, &out.full_kv_num_blocks, &out.full_kv_indices,
-                              &out.q_num_blocks,  &out.q_indices,  &out.full_q_num_blocks,  &out.full_q_indices};
+    FieldArrays arrays;
     const bool every = c % 2 == 0;  // else a random subset (a null array is skipped)
     bool any = false;
     for (std::size_t i = 0; i < std::size(kBlockMaskFields); ++i) {
       if (!every && coin(rng, 0.5) && (any || i + 1 < std::size(kBlockMaskFields))) continue;
-      const std::size_t bytes = want->values(kBlockMaskFields[i]).size() * sizeof(std::int32_t);
-      buffers.push_back(std::make_unique<DeviceBuffer>(bytes));
-      REQUIRE_CUDA(cudaMemset(buffers.back()->get(), 0xff, bytes));  // leftovers must not pass for results
-      *slots[i] = buffers.back()->get<std::int32_t>();
+      arrays.add(i, want->values(kBlockMaskFields[i]).size());
       any = true;
     }
-    const Status st = gpu::write_block_mask(*grid, d_states.get<TileState>(), out);
+    const Status st = gpu::write_block_mask(*grid, d_states.get<TileState>(), arrays.out);
     REQUIRE_MESSAGE(st.ok(), st.to_string());
     REQUIRE_CUDA(cudaDeviceSynchronize());
-    for (std::size_t i = 0; i < std::size(kBlockMaskFields); ++i) {
-      if (*slots[i] == nullptr) continue;
-      const std::vector<std::int32_t>& expected = want->values(kBlockMaskFields[i]);
-      std::vector<std::int32_t> got(expected.size());
-      REQUIRE_CUDA(cudaMemcpy(got.data(), *slots[i], got.size() * 4, cudaMemcpyDeviceToHost));
-      REQUIRE_MESSAGE(got == expected, to_string(kBlockMaskFields[i]) << " differs, grid " << B << "x" << H << "x" << Q
-                                                                      << "x" << K << " tiles " << text(size));
-    }
+    const std::optional<BlockMaskField> differs = arrays.first_difference(*want);
+    REQUIRE_MESSAGE(!differs, to_string(*differs) << " differs, grid " << B << "x" << H << "x" << Q << "x" << K
+                                                  << " tiles " << text(size));
   }
   MESSAGE("write_block_mask == block_mask_tensors on " << n << " grids");
 }
@@ -438,26 +463,14 @@ TEST_CASE("device tiles: write_block_mask_from_ranges of random structures equal
     const std::size_t range_bytes = ranges->rows.size() * sizeof(TileRowRanges);
     DeviceBuffer d_ranges(range_bytes);
     REQUIRE_CUDA(cudaMemcpy(d_ranges.get(), ranges->rows.data(), range_bytes, cudaMemcpyHostToDevice));
-    std::vector<std::unique_ptr<DeviceBuffer>> buffers;
-    BlockMaskArrays out;
-    std::int32_t** slots[] = {&out.kv_num_blocks, &out.kv_indices, &out.full_kv_num_blocks, &out.full_kv_indices,
-                              &out.q_num_blocks,  &out.q_indices,  &out.full_q_num_blocks,  &out.full_q_indices};
-    for (std::size_t i = 0; i < std::size(kBlockMaskFields); ++i) {
-      const std::size_t bytes = want->values(kBlockMaskFields[i]).size() * sizeof(std::int32_t);
-      buffers.push_back(std::make_unique<DeviceBuffer>(bytes));
-      REQUIRE_CUDA(cudaMemset(buffers.back()->get(), 0xff, bytes));  // leftovers must not pass for results
-      *slots[i] = buffers.back()->get<std::int32_t>();
-    }
-    const Status st = gpu::write_block_mask_from_ranges(g, d_ranges.get<TileRowRanges>(), out);
+    FieldArrays arrays;
+    for (std::size_t i = 0; i < std::size(kBlockMaskFields); ++i) arrays.add(i, want->values(kBlockMaskFields[i]).size());
+    const Status st = gpu::write_block_mask_from_ranges(g, d_ranges.get<TileRowRanges>(), arrays.out);
     REQUIRE_MESSAGE(st.ok(), st.to_string());
     REQUIRE_CUDA(cudaDeviceSynchronize());
-    for (std::size_t i = 0; i < std::size(kBlockMaskFields); ++i) {
-      const std::vector<std::int32_t>& expected = want->values(kBlockMaskFields[i]);
-      std::vector<std::int32_t> got(expected.size());
-      REQUIRE_CUDA(cudaMemcpy(got.data(), *slots[i], got.size() * 4, cudaMemcpyDeviceToHost));
-      REQUIRE_MESSAGE(got == expected, to_string(kBlockMaskFields[i]) << " differs: " << describe(s) << " [" << B
-                                                                      << "," << Q << "," << K << "] tiles " << text(size));
-    }
+    const std::optional<BlockMaskField> differs = arrays.first_difference(*want);
+    REQUIRE_MESSAGE(!differs, to_string(*differs) << " differs: " << describe(s) << " [" << B << "," << Q << "," << K
+                                                  << "] tiles " << text(size));
     ++written;
   }
   CHECK(written > n / 2);
