@@ -121,20 +121,22 @@ template <int Esize>
 std::vector<Variant> variants() {
   using dev::ScanPolicy;
   constexpr std::int64_t T = dev::kTileTargetUnits, M = dev::kTileMaxRowsPerParallelRow;
+  using Tuned = typename dev::TileScanTuning<Esize, 900>::Policy;
   return {
-      {"warp/row, 128 threads, resident blocks (tuned)", launch_variant<ScanPolicy<128, 4, 2048>, Esize, T, M>},
-      {"every row counted by vector (before)", launch_variant<ScanPolicy<128, 4, 2048>, Esize, T, M, 0, false>},
+      {"tuned (tuning.cuh)", launch_variant<Tuned, Esize, T, M>},
+      {"every row counted by vector (before)", launch_variant<Tuned, Esize, T, M, 0, false>},
+      {"warp/row, 128 threads, registers uncapped", launch_variant<ScanPolicy<128, 4, 2048>, Esize, T, M>},
+      {"warp/row, 128 threads, 7 blocks/SM (72 registers)", launch_variant<ScanPolicy<128, 4, 2048, 7>, Esize, T, M>},
       {"warp/row, 256 threads", launch_variant<ScanPolicy<256, 4, 2048>, Esize, T, M>},
       {"warp/row, 128 threads, 8 loads in flight", launch_variant<ScanPolicy<128, 8, 2048>, Esize, T, M>},
-      {"warp/row, 128 threads, a block per unit", launch_variant<ScanPolicy<128, 4, 2048>, Esize, T, M, -1>},
-      {"warp/row, 128 threads, 2 x resident blocks", launch_variant<ScanPolicy<128, 4, 2048>, Esize, T, M, 2>},
+      {"warp/row, 128 threads, a block per unit", launch_variant<Tuned, Esize, T, M, -1>},
+      {"warp/row, 128 threads, 2 x resident blocks", launch_variant<Tuned, Esize, T, M, 2>},
       {"warp/row, 128 threads, 8 blocks/SM (64 registers)", launch_variant<ScanPolicy<128, 4, 2048, 8>, Esize, T, M>},
       {"warp/row, 128 threads, 10 blocks/SM", launch_variant<ScanPolicy<128, 4, 2048, 10>, Esize, T, M>},
-      {"warp/row, 128 threads, 12 blocks/SM", launch_variant<ScanPolicy<128, 4, 2048, 12>, Esize, T, M>},
       {"warp/row, 128 threads, 2 loads in flight", launch_variant<ScanPolicy<128, 2, 2048>, Esize, T, M>},
       {"warp/row, 64 threads", launch_variant<ScanPolicy<64, 4, 2048>, Esize, T, M>},
-      {"warp/row, 128 threads, 2048 units", launch_variant<ScanPolicy<128, 4, 2048>, Esize, 2048, 64>},
-      {"warp/row, 128 threads, 32768 units", launch_variant<ScanPolicy<128, 4, 2048>, Esize, 32768, M>},
+      {"warp/row, 128 threads, 2048 units", launch_variant<Tuned, Esize, 2048, 64>},
+      {"warp/row, 128 threads, 32768 units", launch_variant<Tuned, Esize, 32768, M>},
   };
 }
 
@@ -273,12 +275,12 @@ struct Bench {
     const float chained = median_ms(options.reps, [&] {
       CHECK_CUDA(dev::launch_zero_counts(counts, g.tiles(), nullptr));
       CHECK_CUDA(dev::dispatch_scan_tiles(view, g, d_rows, counts, nullptr, arch, chains));
-      CHECK_CUDA(dev::launch_block_mask(g, dev::StatesFromCounts{g, counts}, out, nullptr, nullptr, chains));
+      CHECK_CUDA(dev::launch_block_mask(dev::StatesFromCounts::of(g, counts), out, nullptr, nullptr, chains));
     });
     const float plain = median_ms(options.reps, [&] {
       CHECK_CUDA(cudaMemsetAsync(counts, 0, tiles * sizeof(std::uint64_t)));
       CHECK_CUDA(all[0].launch(s, g, d_rows, counts, nullptr));
-      CHECK_CUDA(dev::launch_block_mask(g, dev::StatesFromCounts{g, counts}, out, nullptr, nullptr));
+      CHECK_CUDA(dev::launch_block_mask(dev::StatesFromCounts::of(g, counts), out, nullptr, nullptr));
     });
     std::printf("|   launches: zero kernel + scan + writer%s %.3f ms (%.2fx read), memset + plain launches "
                 "(before) %.3f ms (%.2fx) | | | | | | | | | |\n",
@@ -287,7 +289,7 @@ struct Bench {
       const auto once = [&] {
         CHECK_CUDA(cudaMemsetAsync(counts, 0, tiles * sizeof(std::uint64_t)));
         CHECK_CUDA(v.launch(s, g, d_rows, counts, nullptr));
-        CHECK_CUDA(dev::launch_block_mask(g, dev::StatesFromCounts{g, counts}, out, nullptr, nullptr));
+        CHECK_CUDA(dev::launch_block_mask(dev::StatesFromCounts::of(g, counts), out, nullptr, nullptr));
       };
       once();
       CHECK_CUDA(cudaDeviceSynchronize());

@@ -4,8 +4,8 @@
 // it reads, and feeds an accumulator (accumulators.cuh); the kernels that reduce the
 // threads' accumulators and the launch live in dispatch_scan.cuh. nvcc only, with one
 // exception: the host suite runs the agent on the CPU through a stand-in for the few
-// CUDA builtins it uses (uint4, __ldg, __popc, __ffs, __clz; tests/test_agent_on_host.cpp),
-// so a builtin added here is added there too.
+// CUDA builtins it uses (uint4, __ldg, __popc, __ffs, __clz, __activemask, __all_sync;
+// tests/test_agent_on_host.cpp), so a builtin added here is added there too.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -77,6 +77,18 @@ struct ElementReader {
     acc.add_flags(row_flag(c));
   }
 
+  // Whether vector() would add nothing for any of these vectors: each is four words of
+  // the masked value this thread already knows.
+  template <int N>
+  __device__ __forceinline__ bool adds_nothing(const uint4 (&x)[N]) const {
+    bool same = known_masked != 0;
+    MASKLENS_UNROLL
+    for (int j = 0; j < N; ++j)
+      same = same && x[j].x == known_masked && x[j].y == known_masked && x[j].z == known_masked &&
+             x[j].w == known_masked;
+    return same;
+  }
+
   template <class Acc>
   __device__ __forceinline__ void vector(Acc& acc, const uint4& v, std::int64_t k0) {
     if ((v.x | v.y | v.z | v.w) == 0) {  // every lane +0: all attend
@@ -105,6 +117,18 @@ struct ElementReader<1> {
     if ((*p != 0) == (invert == 0)) acc.add_run(k, 1);
   }
 
+  // Whether vector() would add nothing for any of these vectors: where true attends, a
+  // batch of zero bytes (most of a structured mask's) costs one OR a word instead of a
+  // SWAR test each; where true masks, it is left to vector().
+  template <int N>
+  __device__ __forceinline__ bool adds_nothing(const uint4 (&x)[N]) const {
+    if (invert != 0) return false;
+    std::uint32_t any = 0;
+    MASKLENS_UNROLL
+    for (int j = 0; j < N; ++j) any |= x[j].x | x[j].y | x[j].z | x[j].w;
+    return any == 0;
+  }
+
   // Four 32-bit SWAR tests; a vector that attends everywhere or nowhere (most of a
   // structured mask) needs no bit gathering.
   template <class Acc>
@@ -131,12 +155,22 @@ struct AgentScanRow {
 
   __device__ explicit AgentScanRow(const ScanParams& params) : s(params), fresh_reader(params) {}
 
+  // The first byte of row q of distinct slice `slice`.
+  __device__ __forceinline__ const std::uint8_t* row_address(std::int64_t slice, std::int64_t q) const {
+    const std::int64_t b = slice / s.distinct_heads, h = slice - b * s.distinct_heads;
+    return s.data + b * s.stride_bytes[0] + h * s.stride_bytes[1] + q * s.stride_bytes[2];
+  }
+
   // Row r's keys this thread reads, added to `acc` (a fresh accumulator: A{}, or one
   // the kernel set up, as a tile accumulator with its block's counters).
   __device__ Accumulator scan(std::int64_t r, int lane, Accumulator acc = Accumulator{}) const {
-    const std::int64_t slice = r / s.q_len, q = r - slice * s.q_len;
-    const std::int64_t b = slice / s.distinct_heads, h = slice - b * s.distinct_heads;
-    const std::uint8_t* row = s.data + b * s.stride_bytes[0] + h * s.stride_bytes[1] + q * s.stride_bytes[2];
+    const std::int64_t slice = r / s.q_len;
+    return scan_at(row_address(slice, r - slice * s.q_len), lane, acc);
+  }
+
+  // The same for the row at `row` (row_address): a kernel that walks a slice's rows
+  // steps from one to the next without the divisions scan() takes.
+  __device__ Accumulator scan_at(const std::uint8_t* row, int lane, Accumulator acc = Accumulator{}) const {
     ElementReader<Esize> reader = fresh_reader;  // nothing known of this row yet
     if (s.stride_bytes[3] != Esize) {
       for (std::int64_t k = lane; k < s.k_len; k += ThreadsPerRow)
@@ -158,6 +192,11 @@ struct AgentScanRow {
       uint4 x[kInFlight];
       MASKLENS_UNROLL
       for (int j = 0; j < kInFlight; ++j) x[j] = __ldg(vec + v + j * ThreadsPerRow);
+      // Skipped where every lane reading along has nothing here: one lane alone skipping
+      // would leave the others' work as long and add a divergent branch (a block-sparse
+      // mask's scattered blocks). Skipping is right lane by lane, so the vote may be over
+      // whichever lanes run together.
+      if (__all_sync(__activemask(), reader.adds_nothing(x))) continue;
       MASKLENS_UNROLL
       for (int j = 0; j < kInFlight; ++j) reader.vector(acc, x[j], head + (v + j * ThreadsPerRow) * kPerVector);
     }

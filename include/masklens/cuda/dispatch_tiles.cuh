@@ -121,9 +121,12 @@ __global__ void __launch_bounds__(Policy::kBlockThreads, Policy::kMinBlocksPerSM
   for (std::int64_t u = range.begin; u < range.end; ++u) {
     const TileUnit unit = plan.unit(u);
     const Accumulator init = tile_accumulator<Shared>(plan, unit, shared_counts, counts);
+    const std::uint8_t* slice_rows = agent.row_address(unit.slice, 0);  // the unit's slice: one division a unit
     for (std::int64_t q = unit.q_begin + warp; q < unit.q_end; q += kRowsAtOnce) {
       const std::int64_t r = unit.slice * s.q_len + q;
-      const SpanAccumulator mine = count_vectors ? agent.scan(r, lane, init).spans : span_agent.scan(r, lane);
+      const std::uint8_t* address = slice_rows + q * s.stride_bytes[2];
+      const SpanAccumulator mine =
+          count_vectors ? agent.scan_at(address, lane, init).spans : span_agent.scan_at(address, lane);
       const SpanAccumulator row = Reduce(temp[warp]).Reduce(mine, MergeAccumulators<SpanAccumulator>{});
       if (lane == 0) row.store(rows, r);
       // The row's span in every lane (the reduction leaves it in lane 0).
@@ -131,7 +134,7 @@ __global__ void __launch_bounds__(Policy::kBlockThreads, Policy::kMinBlocksPerSM
       const std::int64_t n = __shfl_sync(0xffffffffu, row.span.count, 0);
       const bool interval = __shfl_sync(0xffffffffu, static_cast<int>(row.span.is_interval()), 0) != 0;
       if (!count_vectors) {
-        if (!interval) agent.scan(r, lane, init);  // the row again, counting (its spans are stored)
+        if (!interval) agent.scan_at(address, lane, init);  // the row again, counting (its spans are stored)
         else if (n != 0) init.tiles.add_interval(first, n, lane, 32);
       }
       count_vectors = !plan.tiles_from_intervals || !interval;
@@ -274,10 +277,14 @@ inline cudaError_t launch_zero_counts(unsigned long long* counts, std::int64_t n
 
 inline constexpr int kBlockMaskThreads = 256;
 inline constexpr int kBlockMaskWarps = kBlockMaskThreads / 32;
+// Blocks an SM holds at once (registers capped to fit): the lines a 32768^2 mask has at
+// 128, 512, all in flight at once on an H200's 132 SMs.
+inline constexpr int kBlockMaskBlocksPerSM = 4;
 
-// Tiles each thread of a line's block holds at once: a line of up to 256 x 4 tiles (every
-// k tile of a 131072-key row at 128) is read once, and its states stay in registers
-// between the counts and the indices.
+// Tiles each thread of a line's block holds at once, at most: a line of up to 256 x 4
+// tiles (every k tile of a 131072-key row at 128) is read once, and its states stay in
+// registers between the counts and the indices. Shorter lines take fewer (write_line's
+// Chunk): 1 to 256 tiles one a thread, as a 32768^2 mask's lines at 128.
 inline constexpr int kLineChunk = 4;
 inline constexpr std::int64_t kLineRound = std::int64_t{kBlockMaskThreads} * kLineChunk;
 
@@ -290,33 +297,34 @@ struct LineCounts {
 // One block writes one line of n tiles (a q tile's k tiles, or a k tile's q tiles; tile
 // i's state is state(i)): into part_* the partial tiles, into full_* the full ones, each
 // as detail::write_ordered writes it — the count, the indices in the state in ascending
-// order, then the others in ascending order. Null pointers are skipped; states[i *
-// stride] gets each state where states is not null. Every thread of the block calls it
-// with the same arguments. A round holds tiles base + c x 256 + thread (c < kLineChunk),
-// so (c, warp, lane) is index order: a tile's rank in its state is the round's tiles of
-// that state before its (c, warp) — a prefix over `counts` — plus its lane's in its
-// warp's ballot. Tile i not in a state goes after that state's `count` tiles, at count +
-// i - (its tiles before i). A line longer than a round is read twice: the counts, then
-// the indices. (A warp per line, as before, left an H200 idle: 512 lines at 32768^2,
-// 28 us of latency; a block per line is 4 times the loads in flight, 1024 against 256.)
-template <class StateOf>
+// order, then the others in ascending order. Null pointers are skipped; states[i] gets
+// each state where states is not null. Every thread of the block calls it with the same
+// arguments. A round holds tiles base + c x 256 + thread (c < Chunk), so (c, warp, lane)
+// is index order: a tile's rank in its state is the round's tiles of that state before
+// its (c, warp) — a prefix over `counts` — plus its lane's in its warp's ballot. Tile i
+// not in a state goes after that state's `count` tiles, at count + i - (its tiles before
+// i). A line longer than a round is read twice: the counts, then the indices. (A warp per
+// line, as before, left an H200 idle: 512 lines at 32768^2, 28 us of latency; a block
+// per line is 4 times the loads in flight, 1024 against 256.)
+template <int Chunk, class StateOf>
 __device__ void write_line(std::int64_t n, StateOf state, std::int32_t* part_count, std::int32_t* part_idx,
-                           std::int32_t* full_count, std::int32_t* full_idx, TileState* states, std::int64_t stride,
-                           LineCounts& counts) {
+                           std::int32_t* full_count, std::int32_t* full_idx, TileState* states, LineCounts& counts) {
+  static_assert(Chunk >= 1 && Chunk <= kLineChunk);
+  constexpr std::int64_t kRound = std::int64_t{kBlockMaskThreads} * Chunk;
   const int thread = static_cast<int>(threadIdx.x), warp = thread / 32;
   const unsigned below = (1u << (thread % 32)) - 1u;
   const auto tile = [&](std::int64_t base, int c) { return base + std::int64_t{c} * kBlockMaskThreads + thread; };
-  TileState st[kLineChunk];
-  unsigned part[kLineChunk], full[kLineChunk];  // the warp's ballots
+  TileState st[Chunk];
+  unsigned part[Chunk], full[Chunk];  // the warp's ballots
   // Reads a round's states and counts them into `counts`; ends at a barrier.
   const auto read_round = [&](std::int64_t base) {
 #pragma unroll
-    for (int c = 0; c < kLineChunk; ++c) {
+    for (int c = 0; c < Chunk; ++c) {
       const std::int64_t i = tile(base, c);
       st[c] = i < n ? state(i) : TileState::empty;
     }
 #pragma unroll
-    for (int c = 0; c < kLineChunk; ++c) {
+    for (int c = 0; c < Chunk; ++c) {
       part[c] = __ballot_sync(0xffffffffu, st[c] == TileState::partial);
       full[c] = __ballot_sync(0xffffffffu, st[c] == TileState::full);
       if (thread % 32 == 0) {
@@ -326,16 +334,16 @@ __device__ void write_line(std::int64_t n, StateOf state, std::int32_t* part_cou
     }
     __syncthreads();
   };
-  const bool one_round = n <= kLineRound;
+  const bool one_round = n <= kRound;
   std::int32_t parts = 0, fulls = 0;  // the line's
-  for (std::int64_t base = 0; base < n; base += kLineRound) {
+  for (std::int64_t base = 0; base < n; base += kRound) {
     read_round(base);
     if (states)
 #pragma unroll
-      for (int c = 0; c < kLineChunk; ++c)
-        if (tile(base, c) < n) states[tile(base, c) * stride] = st[c];
+      for (int c = 0; c < Chunk; ++c)
+        if (tile(base, c) < n) states[tile(base, c)] = st[c];
 #pragma unroll
-    for (int c = 0; c < kLineChunk; ++c)
+    for (int c = 0; c < Chunk; ++c)
 #pragma unroll
       for (int w = 0; w < kBlockMaskWarps; ++w) {
         parts += counts.part[c][w];
@@ -349,12 +357,12 @@ __device__ void write_line(std::int64_t n, StateOf state, std::int32_t* part_cou
   }
   if (part_idx != nullptr || full_idx != nullptr) {
     std::int32_t parts_before = 0, fulls_before = 0;  // tiles of each state in the rounds before
-    for (std::int64_t base = 0; base < n; base += kLineRound) {
+    for (std::int64_t base = 0; base < n; base += kRound) {
       if (!one_round) read_round(base);
-      std::int32_t part_at[kLineChunk], full_at[kLineChunk];  // before (c, this warp) in the round
+      std::int32_t part_at[Chunk], full_at[Chunk];  // before (c, this warp) in the round
       std::int32_t p = 0, f = 0;
 #pragma unroll
-      for (int c = 0; c < kLineChunk; ++c)
+      for (int c = 0; c < Chunk; ++c)
 #pragma unroll
         for (int w = 0; w < kBlockMaskWarps; ++w) {
           if (w == warp) {
@@ -365,7 +373,7 @@ __device__ void write_line(std::int64_t n, StateOf state, std::int32_t* part_cou
           f += counts.full[c][w];
         }
 #pragma unroll
-      for (int c = 0; c < kLineChunk; ++c) {
+      for (int c = 0; c < Chunk; ++c) {
         const std::int64_t i = tile(base, c);
         if (i >= n) continue;
         const auto index = static_cast<std::int32_t>(i);
@@ -383,72 +391,147 @@ __device__ void write_line(std::int64_t n, StateOf state, std::int32_t* part_cou
   }
 }
 
-// Where the writer takes each tile's state from: the scan's 64-bit counts, or states the
-// caller has (a host tile summary copied over, say).
+// write_line with as few tiles a thread as hold the line in one round (a line of more
+// than kLineRound tiles takes kLineChunk a thread, round after round): a thread then
+// classifies no tile past the line's end.
+template <class StateOf>
+__device__ void write_line_of(std::int64_t n, StateOf state, std::int32_t* part_count, std::int32_t* part_idx,
+                              std::int32_t* full_count, std::int32_t* full_idx, TileState* states,
+                              LineCounts& counts) {
+  if (n <= kBlockMaskThreads)
+    write_line<1>(n, state, part_count, part_idx, full_count, full_idx, states, counts);
+  else if (n <= 2 * kBlockMaskThreads)
+    write_line<2>(n, state, part_count, part_idx, full_count, full_idx, states, counts);
+  else
+    write_line<kLineChunk>(n, state, part_count, part_idx, full_count, full_idx, states, counts);
+}
+
+// The writer's lines: slices x q_tiles rows of k tiles (the kv side), then slices x
+// k_tiles columns of q tiles (the q side). Counted once on the host: TileGrid's counts
+// divide, and a source's lines index with them at every tile.
+struct TileLines {
+  std::int64_t slices = 1, q_tiles = 1, k_tiles = 1;
+  static TileLines of(const TileGrid& g) { return {g.slices(), g.q_tiles(), g.k_tiles()}; }
+};
+
+// Where the writer takes each tile's state from: the scan's 64-bit counts, states the
+// caller has (a host tile summary copied over, say), or an exact structure's ranges. A
+// source gives the states of one line at a time — kv_line(slice, q tile) over its k
+// tiles, q_line(slice, k tile) over its q tiles — from what it works out once a line.
+//
+// From the counts: TileGrid::state_of without its divisions. A tile is whole where it is
+// in the first q_len / block_q q tiles and k_len / block_k k tiles, and full where whole
+// and its count is block_q x block_k (`whole_count`; ~0, which no count reaches, where
+// that product passes int64, as state_of never finds such a tile full).
 struct StatesFromCounts {
-  TileGrid g;
-  const unsigned long long* counts;
-  __device__ __forceinline__ TileState operator()(std::int64_t slice, std::int64_t qt, std::int64_t kt) const {
-    return g.state_of(qt, kt, static_cast<std::int64_t>(counts[g.tile_index(slice, qt, kt)]));
+  TileLines lines;
+  const unsigned long long* counts = nullptr;
+  unsigned long long whole_count = ~0ull;
+  std::int64_t whole_q_tiles = 0, whole_k_tiles = 0;
+
+  static StatesFromCounts of(const TileGrid& g, const unsigned long long* counts) {
+    StatesFromCounts s;
+    s.lines = TileLines::of(g);
+    s.counts = counts;
+    s.whole_q_tiles = g.q_len / g.block_q;
+    s.whole_k_tiles = g.k_len / g.block_k;
+    std::int64_t area = 0;
+    if (!__builtin_mul_overflow(g.block_q, g.block_k, &area)) s.whole_count = static_cast<unsigned long long>(area);
+    return s;
+  }
+  // The lines capture values, not `this` (a kernel parameter's address would copy it).
+  __device__ __forceinline__ static TileState state(unsigned long long count, bool whole,
+                                                    unsigned long long whole_count) {
+    if (count == 0) return TileState::empty;
+    return whole && count == whole_count ? TileState::full : TileState::partial;
+  }
+  __device__ __forceinline__ auto kv_line(std::int64_t slice, std::int64_t qt) const {
+    const unsigned long long* row = counts + (slice * lines.q_tiles + qt) * lines.k_tiles;
+    const std::int64_t whole_to = qt < whole_q_tiles ? whole_k_tiles : 0;  // whole tiles: kt < whole_to
+    const unsigned long long area = whole_count;
+    return [row, whole_to, area](std::int64_t kt) { return state(row[kt], kt < whole_to, area); };
+  }
+  __device__ __forceinline__ auto q_line(std::int64_t slice, std::int64_t kt) const {
+    const unsigned long long* column = counts + slice * lines.q_tiles * lines.k_tiles + kt;
+    const std::int64_t nk = lines.k_tiles, whole_to = kt < whole_k_tiles ? whole_q_tiles : 0;
+    const unsigned long long area = whole_count;
+    return [column, nk, whole_to, area](std::int64_t qt) { return state(column[qt * nk], qt < whole_to, area); };
   }
 };
 
 struct StatesGiven {
-  TileGrid g;
-  const TileState* states;
-  __device__ __forceinline__ TileState operator()(std::int64_t slice, std::int64_t qt, std::int64_t kt) const {
-    return states[g.tile_index(slice, qt, kt)];
+  TileLines lines;
+  const TileState* states = nullptr;
+
+  static StatesGiven of(const TileGrid& g, const TileState* states) { return {TileLines::of(g), states}; }
+  __device__ __forceinline__ auto kv_line(std::int64_t slice, std::int64_t qt) const {
+    const TileState* row = states + (slice * lines.q_tiles + qt) * lines.k_tiles;
+    return [row](std::int64_t kt) { return row[kt]; };
+  }
+  __device__ __forceinline__ auto q_line(std::int64_t slice, std::int64_t kt) const {
+    const TileState* column = states + slice * lines.q_tiles * lines.k_tiles + kt;
+    const std::int64_t nk = lines.k_tiles;
+    return [column, nk](std::int64_t qt) { return column[qt * nk]; };
   }
 };
 
 // An exact structure's tile states from its ranges (structure_tile_ranges()): a q tile's
 // full k tiles are one range inside the one range it touches.
 struct StatesFromRanges {
-  TileGrid g;
-  const TileRowRanges* rows;  // [slice][q tile]
-  __device__ __forceinline__ TileState operator()(std::int64_t slice, std::int64_t qt, std::int64_t kt) const {
-    const TileRowRanges& r = rows[slice * g.q_tiles() + qt];
+  TileLines lines;
+  const TileRowRanges* rows = nullptr;  // [slice][q tile]
+
+  static StatesFromRanges of(const TileGrid& g, const TileRowRanges* rows) { return {TileLines::of(g), rows}; }
+  __device__ __forceinline__ static TileState state(const TileRowRanges& r, std::int64_t kt) {
     if (kt >= r.full_begin && kt < r.full_end) return TileState::full;
     return kt >= r.touched_begin && kt < r.touched_end ? TileState::partial : TileState::empty;
+  }
+  __device__ __forceinline__ auto kv_line(std::int64_t slice, std::int64_t qt) const {
+    const TileRowRanges r = rows[slice * lines.q_tiles + qt];
+    return [r](std::int64_t kt) { return state(r, kt); };
+  }
+  __device__ __forceinline__ auto q_line(std::int64_t slice, std::int64_t kt) const {
+    const TileRowRanges* column = rows + slice * lines.q_tiles;
+    return [column, kt](std::int64_t qt) { return state(column[qt], kt); };
   }
 };
 
 // Blocks [0, slices x q_tiles) write the kv side (and the states, if asked), the next
 // slices x k_tiles blocks the q side; each takes its tiles' states from `source`.
 template <class Source>
-__global__ void __launch_bounds__(kBlockMaskThreads)
-    block_mask_kernel(TileGrid g, Source source, BlockMaskArrays out, TileState* states) {
+__global__ void __launch_bounds__(kBlockMaskThreads, kBlockMaskBlocksPerSM)
+    block_mask_kernel(Source source, BlockMaskArrays out, TileState* states) {
   __shared__ LineCounts counts;
   wait_for_previous_kernel();  // chained after the scan: its counts, and every write, after it
-  const std::int64_t nq = g.q_tiles(), nk = g.k_tiles();
-  const std::int64_t kv_lines = g.slices() * nq, lines = kv_lines + g.slices() * nk;
+  const std::int64_t nq = source.lines.q_tiles, nk = source.lines.k_tiles;
+  const std::int64_t kv_lines = source.lines.slices * nq, lines = kv_lines + source.lines.slices * nk;
   for (std::int64_t w = blockIdx.x; w < lines; w += gridDim.x) {
     if (w < kv_lines) {
-      const std::int64_t slice = w / nq, qt = w % nq;
-      const auto state = [&](std::int64_t kt) { return source(slice, qt, kt); };
-      write_line(nk, state, out.kv_num_blocks ? out.kv_num_blocks + w : nullptr,
-                 out.kv_indices ? out.kv_indices + w * nk : nullptr,
-                 out.full_kv_num_blocks ? out.full_kv_num_blocks + w : nullptr,
-                 out.full_kv_indices ? out.full_kv_indices + w * nk : nullptr,
-                 states ? states + g.tile_index(slice, qt, 0) : nullptr, 1, counts);
+      const std::int64_t slice = w / nq, qt = w - slice * nq;
+      write_line_of(nk, source.kv_line(slice, qt), out.kv_num_blocks ? out.kv_num_blocks + w : nullptr,
+                    out.kv_indices ? out.kv_indices + w * nk : nullptr,
+                    out.full_kv_num_blocks ? out.full_kv_num_blocks + w : nullptr,
+                    out.full_kv_indices ? out.full_kv_indices + w * nk : nullptr, states ? states + w * nk : nullptr,
+                    counts);
     } else {
-      const std::int64_t column = w - kv_lines, slice = column / nk, kt = column % nk;
-      const auto state = [&](std::int64_t qt) { return source(slice, qt, kt); };
-      write_line(nq, state, out.q_num_blocks ? out.q_num_blocks + column : nullptr,
-                 out.q_indices ? out.q_indices + column * nq : nullptr,
-                 out.full_q_num_blocks ? out.full_q_num_blocks + column : nullptr,
-                 out.full_q_indices ? out.full_q_indices + column * nq : nullptr, nullptr, 0, counts);
+      const std::int64_t column = w - kv_lines, slice = column / nk, kt = column - slice * nk;
+      write_line_of(nq, source.q_line(slice, kt), out.q_num_blocks ? out.q_num_blocks + column : nullptr,
+                    out.q_indices ? out.q_indices + column * nq : nullptr,
+                    out.full_q_num_blocks ? out.full_q_num_blocks + column : nullptr,
+                    out.full_q_indices ? out.full_q_indices + column * nq : nullptr, nullptr, counts);
     }
   }
 }
 
-// Enqueues the BlockMask writer over grid `g` with states from `source` (states_out: where
-// to store them too, or null); chained: launched while the scan kernel before it drains
-// (only after a kernel: a copy before it is not waited for). The launch's own status.
+// Enqueues the BlockMask writer over `source`'s lines (states_out: where to store the
+// states too, [slice][q tile][k tile], or null); chained: launched while the scan kernel
+// before it drains (only after a kernel: a copy before it is not waited for). The
+// launch's own status.
 template <class Source>
-cudaError_t launch_block_mask(const TileGrid& g, const Source& source, const BlockMaskArrays& out,
-                              TileState* states_out, cudaStream_t stream, bool chained = false) {
-  const std::int64_t blocks = g.slices() * (g.q_tiles() + g.k_tiles());  // a block per line
+cudaError_t launch_block_mask(const Source& source, const BlockMaskArrays& out, TileState* states_out,
+                              cudaStream_t stream, bool chained = false) {
+  const TileLines& l = source.lines;
+  const std::int64_t blocks = l.slices * (l.q_tiles + l.k_tiles);  // a block per line
   // Past this many lines a block takes several in turn (more blocks than an H200 holds
   // at once several times over; a 65536^2 mask has 1024 lines). The CUDA suite's grids
   // reach it, so the loop's reuse of a block's LineCounts is tested.
@@ -459,7 +542,7 @@ cudaError_t launch_block_mask(const TileGrid& g, const Source& source, const Blo
   config.stream = stream;
   cudaLaunchAttribute attribute{};
   chain_launch(config, attribute, chained);
-  return cudaLaunchKernelEx(&config, block_mask_kernel<Source>, g, source, out, states_out);
+  return cudaLaunchKernelEx(&config, block_mask_kernel<Source>, source, out, states_out);
 }
 
 }  // namespace masklens::gpu::detail

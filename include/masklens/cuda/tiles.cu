@@ -246,7 +246,7 @@ Status scan_spans_tiles(void* d_temp_storage, std::size_t& temp_storage_bytes, c
     st = check(detail::dispatch_scan_tiles(device_view, g, d_rows, counts, stream, arch, chained),
                "cudaLaunchKernelEx(tile scan kernel)");
   if (st.ok())
-    st = check(detail::launch_block_mask(g, detail::StatesFromCounts{g, counts}, d_block_mask, d_states, stream, chained),
+    st = check(detail::launch_block_mask(detail::StatesFromCounts::of(g, counts), d_block_mask, d_states, stream, chained),
                "cudaLaunchKernelEx(BlockMask kernel)");
   return st;
 }
@@ -265,7 +265,7 @@ Status launch_writer(const TileGrid& grid, const BlockMaskArrays& d_block_mask, 
   bool any_output = false;
   if (Status st = check_arrays(d_block_mask, any_output); !st.ok()) return st;
   if (!any_output) return error(ErrorCode::invalid_argument, "no BlockMask array: every d_block_mask pointer is null");
-  return check(detail::launch_block_mask(*checked, make_source(*checked), d_block_mask, nullptr, stream),
+  return check(detail::launch_block_mask(make_source(*checked), d_block_mask, nullptr, stream),
                "cudaLaunchKernelEx(BlockMask kernel)");
 }
 
@@ -279,7 +279,7 @@ Status write_block_mask(const TileGrid& grid, const TileState* d_states, const B
         if (d_states == nullptr) return error(ErrorCode::invalid_argument, "d_states is null");
         return {};
       },
-      [&](const TileGrid& g) { return detail::StatesGiven{g, d_states}; });
+      [&](const TileGrid& g) { return detail::StatesGiven::of(g, d_states); });
 }
 
 Status write_block_mask_from_ranges(const TileGrid& grid, const TileRowRanges* d_ranges,
@@ -292,7 +292,7 @@ Status write_block_mask_from_ranges(const TileGrid& grid, const TileRowRanges* d
           return error(ErrorCode::misaligned_pointer, "d_ranges is not aligned to TileRowRanges (8 bytes)");
         return {};
       },
-      [&](const TileGrid& g) { return detail::StatesFromRanges{g, d_ranges}; });
+      [&](const TileGrid& g) { return detail::StatesFromRanges::of(g, d_ranges); });
 }
 
 Result<TileScan> scan_with_tiles(const MaskView& device_view, TileSize size, Stream stream) {

@@ -68,5 +68,12 @@ template <int Esize, int Sm>
 struct TileScanTuning {
   using Policy = ScanPolicy<128, 4, 2048>;  // the tile scan takes a warp per row: kLongRowBytes is not read
 };
+// 1-byte masks: capped at 72 registers, 7 blocks an SM hold at once where 76 held 6
+// (--sweep, H200, seventh session: 1.10-1.11x a read at 32768^2 against 1.13x). The
+// 2-byte kernel takes 96 registers: capped as much it measured 1.20x against 1.10x.
+template <int Sm>
+struct TileScanTuning<1, Sm> {
+  using Policy = ScanPolicy<128, 4, 2048, 7>;
+};
 
 }  // namespace masklens::gpu::detail
