@@ -119,22 +119,24 @@ cudaError_t launch_variant(const dev::ScanParams& s, const TileGrid& g, RowSpan*
 // 1.3-1.5x slower than a warp per row here (2026-12-03, bench/README.md) and is gone.
 template <int Esize>
 std::vector<Variant> variants() {
-  using dev::ScanPolicy;
   constexpr std::int64_t T = dev::kTileTargetUnits, M = dev::kTileMaxRowsPerParallelRow;
   using Tuned = typename dev::TileScanTuning<Esize, 900>::Policy;
+  // ScanPolicy<threads, loads in flight, 2048, blocks an SM must hold, vote on masked batches>.
+  using dev::ScanPolicy;
   return {
       {"tuned (tuning.cuh)", launch_variant<Tuned, Esize, T, M>},
       {"every row counted by vector (before)", launch_variant<Tuned, Esize, T, M, 0, false>},
-      {"warp/row, 128 threads, registers uncapped", launch_variant<ScanPolicy<128, 4, 2048>, Esize, T, M>},
-      {"warp/row, 128 threads, 7 blocks/SM (72 registers)", launch_variant<ScanPolicy<128, 4, 2048, 7>, Esize, T, M>},
-      {"warp/row, 256 threads", launch_variant<ScanPolicy<256, 4, 2048>, Esize, T, M>},
-      {"warp/row, 128 threads, 8 loads in flight", launch_variant<ScanPolicy<128, 8, 2048>, Esize, T, M>},
+      {"no vote on masked batches", launch_variant<ScanPolicy<128, 4, 2048, Tuned::kMinBlocksPerSM>, Esize, T, M>},
+      {"warp/row, 128 threads, registers uncapped", launch_variant<ScanPolicy<128, 4, 2048, 1, true>, Esize, T, M>},
+      {"warp/row, 128 threads, 7 blocks/SM (72 registers)", launch_variant<ScanPolicy<128, 4, 2048, 7, true>, Esize, T, M>},
+      {"warp/row, 256 threads", launch_variant<ScanPolicy<256, 4, 2048, 1, true>, Esize, T, M>},
+      {"warp/row, 128 threads, 8 loads in flight", launch_variant<ScanPolicy<128, 8, 2048, 1, true>, Esize, T, M>},
       {"warp/row, 128 threads, a block per unit", launch_variant<Tuned, Esize, T, M, -1>},
       {"warp/row, 128 threads, 2 x resident blocks", launch_variant<Tuned, Esize, T, M, 2>},
-      {"warp/row, 128 threads, 8 blocks/SM (64 registers)", launch_variant<ScanPolicy<128, 4, 2048, 8>, Esize, T, M>},
-      {"warp/row, 128 threads, 10 blocks/SM", launch_variant<ScanPolicy<128, 4, 2048, 10>, Esize, T, M>},
-      {"warp/row, 128 threads, 2 loads in flight", launch_variant<ScanPolicy<128, 2, 2048>, Esize, T, M>},
-      {"warp/row, 64 threads", launch_variant<ScanPolicy<64, 4, 2048>, Esize, T, M>},
+      {"warp/row, 128 threads, 8 blocks/SM (64 registers)", launch_variant<ScanPolicy<128, 4, 2048, 8, true>, Esize, T, M>},
+      {"warp/row, 128 threads, 10 blocks/SM", launch_variant<ScanPolicy<128, 4, 2048, 10, true>, Esize, T, M>},
+      {"warp/row, 128 threads, 2 loads in flight", launch_variant<ScanPolicy<128, 2, 2048, 1, true>, Esize, T, M>},
+      {"warp/row, 64 threads", launch_variant<ScanPolicy<64, 4, 2048, 1, true>, Esize, T, M>},
       {"warp/row, 128 threads, 2048 units", launch_variant<Tuned, Esize, 2048, 64>},
       {"warp/row, 128 threads, 32768 units", launch_variant<Tuned, Esize, 32768, M>},
   };

@@ -6,7 +6,8 @@
 
 namespace masklens::gpu::detail {
 
-template <int BlockThreads, int VectorsInFlight, int LongRowBytes, int MinBlocksPerSM = 1>
+template <int BlockThreads, int VectorsInFlight, int LongRowBytes, int MinBlocksPerSM = 1,
+          bool SkipMaskedBatches = false>
 struct ScanPolicy {
   static_assert(BlockThreads % 32 == 0 && BlockThreads <= 1024, "whole warps, at most 1024 threads");
   static_assert(VectorsInFlight >= 1, "at least one load in flight");
@@ -23,6 +24,12 @@ struct ScanPolicy {
   // registers a thread may take). The tile scan's kernels carry more state per thread
   // than the span scan's; bench/device_tiles.cu --sweep measures the choice.
   static constexpr int kMinBlocksPerSM = MinBlocksPerSM;
+  // Whether a warp votes, after each batch of loads, on skipping the batch where no lane
+  // read anything its accumulator takes (AgentScanRow). The tile scan gains (its
+  // per-vector tile adds cost more than the vote: 1.20-1.21x a read against 1.29-1.32x
+  // for a block-sparse 32768^2 mask, H200); the span scan loses a little (1.04-1.05x
+  // against 1.01x on that mask).
+  static constexpr bool kSkipMaskedBatches = SkipMaskedBatches;
   // Enough blocks to fill any device several times over; rows beyond it loop.
   static constexpr long long kMaxGrid = 1LL << 20;
 };
@@ -66,14 +73,14 @@ struct ScanTuning<Esize, 800> {
 // 1.09-1.12x at 65536^2).
 template <int Esize, int Sm>
 struct TileScanTuning {
-  using Policy = ScanPolicy<128, 4, 2048>;  // the tile scan takes a warp per row: kLongRowBytes is not read
+  using Policy = ScanPolicy<128, 4, 2048, 1, true>;  // a warp per row: kLongRowBytes is not read
 };
-// 1-byte masks: capped at 72 registers, 7 blocks an SM hold at once where 76 held 6
-// (--sweep, H200, seventh session: 1.10-1.11x a read at 32768^2 against 1.13x). The
+// 1-byte masks: capped at 72 registers, 7 blocks an SM hold at once where 76-80 held 6
+// (--sweep, H200, 2026-12-04: 1.10-1.12x a read at 32768^2 against 1.13-1.14x). The
 // 2-byte kernel takes 96 registers: capped as much it measured 1.20x against 1.10x.
 template <int Sm>
 struct TileScanTuning<1, Sm> {
-  using Policy = ScanPolicy<128, 4, 2048, 7>;
+  using Policy = ScanPolicy<128, 4, 2048, 7, true>;
 };
 
 }  // namespace masklens::gpu::detail
