@@ -82,5 +82,12 @@ template <int Sm>
 struct TileScanTuning<1, Sm> {
   using Policy = ScanPolicy<128, 4, 2048, 7, true>;
 };
+// 2-byte masks: eight loads in flight a thread (4 blocks an SM at 116 registers) read the
+// bf16 window at 32768^2 at 1.09x a read in two runs on two machines, against 1.10x and
+// 1.13x with four (--sweep, H200, 2026-12-04).
+template <int Sm>
+struct TileScanTuning<2, Sm> {
+  using Policy = ScanPolicy<128, 8, 2048, 1, true>;
+};
 
 }  // namespace masklens::gpu::detail
