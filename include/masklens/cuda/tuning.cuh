@@ -25,10 +25,11 @@ struct ScanPolicy {
   // than the span scan's; bench/device_tiles.cu --sweep measures the choice.
   static constexpr int kMinBlocksPerSM = MinBlocksPerSM;
   // Whether a warp votes, after each batch of loads, on skipping the batch where no lane
-  // read anything its accumulator takes (AgentScanRow). The tile scan gains (its
-  // per-vector tile adds cost more than the vote: 1.20-1.21x a read against 1.29-1.32x
-  // for a block-sparse 32768^2 mask, H200); the span scan loses a little (1.04-1.05x
-  // against 1.01x on that mask).
+  // read anything its accumulator takes (AgentScanRow). The tile scan's structured masks
+  // gain a little (--sweep, H200, 2026-12-04, 32768^2: 1.12x a read against 1.13x
+  // without, bf16 1.13x against 1.14x; block-sparse 1.21x against 1.19x), and a
+  // per-vector test in its place did worse on the block-sparse mask (1.29-1.32x: lanes
+  // diverging per vector). The span scan leaves it off (1.04-1.05x against 1.01x there).
   static constexpr bool kSkipMaskedBatches = SkipMaskedBatches;
   // Enough blocks to fill any device several times over; rows beyond it loop.
   static constexpr long long kMaxGrid = 1LL << 20;
