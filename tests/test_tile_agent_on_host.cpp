@@ -57,11 +57,12 @@ struct Replayed {
 // range of units (units_of), each row read by `Threads` agents (merged in an order unlike
 // the threads'), each thread adding into its copy of the block's counters (Shared) or
 // into the q tile's counts, the counters flushed where the plan says (flush_after).
-template <int Esize, int Threads, bool Shared>
+template <int Esize, int Threads, bool Shared, bool Vote = TileScanTuning<Esize, 900>::Policy::kSkipMaskedBatches>
 Replayed replay(const ScanParams& s, const TileScanPlan& plan, std::int64_t blocks) {
   // The tile scan's own policy (dispatch_tiles.cuh launches TileScanTuning's): its loads
-  // in flight, and its warps per block, which decide the rows each warp's guess follows.
-  using Policy = TileScanTuning<Esize, 900>::Policy;
+  // in flight, and its warps per block, which decide the rows each warp's guess follows;
+  // its vote on masked batches, or (Vote false) none.
+  using Policy = WithBatchVote<typename TileScanTuning<Esize, 900>::Policy, Vote>;
   using Count = std::conditional_t<Shared, unsigned, unsigned long long>;
   using Acc = SpanTileAccumulator<Count>;
   const AgentScanRow<Policy, Esize, Acc, Threads> agent(s);
@@ -89,10 +90,14 @@ Replayed replay(const ScanParams& s, const TileScanPlan& plan, std::int64_t bloc
       a.tiles.keys = plan.keys;
       return a;
     };
+    const std::uint8_t* slice_rows = agent.row_address(unit.slice, 0);  // as the kernel steps through a unit
     for (std::int64_t q = unit.q_begin; q < unit.q_end; ++q) {
       const std::int64_t r = unit.slice * s.q_len + q;
+      const std::uint8_t* address = slice_rows + q * s.stride_bytes[2];
       char& counting = count_vectors[static_cast<std::size_t>((q - unit.q_begin) % rows_at_once)];
-      const auto read = [&](int t) { return counting ? agent.scan(r, t, init(t)).spans : span_agent.scan(r, t); };
+      const auto read = [&](int t) {
+        return counting ? agent.scan_at(address, t, init(t)).spans : span_agent.scan_at(address, t);
+      };
       SpanAccumulator row{};
       for (int t = Threads - 1; t >= 0; t -= 2) row = SpanAccumulator::merge(read(t), row);
       for (int t = 0; t < Threads; t += 2) row = SpanAccumulator::merge(row, read(t));
@@ -100,7 +105,7 @@ Replayed replay(const ScanParams& s, const TileScanPlan& plan, std::int64_t bloc
       const bool interval = row.span.is_interval();
       if (!counting) {
         for (int t = 0; t < Threads; ++t) {
-          if (!interval) agent.scan(r, t, init(t));  // read again, counting
+          if (!interval) agent.scan_at(address, t, init(t));  // read again, counting
           else if (row.span.count != 0) init(t).tiles.add_interval(row.span.first, row.span.count, t, Threads);
         }
         ++(interval ? rows_from_bounds : rows_read_twice);
@@ -133,8 +138,10 @@ Replayed replay(const ScanParams& s, const TileScanPlan& plan, std::int64_t bloc
 // The plan of the kernel `threads` stands for (a warp per row: the block's warps read
 // rows side by side), replayed with its counters where the plan puts them, or in the
 // 64-bit counts when `force_global`.
+// vote = false: the tuned policy without its vote on masked batches, 32 threads only.
 Replayed replay(const MaskView& view, const TileGrid& g, int threads, bool force_global, std::int64_t blocks,
-                TileScanPlan* used = nullptr, bool from_intervals = true) {
+                TileScanPlan* used = nullptr, bool from_intervals = true, bool vote = true) {
+  REQUIRE((vote || threads == 32));
   const ScanParams s = scan_params(view);
   const int esize = element_size(view.dtype());
   // A warp per row: the tuned kernel's rows at once (its warps per block, as the replay
@@ -151,6 +158,8 @@ Replayed replay(const MaskView& view, const TileGrid& g, int threads, bool force
   if (used) *used = plan;
   blocks = std::clamp<std::int64_t>(blocks, 1, plan.units);
   const auto run = [&]<int E>() {
+    if (!vote)  // a warp per row, as the kernel reads
+      return plan.shared ? replay<E, 32, true, false>(s, plan, blocks) : replay<E, 32, false, false>(s, plan, blocks);
     if (threads == 32) return plan.shared ? replay<E, 32, true>(s, plan, blocks) : replay<E, 32, false>(s, plan, blocks);
     return plan.shared ? replay<E, 256, true>(s, plan, blocks) : replay<E, 256, false>(s, plan, blocks);
   };
@@ -408,6 +417,93 @@ TEST_CASE("device agent with the tile accumulator on the CPU: spans, counts and 
   // Both ways a guessed interval ends were met, many times.
   CHECK(rows_from_bounds > 1000);
   CHECK(rows_read_twice > 100);
+}
+
+TEST_CASE("device tile scan on the CPU: long rows of one masked value skip whole batches, and a flag or key in a later batch is still seen") {
+  // Rows of 16391 keys (past one batch of every element size's loads: 2048 keys for 1-
+  // and 2-byte masks, 512 for 4-byte, per warp), every element the masked value but a few
+  // placed in later batches: a bias, a finite masked value, a NaN, a window, two keys.
+  // The vote skips a batch only where a lane knows the masked value (2- and 4-byte: from
+  // its first batch) or reads zero bytes (bool); what it skips must add nothing. Held to
+  // the host's element-by-element row scan (spans and flags) and to element counts, with
+  // the vote and without.
+  struct Kind {
+    ElementType dtype;
+    std::uint32_t masked, finite_masked, bias, nan;  // bit patterns; attend = 0 (1 for bool)
+  };
+  const Kind kinds[] = {{ElementType::float16, 0xFC00u, 0xF0E2u, 0x3800u, 0x7E00u},
+                        {ElementType::bfloat16, 0xFF80u, 0xC61Cu, 0x3F00u, 0x7FC0u},
+                        {ElementType::float32, 0xFF800000u, 0xC61C4000u, 0x3F000000u, 0x7FC00000u},
+                        {ElementType::boolean, 0u, 0u, 0u, 0u}};
+  const std::int64_t q_len = 7, k_len = 16391;
+  std::int64_t compared = 0;
+  for (const Kind& kind : kinds) {
+    const int esize = element_size(kind.dtype);
+    const bool additive = kind.dtype != ElementType::boolean;
+    std::vector<std::uint8_t> bytes(static_cast<std::size_t>(q_len * k_len * esize));
+    const auto put = [&](std::int64_t q, std::int64_t k, std::uint32_t v) {
+      std::memcpy(bytes.data() + (q * k_len + k) * esize, &v, static_cast<std::size_t>(esize));
+    };
+    const std::uint32_t attend = additive ? 0u : 1u;
+    for (std::int64_t q = 0; q < q_len; ++q)
+      for (std::int64_t k = 0; k < k_len; ++k) put(q, k, kind.masked);
+    if (additive) {
+      put(0, 9001, kind.bias);           // attends, with a bias
+      put(1, 12007, kind.finite_masked);  // masked, finite
+      put(2, 15013, kind.nan);            // invalid
+    } else {
+      put(0, 9001, attend);
+      put(1, 16390, attend);  // the last key, in the tail past the vectors
+    }
+    for (std::int64_t k = 5000; k < 5100; ++k) put(3, k, attend);  // one interval
+    put(5, 10000, attend);                                          // two keys: no interval
+    put(5, 14000, attend);
+    // row 4 and row 6: nothing attends
+    const std::int64_t shape[] = {q_len, k_len};
+    for (const std::int64_t offset : {std::int64_t{0}, std::int64_t{esize}}) {
+      std::vector<std::uint8_t> placed_bytes(bytes.size() + 16 + 64);
+      auto* base = reinterpret_cast<std::uint8_t*>((reinterpret_cast<std::uintptr_t>(placed_bytes.data()) + 15) &
+                                                   ~std::uintptr_t{15}) + offset;
+      std::memcpy(base, bytes.data(), bytes.size());
+      const MaskView view = *MaskView::contiguous(base, kind.dtype, shape);
+      // Element by element (scan() itself refuses the NaN, naming it).
+      std::vector<RowSpan> reference;
+      for (std::int64_t q = 0; q < q_len; ++q)
+        reference.push_back(detail::scan_generic_row(view.element_ptr(0, 0, q, 0), k_len, esize, kind.dtype,
+                                                     view.encoding()));
+      for (const TileSize size : {TileSize{128, 128}, TileSize{7, 2048}, TileSize{3, 100}}) {
+        const TileGrid g = *tile_grid_for(view, size);
+        const std::vector<unsigned long long> want = reference_counts(view, g);
+        for (const bool vote : {true, false})
+          for (const bool force_global : {false, true}) {
+            INFO(to_string(kind.dtype) << " base +" << offset << " tiles " << text(size) << (vote ? " vote" : " no vote")
+                                       << (force_global ? " global" : " shared"));
+            const Replayed got = replay(view, g, 32, force_global, std::int64_t{1} << 40, nullptr, true, vote);
+            for (std::size_t r = 0; r < got.rows.size(); ++r) {
+              INFO("row " << r);
+              REQUIRE(got.rows[r].count == reference[r].count);
+              REQUIRE(got.rows[r].same_keys(reference[r]));
+              REQUIRE(got.rows[r].flags == reference[r].flags);
+            }
+            REQUIRE(got.counts == want);
+            ++compared;
+          }
+      }
+      // The placed elements were seen (the reference agrees with what they are).
+      if (additive) {
+        CHECK(reference[0].count == 1);
+        CHECK((reference[0].flags & kRowBias) != 0);
+        CHECK((reference[1].flags & kRowFiniteMasked) != 0);
+        CHECK((reference[2].flags & kRowInvalid) != 0);
+      } else {
+        CHECK(reference[1].count == 1);
+      }
+      CHECK(reference[3].count == 100);
+      CHECK(reference[5].count == 2);
+      CHECK(reference[4].count == 0);
+    }
+  }
+  MESSAGE(compared << " replays of long masked rows");
 }
 
 TEST_CASE("device tile scan on the CPU: each warp guesses from its own previous row, across units") {

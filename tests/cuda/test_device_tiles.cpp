@@ -441,6 +441,39 @@ TEST_CASE("device tiles: write_block_mask from states the caller has equals bloc
   MESSAGE("write_block_mask == block_mask_tensors on " << n << " grids");
 }
 
+TEST_CASE("device tiles: write_block_mask at the writer's chunk boundaries (lines of 255 to 1025 tiles)") {
+  // The writer takes one tile a thread up to 256 tiles a line, two up to 512, four past
+  // that, round after round past 1024: lines of every length either side of each step,
+  // as q tiles and as k tiles, tiles of 1 x 1 keys and every mix of states.
+  Rng rng(test_seed(1409));
+  const std::int64_t lengths[] = {255, 256, 257, 511, 512, 513, 1023, 1024, 1025};
+  int grids = 0;
+  for (std::size_t i = 0; i < std::size(lengths); ++i)
+    for (const std::int64_t nk : {lengths[i], lengths[(i + 4) % std::size(lengths)]}) {  // square, and not
+      const std::int64_t nq = lengths[i];
+      ++grids;
+      auto grid = make_tile_grid(1, 1, nq, nk, TileSize{1, 1});
+      REQUIRE(grid.ok());
+      auto summary = TileSummary::for_grid(*grid);
+      REQUIRE(summary.ok());
+      for (TileState& st : summary->states)
+        st = static_cast<TileState>(static_cast<std::uint8_t>(uniform(rng, 0, 2)));
+      auto want = block_mask_tensors(*summary);
+      REQUIRE(want.ok());
+      const auto tiles = static_cast<std::size_t>(grid->tiles());
+      DeviceBuffer d_states(tiles);
+      REQUIRE_CUDA(cudaMemcpy(d_states.get(), summary->states.data(), tiles, cudaMemcpyHostToDevice));
+      FieldArrays arrays;
+      for (std::size_t i = 0; i < std::size(kBlockMaskFields); ++i) arrays.add(i, want->values(kBlockMaskFields[i]).size());
+      const Status st = gpu::write_block_mask(*grid, d_states.get<TileState>(), arrays.out);
+      REQUIRE_MESSAGE(st.ok(), st.to_string());
+      REQUIRE_CUDA(cudaDeviceSynchronize());
+      const std::optional<BlockMaskField> differs = arrays.first_difference(*want);
+      REQUIRE_MESSAGE(!differs, to_string(*differs) << " differs, " << nq << " q tiles x " << nk << " k tiles");
+    }
+  MESSAGE("write_block_mask == block_mask_tensors on " << grids << " grids at the chunk boundaries");
+}
+
 TEST_CASE("device tiles: write_block_mask_from_ranges of random structures equals block_mask_tensors of their tiles") {
   Rng rng(test_seed(1408));
   const int n = cases(400);

@@ -23,6 +23,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <limits>
 #include <type_traits>
 
 #include <cub/warp/warp_reduce.cuh>
@@ -305,7 +306,7 @@ struct LineCounts {
 // not in a state goes after that state's `count` tiles, at count + i - (its tiles before
 // i). A line longer than a round is read twice: the counts, then the indices. (A warp per
 // line, as before, left an H200 idle: 512 lines at 32768^2, 28 us of latency; a block
-// per line is 4 times the loads in flight, 1024 against 256.)
+// per line has 8 times the threads, each with one load of a 256-tile line in flight.)
 template <int Chunk, class StateOf>
 __device__ void write_line(std::int64_t n, StateOf state, std::int32_t* part_count, std::int32_t* part_idx,
                            std::int32_t* full_count, std::int32_t* full_idx, TileState* states, LineCounts& counts) {
@@ -392,8 +393,9 @@ __device__ void write_line(std::int64_t n, StateOf state, std::int32_t* part_cou
 }
 
 // write_line with as few tiles a thread as hold the line in one round (a line of more
-// than kLineRound tiles takes kLineChunk a thread, round after round): a thread then
-// classifies no tile past the line's end.
+// than kLineRound tiles takes kLineChunk a thread, round after round): a line of up to
+// 512 tiles then has no chunk wholly past its end (at 32768^2 and 128, four tiles a
+// thread had three of its four chunks past every line's 256 tiles).
 template <class StateOf>
 __device__ void write_line_of(std::int64_t n, StateOf state, std::int32_t* part_count, std::int32_t* part_idx,
                               std::int32_t* full_count, std::int32_t* full_idx, TileState* states,
@@ -435,8 +437,9 @@ struct StatesFromCounts {
     s.counts = counts;
     s.whole_q_tiles = g.q_len / g.block_q;
     s.whole_k_tiles = g.k_len / g.block_k;
-    std::int64_t area = 0;
-    if (!__builtin_mul_overflow(g.block_q, g.block_k, &area)) s.whole_count = static_cast<unsigned long long>(area);
+    // Both positive (TileGrid's preconditions): the product fits where this holds.
+    if (g.block_q <= std::numeric_limits<std::int64_t>::max() / g.block_k)
+      s.whole_count = static_cast<unsigned long long>(g.block_q * g.block_k);
     return s;
   }
   // The lines capture values, not `this` (a kernel parameter's address would copy it).

@@ -63,29 +63,35 @@ struct ScanTuning<Esize, 800> {
   using Policy = typename ScanTuning<Esize, 900>::Policy;
 };
 
+// `P` with the batch vote on or off (bench/device_tiles.cu --sweep, the host replay).
+template <class P, bool Vote>
+using WithBatchVote = ScanPolicy<P::kBlockThreads, P::kVectorsInFlight, P::kLongRowBytes, P::kMinBlocksPerSM, Vote>;
+
 // The tile scan's shapes (dispatch_tiles.cuh): its agent carries a tile sink beside the
-// span (64 registers a thread against the span scan's 48), and a block per row then
+// span (more registers a thread than the span scan's 48), and a block per row then
 // holds fewer blocks per SM and waits at a barrier per row. A warp per row, for rows of
 // any length, measured fastest (bench/device_tiles.cu --sweep, H200, 2026-12-03: 1.25x a
 // plain read at bool 32768^2 and 1.11-1.15x at 65536^2, against 1.6-1.9x and 1.22-1.32x
-// with a block per row; capping registers for more blocks per SM did worse), and blocks
-// of 128 threads beat 256 (with the block-per-line writer and as many blocks as the
-// device holds: 1.16-1.18x against 1.20-1.21x at 32768^2, 1.08-1.11x against
-// 1.09-1.12x at 65536^2).
+// with a block per row), and blocks of 128 threads beat 256 (with the block-per-line
+// writer and as many blocks as the device holds: 1.16-1.18x against 1.20-1.21x at
+// 32768^2, 1.08-1.11x against 1.09-1.12x at 65536^2). Register counts below are nvcc
+// 13.0's for sm_90.
 template <int Esize, int Sm>
 struct TileScanTuning {
   using Policy = ScanPolicy<128, 4, 2048, 1, true>;  // a warp per row: kLongRowBytes is not read
 };
-// 1-byte masks: capped at 72 registers, 7 blocks an SM hold at once where 76-80 held 6
-// (--sweep, H200, 2026-12-04: 1.10-1.12x a read at 32768^2 against 1.13-1.14x). The
-// 2-byte kernel takes 96 registers: capped as much it measured 1.20x against 1.10x.
+// 1-byte masks: capped at 72 registers (a few bytes spilled), 7 blocks an SM hold at once
+// where the 76-80 uncapped held 6 (--sweep, H200, 2026-12-04: 1.10-1.12x a read at
+// 32768^2 against 1.13-1.14x; the sixth session's kernel, at 72-74 registers, measured
+// worse capped at 64). The 2-byte kernel takes 96 registers with four loads: capped as
+// much it measured 1.20x against 1.10x.
 template <int Sm>
 struct TileScanTuning<1, Sm> {
   using Policy = ScanPolicy<128, 4, 2048, 7, true>;
 };
-// 2-byte masks: eight loads in flight a thread (4 blocks an SM at 116 registers) read the
-// bf16 window at 32768^2 at 1.09x a read in two runs on two machines, against 1.10x and
-// 1.13x with four (--sweep, H200, 2026-12-04).
+// 2-byte masks: eight loads in flight a thread (4 blocks an SM at about 120 registers)
+// read the bf16 window at 32768^2 at 1.09x a read in two runs on two machines, against
+// 1.10x and 1.13x with four (--sweep, H200, 2026-12-04).
 template <int Sm>
 struct TileScanTuning<2, Sm> {
   using Policy = ScanPolicy<128, 8, 2048, 1, true>;
