@@ -397,6 +397,19 @@ class FieldArrays {
   std::vector<std::unique_ptr<DeviceBuffer>> buffers_;
 };
 
+// gpu::write_block_mask over `summary`'s states, copied to the device, into `arrays`:
+// the first field that differs from `want`, if one does.
+static std::optional<BlockMaskField> write_given_states(const TileSummary& summary, FieldArrays& arrays,
+                                                        const BlockMaskTensors& want) {
+  const auto tiles = summary.states.size();
+  DeviceBuffer d_states(tiles);
+  REQUIRE_CUDA(cudaMemcpy(d_states.get(), summary.states.data(), tiles, cudaMemcpyHostToDevice));
+  const Status st = gpu::write_block_mask(summary.grid, d_states.get<TileState>(), arrays.out);
+  REQUIRE_MESSAGE(st.ok(), st.to_string());
+  REQUIRE_CUDA(cudaDeviceSynchronize());
+  return arrays.first_difference(want);
+}
+
 TEST_CASE("device tiles: write_block_mask from states the caller has equals block_mask_tensors, any subset of arrays") {
   Rng rng(test_seed(1407));
   const int n = cases(300);
@@ -420,9 +433,6 @@ TEST_CASE("device tiles: write_block_mask from states the caller has equals bloc
       st = coin(rng, p_partial) ? TileState::partial : coin(rng, p_full) ? TileState::full : TileState::empty;
     auto want = block_mask_tensors(*summary);
     REQUIRE(want.ok());
-    const auto tiles = static_cast<std::size_t>(grid->tiles());
-    DeviceBuffer d_states(tiles);
-    REQUIRE_CUDA(cudaMemcpy(d_states.get(), summary->states.data(), tiles, cudaMemcpyHostToDevice));
     FieldArrays arrays;
     const bool every = c % 2 == 0;  // else a random subset (a null array is skipped)
     bool any = false;
@@ -431,10 +441,7 @@ TEST_CASE("device tiles: write_block_mask from states the caller has equals bloc
       arrays.add(i, want->values(kBlockMaskFields[i]).size());
       any = true;
     }
-    const Status st = gpu::write_block_mask(*grid, d_states.get<TileState>(), arrays.out);
-    REQUIRE_MESSAGE(st.ok(), st.to_string());
-    REQUIRE_CUDA(cudaDeviceSynchronize());
-    const std::optional<BlockMaskField> differs = arrays.first_difference(*want);
+    const std::optional<BlockMaskField> differs = write_given_states(*summary, arrays, *want);
     REQUIRE_MESSAGE(!differs, to_string(*differs) << " differs, grid " << B << "x" << H << "x" << Q << "x" << K
                                                   << " tiles " << text(size));
   }
@@ -460,15 +467,9 @@ TEST_CASE("device tiles: write_block_mask at the writer's chunk boundaries (line
         st = static_cast<TileState>(static_cast<std::uint8_t>(uniform(rng, 0, 2)));
       auto want = block_mask_tensors(*summary);
       REQUIRE(want.ok());
-      const auto tiles = static_cast<std::size_t>(grid->tiles());
-      DeviceBuffer d_states(tiles);
-      REQUIRE_CUDA(cudaMemcpy(d_states.get(), summary->states.data(), tiles, cudaMemcpyHostToDevice));
       FieldArrays arrays;
-      for (std::size_t i = 0; i < std::size(kBlockMaskFields); ++i) arrays.add(i, want->values(kBlockMaskFields[i]).size());
-      const Status st = gpu::write_block_mask(*grid, d_states.get<TileState>(), arrays.out);
-      REQUIRE_MESSAGE(st.ok(), st.to_string());
-      REQUIRE_CUDA(cudaDeviceSynchronize());
-      const std::optional<BlockMaskField> differs = arrays.first_difference(*want);
+      for (std::size_t f = 0; f < std::size(kBlockMaskFields); ++f) arrays.add(f, want->values(kBlockMaskFields[f]).size());
+      const std::optional<BlockMaskField> differs = write_given_states(*summary, arrays, *want);
       REQUIRE_MESSAGE(!differs, to_string(*differs) << " differs, " << nq << " q tiles x " << nk << " k tiles");
     }
   MESSAGE("write_block_mask == block_mask_tensors on " << grids << " grids at the chunk boundaries");
