@@ -437,16 +437,13 @@ def device_scan_tiles(mask, size, masked_threshold: float = -1000.0, classify_ma
     def scan_call(base, runs, stream, device):
         # Enqueued without waiting: the tensors' views are made while the device reads the
         # mask, then the one synchronisation (whatever happens between: the pending scan
-        # would refuse the thread's next one).
-        launched = False
+        # would refuse the thread's next one). A launch that raises leaves none pending.
+        _cuda.scan_runs_tiles(*args, q, k, base, runs.block_bytes, runs.head_address, runs.head_bytes,
+                              pointers, nbytes, stream, device, wait=False, **extra)
         try:
-            _cuda.scan_runs_tiles(*args, q, k, base, runs.block_bytes, runs.head_address, runs.head_bytes,
-                                  pointers, nbytes, stream, device, wait=False, **extra)
-            launched = True
             arrays.update(views())
         finally:
-            if launched:
-                count = _cuda.wait_runs(runs.head_address)
+            count = _cuda.wait_runs(runs.head_address)
         return count
     verdict = _device_runs(mask, masked_threshold, sizes, scan_call, tiles=(q, k),
                            classify_many_runs=classify_many_runs)

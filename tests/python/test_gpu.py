@@ -653,9 +653,9 @@ def test_drop_in_compiles_flex_once_forward_and_backward(monkeypatch):
 def test_host_tables_cross_through_the_pinned_staging_intact():
     """masklens._cache.to_device (masklens._cuda.upload): every dtype a BlockMask's tables
     take, sizes past a slot's first capacity (it grows), more copies than the four slots
-    (each waits for its slot's last copy), on a side stream too; each tensor equals its
-    source after the copies finish, though each source is overwritten right after its
-    call (the staging took a copy)."""
+    reserve_uploads() allocates (the ring grows while their copies are queued), on a side
+    stream too; each tensor equals its source after the copies finish, though each source
+    is overwritten right after its call (the staging took a copy)."""
     import numpy as np
     from masklens import _cache
     rng = np.random.default_rng(7)
