@@ -415,7 +415,7 @@ TEST_CASE("device tiles: write_block_mask from states the caller has equals bloc
   const int n = cases(300);
   for (int c = 0; c < n; ++c) {
     // Random grids: ragged and whole tiles, long lines (up to 2500 tiles: more than two
-    // rounds of the writer's block, kLineRound), broadcast and distinct slices, every mix
+    // rounds of the writer's block, 1024 tiles), broadcast and distinct slices, every mix
     // of states. Case 0 always: 9 distinct slices of 2500 q tiles, ~23000 lines, more
     // than the writer's grid (a block takes several lines in turn).
     const bool long_q = c % 10 == 0, long_k = c % 7 == 0 && !long_q;  // never both: arrays stay small
@@ -481,7 +481,7 @@ TEST_CASE("device tiles: write_block_mask_from_ranges of random structures equal
   int written = 0;
   for (int c = 0; c < n; ++c) {
     // Lengths from a few keys to lines longer than a round of the writer's block (at
-    // tiles of 8: 3000 / 8 = 375 tiles; kLineRound is 1024), ragged and whole tiles.
+    // tiles of 8: 3000 / 8 = 375 tiles; a round is 1024), ragged and whole tiles.
     const std::int64_t B = uniform(rng, 1, 3), Q = uniform(rng, 1, c % 5 == 0 ? 9000 : 3000);
     const std::int64_t K = coin(rng, 0.4) ? Q : uniform(rng, 1, c % 7 == 0 ? 9000 : 3000);
     const MaskStructure s = random_structure(rng, B, Q, K);

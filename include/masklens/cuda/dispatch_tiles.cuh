@@ -287,7 +287,6 @@ inline constexpr int kBlockMaskBlocksPerSM = 4;
 // registers between the counts and the indices. Shorter lines take fewer (write_line's
 // Chunk): 1 to 256 tiles one a thread, as a 32768^2 mask's lines at 128.
 inline constexpr int kLineChunk = 4;
-inline constexpr std::int64_t kLineRound = std::int64_t{kBlockMaskThreads} * kLineChunk;
 
 // Each warp's count of each state in each chunk of a round: the block's prefix of ranks.
 struct LineCounts {
@@ -393,9 +392,9 @@ __device__ void write_line(std::int64_t n, StateOf state, std::int32_t* part_cou
 }
 
 // write_line with as few tiles a thread as hold the line in one round (a line of more
-// than kLineRound tiles takes kLineChunk a thread, round after round): a line of up to
-// 512 tiles then has no chunk wholly past its end (at 32768^2 and 128, four tiles a
-// thread had three of its four chunks past every line's 256 tiles).
+// than 256 x kLineChunk tiles takes kLineChunk a thread, round after round): a line of
+// up to 512 tiles then has no chunk wholly past its end (at 32768^2 and 128, four tiles
+// a thread had three of its four chunks past every line's 256 tiles).
 template <class StateOf>
 __device__ void write_line_of(std::int64_t n, StateOf state, std::int32_t* part_count, std::int32_t* part_idx,
                               std::int32_t* full_count, std::int32_t* full_idx, TileState* states,
