@@ -98,13 +98,15 @@ struct Variant {
 
 // Waves: 0 = as many blocks as the device holds at once (the tuned launch), n > 0 = n
 // times that, -1 = a block per unit. FromIntervals: TileScanPlan::tiles_from_intervals
-// (false: every row counted vector by vector, as before).
+// (false: every row counted vector by vector, as before). Fold: TileScanPlan::fold_ranges
+// (false: one range of consecutive units a block, as before).
 template <class Policy, int Esize, std::int64_t TargetUnits, std::int64_t MaxRows, int Waves = 0,
-          bool FromIntervals = true>
+          bool FromIntervals = true, bool Fold = true>
 cudaError_t launch_variant(const dev::ScanParams& s, const TileGrid& g, RowSpan* rows, unsigned long long* counts,
                            cudaStream_t stream) {
   dev::TileScanPlan plan = dev::plan_tile_scan(g, Esize, Policy::kWarpRowsPerBlock, TargetUnits, MaxRows);
   plan.tiles_from_intervals = FromIntervals;
+  plan.fold_ranges = Fold;
   std::int64_t blocks = 0;
   if constexpr (Waves < 0) {
     blocks = plan.units;
@@ -129,6 +131,7 @@ std::vector<Variant> variants() {
       {"tuned (tuning.cuh)", launch_variant<Tuned, Esize, T, M>},
       {"every row counted by vector (before)", launch_variant<Tuned, Esize, T, M, 0, false>},
       {"tuned, no vote on masked batches", launch_variant<dev::WithBatchVote<Tuned, false>, Esize, T, M>},
+      {"tuned, one range of units a block (not folded)", launch_variant<Tuned, Esize, T, M, 0, true, false>},
       {"warp/row, 128 threads, registers uncapped", launch_variant<ScanPolicy<128, 4, 2048, 1, true>, Esize, T, M>},
       {"warp/row, 128 threads, 7 blocks/SM (72 registers)", launch_variant<ScanPolicy<128, 4, 2048, 7, true>, Esize, T, M>},
       {"warp/row, 256 threads", launch_variant<ScanPolicy<256, 4, 2048, 1, true>, Esize, T, M>},

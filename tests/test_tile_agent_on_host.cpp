@@ -124,11 +124,13 @@ Replayed replay(const ScanParams& s, const TileScanPlan& plan, std::int64_t bloc
   for (std::int64_t b = 0; b < blocks; ++b) {
     std::fill(block.begin(), block.end(), 0u);  // a block's counters start zeroed
     std::fill(count_vectors.begin(), count_vectors.end(), 1);  // a warp's first row is counted by vector
-    const UnitRange range = plan.units_of(b, blocks);
-    for (std::int64_t u = range.begin; u < range.end; ++u) {
-      const TileUnit unit = plan.unit(u);
-      scan_unit(unit);
-      if (Shared && plan.flush_after(u, range.end)) flush(unit);
+    for (int part = 0; part < TileScanPlan::kRangesPerBlock; ++part) {
+      const UnitRange range = plan.range_of(b, blocks, part);
+      for (std::int64_t u = range.begin; u < range.end; ++u) {
+        const TileUnit unit = plan.unit(u);
+        scan_unit(unit);
+        if (Shared && plan.flush_after(u, range.end)) flush(unit);
+      }
     }
     for (const unsigned left : block) REQUIRE(left == 0);  // its last flush took every count
   }
@@ -310,6 +312,24 @@ TEST_CASE("device tile plan: units cover every row of every q tile once; counter
           next = r.end;
         }
         CHECK(next == p.units);
+        // Folded (the kernel's ranges): both parts of every block cover each unit once,
+        // a block's second part from the far end, each part flushed at its end.
+        std::vector<int> seen(static_cast<std::size_t>(p.units), 0);
+        for (std::int64_t b = 0; b < blocks; ++b)
+          for (int part = 0; part < TileScanPlan::kRangesPerBlock; ++part) {
+            const UnitRange r = p.range_of(b, blocks, part);
+            if (r.end > r.begin) CHECK(p.flush_after(r.end - 1, r.end));
+            for (std::int64_t u = r.begin; u < r.end; ++u) ++seen[static_cast<std::size_t>(u)];
+          }
+        CHECK(std::count(seen.begin(), seen.end(), 1) == p.units);
+        if (p.units >= 2 * blocks) {
+          CHECK(p.range_of(0, blocks, 0).begin == 0);
+          CHECK(p.range_of(0, blocks, 1).end == p.units);
+        }
+        TileScanPlan unfolded = p;
+        unfolded.fold_ranges = false;
+        CHECK(unfolded.range_of(blocks - 1, blocks, 0).end == p.units);
+        CHECK(unfolded.range_of(0, blocks, 1).end == unfolded.range_of(0, blocks, 1).begin);
       }
     }
     ++plans;

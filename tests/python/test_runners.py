@@ -3,6 +3,7 @@ torch, flex and flash-attn available) executed with torch's CPU kernels — plan
 slices, varlen packing (the kernel replaced by per-sequence SDPA), FlexAttention's
 mask_mod from the structure's fields (eager flex) — against the dense reference."""
 import pytest
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -210,6 +211,24 @@ def test_flex_mask_mod_from_structure(name):
     mod = _run.mask_mod_for(s, "cpu")
     dense = create_mask(mod, B, 1, Q, K, device="cpu")
     assert torch.equal(dense, mask.expand(B, 1, Q, K))
+
+
+@pytest.mark.parametrize("segments", [
+    [[0, 5, 17, 40]],                    # one list for every batch
+    [[0, 5, 17, 40], [0, 40], [0, 1, 2, 39, 40]],  # per batch; one batch a single document
+    [[0, 40], [0, 40]],                  # no interior start anywhere
+])
+def test_document_table_numbers_each_batch_documents_apart(segments):
+    """The mask_mod's document table: positions of one batch share an id exactly when they
+    lie in one document (ids need not start at 0 per batch)."""
+    Q = 40
+    table = _run.document_table(segments, Q, "cpu")
+    assert table.dtype == torch.int32 and table.shape == (len(segments), Q)
+    for b, seg in enumerate(segments):
+        doc = np.searchsorted(np.asarray(seg[1:-1]), np.arange(Q), side="right")  # the reference: the doc index
+        same = doc[:, None] == doc[None, :]
+        ids = table[b].numpy()
+        assert np.array_equal(ids[:, None] == ids[None, :], same), f"batch {b}"
 
 
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")

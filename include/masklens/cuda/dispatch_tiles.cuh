@@ -118,34 +118,36 @@ __global__ void __launch_bounds__(Policy::kBlockThreads, Policy::kMinBlocksPerSM
   }
   bool count_vectors = true;  // warp-uniform: no row read yet, or the warp's last row was no interval
   // The warps run ahead into the next unit of the same q tile: only a flush waits for all.
-  const UnitRange range = plan.units_of(blockIdx.x, gridDim.x);
-  for (std::int64_t u = range.begin; u < range.end; ++u) {
-    const TileUnit unit = plan.unit(u);
-    const Accumulator init = tile_accumulator<Shared>(plan, unit, shared_counts, counts);
-    const std::uint8_t* slice_rows = agent.row_address(unit.slice, 0);  // the unit's slice: one division a unit
-    for (std::int64_t q = unit.q_begin + warp; q < unit.q_end; q += kRowsAtOnce) {
-      const std::int64_t r = unit.slice * s.q_len + q;
-      const std::uint8_t* address = slice_rows + q * s.stride_bytes[2];
-      const SpanAccumulator mine =
-          count_vectors ? agent.scan_at(address, lane, init).spans : span_agent.scan_at(address, lane);
-      const SpanAccumulator row = Reduce(temp[warp]).Reduce(mine, MergeAccumulators<SpanAccumulator>{});
-      if (lane == 0) row.store(rows, r);
-      // The row's span in every lane (the reduction leaves it in lane 0).
-      const std::int64_t first = __shfl_sync(0xffffffffu, row.span.first, 0);
-      const std::int64_t n = __shfl_sync(0xffffffffu, row.span.count, 0);
-      const bool interval = __shfl_sync(0xffffffffu, static_cast<int>(row.span.is_interval()), 0) != 0;
-      if (!count_vectors) {
-        if (!interval) agent.scan_at(address, lane, init);  // the row again, counting (its spans are stored)
-        else if (n != 0) init.tiles.add_interval(first, n, lane, 32);
+  for (int part = 0; part < TileScanPlan::kRangesPerBlock; ++part) {
+    const UnitRange range = plan.range_of(blockIdx.x, gridDim.x, part);
+    for (std::int64_t u = range.begin; u < range.end; ++u) {
+      const TileUnit unit = plan.unit(u);
+      const Accumulator init = tile_accumulator<Shared>(plan, unit, shared_counts, counts);
+      const std::uint8_t* slice_rows = agent.row_address(unit.slice, 0);  // the unit's slice: one division a unit
+      for (std::int64_t q = unit.q_begin + warp; q < unit.q_end; q += kRowsAtOnce) {
+        const std::int64_t r = unit.slice * s.q_len + q;
+        const std::uint8_t* address = slice_rows + q * s.stride_bytes[2];
+        const SpanAccumulator mine =
+            count_vectors ? agent.scan_at(address, lane, init).spans : span_agent.scan_at(address, lane);
+        const SpanAccumulator row = Reduce(temp[warp]).Reduce(mine, MergeAccumulators<SpanAccumulator>{});
+        if (lane == 0) row.store(rows, r);
+        // The row's span in every lane (the reduction leaves it in lane 0).
+        const std::int64_t first = __shfl_sync(0xffffffffu, row.span.first, 0);
+        const std::int64_t n = __shfl_sync(0xffffffffu, row.span.count, 0);
+        const bool interval = __shfl_sync(0xffffffffu, static_cast<int>(row.span.is_interval()), 0) != 0;
+        if (!count_vectors) {
+          if (!interval) agent.scan_at(address, lane, init);  // the row again, counting (its spans are stored)
+          else if (n != 0) init.tiles.add_interval(first, n, lane, 32);
+        }
+        count_vectors = !plan.tiles_from_intervals || !interval;
+        __syncwarp();
       }
-      count_vectors = !plan.tiles_from_intervals || !interval;
-      __syncwarp();
-    }
-    if constexpr (Shared) {
-      if (plan.flush_after(u, range.end)) {
-        __syncthreads();
-        flush_tile_counters(plan, unit, shared_counts, counts);
-        __syncthreads();
+      if constexpr (Shared) {
+        if (plan.flush_after(u, range.end)) {
+          __syncthreads();
+          flush_tile_counters(plan, unit, shared_counts, counts);
+          __syncthreads();
+        }
       }
     }
   }

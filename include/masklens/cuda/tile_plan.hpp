@@ -9,9 +9,9 @@
 //
 // The rows are cut into units of consecutive rows of one q tile (a warp per row, several
 // rows at once; the plan also serves a kernel of a block per row, rows_at_once 1), and
-// each block of the grid takes a range of consecutive units (units_of: as many blocks as
-// the device holds at once, so every block starts at once and none waits for a second
-// wave). A block adds each row's attending keys per k tile into its own counters in
+// each block of the grid takes two ranges of consecutive units, one from each end
+// (range_of: as many blocks as the device holds at once, so every block starts at once
+// and none waits for a second wave; two ends, so that rows' uneven work evens out). A block adds each row's attending keys per k tile into its own counters in
 // shared memory: one 32-bit counter per k tile and *copy*, the lanes of a warp spread
 // over the copies so that lanes reading keys of one tile rarely add to one address in
 // one instruction. Where its next unit is of another q tile, and at the end of its range,
@@ -109,6 +109,12 @@ struct TileScanPlan {
   // again, counting, where it guessed wrong (from L2: the row was just read). false:
   // every row counted vector by vector (bench/device_tiles.cu --sweep compares the two).
   bool tiles_from_intervals = true;
+  // Each block takes two ranges of half the size, one from each end of the units
+  // (range_of): a causal or block-sparse mask's rows hold more keys the further down
+  // they are, so blocks of consecutive ranges would end far apart (the one wave waits
+  // for its slowest block); a block's two halves add up to about the same work for
+  // every block. false: one range a block (bench/device_tiles.cu --sweep compares).
+  bool fold_ranges = true;
 
   // Counter slots of the block: k tile kt's copy c is slot (kt << copy_shift) + c.
   [[nodiscard]] MASKLENS_HOST_DEVICE constexpr std::int64_t slots() const noexcept {
@@ -121,6 +127,16 @@ struct TileScanPlan {
     const std::int64_t base = units / blocks, extra = units % blocks;
     const std::int64_t begin = b * base + (b < extra ? b : extra);
     return {begin, begin + base + (b < extra ? 1 : 0)};
+  }
+
+  // Range `part` (0 or 1, kRangesPerBlock) of block b of `blocks`: with fold_ranges,
+  // share b and share 2 blocks - 1 - b of 2 blocks shares; else units_of and an empty
+  // second range. Over every block and both parts, each unit exactly once.
+  static constexpr int kRangesPerBlock = 2;
+  [[nodiscard]] MASKLENS_HOST_DEVICE constexpr UnitRange range_of(std::int64_t b, std::int64_t blocks,
+                                                                  int part) const noexcept {
+    if (!fold_ranges) return part == 0 ? units_of(b, blocks) : UnitRange{};
+    return units_of(part == 0 ? b : 2 * blocks - 1 - b, 2 * blocks);
   }
 
   // Whether a block whose range ends at `end` flushes its counters after unit u: at its
