@@ -63,7 +63,10 @@ struct KeyTileDivider {
   // The k tile of key k, 0 <= k < k_len.
   [[nodiscard]] MASKLENS_HOST_DEVICE constexpr std::int64_t tile_of(std::int64_t k) const noexcept {
     if (wide) return k / divisor;
-    return static_cast<std::int64_t>((static_cast<std::uint64_t>(k) * std::uint64_t{multiplier}) >> shift);
+    // k < 2^31 here: its low 32 bits are all of it, and a 32 x 32-bit product is one
+    // multiply where the 64-bit key would take three.
+    return static_cast<std::int64_t>(
+        (std::uint64_t{static_cast<std::uint32_t>(k)} * std::uint64_t{multiplier}) >> shift);
   }
 };
 
