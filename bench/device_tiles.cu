@@ -124,16 +124,14 @@ std::vector<Variant> variants() {
   constexpr std::int64_t T = dev::kTileTargetUnits, M = dev::kTileMaxRowsPerParallelRow;
   using Tuned = typename dev::TileScanTuning<Esize, 900>::Policy;
   // ScanPolicy<threads, loads in flight, 2048, blocks an SM must hold, vote on masked
-  // batches, whole-vector batches by ballot (off where not named)>. A shape equal to the
-  // tuned one for some element size times it again there: the spread between two timings.
+  // batches>. A shape equal to the tuned one for some element size (7 blocks an SM for 1
+  // byte, 8 loads in flight for 2) times it again there: the spread between two timings.
   using dev::ScanPolicy;
   return {
       {"tuned (tuning.cuh)", launch_variant<Tuned, Esize, T, M>},
       {"every row counted by vector (before)", launch_variant<Tuned, Esize, T, M, 0, false>},
       {"tuned, no vote on masked batches", launch_variant<dev::WithBatchVote<Tuned, false>, Esize, T, M>},
       {"tuned, one range of units a block (not folded)", launch_variant<Tuned, Esize, T, M, 0, true, false>},
-      {"tuned, every vector lane by lane (no ballot batches)",
-       launch_variant<dev::WithWholeVectorBatches<Tuned, false>, Esize, T, M>},
       {"warp/row, 128 threads, registers uncapped", launch_variant<ScanPolicy<128, 4, 2048, 1, true>, Esize, T, M>},
       {"warp/row, 128 threads, 7 blocks/SM (72 registers)", launch_variant<ScanPolicy<128, 4, 2048, 7, true>, Esize, T, M>},
       {"warp/row, 256 threads", launch_variant<ScanPolicy<256, 4, 2048, 1, true>, Esize, T, M>},

@@ -88,7 +88,6 @@ Replayed replay(const ScanParams& s, const TileScanPlan& plan, std::int64_t bloc
         a.tiles.counts = out.counts.data() + g.tile_index(unit.slice, unit.qt, 0);
       }
       a.tiles.keys = plan.keys;
-      a.tiles.lane_group = plan.lane_group;
       return a;
     };
     const std::uint8_t* slice_rows = agent.row_address(unit.slice, 0);  // as the kernel steps through a unit
@@ -619,85 +618,6 @@ TEST_CASE("device tile sink: an interval's tiles from its bounds, rows past 2^31
     }
   }
   MESSAGE(checked << " tile counts exact");
-}
-
-TEST_CASE("device tile scan on the CPU: batches of whole vectors (a block-sparse mask's), every lane grouping and none") {
-  // Rows of whole 16-byte vectors that attend everywhere or nowhere, so that most
-  // batches take the ballot path (whole_batches): its span ends where a row's last
-  // attending vector ends inside a batch and nothing follows, its tile counts for every
-  // grouping of lanes a k tile can hold, and none (tiles that cut vectors or groups),
-  // rows on a 16-byte boundary and not (the path off), vectors of another kind mixed in.
-  struct Kind {
-    ElementType dtype;
-    std::uint32_t attend, masked;
-  };
-  const Kind kinds[] = {{ElementType::boolean, 1, 0}, {ElementType::bfloat16, 0, 0xff80}, {ElementType::float32, 0, 0xff800000u}};
-  Rng rng(test_seed(1406));
-  std::int64_t checked = 0;
-  for (const Kind& kind : kinds) {
-    const int esize = element_size(kind.dtype);
-    const std::int64_t per_vector = 16 / esize;
-    for (int round = 0; round < 6; ++round) {
-      // Two batches of 4 loads a warp and three more vectors; in odd rounds five keys
-      // more, so that rows after the first start off a 16-byte boundary.
-      const std::int64_t k_len = 2 * 4 * 32 * per_vector + 3 * per_vector + (round % 2 ? 5 : 0), q_len = 8;
-      std::vector<std::uint64_t> storage(static_cast<std::size_t>((q_len * k_len * esize + 7) / 8));
-      auto* bytes = reinterpret_cast<std::uint8_t*>(storage.data());
-      const auto put = [&](std::int64_t q, std::int64_t k, bool on) {
-        const std::uint32_t v = on ? kind.attend : kind.masked;
-        std::uint8_t* p = bytes + (q * k_len + k) * esize;
-        if (esize == 1) *p = static_cast<std::uint8_t>(v);
-        else store_bits(p, kind.dtype, v);
-      };
-      // Row 0 attends nowhere, row 1 everywhere, row 2 up to the end of vector 40 only
-      // (its last key inside the first batch), the others whole vectors at random, row 7
-      // with one key of another vector flipped (its batch goes lane by lane).
-      const auto on_at = [&](std::int64_t q, std::int64_t k) {
-        const std::uint64_t vector = static_cast<std::uint64_t>(k / per_vector);
-        if (q < 3) return q == 1 || (q == 2 && vector <= 40);
-        return ((vector * 0x9e3779b97f4a7c15ull + static_cast<std::uint64_t>(round * 77 + q * 13)) >> 29) % 3 == 0;
-      };
-      for (std::int64_t q = 0; q < q_len; ++q)
-        for (std::int64_t k = 0; k < k_len; ++k) put(q, k, on_at(q, k));
-      const std::int64_t flip = uniform(rng, 0, k_len - 1);
-      put(7, flip, !on_at(7, flip));
-      const std::int64_t shape[] = {q_len, k_len};
-      const MaskView view = *MaskView::contiguous(bytes, kind.dtype, shape);
-      for (const std::int64_t start : {std::int64_t{0}, std::int64_t{1}}) {
-        const Placed placed(view, start * esize);
-        auto spans = scan(placed.view);
-        REQUIRE(spans.ok());
-        for (const std::int64_t vectors : {1, 2, 4, 8, 16, 32, 64, 3, 48}) {
-          for (const std::int64_t width : {vectors * per_vector, vectors * per_vector + 1}) {
-            const TileGrid g = *tile_grid_for(placed.view, TileSize{2, width});
-            const std::vector<unsigned long long> want = reference_counts(placed.view, g);
-            for (const bool from_intervals : {true, false}) {
-              TileScanPlan plan;
-              const Replayed got = replay(placed.view, g, 32, false, 3, &plan, from_intervals);
-              INFO(to_string(kind.dtype) << " round " << round << " start +" << start << " width " << width
-                                         << " lane group " << plan.lane_group
-                                         << (from_intervals ? " from bounds" : " by vector"));
-              if (width == vectors * per_vector)
-                CHECK(plan.lane_group == (vectors % 32 == 0 ? 32 : 32 % vectors == 0 ? vectors : 0));
-              else if (width > 1)
-                CHECK(plan.lane_group == 0);
-              for (std::size_t r = 0; r < got.rows.size(); ++r) {
-                INFO("row " << r);
-                REQUIRE(got.rows[r].count == spans->rows[r].count);
-                REQUIRE(got.rows[r].same_keys(spans->rows[r]));
-              }
-              for (std::size_t t = 0; t < want.size(); ++t) {
-                INFO("tile " << t);
-                REQUIRE(got.counts[t] == want[t]);
-              }
-              ++checked;
-            }
-          }
-        }
-      }
-    }
-  }
-  MESSAGE(checked << " replays exact");
 }
 
 TEST_CASE("device tile accumulator on the CPU: whole and striped rows, every length to 100, start and tile width") {

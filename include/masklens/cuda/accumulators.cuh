@@ -54,32 +54,6 @@ struct SpanAccumulator {
     span.count += n;
   }
   __device__ __forceinline__ void add_flags(std::uint32_t f) { span.flags |= f; }
-
-  // A warp's batch of N loads of whole vectors (AgentScanRow): bit i of full[j] says lane
-  // i's vector of load j, keys base + j * load_keys + i * PerVector on, attends
-  // everywhere. The lowest lane holding one adds them all (first and last key, count):
-  // its keys still rise, as the batch lies past everything the lane added before.
-  template <int N, int PerVector>
-  __device__ __forceinline__ void add_full_vectors(const std::uint32_t (&full)[N], std::int64_t base,
-                                                   std::int64_t load_keys, int lane) {
-    std::uint32_t any = 0;
-    MASKLENS_UNROLL
-    for (int j = 0; j < N; ++j) any |= full[j];
-    if (any == 0 || lane != __ffs(static_cast<int>(any)) - 1) return;
-    std::int64_t first = -1, last = 0, n = 0;
-    MASKLENS_UNROLL
-    for (int j = 0; j < N; ++j) {
-      if (full[j] == 0) continue;
-      const std::int64_t at = base + j * load_keys;
-      if (first < 0) first = at + (__ffs(static_cast<int>(full[j])) - 1) * PerVector;
-      last = at + (32 - __clz(static_cast<int>(full[j]))) * PerVector - 1;
-      n += __popc(full[j]);
-    }
-    if (span.count == 0) span.first = first;
-    span.last = last;
-    span.count += n * PerVector;
-  }
-
   __device__ __forceinline__ static SpanAccumulator merge(const SpanAccumulator& a, const SpanAccumulator& b) {
     return SpanAccumulator{masklens::merge(a.span, b.span)};
   }

@@ -5,8 +5,7 @@
 // threads' accumulators and the launch live in dispatch_scan.cuh. nvcc only, with one
 // exception: the host suite runs the agent on the CPU through a stand-in for the few
 // CUDA builtins it uses (uint4, __ldg, __popc, __ffs, __clz, __activemask, __all_sync;
-// tests/test_agent_on_host.cpp), so a builtin added here is added there too (a ballot
-// goes through warp_ballot, which the host replay answers lane by lane).
+// tests/test_agent_on_host.cpp), so a builtin added here is added there too.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -47,22 +46,6 @@ inline ScanParams scan_params(const MaskView& view) noexcept {
   s.bits = additive_bits(view.dtype(), view.encoding().masked_threshold);
   return s;
 }
-
-// The lanes of `active` for which `p` holds (__ballot_sync). The host replay runs one
-// lane at a time and sees its own bit alone: what each lane then adds is what it adds
-// where it holds the only full vector of its group (exact either way).
-__device__ __forceinline__ std::uint32_t warp_ballot(unsigned active, bool p, int lane) {
-#ifdef __CUDA_ARCH__
-  (void)lane;
-  return __ballot_sync(active, p);
-#else
-  (void)active;
-  return p ? 1u << lane : 0u;
-#endif
-}
-
-// What vector() does with a vector: nothing, add_run(k0, kLanes) alone, or more.
-enum class WholeVector : int { adds_nothing = 0, all_attend = 1, other = 2 };
 
 // 0x80 in every byte of w that attends (invert = 0x80808080 for true_masks).
 __device__ __forceinline__ std::uint32_t attending_bytes(std::uint32_t w, std::uint32_t invert) {
@@ -106,13 +89,6 @@ struct ElementReader {
     return same;
   }
 
-  __device__ __forceinline__ WholeVector whole(const uint4& v) const {
-    if ((v.x | v.y | v.z | v.w) == 0) return WholeVector::all_attend;
-    const bool known = known_masked != 0 && v.x == known_masked && v.y == known_masked && v.z == known_masked &&
-                       v.w == known_masked;
-    return known ? WholeVector::adds_nothing : WholeVector::other;
-  }
-
   template <class Acc>
   __device__ __forceinline__ void vector(Acc& acc, const uint4& v, std::int64_t k0) {
     if ((v.x | v.y | v.z | v.w) == 0) {  // every lane +0: all attend
@@ -151,14 +127,6 @@ struct ElementReader<1> {
     MASKLENS_UNROLL
     for (int j = 0; j < N; ++j) any |= x[j].x | x[j].y | x[j].z | x[j].w;
     return any == 0;
-  }
-
-  __device__ __forceinline__ WholeVector whole(const uint4& v) const {
-    if (invert == 0 && (v.x | v.y | v.z | v.w) == 0) return WholeVector::adds_nothing;
-    const std::uint32_t m0 = attending_bytes(v.x, invert), m1 = attending_bytes(v.y, invert),
-                        m2 = attending_bytes(v.z, invert), m3 = attending_bytes(v.w, invert);
-    if ((m0 | m1 | m2 | m3) == 0) return WholeVector::adds_nothing;
-    return (m0 & m1 & m2 & m3) == 0x80808080u ? WholeVector::all_attend : WholeVector::other;
   }
 
   // Four 32-bit SWAR tests; a vector that attends everywhere or nowhere (most of a
@@ -222,12 +190,6 @@ struct AgentScanRow {
     for (std::int64_t k = lane; k < head; k += ThreadsPerRow) reader.element(acc, row + k * Esize, k, s);
     const auto* vec = reinterpret_cast<const uint4*>(row + head * Esize);
     constexpr int kInFlight = Policy::kVectorsInFlight;
-    // Whole-vector batches by ballot (Policy::kWholeVectorBatches): a warp's lanes, on a
-    // row that starts on a 16-byte boundary, for an accumulator that takes them.
-    bool whole_batches = false;
-    if constexpr (Policy::kWholeVectorBatches && ThreadsPerRow == 32 &&
-                  requires { acc.takes_full_vector_batches(); })
-      whole_batches = misalign == 0 && acc.takes_full_vector_batches();
     std::int64_t v = lane;
     for (; v + (kInFlight - 1) * ThreadsPerRow < n_vec; v += kInFlight * ThreadsPerRow) {
       uint4 x[kInFlight];
@@ -240,28 +202,6 @@ struct AgentScanRow {
       // lane, so the vote may be over whichever lanes run together.
       if constexpr (Policy::kSkipMaskedBatches)
         if (__all_sync(__activemask(), reader.adds_nothing(x))) continue;
-      if constexpr (Policy::kWholeVectorBatches && ThreadsPerRow == 32 &&
-                    requires { acc.takes_full_vector_batches(); }) {
-        // A batch whose every vector attends everywhere or nowhere (a block-sparse mask's,
-        // its blocks whole vectors): one add for the span and one a k tile, from ballots,
-        // where each full lane would add its own (a warp pays every lane's instructions).
-        // A batch holding any other vector is read lane by lane below, as without.
-        if (whole_batches) {
-          const unsigned active = __activemask();
-          std::uint32_t full[kInFlight], other = 0;
-          MASKLENS_UNROLL
-          for (int j = 0; j < kInFlight; ++j) {
-            const WholeVector w = reader.whole(x[j]);
-            full[j] = warp_ballot(active, w == WholeVector::all_attend, lane);
-            other |= warp_ballot(active, w == WholeVector::other, lane);
-          }
-          if (other == 0) {
-            acc.template add_full_vectors<kInFlight, kPerVector>(full, (v - lane) * kPerVector,
-                                                                 std::int64_t{ThreadsPerRow} * kPerVector, lane);
-            continue;
-          }
-        }
-      }
       MASKLENS_UNROLL
       for (int j = 0; j < kInFlight; ++j) reader.vector(acc, x[j], head + (v + j * ThreadsPerRow) * kPerVector);
     }

@@ -61,7 +61,6 @@ __device__ __forceinline__ SpanTileAccumulator<TileCount<Shared>> tile_accumulat
     acc.tiles.copy_shift = 0;
   }
   acc.tiles.keys = plan.keys;
-  acc.tiles.lane_group = plan.lane_group;
   return acc;
 }
 

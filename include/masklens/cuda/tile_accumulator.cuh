@@ -27,7 +27,6 @@ struct TileSink {
   Count* counts = nullptr;
   int copy_shift = 0;
   KeyTileDivider keys;
-  int lane_group = 0;  // TileScanPlan::lane_group: 0, or lanes a k tile holds whole
 
   // n <= keys.divisor, which a 32-bit counter holds where the counters are 32-bit
   // (plan_tile_scan).
@@ -65,24 +64,6 @@ struct TileSink {
     }
   }
 
-  // A warp's batch of N loads of whole vectors (SpanAccumulator::add_full_vectors says
-  // which; lane_group > 0 and the row starts on a 16-byte boundary, so each load's lanes
-  // fall into k tiles lane_group at a time): in each load, the lowest full lane of each
-  // tile's group adds the group's keys, one add where each full lane would add its own.
-  template <int N, int PerVector>
-  __device__ __forceinline__ void add_full_vectors(const std::uint32_t (&full)[N], std::int64_t base,
-                                                   std::int64_t load_keys, int lane) const {
-    const std::uint32_t group =
-        lane_group >= 32 ? ~0u : ((1u << lane_group) - 1u) << (lane & ~(lane_group - 1));
-    const std::uint32_t below = (1u << lane) - 1u;  // lane < 32
-    MASKLENS_UNROLL
-    for (int j = 0; j < N; ++j) {
-      const std::uint32_t mine = full[j] & group;
-      if (((mine >> lane) & 1u) != 0 && (mine & below) == 0)
-        count(keys.tile_of(base + j * load_keys + lane * PerVector), std::int64_t{__popc(mine)} * PerVector);
-    }
-  }
-
   // Keys first .. first + n - 1 (n >= 1) of a row that is one interval, its k tiles
   // shared among `lanes` threads, this one `lane` (< lanes): tiles t0 + lane, t0 + lane +
   // lanes, ... each get their overlap with the interval. A row of 32768 keys at 128 is
@@ -116,14 +97,6 @@ struct SpanTileAccumulator {
     tiles.add_run(k0, n);
   }
   __device__ __forceinline__ void add_flags(std::uint32_t f) { spans.add_flags(f); }
-  // Whether AgentScanRow may hand it whole-vector batches (add_full_vectors).
-  __device__ __forceinline__ bool takes_full_vector_batches() const { return tiles.lane_group != 0; }
-  template <int N, int PerVector>
-  __device__ __forceinline__ void add_full_vectors(const std::uint32_t (&full)[N], std::int64_t base,
-                                                   std::int64_t load_keys, int lane) {
-    spans.template add_full_vectors<N, PerVector>(full, base, load_keys, lane);
-    tiles.template add_full_vectors<N, PerVector>(full, base, load_keys, lane);
-  }
   __device__ __forceinline__ static SpanTileAccumulator merge(const SpanTileAccumulator& a,
                                                               const SpanTileAccumulator& b) {
     return SpanTileAccumulator{SpanAccumulator::merge(a.spans, b.spans), a.tiles};

@@ -118,11 +118,6 @@ struct TileScanPlan {
   // for its slowest block); a block's two halves add up to about the same work for
   // every block. false: one range a block (bench/device_tiles.cu --sweep compares).
   bool fold_ranges = true;
-  // Lanes of a warp whose 16-byte vectors of one load lie in one k tile, for a row that
-  // starts on a 16-byte boundary, where k tiles hold whole groups of lanes: a power of
-  // two up to 32 (tiles of 1, 2, 4 .. 32 vectors, or a multiple of 32). 0 where k tiles
-  // cut vectors or groups: every vector is then added lane by lane (TileSink).
-  int lane_group = 0;
 
   // Counter slots of the block: k tile kt's copy c is slot (kt << copy_shift) + c.
   [[nodiscard]] MASKLENS_HOST_DEVICE constexpr std::int64_t slots() const noexcept {
@@ -213,12 +208,6 @@ struct TileScanPlan {
     }
   }
   if (!p.shared) p.copy_shift = 0;
-  const std::int64_t per_vector = esize > 0 && esize <= 16 ? 16 / esize : 0;
-  if (per_vector > 0 && p.keys.divisor % per_vector == 0) {
-    const std::int64_t vectors = p.keys.divisor / per_vector;
-    if (vectors % 32 == 0) p.lane_group = 32;
-    else if (vectors < 32 && 32 % vectors == 0) p.lane_group = static_cast<int>(vectors);
-  }
   p.flush_per_q_tile = p.shared && tile_rows <= max_count / p.keys.divisor;
 
   p.rows_per_unit = r;

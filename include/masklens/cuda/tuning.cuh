@@ -7,7 +7,7 @@
 namespace masklens::gpu::detail {
 
 template <int BlockThreads, int VectorsInFlight, int LongRowBytes, int MinBlocksPerSM = 1,
-          bool SkipMaskedBatches = false, bool WholeVectorBatches = false>
+          bool SkipMaskedBatches = false>
 struct ScanPolicy {
   static_assert(BlockThreads % 32 == 0 && BlockThreads <= 1024, "whole warps, at most 1024 threads");
   static_assert(VectorsInFlight >= 1, "at least one load in flight");
@@ -35,12 +35,6 @@ struct ScanPolicy {
   // 1.25x and 1.44x a read against 1.11x for the bool window at 32768^2, block-sparse
   // 1.25-1.49x against 1.20x; --sweep, H200, 2026-12-04.)
   static constexpr bool kSkipMaskedBatches = SkipMaskedBatches;
-  // Whether a warp takes a batch in which every vector attends everywhere or nowhere (a
-  // block-sparse mask's, whose blocks are whole vectors) with ballots: the lowest lane
-  // adds the batch's full vectors to its span, the lowest full lane of each k tile's
-  // lanes the tile's count, where each lane would add its own (AgentScanRow; only for an
-  // accumulator that takes batches so, on rows that start on a 16-byte boundary).
-  static constexpr bool kWholeVectorBatches = WholeVectorBatches;
   // Enough blocks to fill any device several times over; rows beyond it loop.
   static constexpr long long kMaxGrid = 1LL << 20;
 };
@@ -75,12 +69,7 @@ struct ScanTuning<Esize, 800> {
 
 // `P` with the batch vote on or off (bench/device_tiles.cu --sweep, the host replay).
 template <class P, bool Vote>
-using WithBatchVote = ScanPolicy<P::kBlockThreads, P::kVectorsInFlight, P::kLongRowBytes, P::kMinBlocksPerSM, Vote,
-                                 P::kWholeVectorBatches>;
-// `P` with whole-vector batches by ballot on or off (bench/device_tiles.cu --sweep).
-template <class P, bool Batches>
-using WithWholeVectorBatches = ScanPolicy<P::kBlockThreads, P::kVectorsInFlight, P::kLongRowBytes,
-                                          P::kMinBlocksPerSM, P::kSkipMaskedBatches, Batches>;
+using WithBatchVote = ScanPolicy<P::kBlockThreads, P::kVectorsInFlight, P::kLongRowBytes, P::kMinBlocksPerSM, Vote>;
 
 // The tile scan's shapes (dispatch_tiles.cuh): its agent carries a tile sink beside the
 // span (more registers a thread than the span scan's 48), and a block per row then
@@ -93,7 +82,7 @@ using WithWholeVectorBatches = ScanPolicy<P::kBlockThreads, P::kVectorsInFlight,
 // 13.0's for sm_90.
 template <int Esize, int Sm>
 struct TileScanTuning {
-  using Policy = ScanPolicy<128, 4, 2048, 1, true, true>;  // a warp per row: kLongRowBytes is not read
+  using Policy = ScanPolicy<128, 4, 2048, 1, true>;  // a warp per row: kLongRowBytes is not read
 };
 // 1-byte masks: capped at 72 registers (a few bytes spilled), 7 blocks an SM hold at once
 // where the 76-80 uncapped held 6 (--sweep, H200, 2026-12-04: 1.10-1.12x a read at
@@ -102,14 +91,14 @@ struct TileScanTuning {
 // much it measured 1.20x against 1.10x.
 template <int Sm>
 struct TileScanTuning<1, Sm> {
-  using Policy = ScanPolicy<128, 4, 2048, 7, true, true>;
+  using Policy = ScanPolicy<128, 4, 2048, 7, true>;
 };
 // 2-byte masks: eight loads in flight a thread (4 blocks an SM at about 120 registers)
 // read the bf16 window at 32768^2 at 1.09x a read in two runs on two machines, against
 // 1.10x and 1.13x with four (--sweep, H200, 2026-12-04).
 template <int Sm>
 struct TileScanTuning<2, Sm> {
-  using Policy = ScanPolicy<128, 8, 2048, 1, true, true>;
+  using Policy = ScanPolicy<128, 8, 2048, 1, true>;
 };
 
 }  // namespace masklens::gpu::detail
