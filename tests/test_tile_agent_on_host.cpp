@@ -54,9 +54,10 @@ struct Replayed {
 };
 
 // The kernels of dispatch_tiles.cuh on the CPU: `blocks` blocks in turn, each taking its
-// range of units (units_of), each row read by `Threads` agents (merged in an order unlike
-// the threads'), each thread adding into its copy of the block's counters (Shared) or
-// into the q tile's counts, the counters flushed where the plan says (flush_after).
+// two ranges of units (range_of), each row read by `Threads` agents (merged in an order
+// unlike the threads'), each thread adding into its copy of the block's counters
+// (Shared) or into the q tile's counts, the counters flushed where the plan says
+// (flush_after).
 template <int Esize, int Threads, bool Shared, bool Vote = TileScanTuning<Esize, 900>::Policy::kSkipMaskedBatches>
 Replayed replay(const ScanParams& s, const TileScanPlan& plan, std::int64_t blocks) {
   // The tile scan's own policy (dispatch_tiles.cuh launches TileScanTuning's): its loads

@@ -307,36 +307,26 @@ def mask_mod_for(structure, device, mask=None):
     return mask_mod
 
 
-@functools.lru_cache(maxsize=8)
-def _positions(n: int, device) -> torch.Tensor:
-    """0 .. n - 1 on `device` (int32 where it fits), kept: a document table's input. Waited
-    for once here: a later call may read it from another stream."""
-    positions = torch.arange(n, dtype=torch.int32 if n < 2**31 else torch.int64, device=device)
-    if positions.is_cuda:
-        torch.cuda.current_stream(device).synchronize()
-    return positions
-
-
 def document_table(segments, Q: int, device) -> torch.Tensor:
     """[len(segments), Q] int32: the document of each position of each batch, from the
     documents' starts alone (segments[b] = [0, e1, ..., Q]). The ids only need to be equal
     within a document and distinct across two of one batch, so one search over every
-    batch's interior starts as flat positions (b * Q + start) numbers them all at once: one
-    upload of a few dozen integers and one bucketize over positions kept on the device,
-    no synchronisation. (A Q-long table built on the host cost 0.7-1.1 ms a BlockMask at
-    65536 on an H200 host; marks, index_fill_ and cumsum on the device took four
-    launches where this takes two.) A tensor, not Python ints: new document boundaries
-    then reuse the compiled flex_attention (Dynamo guards ints as constants and would
-    compile again for each packing)."""
+    batch's interior starts as flat positions (b * Q + start) numbers them all at once:
+    the positions, one upload of a few dozen integers and one bucketize, three launches
+    and no synchronisation (marks, index_fill_ and cumsum took four; a Q-long table built
+    on the host cost 0.7-1.1 ms a BlockMask at 65536 on an H200 host). A tensor, not
+    Python ints: new document boundaries then reuse the compiled flex_attention (Dynamo
+    guards ints as constants and would compile again for each packing)."""
     from ._cache import to_device  # the starts cross once, from pinned memory
     n = len(segments) * Q
-    positions = _positions(n, torch.device(device))
     # Batch b's ids are offset by the starts of the batches before it: the same within
     # the batch, which is all that a comparison inside one batch sees.
     starts = [b * Q + start for b, seg in enumerate(segments) for start in seg[1:-1]]
     if not starts:
         return torch.zeros((len(segments), Q), dtype=torch.int32, device=device)
-    bounds = to_device(np.asarray(starts, dtype=np.int32 if positions.dtype == torch.int32 else np.int64), device)
+    wide = n >= 2**31
+    bounds = to_device(np.asarray(starts, dtype=np.int64 if wide else np.int32), device)
+    positions = torch.arange(n, dtype=torch.int64 if wide else torch.int32, device=bounds.device)
     return torch.bucketize(positions, bounds, out_int32=True, right=True).view(len(segments), Q)
 
 

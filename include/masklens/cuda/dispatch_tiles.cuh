@@ -2,13 +2,13 @@
 // their launch. nvcc only; the entry points are declared in tiles.hpp and defined in
 // tiles.cu.
 //   1. the scan: dispatch_scan.cuh's agent, a warp per row; as many blocks as the device
-//      holds at once, each taking a range of consecutive units of rows (tile_plan.hpp);
-//      its warps reduce each row's span with CUB and store it, and add the row's
-//      attending keys into the block's per-k-tile counters: from the span's bounds where
-//      the row is one interval, else key by key as they are read (SpanTileAccumulator);
-//      where the block's next unit is of another q tile (and at the end of its range) it
-//      adds the counters into the q tile's 64-bit counts (temporary storage, zeroed
-//      before the scan);
+//      holds at once, each taking two ranges of consecutive units of rows, one from each
+//      end (tile_plan.hpp); its warps reduce each row's span with CUB and store it, and
+//      add the row's attending keys into the block's per-k-tile counters: from the span's
+//      bounds where the row is one interval, else key by key as they are read
+//      (SpanTileAccumulator); where the block's next unit is of another q tile (and at
+//      the end of each range) it adds the counters into the q tile's 64-bit counts
+//      (temporary storage, zeroed before the scan);
 //   2. torch's BlockMask: a block per q tile (its row of k tiles) and a block per k tile
 //      (its column of q tiles) turns the counts into states (TileGrid::state_of), or
 //      reads states the caller has (write_block_mask), and writes the tiles of each

@@ -11,10 +11,11 @@
 // rows at once; the plan also serves a kernel of a block per row, rows_at_once 1), and
 // each block of the grid takes two ranges of consecutive units, one from each end
 // (range_of: as many blocks as the device holds at once, so every block starts at once
-// and none waits for a second wave; two ends, so that rows' uneven work evens out). A block adds each row's attending keys per k tile into its own counters in
-// shared memory: one 32-bit counter per k tile and *copy*, the lanes of a warp spread
-// over the copies so that lanes reading keys of one tile rarely add to one address in
-// one instruction. Where its next unit is of another q tile, and at the end of its range,
+// and none waits for a second wave; two ends, so that rows' uneven work evens out). A
+// block adds each row's attending keys per k tile into its own counters in shared
+// memory: one 32-bit counter per k tile and *copy*, the lanes of a warp spread over the
+// copies so that lanes reading keys of one tile rarely add to one address in one
+// instruction. Where its next unit is of another q tile, and at the end of each range,
 // the block adds each tile's copies into the q tile's 64-bit count in global memory
 // (skipping zeros): a flush costs two barriers and a pass over the counters, so a block
 // flushes about once per q tile it meets, not once per unit. Where the counters of a

@@ -30,11 +30,11 @@ struct ScanPolicy {
   // without, bf16 1.13x against 1.14x; block-sparse 1.21x against 1.19x), and a
   // per-vector test in its place did worse on the block-sparse mask (1.29-1.32x: lanes
   // diverging per vector). The span scan leaves it off (1.04-1.05x against 1.01x there).
-  // (Asking L2 for the batch one, two or four batches ahead while a warp classifies the
-  // one it holds, cp.async.bulk.prefetch.L2, did worse on every tile-scan case: 1.24x,
-  // 1.25x and 1.44x a read against 1.11x for the bool window at 32768^2, block-sparse
-  // 1.25-1.49x against 1.20x; --sweep, H200, 2026-12-04.)
   static constexpr bool kSkipMaskedBatches = SkipMaskedBatches;
+  // No knob asks L2 for a later batch while a warp classifies the one it holds: one, two
+  // or four batches ahead (cp.async.bulk.prefetch.L2) did worse on every tile-scan case,
+  // 1.24x, 1.25x and 1.44x a read against 1.11x for the bool window at 32768^2,
+  // block-sparse 1.25-1.49x against 1.20x (--sweep, H200, 2026-12-04).
   // Enough blocks to fill any device several times over; rows beyond it loop.
   static constexpr long long kMaxGrid = 1LL << 20;
 };
