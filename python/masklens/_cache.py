@@ -224,9 +224,16 @@ def to_device(array, device):
 
 
 def _stream_of(device) -> int:
-    """The cudaStream_t of the device's current stream, as an int (0: the legacy default)."""
+    """The cudaStream_t of the device's current stream, as an int (0: the legacy default).
+    Through torch's raw-stream getter where there is one (the one compiled kernels use):
+    torch.cuda.current_stream() builds a Stream object through several Python layers,
+    tens of microseconds of host time on each device read (bench/README.md)."""
     import torch
-    return torch.cuda.current_stream(device).cuda_stream
+    device = torch.device(device)
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is None or device.type != "cuda":
+        return torch.cuda.current_stream(device).cuda_stream
+    return raw(device.index if device.index is not None else torch.cuda.current_device())
 
 
 # torch BlockMask's eight tensors, in the order masklens._cuda.scan_runs_tiles takes them.
@@ -249,14 +256,16 @@ def _device_dtype(mask):
 _MANY_RUNS = 8
 
 
-def _device_runs(mask, masked_threshold, sizes, scan_call, tiles=(0, 0), classify_many_runs=True):
+def _device_runs(mask, masked_threshold, sizes, scan_call, tiles=(0, 0), classify_many_runs=True, spans_out=None):
     """The device scan both entry points share: the block laid out by a _core.DeviceRuns from
     `sizes` (scan temporary bytes, run reduction temporary bytes), scan_call(block address,
     runs, stream, device) scanning into it and returning the run count, the runs past the
     first copy brought, the runs classified. Returns the Verdict; None where
     classify_many_runs is False and the runs are more than one in _MANY_RUNS rows (a
     mask that is arbitrary or close to it: its runs would cost more than the scan; a NaN
-    / +inf row is still an error, found on the device)."""
+    / +inf row is still an error, found on the device). spans_out (a list): the scan's
+    RowSpans are appended to it, an int64 [rows, 4] view of the block (first, last, count,
+    flags | reserved), which then lives as long as the view."""
     import torch
 
     t0 = time.perf_counter()
@@ -273,13 +282,19 @@ def _device_runs(mask, masked_threshold, sizes, scan_call, tiles=(0, 0), classif
     count = scan_call(base, runs, stream, device)
     # The launches, the head's copy, the synchronisation (and the host work done meanwhile).
     timing["kernels_ms"] = (time.perf_counter() - t_call) * 1e3
+    if spans_out is not None:
+        spans_at = runs.layout["spans"]
+        spans_out.append(block[spans_at:spans_at + runs.rows * 32].view(torch.int64).view(runs.rows, 4))
     if not classify_many_runs and count * _MANY_RUNS > runs.rows:
-        # No verdict; the rows are still checked for NaN / +inf, on the device: the spans
-        # are in the block (RowSpan is 32 bytes, its uint32 flags at byte 24).
-        spans = block[runs.layout["spans"]:runs.layout["spans"] + runs.rows * 32].view(torch.int32).view(runs.rows, 8)
-        bad = torch.nonzero(spans[:, 6] & runs.row_invalid_flag)
-        if bad.numel():
-            runs.raise_invalid_row(int(bad[0, 0]))
+        # No verdict. A float mask's rows are still checked for NaN / +inf, on the device:
+        # the spans are in the block (RowSpan is 32 bytes, its uint32 flags at byte 24). A
+        # bool or integer mask holds neither: its check (a search and a second
+        # synchronisation, ~0.2 ms on an H200) would find nothing.
+        if mask.is_floating_point():
+            spans = block[runs.layout["spans"]:runs.layout["spans"] + runs.rows * 32].view(torch.int32).view(runs.rows, 8)
+            bad = torch.nonzero(spans[:, 6] & runs.row_invalid_flag)
+            if bad.numel():
+                runs.raise_invalid_row(int(bad[0, 0]))
         timing["device"] = "cuda"
         timing["scan_ms"] = (time.perf_counter() - t0) * 1e3
         timing["classify_ms"] = 0.0
@@ -409,7 +424,8 @@ def device_block_mask_from_structure(structure, size, device):
     return views(), (q_len, k_len)
 
 
-def device_scan_tiles(mask, size, masked_threshold: float = -1000.0, classify_many_runs: bool = True, states=None):
+def device_scan_tiles(mask, size, masked_threshold: float = -1000.0, classify_many_runs: bool = True, states=None,
+                      spans_out=None):
     """device_scan() whose one read of the mask also counts its tiles of `size` (q, k) and
     writes torch BlockMask's eight int32 tensors on the mask's device (masklens._cuda.
     scan_runs_tiles, which must be there): (Verdict, {name: tensor}) with counts
@@ -422,7 +438,8 @@ def device_scan_tiles(mask, size, masked_threshold: float = -1000.0, classify_ma
     verdict: a mask_mod reading the mask is exact for any mask; a block-sparse mask's
     ~one run per row would cost more on the host than the read on the device). `states`: a
     contiguous uint8 tensor of one byte a tile on the mask's device, written with each
-    tile's state ([B', H', q tiles, k tiles], 0 empty, 1 partial, 2 full) in the same pass."""
+    tile's state ([B', H', q tiles, k tiles], 0 empty, 1 partial, 2 full) in the same pass.
+    `spans_out` (a list): the read's RowSpans appended, as _device_runs() gives them."""
     t0 = time.perf_counter()
     dtype = _device_dtype(mask)
     q, k = size
@@ -446,7 +463,7 @@ def device_scan_tiles(mask, size, masked_threshold: float = -1000.0, classify_ma
             count = _cuda.wait_runs(runs.head_address)
         return count
     verdict = _device_runs(mask, masked_threshold, sizes, scan_call, tiles=(q, k),
-                           classify_many_runs=classify_many_runs)
+                           classify_many_runs=classify_many_runs, spans_out=spans_out)
     _counted_scan()
     return verdict, arrays
 

@@ -307,6 +307,33 @@ def mask_mod_for(structure, device, mask=None):
     return mask_mod
 
 
+def rule_reads_tables(structure) -> bool:
+    """Whether mask_mod_for's rule of an exact structure reads device tables (built or
+    uploaded when the mask_mod is made): documents, VLM blocks, padding."""
+    s = structure
+    return (s.kind == "causal_blocks" or s.segments is not None or s.kv_valid is not None
+            or s.q_valid is not None)
+
+
+def span_mask_mod(spans, distinct_batch: int, distinct_heads: int):
+    """FlexAttention's mask_mod of a mask whose every row attends one interval of keys (every
+    exact structure's rows do: row_span.hpp), from the RowSpans a device read left
+    ([distinct_batch * distinct_heads * Q, 4] int64: first, last, count, flags): key kv
+    attends row q iff first[q] <= kv <= last[q] (an empty row's first is past every key).
+    Views of the read's own block, no launch and no upload: where a structure's rule
+    needs tables (a document id per position...), this is the same mask with nothing left
+    to build. A broadcast batch or head (distinct 1) reads slice 0."""
+    Q = spans.shape[0] // (distinct_batch * distinct_heads)
+    table = spans.view(distinct_batch, distinct_heads, Q, 4)
+    first, last = table[..., 0], table[..., 1]
+
+    def mask_mod(b, h, qi, ki):
+        # Past Q (a ragged last tile) the row is clamped; flex masks those positions itself.
+        at = (b if distinct_batch > 1 else 0, h if distinct_heads > 1 else 0, qi.clamp(max=Q - 1))
+        return (ki >= first[at]) & (ki <= last[at])
+    return mask_mod
+
+
 def document_table(segments, Q: int, device) -> torch.Tensor:
     """[len(segments), Q] int32: the document of each position of each batch, from the
     documents' starts alone (segments[b] = [0, e1, ..., Q]). The ids only need to be equal

@@ -226,16 +226,24 @@ def _device_block_mask(mask, size, masked_threshold):
     that stores more ([B, H, Q, K] materialised, every head alike) gets None: its fields
     give the BlockMask, B x H times smaller. The structure is None where the spans reduce
     to more than one run in 8 rows (block-sparse masks: about one run per row): the
-    lookup is exact for any mask, and the runs are never brought to the host."""
+    lookup is exact for any mask, and the runs are never brought to the host. A structure
+    whose rule reads device tables (documents, VLM blocks, padding) takes the read's own
+    spans instead (_run.span_mask_mod): no table is built after the read."""
     view = mask
     while view.dim() < 4:
         view = view.unsqueeze(0)
-    verdict, arrays = _cache.device_scan_tiles(view.detach(), size, masked_threshold, classify_many_runs=False)
+    spans = []
+    verdict, arrays = _cache.device_scan_tiles(view.detach(), size, masked_threshold, classify_many_runs=False,
+                                               spans_out=spans)
     structure = None if verdict is None else verdict.structure
     if structure is not None and structure.kind != "arbitrary":
-        if tuple(arrays["kv_num_blocks"].shape[:2]) != _structure_slices(structure):
+        slices = tuple(arrays["kv_num_blocks"].shape[:2])
+        if slices != _structure_slices(structure):
             return structure, None
-        mask_mod = _run.mask_mod_for(structure, view.device)
+        if _run.rule_reads_tables(structure):
+            mask_mod = _run.span_mask_mod(spans[0], *slices)
+        else:
+            mask_mod = _run.mask_mod_for(structure, view.device)
     else:
         mask_mod = _run.mask_mod_for(structure, view.device, _attends(view, masked_threshold))
     return structure, _run.block_mask_from_arrays(arrays, view.shape[-2:], size, mask_mod)

@@ -345,10 +345,9 @@ std::int64_t wait_runs(std::uintptr_t h_head) {
 }
 
 // What scan_runs() and scan_runs_tiles() share around their scan, on `device` with the GIL
-// released: the head zeroed first (the head copy reads bytes the kernels may leave
-// unwritten, the count's padding and runs past the count: zeroed, initcheck sees no
-// unwritten byte copied), then scan(scan temporary, its bytes, the block's spans, stream),
-// the run reduction, the one copy of the count and the first runs to h_head (through this
+// released: scan(scan temporary, its bytes, the block's spans, stream), the head zeroed
+// (the head copy reads bytes the kernels may leave unwritten, the count's padding and runs
+// past the count: zeroed, initcheck sees no unwritten byte copied), the run reduction, the one copy of the count and the first runs to h_head (through this
 // thread's pinned staging), then, with wait, wait_runs(): the one synchronisation of the
 // stream. Returns the run count; with wait false, nothing past the enqueued copy: the
 // caller's wait_runs() synchronises and returns the count (meanwhile the caller's thread
@@ -365,9 +364,11 @@ std::optional<std::int64_t> scan_reduce_copy(const python::RunsBlock& b, std::ui
   const cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);  // gpu::Stream is the same type
   void* pinned = nullptr;
   Status st = on_device(device, [&]() -> Status {
-    Status r = check(cudaMemsetAsync(base, 0, b.head_bytes(), s), "cudaMemsetAsync(run count and first runs)");
     std::size_t scan_temp = b.scan_temp_bytes, reduce_temp = b.reduce_temp_bytes;
-    if (r.ok()) r = scan(base + b.scan_temp_at, scan_temp, reinterpret_cast<RowSpan*>(base + b.spans_at), s);
+    Status r = scan(base + b.scan_temp_at, scan_temp, reinterpret_cast<RowSpan*>(base + b.spans_at), s);
+    // The head is zeroed after the scan's launches (the scan writes none of it): a call
+    // enqueued before the scan delays the read by its host time.
+    if (r.ok()) r = check(cudaMemsetAsync(base, 0, b.head_bytes(), s), "cudaMemsetAsync(run count and first runs)");
     if (r.ok())
       r = gpu::reduce_runs(base + b.reduce_temp_at, reduce_temp, reinterpret_cast<const RowSpan*>(base + b.spans_at),
                            b.rows, q_len, reinterpret_cast<SpanRun*>(base + b.runs_at), b.room,

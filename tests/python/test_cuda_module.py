@@ -667,10 +667,17 @@ def test_a_block_mask_brings_no_runs_past_the_first_copy(monkeypatch):
                                       1, 1, L, L, device="cpu", BLOCK_SIZE=(32, 8))
         for field in TILE_FIELDS:
             assert torch.equal(getattr(bm, field), getattr(theirs, field)), (n, field)
-    # No verdict, yet a NaN / +inf row is an error, found in the spans on the device.
+    # No verdict, yet a float mask's NaN / +inf row is an error, found in the spans on the
+    # device (the fake's spans are m's; the additive mask is m as the device reads it).
+    additive = torch.zeros(m.shape).masked_fill(~m, float("-inf"))
     fake_tile_scan(m, (32, 8), monkeypatch, flags_row=123)
     with pytest.raises(masklens.MaskError, match=r"^invalid_value: mask row \[0, 0, 123\] holds NaN or \+inf"):
-        _cache.device_scan_tiles(m, (32, 8), classify_many_runs=False)
+        _cache.device_scan_tiles(additive, (32, 8), classify_many_runs=False)
+    # A bool mask holds no NaN: its spans are not searched (no second synchronisation), so
+    # even a flag the device could never set goes unread.
+    fake_tile_scan(m, (32, 8), monkeypatch, flags_row=123)
+    verdict, _ = _cache.device_scan_tiles(m, (32, 8), classify_many_runs=False)
+    assert verdict is None
 
 
 def test_device_block_mask_of_an_exact_structure_keeps_the_structures_slices(monkeypatch):

@@ -317,7 +317,7 @@ def test_block_mask_from_masklens_tiles_equals_create_block_mask(name, size):
     """BlockMask from masklens' tiles (from_kv_blocks' layout, q side included) on the
     device: every tensor equals torch's create_block_mask of the dense mask."""
     import masklens.torch as mt
-    from torch.nn.attention.flex_attention import create_block_mask
+    from torch.nn.attention.flex_attention import create_block_mask, create_mask
     mask = tile_masks()[name]
     B, H, Q, K = mask.shape
     bq, bk = (size, size) if isinstance(size, int) else size
@@ -325,6 +325,8 @@ def test_block_mask_from_masklens_tiles_equals_create_block_mask(name, size):
     theirs = create_block_mask(lambda b, h, q, kv: mask[b, h, q.clamp(max=Q - 1), kv.clamp(max=K - 1)], B, H, Q, K,
                                device=DEV, BLOCK_SIZE=(bq, bk))
     assert tuple(ours.BLOCK_SIZE) == tuple(theirs.BLOCK_SIZE) and tuple(ours.seq_lengths) == tuple(theirs.seq_lengths)
+    # The mask_mod (the rule, the read's spans or a lookup) is the mask, element for element.
+    assert torch.equal(create_mask(ours.mask_mod, B, H, Q, K, device=DEV), mask.expand(B, H, Q, K))
     for f in ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices", "q_num_blocks", "q_indices",
               "full_q_num_blocks", "full_q_indices"):
         a, b = getattr(ours, f), getattr(theirs, f)
@@ -562,6 +564,46 @@ def test_inspect_tiles_of_a_cuda_mask_come_from_one_device_read(name):
     assert ours.structure.describe() == host.structure.describe()
     f, g = ours.structure.tile_fractions, host.structure.tile_fractions
     assert (f.partial, f.full) == (g.partial, g.full)
+
+
+@needs_device_tiles
+def test_device_block_mask_of_a_float_mask_names_a_nan_row():
+    """A block-sparse mask's BlockMask takes no verdict (its runs are many), yet a float
+    mask's NaN row is an error that names the row, found in the spans on the device."""
+    import masklens.torch as mt
+    from masklens import _cache
+    mask = random_block_sparse(2, 1, 512, 512, 64, 64, 0.4, 7, torch.float32)
+    assert _cache.device_scan_tiles(mask, (64, 64), classify_many_runs=False)[0] is None  # many runs: no verdict
+    mask[1, 0, 300, 5] = float("nan")
+    masklens.forget()
+    with pytest.raises(masklens.MaskError, match=r"^invalid_value: mask row \[1, 0, 300\] holds NaN or \+inf"):
+        mt.block_mask(mask, 64)
+
+
+@needs_device_tiles
+def test_device_block_mask_of_documents_reads_the_spans_of_its_one_read():
+    """Packed documents on a CUDA mask: the mask_mod compares keys with the spans the read
+    left (no document table is built after it), holds no reference to the mask, and is
+    the mask; the tensors are create_block_mask's."""
+    import masklens.torch as mt
+    from torch.nn.attention.flex_attention import create_block_mask, create_mask
+    L = 1000
+    i, j = (t.to(DEV) for t in rows_cols(L, L))
+    positions = torch.arange(L, device=DEV)
+    packed = []
+    for starts in ([130, 600, 601], [500]):  # two batches, packed apart (a one-token document)
+        docs = torch.bucketize(positions, torch.tensor(starts, device=DEV), right=True)
+        packed.append((j <= i) & (docs[:, None] == docs[None, :]))
+    mask = torch.stack(packed)[:, None]
+    assert masklens.scan(mask).structure.segments is not None
+    masklens.forget()
+    bm = mt.block_mask(mask, 128)
+    held = tensors_held(bm.mask_mod)
+    assert held and all(t.dtype == torch.int64 and t.data_ptr() != mask.data_ptr() for t in held)
+    assert torch.equal(create_mask(bm.mask_mod, 2, 1, L, L, device=DEV), mask)
+    theirs = create_block_mask(lambda b, h, q, kv: mask[b, 0, q, kv], 2, 1, L, L, device=DEV)
+    for f in BM_FIELDS:
+        assert torch.equal(getattr(bm, f).expand(getattr(theirs, f).shape), getattr(theirs, f)), f
 
 
 @needs_device_tiles

@@ -24,7 +24,9 @@
 #include <atomic>
 #include <cstdint>
 #include <limits>
+#include <mutex>
 #include <type_traits>
+#include <vector>
 
 #include <cub/warp/warp_reduce.cuh>
 
@@ -158,14 +160,38 @@ __global__ void __launch_bounds__(Policy::kBlockThreads, Policy::kMinBlocksPerSM
 
 // Blocks of `kernel` the device holds at once (its SMs x the blocks an SM holds with
 // `threads` threads and `smem` bytes of dynamic shared memory): the grid of a scan whose
-// blocks each take a share of the units.
+// blocks each take a share of the units. The answer depends on nothing else, so each
+// (device, kernel, threads, smem) is asked once: the attribute and occupancy queries cost
+// microseconds of host time, spent before the scan's launch on every read.
 template <class Kernel>
 cudaError_t resident_blocks(Kernel kernel, int threads, std::size_t smem, std::int64_t& blocks) {
+  struct Known {
+    int device, threads;
+    const void* kernel;
+    std::size_t smem;
+    std::int64_t blocks;
+  };
+  static std::mutex mutex;
+  static std::vector<Known> known;  // a few entries a device: the kernels x the plans' shared sizes
+  const void* address = reinterpret_cast<const void*>(kernel);
   int device = 0, sms = 0, per_sm = 0;
   cudaError_t e = cudaGetDevice(&device);
-  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (e != cudaSuccess) return e;
+  {
+    const std::lock_guard<std::mutex> lock(mutex);
+    for (const Known& k : known)
+      if (k.device == device && k.kernel == address && k.threads == threads && k.smem == smem) {
+        blocks = k.blocks;
+        return cudaSuccess;
+      }
+  }
+  e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem);
   blocks = static_cast<std::int64_t>(sms) * (per_sm > 0 ? per_sm : 1);
+  if (e == cudaSuccess) {
+    const std::lock_guard<std::mutex> lock(mutex);
+    known.push_back({device, threads, address, smem, blocks});
+  }
   return e;
 }
 

@@ -118,11 +118,12 @@ Result<SpanRuns> scan_runs(const MaskView& device_view, Stream stream) {
   auto* d_rows = reinterpret_cast<RowSpan*>(base + layout.spans_at);
   void* runs_temp_at = base + layout.runs_temp_at;
   // The count and the first runs come back in one copy of bytes [0, 64 + eager runs) of
-  // the block: zeroed first, so that the copy reads no byte the kernels leave unwritten
-  // (the count's padding, the runs past the count; compute-sanitizer initcheck).
+  // the block: zeroed before the run reduction, so that the copy reads no byte the kernels
+  // leave unwritten (the count's padding, the runs past the count; compute-sanitizer
+  // initcheck), and after the scan's launch, which it would delay (the scan writes none).
   const std::size_t head_bytes = layout.runs_at + static_cast<std::size_t>(eager) * sizeof(SpanRun);
-  st = check(cudaMemsetAsync(block, 0, head_bytes, stream), "cudaMemsetAsync(run count and first runs)");
-  if (st.ok()) st = scan_spans(base + layout.scan_temp_at, scan_temp, device_view, d_rows, stream);
+  st = scan_spans(base + layout.scan_temp_at, scan_temp, device_view, d_rows, stream);
+  if (st.ok()) st = check(cudaMemsetAsync(block, 0, head_bytes, stream), "cudaMemsetAsync(run count and first runs)");
   if (st.ok()) st = reduce_runs(runs_temp_at, runs_temp, d_rows, rows, out.q_len, d_runs, room, d_count, stream);
   std::vector<std::uint8_t> head;
   std::int64_t count = 0;
