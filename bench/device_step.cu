@@ -239,7 +239,7 @@ int main(int argc, char** argv) {
         std::size_t runs_temp = buf.runs_temp_bytes;
         const auto reduce_now = [&](cudaStream_t s) {
           require(gpu::reduce_runs(buf.runs_temp, runs_temp, buf.rows, L, L, reinterpret_cast<SpanRun*>(buf.runs_block + 64),
-                                   buf.capacity, reinterpret_cast<std::int64_t*>(buf.runs_block), s),
+                                   buf.capacity, reinterpret_cast<std::int64_t*>(buf.runs_block), nullptr, s),
                   "reduce_runs");
         };
         SpanRuns runs;

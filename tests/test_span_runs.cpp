@@ -220,7 +220,8 @@ detail::runs::KeyRows key_rows_of(const std::vector<RowSpan>& rows) {
 
 // The four kernels of cuda/span_runs.cuh, replayed: the same per-thread functions, an
 // exclusive scan over threads (and over tiles, 256 at a time) written out in order.
-SpanRuns replay_device_reduction(const SpanTable& t, std::int64_t max_runs, std::int64_t* count_out = nullptr) {
+SpanRuns replay_device_reduction(const SpanTable& t, std::int64_t max_runs, std::int64_t* count_out = nullptr,
+                                 std::int64_t* first_invalid_out = nullptr) {
   namespace g = masklens::gpu::detail;
   using masklens::detail::RunStep;
   const auto n_rows = static_cast<std::int64_t>(t.rows.size());
@@ -234,16 +235,21 @@ SpanRuns replay_device_reduction(const SpanTable& t, std::int64_t max_runs, std:
     for (int th = 0; th < g::kRunsThreads; ++th) threads.push_back(g::thread_rows(t.rows.data(), n_rows, t.q_len, tile, th));
     return threads;
   };
+  std::int64_t rank = 0;  // the largest invalid_rank, over the tiles' maxima
   for (std::int64_t tile = 0; tile < tiles; ++tile) {  // 1. tile summaries
     RunStep before = g::identity_step();
     g::HeadCounts total{{0, 0, 0}};
+    std::int64_t tile_rank = 0;
     for (const g::ThreadRows& mine : threads_of(tile)) {
       total = g::add(total, g::heads_per_start(mine, before));
       before = RunStep::then(before, mine.all);
+      tile_rank = std::max(tile_rank, g::invalid_rank(mine, t.rows.data(), n_rows));
     }
     tile_step[static_cast<std::size_t>(tile)] = before;
     tile_heads[static_cast<std::size_t>(tile)] = total;
+    rank = std::max(rank, tile_rank);
   }
+  if (first_invalid_out) *first_invalid_out = g::first_invalid_row(rank, n_rows);
   RunStep carried = g::identity_step();  // 2. the tiles in passes of one block
   std::int64_t runs_before = 0;
   for (std::int64_t base = 0; base < tiles; base += g::kRunsThreads) {
@@ -303,15 +309,24 @@ TEST_CASE("span runs: the device's tiled reduction, replayed on the host, gives 
       const double noise = rows > 100000 ? 0.001 : 0.1;
       for (std::int64_t i = 0; i < rows; ++i)
         t.rows.push_back(coin(rng, noise) ? random_row(rng, t.k_len, coin(rng, 0.3)) : spec.row(0, i % t.q_len));
+      // Rows holding NaN / +inf in some tables (and wherever a garbage row's flags say so):
+      // the first of them is reported.
+      if (rep != 1)
+        for (int k = uniform(rng, 0, 2); k > 0; --k)
+          t.rows[static_cast<std::size_t>(uniform(rng, 0, rows - 1))].flags |= kRowInvalid;
+      std::int64_t flagged = -1;
+      for (std::int64_t i = rows - 1; i >= 0; --i)
+        if (t.rows[static_cast<std::size_t>(i)].flags & kRowInvalid) flagged = i;
       INFO("rows " << rows << " q_len " << t.q_len);
       const Result<SpanRuns> encoded = SpanRuns::encode(t);
       REQUIRE(encoded.ok());
       const auto n = static_cast<std::int64_t>(encoded->runs.size());
       // Room for every run (the most there can be: a run per row), and for fewer.
       for (const std::int64_t room : {rows, n, std::max<std::int64_t>(1, n / 2), std::int64_t{1}}) {
-        std::int64_t count = 0;
-        const SpanRuns replayed = replay_device_reduction(t, room, &count);
+        std::int64_t count = 0, first_invalid = -2;
+        const SpanRuns replayed = replay_device_reduction(t, room, &count, &first_invalid);
         CHECK(count == n);
+        CHECK(first_invalid == flagged);
         REQUIRE(static_cast<std::int64_t>(replayed.runs.size()) == std::min(n, room));
         for (std::size_t k = 0; k < replayed.runs.size(); ++k) REQUIRE(replayed.runs[k] == encoded->runs[k]);
       }

@@ -286,15 +286,9 @@ def _device_runs(mask, masked_threshold, sizes, scan_call, tiles=(0, 0), classif
         spans_at = runs.layout["spans"]
         spans_out.append(block[spans_at:spans_at + runs.rows * 32].view(torch.int64).view(runs.rows, 4))
     if not classify_many_runs and count * _MANY_RUNS > runs.rows:
-        # No verdict. A float mask's rows are still checked for NaN / +inf, on the device:
-        # the spans are in the block (RowSpan is 32 bytes, its uint32 flags at byte 24). A
-        # bool or integer mask holds neither: its check (a search and a second
-        # synchronisation, ~0.2 ms on an H200) would find nothing.
-        if mask.is_floating_point():
-            spans = block[runs.layout["spans"]:runs.layout["spans"] + runs.rows * 32].view(torch.int32).view(runs.rows, 8)
-            bad = torch.nonzero(spans[:, 6] & runs.row_invalid_flag)
-            if bad.numel():
-                runs.raise_invalid_row(int(bad[0, 0]))
+        # No verdict, yet a NaN / +inf row is an error: the run reduction found the first
+        # one on the device, and it came back in the head with the count.
+        runs.check_rows()
         timing["device"] = "cuda"
         timing["scan_ms"] = (time.perf_counter() - t0) * 1e3
         timing["classify_ms"] = 0.0

@@ -171,9 +171,14 @@ struct DeviceRuns {
   std::vector<SpanRun> rest;  // runs [eager, count), sized by rest_buffer(count)
   bool finished = false;
 
-  [[nodiscard]] std::int64_t count() const noexcept {
+  [[nodiscard]] std::int64_t count() const noexcept { return head_value(block.count_at); }
+  // The first span row holding NaN / +inf, as the run reduction found it (-1: none).
+  [[nodiscard]] std::int64_t first_invalid_row() const noexcept { return head_value(block.first_invalid_at); }
+
+ private:
+  [[nodiscard]] std::int64_t head_value(std::size_t at) const noexcept {
     std::int64_t n = 0;
-    std::memcpy(&n, head.get() + block.count_at, sizeof n);
+    std::memcpy(&n, head.get() + at, sizeof n);
     return n;
   }
 };
@@ -426,6 +431,7 @@ NB_MODULE(_core, m) {
           [](const DeviceRuns& d) {
             nb::dict l;
             l["count"] = d.block.count_at;
+            l["first_invalid"] = d.block.first_invalid_at;
             l["runs"] = d.block.runs_at;
             l["spans"] = d.block.spans_at;
             l["scan_temp"] = d.block.scan_temp_at;
@@ -433,21 +439,23 @@ NB_MODULE(_core, m) {
             l["bytes"] = d.block.bytes;
             return l;
           },
-          "Byte offsets of the block's parts: count, runs (room of them), spans (one per row), scan and reduce temps.")
+          "Byte offsets of the block's parts: count, first_invalid (the first row holding NaN / +inf, -1: none), runs "
+          "(room of them), spans (one per row), scan and reduce temps.")
       .def_prop_ro("rows", [](const DeviceRuns& d) { return d.block.rows; })
-      .def_prop_ro_static(
-          "row_invalid_flag", [](nb::handle) { return static_cast<std::uint32_t>(kRowInvalid); },
-          "RowSpan's flag of a row holding NaN or +inf (flags: the uint32 at byte 24 of the 32-byte RowSpan).")
       .def(
-          "raise_invalid_row",
-          [](const DeviceRuns& d, std::int64_t row) {
+          "check_rows",
+          [](const DeviceRuns& d) {
+            const std::int64_t row = d.first_invalid_row();
+            if (row == -1) return;
             if (row < 0 || row >= d.block.rows)
-              raise(error(ErrorCode::invalid_argument, "row " + std::to_string(row) + " is not in [0, " +
-                                                           std::to_string(d.block.rows) + ")"));
+              raise(error(ErrorCode::device_error, "the run reduction named row " + std::to_string(row) +
+                                                       " as holding NaN or +inf; the view has " +
+                                                       std::to_string(d.block.rows) + " rows"));
             raise(invalid_row_error(d.shape, row));
           },
-          "row"_a, "Raises the MaskError finish() raises for a NaN / +inf in span row `row` (where the runs are not "
-          "brought to the host).")
+          "Raises finish()'s MaskError where the run reduction found a row holding NaN or +inf (the first such "
+          "row, in the head that came back with the count), without classifying the runs: a caller that needs no "
+          "verdict still rejects such a mask.")
       .def_prop_ro("room", [](const DeviceRuns& d) { return d.block.room; }, "Runs the block holds.")
       .def_prop_ro("eager", [](const DeviceRuns& d) { return d.block.eager; }, "Runs that come back with the count.")
       .def_prop_ro("head_address", [](const DeviceRuns& d) { return reinterpret_cast<std::uintptr_t>(d.head.get()); })

@@ -372,7 +372,8 @@ std::optional<std::int64_t> scan_reduce_copy(const python::RunsBlock& b, std::ui
     if (r.ok())
       r = gpu::reduce_runs(base + b.reduce_temp_at, reduce_temp, reinterpret_cast<const RowSpan*>(base + b.spans_at),
                            b.rows, q_len, reinterpret_cast<SpanRun*>(base + b.runs_at), b.room,
-                           reinterpret_cast<std::int64_t*>(base + b.count_at), s);
+                           reinterpret_cast<std::int64_t*>(base + b.count_at),
+                           reinterpret_cast<std::int64_t*>(base + b.first_invalid_at), s);
     if (r.ok()) r = staging().reserve(b.head_bytes(), pinned);
     if (r.ok())
       r = check(cudaMemcpyAsync(pinned, base, b.head_bytes(), cudaMemcpyDeviceToHost, s),
@@ -620,7 +621,7 @@ NB_MODULE(_cuda, m) {
             r = gpu::reduce_runs(base + b.reduce_temp_at, reduce_temp,
                                  reinterpret_cast<const RowSpan*>(base + b.spans_at), b.rows, view.q_len(),
                                  reinterpret_cast<SpanRun*>(d_more), count,
-                                 reinterpret_cast<std::int64_t*>(base + b.count_at), s);
+                                 reinterpret_cast<std::int64_t*>(base + b.count_at), nullptr, s);
             from = reinterpret_cast<const SpanRun*>(d_more);
           }
           if (r.ok())

@@ -4,10 +4,12 @@
 //
 // Block, one allocation of torch's caching allocator (its blocks are 512-byte aligned;
 // every part starts on a 256-byte boundary of the block):
-//   [count: int64, padded to 64 bytes][runs: room SpanRuns][spans: rows RowSpans]
+//   [count: int64, first invalid row: int64, padded to 64 bytes][runs: room SpanRuns]
+//   [spans: rows RowSpans]
 //   [scan temporary storage][run reduction temporary storage]
-// Count and runs are adjacent so that the count and the first `eager` runs come back in
-// one copy (the host "head"), as gpu::scan_runs (include/masklens/cuda/runs.cu) does.
+// Count and runs are adjacent so that the count, the first row holding NaN / +inf (-1:
+// none; gpu::reduce_runs finds it) and the first `eager` runs come back in one copy (the
+// host "head"), as gpu::scan_runs (include/masklens/cuda/runs.cu) does.
 // The room is bounded (4096 runs, the masks frameworks pass have far fewer); past it the
 // reduction runs again into a buffer with room for every run.
 #pragma once
@@ -25,7 +27,8 @@ inline constexpr std::int64_t kRunRoom = 4096;   // runs the block holds
 
 struct RunsBlock {
   std::int64_t rows = 0, room = 0, eager = 0;
-  std::size_t count_at = 0, runs_at = 64, spans_at = 0, scan_temp_at = 0, reduce_temp_at = 0, bytes = 0;
+  std::size_t count_at = 0, first_invalid_at = 8, runs_at = 64, spans_at = 0, scan_temp_at = 0, reduce_temp_at = 0,
+              bytes = 0;
   std::size_t scan_temp_bytes = 0, reduce_temp_bytes = 0;
 
   // Bytes [0, head_bytes()) of the block: the count (with its padding) and the first

@@ -27,29 +27,40 @@ using namespace masklens::testing;
 
 namespace {
 
+// The first row flagged kRowInvalid, -1 where none is: what reduce_runs reports.
+std::int64_t first_flagged_row(const SpanTable& t) {
+  for (std::size_t i = 0; i < t.rows.size(); ++i)
+    if (t.rows[i].flags & kRowInvalid) return static_cast<std::int64_t>(i);
+  return -1;
+}
+
 // reduce_runs on the table's rows with room for `room` runs (0: one per row, the most
-// there can be), on `stream`, back on the host; *count_out gets the count.
+// there can be), on `stream`, back on the host; *count_out gets the count. The first
+// invalid row it reports is checked against the table's.
 SpanRuns device_runs(const SpanTable& t, cudaStream_t stream = nullptr, std::int64_t room = 0,
                      std::int64_t* count_out = nullptr) {
   const auto rows = static_cast<std::int64_t>(t.rows.size());
   if (room == 0) room = rows;
   DeviceBuffer d_rows(t.rows.size() * sizeof(RowSpan)), d_runs(static_cast<std::size_t>(room) * sizeof(SpanRun)),
-      d_count(sizeof(std::int64_t));
+      d_count(2 * sizeof(std::int64_t));
   REQUIRE_CUDA(cudaMemcpy(d_rows.get(), t.rows.data(), t.rows.size() * sizeof(RowSpan), cudaMemcpyHostToDevice));
   // Leftovers must not pass for results.
   REQUIRE_CUDA(cudaMemset(d_runs.get(), 0xab, static_cast<std::size_t>(room) * sizeof(SpanRun)));
-  REQUIRE_CUDA(cudaMemset(d_count.get(), 0xab, sizeof(std::int64_t)));
+  REQUIRE_CUDA(cudaMemset(d_count.get(), 0xab, 2 * sizeof(std::int64_t)));
   REQUIRE_CUDA(cudaDeviceSynchronize());
   std::size_t temp_bytes = 0;
-  REQUIRE(gpu::reduce_runs(nullptr, temp_bytes, nullptr, rows, t.q_len, nullptr, 1, nullptr, stream).ok());
+  REQUIRE(gpu::reduce_runs(nullptr, temp_bytes, nullptr, rows, t.q_len, nullptr, 1, nullptr, nullptr, stream).ok());
   // Storage 3 bytes past the allocation's start: any address will do.
   DeviceBuffer temp(temp_bytes + 3);
   const Status st = gpu::reduce_runs(temp.get() + 3, temp_bytes, d_rows.get<RowSpan>(), rows, t.q_len,
-                                     d_runs.get<SpanRun>(), room, d_count.get<std::int64_t>(), stream);
+                                     d_runs.get<SpanRun>(), room, d_count.get<std::int64_t>(),
+                                     d_count.get<std::int64_t>() + 1, stream);
   REQUIRE_MESSAGE(st.ok(), st.to_string());
-  std::int64_t count = -1;
-  REQUIRE_CUDA(cudaMemcpyAsync(&count, d_count.get(), sizeof count, cudaMemcpyDeviceToHost, stream));
+  std::int64_t head[2] = {-1, -2};
+  REQUIRE_CUDA(cudaMemcpyAsync(head, d_count.get(), sizeof head, cudaMemcpyDeviceToHost, stream));
   REQUIRE_CUDA(cudaStreamSynchronize(stream));
+  const std::int64_t count = head[0];
+  REQUIRE(head[1] == first_flagged_row(t));
   REQUIRE(count >= 1);
   REQUIRE(count <= rows);
   if (count_out) *count_out = count;
@@ -138,6 +149,10 @@ TEST_CASE("device runs equal the host encoding on random tables, across tile and
       const std::int64_t k_len = uniform(rng, 1, 300);
       const double noise = rep == 0 ? 0.001 : 0.2;
       SpanTable t = mixed_table(rng, rows / q_len, q_len, k_len, noise);
+      // Rows holding NaN / +inf in half the tables: the first is reported, wherever it lies.
+      if (coin(rng, 0.5))
+        for (int k = uniform(rng, 1, 3); k > 0; --k)
+          t.rows[static_cast<std::size_t>(uniform(rng, 0, rows - 1))].flags |= kRowInvalid;
       INFO("rows " << rows << " q_len " << q_len);
       Result<SpanRuns> host = SpanRuns::encode(t);
       REQUIRE(host.ok());
@@ -296,14 +311,14 @@ TEST_CASE("reduce_runs: two-phase on the caller's stream, recorded into a CUDA g
   cudaStream_t stream = nullptr;
   REQUIRE_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   std::size_t temp_bytes = 0;
-  REQUIRE(gpu::reduce_runs(nullptr, temp_bytes, nullptr, rows, t.q_len, nullptr, 1, nullptr, stream).ok());
+  REQUIRE(gpu::reduce_runs(nullptr, temp_bytes, nullptr, rows, t.q_len, nullptr, 1, nullptr, nullptr, stream).ok());
   CHECK(temp_bytes > 0);
   DeviceBuffer temp(temp_bytes);
 
   SUBCASE("captured: a synchronisation inside would invalidate the capture") {
     REQUIRE_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
     const Status st = gpu::reduce_runs(temp.get(), temp_bytes, d_rows.get<RowSpan>(), rows, t.q_len,
-                                       d_runs.get<SpanRun>(), rows, d_count.get<std::int64_t>(), stream);
+                                       d_runs.get<SpanRun>(), rows, d_count.get<std::int64_t>(), nullptr, stream);
     cudaGraph_t graph = nullptr;
     const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
     REQUIRE_MESSAGE(st.ok(), st.to_string());
@@ -329,7 +344,7 @@ TEST_CASE("reduce_runs: two-phase on the caller's stream, recorded into a CUDA g
     const auto call = [&](void* tmp, std::size_t bytes, const RowSpan* r, std::int64_t n, std::int64_t q, SpanRun* out,
                           std::int64_t* count) {
       std::size_t b = bytes;
-      return gpu::reduce_runs(tmp, b, r, n, q, out, n, count, stream).message();
+      return gpu::reduce_runs(tmp, b, r, n, q, out, n, count, nullptr, stream).message();
     };
     RowSpan* r = d_rows.get<RowSpan>();
     SpanRun* out = d_runs.get<SpanRun>();

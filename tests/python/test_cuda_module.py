@@ -70,7 +70,7 @@ def test_device_block_layout(name, m, slices):
     r = layout_of(m, scan_temp=24, reduce_temp=777)
     lay = r.layout
     assert r.rows == rows and r.room == min(rows, 4096) and r.eager == min(rows, 256)
-    assert lay["count"] == 0 and lay["runs"] == 64
+    assert lay["count"] == 0 and lay["first_invalid"] == 8 and lay["runs"] == 64  # both in the head
     for part in ("spans", "scan_temp", "reduce_temp"):
         assert lay[part] % 256 == 0
     assert lay["spans"] >= 64 + r.room * 64
@@ -188,7 +188,7 @@ class FakeCuda:
         spans = spans.copy()
         if flags_row is not None:
             spans["flags"][flags_row] = 4  # kRowInvalid: the row held NaN / +inf
-        self.spans = spans
+        self.spans, self.first_invalid = spans, -1 if flags_row is None else flags_row
         self.runs, self.calls = encode_runs(spans, q_len), []
 
     def query_runs(self, data, dtype, shape, strides, threshold):
@@ -203,6 +203,7 @@ class FakeCuda:
         eager = (head_bytes - 64) // 64
         head = np.zeros(head_bytes, dtype=np.uint8)
         head[:8] = np.frombuffer(np.int64(len(self.runs)).tobytes(), dtype=np.uint8)
+        head[8:16] = np.frombuffer(np.int64(self.first_invalid).tobytes(), dtype=np.uint8)  # the run reduction's
         first = self.runs[:eager]
         head[64:64 + first.nbytes] = np.frombuffer(first.tobytes(), dtype=np.uint8)
         ctypes.memmove(h_head, head.ctypes.data, head_bytes)
@@ -667,17 +668,15 @@ def test_a_block_mask_brings_no_runs_past_the_first_copy(monkeypatch):
                                       1, 1, L, L, device="cpu", BLOCK_SIZE=(32, 8))
         for field in TILE_FIELDS:
             assert torch.equal(getattr(bm, field), getattr(theirs, field)), (n, field)
-    # No verdict, yet a float mask's NaN / +inf row is an error, found in the spans on the
-    # device (the fake's spans are m's; the additive mask is m as the device reads it).
-    additive = torch.zeros(m.shape).masked_fill(~m, float("-inf"))
+    # No verdict, yet a NaN / +inf row is an error: the run reduction's first invalid row,
+    # which came back in the head with the count (no second synchronisation).
     fake_tile_scan(m, (32, 8), monkeypatch, flags_row=123)
     with pytest.raises(masklens.MaskError, match=r"^invalid_value: mask row \[0, 0, 123\] holds NaN or \+inf"):
-        _cache.device_scan_tiles(additive, (32, 8), classify_many_runs=False)
-    # A bool mask holds no NaN: its spans are not searched (no second synchronisation), so
-    # even a flag the device could never set goes unread.
-    fake_tile_scan(m, (32, 8), monkeypatch, flags_row=123)
-    verdict, _ = _cache.device_scan_tiles(m, (32, 8), classify_many_runs=False)
-    assert verdict is None
+        _cache.device_scan_tiles(m, (32, 8), classify_many_runs=False)
+    fake = fake_tile_scan(m, (32, 8), monkeypatch)
+    fake.first_invalid = 300  # past the rows: the head is not believed
+    with pytest.raises(masklens.MaskError, match=r"^device_error: the run reduction named row 300 .* 300 rows"):
+        _cache.device_scan_tiles(m, (32, 8), classify_many_runs=False)
 
 
 def test_device_block_mask_of_an_exact_structure_keeps_the_structures_slices(monkeypatch):

@@ -53,7 +53,7 @@ Status load_runs_kernels() {
 
 Status reduce_runs(void* d_temp_storage, std::size_t& temp_storage_bytes, const RowSpan* d_rows, std::int64_t rows,
                    std::int64_t q_len, SpanRun* d_runs, std::int64_t max_runs, std::int64_t* d_run_count,
-                   Stream stream) {
+                   std::int64_t* d_first_invalid_row, Stream stream) {
   if (rows < 1 || q_len < 1 || rows % q_len != 0)
     return error(ErrorCode::invalid_argument, "rows (" + std::to_string(rows) + ") must be a positive multiple of q_len (" +
                                                   std::to_string(q_len) + ")");
@@ -78,10 +78,13 @@ Status reduce_runs(void* d_temp_storage, std::size_t& temp_storage_bytes, const 
     return error(ErrorCode::misaligned_pointer, "d_runs is not aligned to SpanRun");
   if (reinterpret_cast<std::uintptr_t>(d_run_count) % alignof(std::int64_t) != 0)
     return error(ErrorCode::misaligned_pointer, "d_run_count is not aligned to 8 bytes");
+  if (reinterpret_cast<std::uintptr_t>(d_first_invalid_row) % alignof(std::int64_t) != 0)
+    return error(ErrorCode::misaligned_pointer, "d_first_invalid_row is not aligned to 8 bytes");
   detail::RunsTemp temp{};
   const auto aligned = (reinterpret_cast<std::uintptr_t>(d_temp_storage) + 255) & ~std::uintptr_t{255};
   detail::runs_temp_layout(rows, reinterpret_cast<void*>(aligned), &temp);
-  return check(detail::launch_reduce_runs(d_rows, rows, q_len, temp, d_runs, max_runs, d_run_count, stream),
+  return check(detail::launch_reduce_runs(d_rows, rows, q_len, temp, d_runs, max_runs, d_run_count,
+                                          d_first_invalid_row, stream),
                "cudaLaunchKernelEx(run kernels)");
 }
 
@@ -100,7 +103,7 @@ Result<SpanRuns> scan_runs(const MaskView& device_view, Stream stream) {
                                                   " rows to scan; runs are reduced for at most 2^31 - 1");
   std::size_t scan_temp = 0, runs_temp = 0;
   Status st = scan_spans(nullptr, scan_temp, device_view, nullptr, stream);
-  if (st.ok()) st = reduce_runs(nullptr, runs_temp, nullptr, rows, out.q_len, nullptr, 1, nullptr, stream);
+  if (st.ok()) st = reduce_runs(nullptr, runs_temp, nullptr, rows, out.q_len, nullptr, 1, nullptr, nullptr, stream);
   if (!st.ok()) return st;
   const std::int64_t room = std::min(rows, kRunRoom), eager = std::min(room, kEagerRuns);
   Block layout;
@@ -124,7 +127,7 @@ Result<SpanRuns> scan_runs(const MaskView& device_view, Stream stream) {
   const std::size_t head_bytes = layout.runs_at + static_cast<std::size_t>(eager) * sizeof(SpanRun);
   st = scan_spans(base + layout.scan_temp_at, scan_temp, device_view, d_rows, stream);
   if (st.ok()) st = check(cudaMemsetAsync(block, 0, head_bytes, stream), "cudaMemsetAsync(run count and first runs)");
-  if (st.ok()) st = reduce_runs(runs_temp_at, runs_temp, d_rows, rows, out.q_len, d_runs, room, d_count, stream);
+  if (st.ok()) st = reduce_runs(runs_temp_at, runs_temp, d_rows, rows, out.q_len, d_runs, room, d_count, nullptr, stream);
   std::vector<std::uint8_t> head;
   std::int64_t count = 0;
   if (st.ok())
@@ -158,7 +161,7 @@ Result<SpanRuns> scan_runs(const MaskView& device_view, Stream stream) {
       if (!st.ok()) more = nullptr;
       if (st.ok())
         st = reduce_runs(runs_temp_at, runs_temp, d_rows, rows, out.q_len, static_cast<SpanRun*>(more), count, d_count,
-                         stream);
+                         nullptr, stream);
       from = static_cast<const SpanRun*>(more);
     }
     if (st.ok() && count > first)

@@ -34,12 +34,17 @@ namespace masklens::gpu {
 // caller who finds n > max_runs calls again with room for n). Two-phase: with
 // d_temp_storage == nullptr only temp_storage_bytes is set (no CUDA call is made); the
 // storage may start at any address. Enqueues on `stream` and
-// returns; the runs are there once the stream reaches that point. invalid_argument for
-// rows < 1 or past 2^31 - 1, q_len < 1, rows not a multiple of q_len, max_runs < 1, null
-// pointers; misaligned_pointer for pointers off their type's alignment.
+// returns; the runs are there once the stream reaches that point. Where
+// d_first_invalid_row (device memory) is given, the first row flagged kRowInvalid (an
+// element that is NaN or +inf) goes there, -1 where none is: a caller that brings back
+// the count alone (or the first runs) still learns of every invalid row. invalid_argument
+// for rows < 1 or past 2^31 - 1, q_len < 1, rows not a multiple of q_len, max_runs < 1,
+// null pointers (but d_first_invalid_row); misaligned_pointer for pointers off their
+// type's alignment.
 [[nodiscard]] Status reduce_runs(void* d_temp_storage, std::size_t& temp_storage_bytes, const RowSpan* d_rows,
                                  std::int64_t rows, std::int64_t q_len, SpanRun* d_runs, std::int64_t max_runs,
-                                 std::int64_t* d_run_count, Stream stream = nullptr);
+                                 std::int64_t* d_run_count, std::int64_t* d_first_invalid_row = nullptr,
+                                 Stream stream = nullptr);
 
 // The SpanRuns of a view of device memory, on the host: allocates on the stream
 // (cudaMallocAsync: the spans and room for 4096 runs), scans (scan_spans), reduces,

@@ -19,7 +19,7 @@ Status load_runs_kernels() { return without_cuda(); }
 
 // The size query too: the temporary storage is the kernels' tile arrays, and there are none.
 Status reduce_runs(void*, std::size_t&, const RowSpan*, std::int64_t, std::int64_t, SpanRun*, std::int64_t,
-                   std::int64_t*, Stream) {
+                   std::int64_t*, std::int64_t*, Stream) {
   return without_cuda();
 }
 

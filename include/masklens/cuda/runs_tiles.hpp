@@ -70,6 +70,21 @@ MASKLENS_HOST_DEVICE inline ThreadRows thread_rows(const RowSpan* rows, std::int
   return t;
 }
 
+// The thread's first row flagged kRowInvalid (an element that is NaN or +inf), ranked so
+// that the largest rank over all threads is the first such row of all: n_rows - row, 0
+// where the thread has none. A maximum, so tiles and passes combine it in any order.
+MASKLENS_HOST_DEVICE inline std::int64_t invalid_rank(const ThreadRows& t, const RowSpan* rows,
+                                                      std::int64_t n_rows) noexcept {
+  for (int k = 0; k < t.count; ++k)
+    if (rows[t.begin + k].flags & kRowInvalid) return n_rows - (t.begin + k);
+  return 0;
+}
+
+// The first row flagged kRowInvalid from the largest rank (-1: none).
+MASKLENS_HOST_DEVICE constexpr std::int64_t first_invalid_row(std::int64_t rank, std::int64_t n_rows) noexcept {
+  return rank > 0 ? n_rows - rank : -1;
+}
+
 // Heads among the thread's rows when the row before them has position `start`.
 MASKLENS_HOST_DEVICE inline std::int64_t heads_from(const ThreadRows& t, std::uint8_t start) noexcept {
   std::int64_t heads = 0;

@@ -13,6 +13,8 @@
 //      runs go, and the run count;
 //   3. each tile again, now knowing its starting position: every head writes its run;
 //   4. each run's length, from the next run's first row.
+// Passes 1 and 2 also find the first row flagged kRowInvalid (a NaN / +inf element), so
+// that a caller that brings back no run (or only the first) still learns of it.
 // Launched with cudaLaunchKernelEx, whose result is the launch's own status: no CUDA
 // "last error" is read or cleared (CUB's device-wide algorithms peek at it, which would
 // take a caller's pending error for ours; scan.hpp's contract forbids that).
@@ -38,6 +40,9 @@ struct ThenStep {
 struct AddHeadCounts {
   __device__ __forceinline__ HeadCounts operator()(const HeadCounts& a, const HeadCounts& b) const { return add(a, b); }
 };
+struct MaxRank {
+  __device__ __forceinline__ std::int64_t operator()(std::int64_t a, std::int64_t b) const { return a > b ? a : b; }
+};
 
 // Where the per-tile arrays live in the caller's temporary storage.
 struct RunsTemp {
@@ -45,6 +50,7 @@ struct RunsTemp {
   HeadCounts* tile_heads;     // [tiles] its heads per position of the row before it
   std::uint8_t* tile_start;   // [tiles] the position of the row before it
   std::int64_t* tile_offset;  // [tiles] the index of its first run
+  std::int64_t* tile_invalid; // [tiles] its largest invalid_rank (0: no invalid row)
   std::int64_t* next_row;     // [1] the first row of run max_runs, where the last stored run ends
 };
 
@@ -53,17 +59,21 @@ inline std::size_t align_up(std::size_t n) noexcept { return (n + 255) & ~std::s
 // Bytes of temporary storage for `rows` rows, and the layout over `base` (null: sizes only).
 inline std::size_t runs_temp_layout(std::int64_t rows, void* base, RunsTemp* out) noexcept {
   const auto tiles = static_cast<std::size_t>(runs_tiles(rows));
-  const std::size_t sizes[5] = {align_up(tiles * sizeof(RunStep)), align_up(tiles * sizeof(HeadCounts)),
-                                align_up(tiles), align_up(tiles * sizeof(std::int64_t)), align_up(sizeof(std::int64_t))};
+  const std::size_t sizes[6] = {align_up(tiles * sizeof(RunStep)),      align_up(tiles * sizeof(HeadCounts)),
+                                align_up(tiles),                        align_up(tiles * sizeof(std::int64_t)),
+                                align_up(tiles * sizeof(std::int64_t)), align_up(sizeof(std::int64_t))};
+  std::size_t at[6] = {};
+  for (int k = 1; k < 6; ++k) at[k] = at[k - 1] + sizes[k - 1];
   if (base && out) {
     auto* p = static_cast<std::uint8_t*>(base);
     out->tile_step = reinterpret_cast<RunStep*>(p);
-    out->tile_heads = reinterpret_cast<HeadCounts*>(p + sizes[0]);
-    out->tile_start = p + sizes[0] + sizes[1];
-    out->tile_offset = reinterpret_cast<std::int64_t*>(p + sizes[0] + sizes[1] + sizes[2]);
-    out->next_row = reinterpret_cast<std::int64_t*>(p + sizes[0] + sizes[1] + sizes[2] + sizes[3]);
+    out->tile_heads = reinterpret_cast<HeadCounts*>(p + at[1]);
+    out->tile_start = p + at[2];
+    out->tile_offset = reinterpret_cast<std::int64_t*>(p + at[3]);
+    out->tile_invalid = reinterpret_cast<std::int64_t*>(p + at[4]);
+    out->next_row = reinterpret_cast<std::int64_t*>(p + at[5]);
   }
-  return sizes[0] + sizes[1] + sizes[2] + sizes[3] + sizes[4];
+  return at[5] + sizes[5];
 }
 
 // 1. Tile summaries: the tile's transition and its heads per position of the row before it.
@@ -71,27 +81,35 @@ __global__ void __launch_bounds__(kRunsThreads) runs_tile_summary(const RowSpan*
                                                                    std::int64_t q_len, RunsTemp temp) {
   using Scan = cub::BlockScan<RunStep, kRunsThreads>;
   using Reduce = cub::BlockReduce<HeadCounts, kRunsThreads>;
+  using RankReduce = cub::BlockReduce<std::int64_t, kRunsThreads>;
   __shared__ typename Scan::TempStorage scan;
   __shared__ typename Reduce::TempStorage reduce;
+  __shared__ typename RankReduce::TempStorage rank_reduce;
   const ThreadRows mine = thread_rows(rows, n_rows, q_len, blockIdx.x, static_cast<int>(threadIdx.x));
   RunStep before = identity_step(), tile = identity_step();
   Scan(scan).ExclusiveScan(mine.all, before, identity_step(), ThenStep{}, tile);
   const HeadCounts total = Reduce(reduce).Reduce(heads_per_start(mine, before), AddHeadCounts{});
+  const std::int64_t rank = RankReduce(rank_reduce).Reduce(invalid_rank(mine, rows, n_rows), MaxRank{});
   if (threadIdx.x == 0) {
     temp.tile_step[blockIdx.x] = tile;
     temp.tile_heads[blockIdx.x] = total;
+    temp.tile_invalid[blockIdx.x] = rank;
   }
 }
 
-// 2. One block over the tiles, in order: where each starts and where its runs go.
-__global__ void __launch_bounds__(kRunsThreads) runs_tile_prefix(std::int64_t tiles, RunsTemp temp,
-                                                                 std::int64_t* d_run_count) {
+// 2. One block over the tiles, in order: where each starts and where its runs go; the
+// first invalid row (-1: none) into *d_first_invalid_row where it is given.
+__global__ void __launch_bounds__(kRunsThreads) runs_tile_prefix(std::int64_t n_rows, std::int64_t tiles, RunsTemp temp,
+                                                                 std::int64_t* d_run_count,
+                                                                 std::int64_t* d_first_invalid_row) {
   using StepScan = cub::BlockScan<RunStep, kRunsThreads>;
   using CountScan = cub::BlockScan<std::int64_t, kRunsThreads>;
+  using RankReduce = cub::BlockReduce<std::int64_t, kRunsThreads>;
   __shared__ typename StepScan::TempStorage step_scan;
   __shared__ typename CountScan::TempStorage count_scan;
+  __shared__ typename RankReduce::TempStorage rank_reduce;
   RunStep carried = identity_step();  // every tile before this pass, composed
-  std::int64_t runs_before = 0;
+  std::int64_t runs_before = 0, rank = 0;  // rank: this thread's tiles' largest
   for (std::int64_t base = 0; base < tiles; base += kRunsThreads) {
     const std::int64_t t = base + threadIdx.x;
     const RunStep mine = t < tiles ? temp.tile_step[t] : identity_step();
@@ -105,12 +123,17 @@ __global__ void __launch_bounds__(kRunsThreads) runs_tile_prefix(std::int64_t ti
     if (t < tiles) {
       temp.tile_start[t] = start;
       temp.tile_offset[t] = runs_before + offset;
+      rank = rank > temp.tile_invalid[t] ? rank : temp.tile_invalid[t];
     }
     carried = RunStep::then(carried, all);
     runs_before += sum;
     __syncthreads();  // the scans' storage is reused by the next pass
   }
-  if (threadIdx.x == 0) *d_run_count = runs_before;
+  rank = RankReduce(rank_reduce).Reduce(rank, MaxRank{});
+  if (threadIdx.x == 0) {
+    *d_run_count = runs_before;
+    if (d_first_invalid_row != nullptr) *d_first_invalid_row = first_invalid_row(rank, n_rows);
+  }
 }
 
 // 3. Every head writes its run (those past max_runs are counted, not stored).
@@ -140,12 +163,13 @@ __global__ void __launch_bounds__(kRunsThreads) runs_lengths(std::int64_t n_rows
 }
 
 // Enqueues the four kernels on `stream`; the first failing launch's status, or success.
+// d_first_invalid_row may be null.
 // Preconditions (checked by the entry point): 1 <= n_rows < 2^31, q_len >= 1, n_rows a
 // multiple of q_len, temp laid out by runs_temp_layout for n_rows, d_runs with room for
 // max_runs >= 1 runs.
 inline cudaError_t launch_reduce_runs(const RowSpan* d_rows, std::int64_t n_rows, std::int64_t q_len, RunsTemp temp,
                                       SpanRun* d_runs, std::int64_t max_runs, std::int64_t* d_run_count,
-                                      cudaStream_t stream) {
+                                      std::int64_t* d_first_invalid_row, cudaStream_t stream) {
   const std::int64_t tiles = runs_tiles(n_rows);
   cudaLaunchConfig_t config{};
   config.blockDim = dim3(kRunsThreads);
@@ -154,7 +178,9 @@ inline cudaError_t launch_reduce_runs(const RowSpan* d_rows, std::int64_t n_rows
   if (cudaError_t e = cudaLaunchKernelEx(&config, runs_tile_summary, d_rows, n_rows, q_len, temp); e != cudaSuccess)
     return e;
   config.gridDim = dim3(1);
-  if (cudaError_t e = cudaLaunchKernelEx(&config, runs_tile_prefix, tiles, temp, d_run_count); e != cudaSuccess)
+  if (cudaError_t e = cudaLaunchKernelEx(&config, runs_tile_prefix, n_rows, tiles, temp, d_run_count,
+                                         d_first_invalid_row);
+      e != cudaSuccess)
     return e;
   config.gridDim = dim3(static_cast<unsigned>(tiles));
   if (cudaError_t e = cudaLaunchKernelEx(&config, runs_write, d_rows, n_rows, q_len, temp, d_runs, max_runs);
