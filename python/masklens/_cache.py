@@ -24,6 +24,7 @@ masks). Without masklens._cuda the mask is copied to the host (once-warned).
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import math
 import time
@@ -259,8 +260,10 @@ _MANY_RUNS = 8
 def _device_runs(mask, masked_threshold, sizes, scan_call, tiles=(0, 0), classify_many_runs=True, spans_out=None):
     """The device scan both entry points share: the block laid out by a _core.DeviceRuns from
     `sizes` (scan temporary bytes, run reduction temporary bytes), scan_call(block address,
-    runs, stream, device) scanning into it and returning the run count, the runs past the
-    first copy brought, the runs classified. Returns the Verdict; None where
+    runs, stream, device, while_reading) scanning into it and returning the run count (it
+    calls while_reading(), host work that needs no result, between its launches and its
+    wait), the runs past the first copy brought, the runs classified. Returns the Verdict;
+    None where
     classify_many_runs is False and the runs are more than one in _MANY_RUNS rows (a
     mask that is arbitrary or close to it: its runs would cost more than the scan; a NaN
     / +inf row is still an error, found on the device). spans_out (a list): the scan's
@@ -278,13 +281,16 @@ def _device_runs(mask, masked_threshold, sizes, scan_call, tiles=(0, 0), classif
     base = block.data_ptr()
     stream = _stream_of(mask.device)
     device = mask.device.index
+
+    def while_reading():
+        # Host work for a scan_call to do between its launches and its wait: views only.
+        if spans_out is not None:
+            spans_at = runs.layout["spans"]
+            spans_out.append(block[spans_at:spans_at + runs.rows * 32].view(torch.int64).view(runs.rows, 4))
     t_call = time.perf_counter()
-    count = scan_call(base, runs, stream, device)
+    count = scan_call(base, runs, stream, device, while_reading)
     # The launches, the head's copy, the synchronisation (and the host work done meanwhile).
     timing["kernels_ms"] = (time.perf_counter() - t_call) * 1e3
-    if spans_out is not None:
-        spans_at = runs.layout["spans"]
-        spans_out.append(block[spans_at:spans_at + runs.rows * 32].view(torch.int64).view(runs.rows, 4))
     if not classify_many_runs and count * _MANY_RUNS > runs.rows:
         # No verdict, yet a NaN / +inf row is an error: the run reduction found the first
         # one on the device, and it came back in the head with the count.
@@ -322,8 +328,10 @@ def device_scan(mask, masked_threshold: float = -1000.0):
     sizes = _cuda.query_runs(*args)
     timing["prepare_ms"] = (time.perf_counter() - t0) * 1e3  # the size query
 
-    def scan_call(base, runs, stream, device):
-        return _cuda.scan_runs(*args, base, runs.block_bytes, runs.head_address, runs.head_bytes, stream, device)
+    def scan_call(base, runs, stream, device, while_reading):
+        count = _cuda.scan_runs(*args, base, runs.block_bytes, runs.head_address, runs.head_bytes, stream, device)
+        while_reading()
+        return count
     return _device_runs(mask, masked_threshold, sizes, scan_call)
 
 
@@ -346,6 +354,24 @@ def has_structure_writer() -> bool:
     return module is not None and hasattr(module, "write_block_mask_from_ranges")
 
 
+@functools.lru_cache(maxsize=64)
+def _block_mask_layout(distinct_batch, distinct_heads, nq, nk, extra_bytes):
+    """_block_mask_storage's layout of a grid, worked out once: (fields [(name, shape)],
+    their sizes, the parts' int32 sizes (padded to 16 bytes; the extra part last), the
+    parts' byte offsets)."""
+    shapes = {"kv_num_blocks": (distinct_batch, distinct_heads, nq),
+              "kv_indices": (distinct_batch, distinct_heads, nq, nk),
+              "q_num_blocks": (distinct_batch, distinct_heads, nk),
+              "q_indices": (distinct_batch, distinct_heads, nk, nq)}
+    fields = tuple((name, shapes[name.replace("full_", "")]) for name in BLOCK_MASK_FIELDS)
+    sizes = tuple(math.prod(shape) for _, shape in fields)
+    padded = tuple(-(-n // 4) * 4 for n in sizes)
+    extra = -(-extra_bytes // 16) * 4  # int32 elements
+    parts = padded + ((extra,) if extra else ())
+    offsets = tuple(4 * sum(parts[:k]) for k in range(len(parts)))
+    return fields, sizes, parts, offsets
+
+
 def _block_mask_storage(device, distinct_batch, distinct_heads, nq, nk, extra_bytes=0):
     """The storage of torch BlockMask's eight int32 tensors of a grid: one allocation (one
     block of the caching allocator instead of eight), each field 16-byte aligned in it.
@@ -355,25 +381,15 @@ def _block_mask_storage(device, distinct_batch, distinct_heads, nq, nk, extra_by
     storage makes them while the device works. extra_bytes > 0: a ninth address, of that
     many bytes after the fields (16-byte aligned; kept with the tensors, in no view)."""
     import torch
-    shapes = {"kv_num_blocks": (distinct_batch, distinct_heads, nq),
-              "kv_indices": (distinct_batch, distinct_heads, nq, nk),
-              "q_num_blocks": (distinct_batch, distinct_heads, nk),
-              "q_indices": (distinct_batch, distinct_heads, nk, nq)}
-    fields = [(name, shapes[name.replace("full_", "")]) for name in BLOCK_MASK_FIELDS]
-    sizes = [math.prod(shape) for _, shape in fields]
-    padded = [-(-n // 4) * 4 for n in sizes]
-    extra = -(-extra_bytes // 16) * 4  # int32 elements
-    parts = padded + ([extra] if extra else [])
+    fields, sizes, parts, offsets = _block_mask_layout(distinct_batch, distinct_heads, nq, nk, extra_bytes)
     block = torch.empty(sum(parts), dtype=torch.int32, device=device)
-    base, pointers = block.data_ptr(), []
-    for n in parts:
-        pointers.append(base)
-        base += 4 * n
+    base = block.data_ptr()
+    pointers = [base + at for at in offsets]
 
     def views():
         # One split (a single op), then a view per field (the extra part has none).
         return {name: (part if n == p else part[:n]).view(shape)
-                for (name, shape), part, n, p in zip(fields, block.split(parts), sizes, padded)}
+                for (name, shape), part, n, p in zip(fields, block.split(parts), sizes, parts)}
     return pointers, [4 * n for n in sizes], views
 
 
@@ -445,7 +461,7 @@ def device_scan_tiles(mask, size, masked_threshold: float = -1000.0, classify_ma
     timing["prepare_ms"] = (time.perf_counter() - t0) * 1e3  # the size query and the tensors' allocation
     arrays = {}
 
-    def scan_call(base, runs, stream, device):
+    def scan_call(base, runs, stream, device, while_reading):
         # Enqueued without waiting: the tensors' views are made while the device reads the
         # mask, then the one synchronisation (whatever happens between: the pending scan
         # would refuse the thread's next one). A launch that raises leaves none pending.
@@ -453,6 +469,7 @@ def device_scan_tiles(mask, size, masked_threshold: float = -1000.0, classify_ma
                               pointers, nbytes, stream, device, wait=False, **extra)
         try:
             arrays.update(views())
+            while_reading()
         finally:
             count = _cuda.wait_runs(runs.head_address)
         return count

@@ -325,12 +325,11 @@ def span_mask_mod(spans, distinct_batch: int, distinct_heads: int):
     to build. A broadcast batch or head (distinct 1) reads slice 0."""
     Q = spans.shape[0] // (distinct_batch * distinct_heads)
     table = spans.view(distinct_batch, distinct_heads, Q, 4)
-    first, last = table[..., 0], table[..., 1]
 
     def mask_mod(b, h, qi, ki):
         # Past Q (a ragged last tile) the row is clamped; flex masks those positions itself.
-        at = (b if distinct_batch > 1 else 0, h if distinct_heads > 1 else 0, qi.clamp(max=Q - 1))
-        return (ki >= first[at]) & (ki <= last[at])
+        bb, hh, qc = b if distinct_batch > 1 else 0, h if distinct_heads > 1 else 0, qi.clamp(max=Q - 1)
+        return (ki >= table[bb, hh, qc, 0]) & (ki <= table[bb, hh, qc, 1])
     return mask_mod
 
 
