@@ -284,6 +284,13 @@ TEST_CASE("device tile plan: units cover every row of every q tile once; counter
       CHECK(expect_slice == grid->slices());
       CHECK(expect_q == 0);
     }
+    // A block's warps take a unit's rows in turn: a multiple of the rows read at once gives
+    // each as many rows of every unit (but where a unit is a whole q tile, or the 32-bit
+    // counters allow fewer rows).
+    const std::int64_t tile_rows = std::min(size.q, Q);
+    if (p.rows_per_unit < tile_rows && (p.keys.divisor > (std::int64_t{1} << 32) - 1 ||
+                                        p.rows_per_unit < ((std::int64_t{1} << 32) - 1) / p.keys.divisor))
+      CHECK(p.rows_per_unit % at_once == 0);
     // Counters flushed once per q tile hold a whole q tile's rows.
     if (p.flush_per_q_tile) {
       CHECK(p.shared);

@@ -177,11 +177,17 @@ struct TileScanPlan {
   const std::int64_t nk = g.k_tiles(), tile_rows = g.block_q < g.q_len ? g.block_q : g.q_len;
   const std::int64_t rows = g.slices() * g.q_len;
 
-  // Rows per unit: enough units to balance the device, few enough flushes to be free.
+  // Rows per unit: enough units to balance the device, few enough flushes to be free; a
+  // multiple of the rows a block reads at once (rounded down), so that its warps, which
+  // take a unit's rows in turn, each take as many rows of every unit and reach the q
+  // tile's flush together (69632 rows made 9-row units: one warp took 43 rows of each q
+  // tile, the others 29, and the pass ran at 1.12-1.24x a read on an H200 against
+  // 1.05-1.09x at 65536 rows, whose units are 8 rows).
   const std::int64_t at_once = rows_at_once < 1 ? 1 : rows_at_once;
   std::int64_t r = (rows + target_units - 1) / target_units;
-  if (r < at_once) r = at_once;
   if (r > max_rows_per_parallel_row * at_once) r = max_rows_per_parallel_row * at_once;
+  r = r / at_once * at_once;
+  if (r < at_once) r = at_once;
   if (r > tile_rows) r = tile_rows;
 
   // A 32-bit counter holds at most r rows x divisor keys of one tile.
