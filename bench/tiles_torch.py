@@ -3,7 +3,7 @@ on masklens' BlockMask against the dense mask on torch's default dispatch.
 
     python3 bench/tiles_torch.py [--device cuda] [--lengths 32768,65536] [--reps 5] [--quick]
                                  [--flex-length 69632] [--no-flex] [--masklens PATH] [--split]
-                                 [--stalls CALLS]
+                                 [--stalls CALLS] [--steps CALLS]
 
 Per mask (sliding window 4096, packed documents, random block-sparse; bool [1, 1, L, L]):
   masklens, from structure   the structure's tile ranges (tiles.hpp, no read of the mask;
@@ -44,6 +44,9 @@ the device read and its verdict) and prints torch.profiler's table of one device
 --stalls CALLS instead times every step of both CUDA ways over CALLS BlockMasks of the
 window mask, with each step's median and maximum and the calls a millisecond or more
 over the median (the host-side stalls bench/README.md traces).
+--steps CALLS instead times one device read (masklens.torch.block_mask on the CUDA mask)
+function by function: each function it calls, wrapped with perf_counter stamps, with its
+start after the call's and its duration (minimum and median of CALLS calls).
 
 --masklens PATH checks `masklens inspect --tiles 128 --json` against create_block_mask on
 small masks (the CLI's JSON), as before."""
@@ -390,6 +393,77 @@ def bench_stalls(L, device, calls):
         print(f"    GPU work between the events: median {gpu[len(gpu) // 2]:.3f}, max {gpu[-1]:.3f} ms")
 
 
+def bench_steps(L, device, calls):
+    """One device read's host steps: every function masklens.torch.block_mask calls on a CUDA
+    mask (masklens._cuda's entry points among them) wrapped to record when it starts and how
+    long it takes, per call; printed as the median start and the minimum / median duration
+    over `calls` calls, after three untimed ones. The wrappers add about a microsecond each."""
+    import masklens
+    import masklens.torch as mt
+    from masklens import _cache, _core, _run
+    if device != "cuda" or _cache.cuda_module() is None:
+        print("--steps times the device read: it needs CUDA and masklens._cuda")
+        return
+    log = []
+
+    def wrapped(fn, label):
+        def call(*a, **kw):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                log.append((label, t0, time.perf_counter()))
+        return call
+
+    class Module:  # masklens._cuda with its scan's entry points wrapped
+        def __init__(self, module):
+            self._module = module
+            for name in ("query_runs_tiles", "scan_runs_tiles", "wait_runs"):
+                setattr(self, name, wrapped(getattr(module, name), "_cuda." + name))
+
+        def __getattr__(self, name):
+            return getattr(self._module, name)
+    targets = [(mt, "block_mask"), (mt, "_device_block_mask"), (mt, "_structure_slices"),
+               (_cache, "device_scan_tiles"), (_cache, "_device_runs"), (_cache, "_block_mask_storage"),
+               (_cache, "_stream_of"), (_cache, "_counted_scan"), (_core, "DeviceRuns"),
+               (_run, "rule_reads_tables"), (_run, "span_mask_mod"), (_run, "mask_mod_for"),
+               (_run, "block_mask_from_arrays")]
+    saved = [(obj, name, getattr(obj, name)) for obj, name in targets] + [(_cache, "_cuda", _cache._cuda)]
+    index = torch.cuda.current_device()
+    try:
+        _cache._cuda = Module(_cache._cuda)
+        for obj, name in targets:
+            setattr(obj, name, wrapped(getattr(obj, name), name))
+        for name, m, _ in masks(L, device):
+            for _ in range(3):
+                masklens.forget()
+                mt.block_mask(m, 128)
+            per, totals = {}, []
+            for _ in range(calls):
+                masklens.forget()
+                torch.cuda.synchronize(index)
+                log.clear()
+                t0 = time.perf_counter()
+                mt.block_mask(m, 128)
+                torch.cuda.synchronize(index)
+                totals.append((time.perf_counter() - t0) * 1e6)
+                for label, a, b in log:
+                    per.setdefault(label, []).append(((a - t0) * 1e6, (b - a) * 1e6))
+                per.setdefault("(verdict: classify, from timing)", []).append((0.0, _cache.timing["classify_ms"] * 1e3))
+            totals.sort()
+            print(f"\none device read of the {name} mask at {L}: {totals[0]:.0f} us at least, "
+                  f"{totals[len(totals) // 2]:.0f} us median (to the device's end), step by step in us:")
+            print(f"  {'step':34s} {'starts at':>10s} {'min':>8s} {'median':>8s}")
+            for label, v in sorted(per.items(), key=lambda kv: sorted(x[0] for x in kv[1])[len(kv[1]) // 2]):
+                starts, lasts = sorted(x[0] for x in v), sorted(x[1] for x in v)
+                print(f"  {label:34s} {starts[len(v) // 2]:10.1f} {lasts[0]:8.1f} {lasts[len(v) // 2]:8.1f}")
+            del m
+            torch.cuda.empty_cache()
+    finally:
+        for obj, name, fn in saved:
+            setattr(obj, name, fn)
+
+
 def check_cli(cli):
     import masklens  # noqa: F401
     small = 1024
@@ -421,6 +495,8 @@ def main():
                     help="only where masklens' milliseconds go, step by step (and a profile at the largest length)")
     ap.add_argument("--stalls", type=int, default=0, metavar="CALLS",
                     help="only the host-side stalls: CALLS BlockMasks of the window mask each way, step by step")
+    ap.add_argument("--steps", type=int, default=0, metavar="CALLS",
+                    help="only one device read's host steps, function by function, over CALLS calls")
     args = ap.parse_args()
     reps = 3 if args.quick else args.reps
     import masklens
@@ -431,6 +507,10 @@ def main():
     if args.stalls:
         for L in lengths:
             bench_stalls(L, args.device, args.stalls)
+        return
+    if args.steps:
+        for L in lengths:
+            bench_steps(L, args.device, args.steps)
         return
     if args.split:
         for L in lengths:
