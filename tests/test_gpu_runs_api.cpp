@@ -69,6 +69,9 @@ TEST_CASE("gpu runs API: the size query needs no device; arguments are checked b
         ErrorCode::misaligned_pointer);
   CHECK(gpu::reduce_runs(fake(0x40000), bytes, rows, 8, 4, static_cast<SpanRun*>(fake(0x20004)), 8, count).code() ==
         ErrorCode::misaligned_pointer);
+  CHECK(gpu::reduce_runs(fake(0x40000), bytes, rows, 8, 4, runs, 8, count,
+                         static_cast<std::int64_t*>(fake(0x30004)))
+            .message() == "d_first_invalid_row is not aligned to 8 bytes");
   auto empty = gpu::scan_runs(MaskView{});
   REQUIRE_FALSE(empty.ok());
   CHECK(empty.status().message() == "view is empty (data is null)");

@@ -320,11 +320,13 @@ def span_mask_mod(spans, distinct_batch: int, distinct_heads: int):
     exact structure's rows do: row_span.hpp), from the RowSpans a device read left
     ([distinct_batch * distinct_heads * Q, 4] int64: first, last, count, flags): key kv
     attends row q iff first[q] <= kv <= last[q] (an empty row's first is past every key).
-    Views of the read's own block, no launch and no upload: where a structure's rule
-    needs tables (a document id per position...), this is the same mask with nothing left
-    to build. A broadcast batch or head (distinct 1) reads slice 0."""
+    One copy of the bounds on the device, no upload: where a structure's rule needs tables
+    (a document id per position...), this is the same mask with nothing else to build.
+    The copy (16 bytes a row) lets the read's block go: a view would keep its runs, spans
+    and tile counts alive with the BlockMask (~4.9 MB at 69632^2). A broadcast batch or
+    head (distinct 1) reads slice 0."""
     Q = spans.shape[0] // (distinct_batch * distinct_heads)
-    table = spans.view(distinct_batch, distinct_heads, Q, 4)
+    table = spans[:, :2].contiguous().view(distinct_batch, distinct_heads, Q, 2)
 
     def mask_mod(b, h, qi, ki):
         # Past Q (a ragged last tile) the row is clamped; flex masks those positions itself.

@@ -228,7 +228,7 @@ def _device_block_mask(mask, size, masked_threshold):
     to more than one run in 8 rows (block-sparse masks: about one run per row): the
     lookup is exact for any mask, and the runs are never brought to the host. A structure
     whose rule reads device tables (documents, VLM blocks, padding) takes the read's own
-    spans instead (_run.span_mask_mod): no table is built after the read."""
+    spans' bounds instead (_run.span_mask_mod): no table is built after the read."""
     view = mask
     while view.dim() < 4:
         view = view.unsqueeze(0)
@@ -258,7 +258,8 @@ def block_mask(mask_or_report, block_size=128, *, mask=None, device=None, masked
     which proves the structure and writes the BlockMask's tensors there in that read.
     Otherwise an exact structure's tiles come from its fields (no read of the mask past
     the scan), an arbitrary mask's from a host scan (a CUDA mask without masklens._cuda
-    is copied to the host for them). An exact structure's mask_mod comes from its fields;
+    is copied to the host for them). An exact structure's mask_mod comes from its fields
+    (from one device read, a rule that needs tables takes the read's row bounds instead);
     an arbitrary mask's reads the mask (`mask[b, h, q, kv]`): a Report of an arbitrary
     mask needs `mask=` (its tiles are reused when inspect(tiles=...) counted them at this
     size). The tensors are on `device` (default: the mask's, else the CPU)."""

@@ -704,6 +704,27 @@ def test_device_block_mask_of_an_exact_structure_keeps_the_structures_slices(mon
             assert torch.equal(fa.create_mask(bm.mask_mod, m.shape[0], 1, 64, 64, device="cpu"), m[:, :1]), name
 
 
+@pytest.mark.parametrize("name", ["causal blocks", "packed documents", "left padding per batch",
+                                  "query padding (q_valid)"])
+def test_device_block_mask_of_a_structure_with_tables_takes_the_reads_row_bounds(name, monkeypatch):
+    """A structure whose rule needs device tables (VLM blocks, documents, padding) takes the
+    device read's row bounds as its mask_mod: a copy of [first, last] a row, not a view of
+    the read's block, and the mask itself (create_mask), ragged tiles and per-batch slices
+    included; a float mask read against its threshold gives the same."""
+    fa = pytest.importorskip("torch.nn.attention.flex_attention")
+    import masklens.torch as mt
+    from test_tiles import as4, structured
+    m = as4(structured()[name])
+    B, _, Q, K = m.shape
+    for mask in (m, torch.zeros(m.shape).masked_fill(~m, -1e4)):  # bool, and finite-masked additive
+        fake_tile_scan(m, (16, 16), monkeypatch)
+        structure, bm = mt._device_block_mask(mask, (16, 16), -1000.0)
+        assert structure is not None and _run.rule_reads_tables(structure), name
+        held = tensors_held(bm.mask_mod)
+        assert len(held) == 1 and held[0].shape[-1] == 2 and held[0].is_contiguous(), name
+        assert torch.equal(fa.create_mask(bm.mask_mod, B, 1, Q, K, device="cpu"), m), name
+
+
 def test_device_tile_scan_names_an_invalid_row(monkeypatch):
     m = torch.ones(2, 3, 40, 40, dtype=torch.bool)
     fake_tile_scan(m, (16, 16), monkeypatch, flags_row=4 * 40 + 17)

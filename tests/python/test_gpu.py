@@ -569,7 +569,7 @@ def test_inspect_tiles_of_a_cuda_mask_come_from_one_device_read(name):
 @needs_device_tiles
 def test_device_block_mask_of_a_float_mask_names_a_nan_row():
     """A block-sparse mask's BlockMask takes no verdict (its runs are many), yet a float
-    mask's NaN row is an error that names the row, found in the spans on the device."""
+    mask's NaN row is an error that names the row, found by the run reduction on the device."""
     import masklens.torch as mt
     from masklens import _cache
     mask = random_block_sparse(2, 1, 512, 512, 64, 64, 0.4, 7, torch.float32)

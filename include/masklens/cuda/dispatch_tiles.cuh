@@ -24,9 +24,10 @@
 #include <atomic>
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <mutex>
+#include <tuple>
 #include <type_traits>
-#include <vector>
 
 #include <cub/warp/warp_reduce.cuh>
 
@@ -165,32 +166,28 @@ __global__ void __launch_bounds__(Policy::kBlockThreads, Policy::kMinBlocksPerSM
 // microseconds of host time, spent before the scan's launch on every read.
 template <class Kernel>
 cudaError_t resident_blocks(Kernel kernel, int threads, std::size_t smem, std::int64_t& blocks) {
-  struct Known {
-    int device, threads;
-    const void* kernel;
-    std::size_t smem;
-    std::int64_t blocks;
-  };
+  // One entry per device, kernel and shared size met (the shared size follows the k
+  // tiles: up to a few thousand over every mask width), looked up in O(log n).
+  using Key = std::tuple<int, const void*, int, std::size_t>;
   static std::mutex mutex;
-  static std::vector<Known> known;  // a few entries a device: the kernels x the plans' shared sizes
-  const void* address = reinterpret_cast<const void*>(kernel);
+  static std::map<Key, std::int64_t> known;
   int device = 0, sms = 0, per_sm = 0;
   cudaError_t e = cudaGetDevice(&device);
   if (e != cudaSuccess) return e;
+  const Key key{device, reinterpret_cast<const void*>(kernel), threads, smem};
   {
     const std::lock_guard<std::mutex> lock(mutex);
-    for (const Known& k : known)
-      if (k.device == device && k.kernel == address && k.threads == threads && k.smem == smem) {
-        blocks = k.blocks;
-        return cudaSuccess;
-      }
+    if (const auto it = known.find(key); it != known.end()) {
+      blocks = it->second;
+      return cudaSuccess;
+    }
   }
   e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem);
   blocks = static_cast<std::int64_t>(sms) * (per_sm > 0 ? per_sm : 1);
   if (e == cudaSuccess) {
     const std::lock_guard<std::mutex> lock(mutex);
-    known.push_back({device, threads, address, smem, blocks});
+    known.emplace(key, blocks);
   }
   return e;
 }

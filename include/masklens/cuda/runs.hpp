@@ -35,8 +35,9 @@ namespace masklens::gpu {
 // d_temp_storage == nullptr only temp_storage_bytes is set (no CUDA call is made); the
 // storage may start at any address. Enqueues on `stream` and
 // returns; the runs are there once the stream reaches that point. Where
-// d_first_invalid_row (device memory) is given, the first row flagged kRowInvalid (an
-// element that is NaN or +inf) goes there, -1 where none is: a caller that brings back
+// d_first_invalid_row (device memory, 8-byte aligned, apart from d_run_count and the
+// temporary storage) is given, the first row flagged kRowInvalid (an element that is NaN
+// or +inf) goes there, -1 where none is: a caller that brings back
 // the count alone (or the first runs) still learns of every invalid row. invalid_argument
 // for rows < 1 or past 2^31 - 1, q_len < 1, rows not a multiple of q_len, max_runs < 1,
 // null pointers (but d_first_invalid_row); misaligned_pointer for pointers off their
