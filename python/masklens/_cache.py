@@ -260,15 +260,13 @@ _MANY_RUNS = 8
 def _device_runs(mask, masked_threshold, sizes, scan_call, tiles=(0, 0), classify_many_runs=True, spans_out=None):
     """The device scan both entry points share: the block laid out by a _core.DeviceRuns from
     `sizes` (scan temporary bytes, run reduction temporary bytes), scan_call(block address,
-    runs, stream, device, while_reading) scanning into it and returning the run count (it
-    calls while_reading(), host work that needs no result, between its launches and its
-    wait), the runs past the first copy brought, the runs classified. Returns the Verdict;
-    None where
+    runs, stream, device) scanning into it and returning the run count, the runs past the
+    first copy brought, the runs classified. Returns the Verdict; None where
     classify_many_runs is False and the runs are more than one in _MANY_RUNS rows (a
     mask that is arbitrary or close to it: its runs would cost more than the scan; a NaN
-    / +inf row is still an error, found on the device). spans_out (a list): the scan's
-    RowSpans are appended to it, an int64 [rows, 4] view of the block (first, last, count,
-    flags | reserved), which then lives as long as the view."""
+    / +inf row is still an error, found on the device). spans_out (a list): a function is
+    appended to it that gives the scan's RowSpans, an int64 [rows, 4] view of the block
+    (first, last, count, flags | reserved), made only if asked for."""
     import torch
 
     t0 = time.perf_counter()
@@ -281,16 +279,15 @@ def _device_runs(mask, masked_threshold, sizes, scan_call, tiles=(0, 0), classif
     base = block.data_ptr()
     stream = _stream_of(mask.device)
     device = mask.device.index
-
-    def while_reading():
-        # Host work for a scan_call to do between its launches and its wait: views only.
-        if spans_out is not None:
-            spans_at = runs.layout["spans"]
-            spans_out.append(block[spans_at:spans_at + runs.rows * 32].view(torch.int64).view(runs.rows, 4))
     t_call = time.perf_counter()
-    count = scan_call(base, runs, stream, device, while_reading)
+    count = scan_call(base, runs, stream, device)
     # The launches, the head's copy, the synchronisation (and the host work done meanwhile).
     timing["kernels_ms"] = (time.perf_counter() - t_call) * 1e3
+    if spans_out is not None:
+        def spans():
+            spans_at = runs.layout["spans"]
+            return block[spans_at:spans_at + runs.rows * 32].view(torch.int64).view(runs.rows, 4)
+        spans_out.append(spans)
     if not classify_many_runs and count * _MANY_RUNS > runs.rows:
         # No verdict, yet a NaN / +inf row is an error: the run reduction found the first
         # one on the device, and it came back in the head with the count.
@@ -328,10 +325,8 @@ def device_scan(mask, masked_threshold: float = -1000.0):
     sizes = _cuda.query_runs(*args)
     timing["prepare_ms"] = (time.perf_counter() - t0) * 1e3  # the size query
 
-    def scan_call(base, runs, stream, device, while_reading):
-        count = _cuda.scan_runs(*args, base, runs.block_bytes, runs.head_address, runs.head_bytes, stream, device)
-        while_reading()
-        return count
+    def scan_call(base, runs, stream, device):
+        return _cuda.scan_runs(*args, base, runs.block_bytes, runs.head_address, runs.head_bytes, stream, device)
     return _device_runs(mask, masked_threshold, sizes, scan_call)
 
 
@@ -449,7 +444,8 @@ def device_scan_tiles(mask, size, masked_threshold: float = -1000.0, classify_ma
     ~one run per row would cost more on the host than the read on the device). `states`: a
     contiguous uint8 tensor of one byte a tile on the mask's device, written with each
     tile's state ([B', H', q tiles, k tiles], 0 empty, 1 partial, 2 full) in the same pass.
-    `spans_out` (a list): the read's RowSpans appended, as _device_runs() gives them."""
+    `spans_out` (a list): a function giving the read's RowSpans appended, as _device_runs()
+    gives it."""
     t0 = time.perf_counter()
     dtype = _device_dtype(mask)
     q, k = size
@@ -461,7 +457,7 @@ def device_scan_tiles(mask, size, masked_threshold: float = -1000.0, classify_ma
     timing["prepare_ms"] = (time.perf_counter() - t0) * 1e3  # the size query and the tensors' allocation
     arrays = {}
 
-    def scan_call(base, runs, stream, device, while_reading):
+    def scan_call(base, runs, stream, device):
         # Enqueued without waiting: the tensors' views are made while the device reads the
         # mask, then the one synchronisation (whatever happens between: the pending scan
         # would refuse the thread's next one). A launch that raises leaves none pending.
@@ -469,7 +465,6 @@ def device_scan_tiles(mask, size, masked_threshold: float = -1000.0, classify_ma
                               pointers, nbytes, stream, device, wait=False, **extra)
         try:
             arrays.update(views())
-            while_reading()
         finally:
             count = _cuda.wait_runs(runs.head_address)
         return count

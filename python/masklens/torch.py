@@ -241,7 +241,7 @@ def _device_block_mask(mask, size, masked_threshold):
         if slices != _structure_slices(structure):
             return structure, None
         if _run.rule_reads_tables(structure):
-            mask_mod = _run.span_mask_mod(spans[0], *slices)
+            mask_mod = _run.span_mask_mod(spans[0](), *slices)
         else:
             mask_mod = _run.mask_mod_for(structure, view.device)
     else:
