@@ -144,6 +144,16 @@ std::vector<Variant> variants() {
       {"warp/row, 64 threads", launch_variant<ScanPolicy<64, 4, 2048, 1, true>, Esize, T, M>},
       {"warp/row, 128 threads, 2048 units", launch_variant<Tuned, Esize, 2048, 64>},
       {"warp/row, 128 threads, 32768 units", launch_variant<Tuned, Esize, 32768, M>},
+      // A ring of staged batches a warp in shared memory (cp.async): loads stay in flight
+      // while the warp classifies a batch. ScanPolicy's sixth argument; the tuned 1-byte
+      // shape is one of them.
+      {"loads into registers, 4 in flight, 7 blocks/SM (before)", launch_variant<ScanPolicy<128, 4, 2048, 7, true>, Esize, T, M>},
+      {"ring of 2 batches x 4 loads, 7 blocks/SM", launch_variant<ScanPolicy<128, 4, 2048, 7, true, 2>, Esize, T, M>},
+      {"ring of 3 batches x 2 loads, 7 blocks/SM", launch_variant<ScanPolicy<128, 2, 2048, 7, true, 3>, Esize, T, M>},
+      {"ring of 4 batches x 2 loads, 7 blocks/SM", launch_variant<ScanPolicy<128, 2, 2048, 7, true, 4>, Esize, T, M>},
+      {"ring of 8 batches x 1 load, 7 blocks/SM", launch_variant<ScanPolicy<128, 1, 2048, 7, true, 8>, Esize, T, M>},
+      {"ring of 4 batches x 2 loads, registers uncapped", launch_variant<ScanPolicy<128, 2, 2048, 1, true, 4>, Esize, T, M>},
+      {"ring of 2 batches x 4 loads, registers uncapped", launch_variant<ScanPolicy<128, 4, 2048, 1, true, 2>, Esize, T, M>},
   };
 }
 

@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <utility>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -58,16 +59,25 @@ struct Replayed {
 // unlike the threads'), each thread adding into its copy of the block's counters
 // (Shared) or into the q tile's counts, the counters flushed where the plan says
 // (flush_after).
-template <int Esize, int Threads, bool Shared, bool Vote = TileScanTuning<Esize, 900>::Policy::kSkipMaskedBatches>
+template <int Esize>
+using TunedTiles = typename TileScanTuning<Esize, 900>::Policy;
+
+template <int Esize, int Threads, bool Shared, bool Vote = TunedTiles<Esize>::kSkipMaskedBatches,
+          int Stages = Threads == 32 ? TunedTiles<Esize>::kStagedBatches : 0>
 Replayed replay(const ScanParams& s, const TileScanPlan& plan, std::int64_t blocks) {
   // The tile scan's own policy (dispatch_tiles.cuh launches TileScanTuning's): its loads
   // in flight, and its warps per block, which decide the rows each warp's guess follows;
-  // its vote on masked batches, or (Vote false) none.
-  using Policy = WithBatchVote<typename TileScanTuning<Esize, 900>::Policy, Vote>;
+  // its vote on masked batches, or (Vote false) none; its ring of staged batches, or
+  // Stages' (a warp per row only: a block per row stages none).
+  using Policy = WithStagedBatches<WithBatchVote<TunedTiles<Esize>, Vote>, Stages>;
   using Count = std::conditional_t<Shared, unsigned, unsigned long long>;
   using Acc = SpanTileAccumulator<Count>;
-  const AgentScanRow<Policy, Esize, Acc, Threads> agent(s);
-  const AgentScanRow<Policy, Esize, SpanAccumulator, Threads> span_agent(s);
+  // The warp's ring, its lanes' slots apart as on the device (one thread after another: a
+  // copy lands at once, so a slot read before its copy, or copied over before it is
+  // read, gives wrong keys).
+  std::vector<uint4> ring(Policy::kStageBytesPerWarp / sizeof(uint4) + 1);
+  const AgentScanRow<Policy, Esize, Acc, Threads> agent(s, ring.data());
+  const AgentScanRow<Policy, Esize, SpanAccumulator, Threads> span_agent(s, ring.data());
   const TileGrid& g = plan.grid;
   // Each warp's guess, as the kernel keeps it: whether its last row was no interval.
   const std::int64_t rows_at_once = Threads == 32 ? Policy::kWarpRowsPerBlock : 1;
@@ -142,9 +152,12 @@ Replayed replay(const ScanParams& s, const TileScanPlan& plan, std::int64_t bloc
 // rows side by side), replayed with its counters where the plan puts them, or in the
 // 64-bit counts when `force_global`.
 // vote = false: the tuned policy without its vote on masked batches, 32 threads only.
+// stages >= 0: a warp's ring of that many staged batches (0 none, 2 to 4), 32 threads only;
+// -1: the tuned policy's.
 Replayed replay(const MaskView& view, const TileGrid& g, int threads, bool force_global, std::int64_t blocks,
-                TileScanPlan* used = nullptr, bool from_intervals = true, bool vote = true) {
+                TileScanPlan* used = nullptr, bool from_intervals = true, bool vote = true, int stages = -1) {
   REQUIRE((vote || threads == 32));
+  REQUIRE((stages < 0 || (threads == 32 && vote && stages != 1 && stages <= 4)));
   const ScanParams s = scan_params(view);
   const int esize = element_size(view.dtype());
   // A warp per row: the tuned kernel's rows at once (its warps per block, as the replay
@@ -160,7 +173,18 @@ Replayed replay(const MaskView& view, const TileGrid& g, int threads, bool force
   }
   if (used) *used = plan;
   blocks = std::clamp<std::int64_t>(blocks, 1, plan.units);
+  const auto staged = [&]<int E, int Stages>() {
+    return plan.shared ? replay<E, 32, true, true, Stages>(s, plan, blocks)
+                       : replay<E, 32, false, true, Stages>(s, plan, blocks);
+  };
   const auto run = [&]<int E>() {
+    switch (stages) {
+      case 0: return staged.template operator()<E, 0>();
+      case 2: return staged.template operator()<E, 2>();
+      case 3: return staged.template operator()<E, 3>();
+      case 4: return staged.template operator()<E, 4>();
+      default: break;
+    }
     if (!vote)  // a warp per row, as the kernel reads
       return plan.shared ? replay<E, 32, true, false>(s, plan, blocks) : replay<E, 32, false, false>(s, plan, blocks);
     if (threads == 32) return plan.shared ? replay<E, 32, true>(s, plan, blocks) : replay<E, 32, false>(s, plan, blocks);
@@ -409,11 +433,16 @@ TEST_CASE("device agent with the tile accumulator on the CPU: spans, counts and 
     const std::vector<unsigned long long> want = reference_counts(view, *grid);
     // Blocks: one for every unit, a few (ranges cut inside q tiles), one for all.
     const std::int64_t blocks = coin(rng) ? std::int64_t{1} << 40 : uniform(rng, 1, 5);
+    // A warp per row reads through a ring of staged batches of a size drawn here (0: into
+    // registers), or the tuned policy's.
+    const int ring_sizes[] = {-1, 0, 2, 3, 4};
+    const int stages = ring_sizes[uniform(rng, 0, 4)];
     for (const int threads : {32, 256})
       for (const bool force_global : {false, true})
         for (const bool from_intervals : {true, false}) {
         TileScanPlan plan;
-        const Replayed got = replay(view, *grid, threads, force_global, blocks, &plan, from_intervals);
+        const Replayed got = replay(view, *grid, threads, force_global, blocks, &plan, from_intervals, true,
+                                    threads == 32 ? stages : -1);
         rows_from_bounds += got.rows_from_bounds;
         rows_read_twice += got.rows_read_twice;
         if (!from_intervals) REQUIRE(got.rows_from_bounds + got.rows_read_twice == 0);
@@ -421,6 +450,7 @@ TEST_CASE("device agent with the tile accumulator on the CPU: spans, counts and 
                             << (from_intervals ? " intervals from bounds" : " every row by vector")
                             << (plan.shared ? " shared copies " + std::to_string(1 << plan.copy_shift) : " global")
                             << " rows/unit " << plan.rows_per_unit << " blocks " << std::min(blocks, plan.units)
+                            << " ring " << (threads == 32 ? stages : -1)
                             << " base +" << (reinterpret_cast<std::uintptr_t>(view.data()) & 15));
         REQUIRE(got.rows.size() == spans->rows.size());
         for (std::size_t r = 0; r < got.rows.size(); ++r) {
@@ -502,11 +532,14 @@ TEST_CASE("device tile scan on the CPU: long rows of one masked value skip whole
       for (const TileSize size : {TileSize{128, 128}, TileSize{7, 2048}, TileSize{3, 100}}) {
         const TileGrid g = *tile_grid_for(view, size);
         const std::vector<unsigned long long> want = reference_counts(view, g);
-        for (const bool vote : {true, false})
+        // (vote, ring): the tuned policy, no vote, and rings of 0 (registers) to 4 batches
+        // with the vote, which wrap several times over a row of 16391 keys.
+        const std::pair<bool, int> ways[] = {{true, -1}, {false, -1}, {true, 0}, {true, 2}, {true, 3}, {true, 4}};
+        for (const auto& [vote, stages] : ways)
           for (const bool force_global : {false, true}) {
             INFO(to_string(kind.dtype) << " base +" << offset << " tiles " << text(size) << (vote ? " vote" : " no vote")
-                                       << (force_global ? " global" : " shared"));
-            const Replayed got = replay(view, g, 32, force_global, std::int64_t{1} << 40, nullptr, true, vote);
+                                       << " ring " << stages << (force_global ? " global" : " shared"));
+            const Replayed got = replay(view, g, 32, force_global, std::int64_t{1} << 40, nullptr, true, vote, stages);
             for (std::size_t r = 0; r < got.rows.size(); ++r) {
               INFO("row " << r);
               REQUIRE(got.rows[r].count == reference[r].count);
@@ -532,6 +565,51 @@ TEST_CASE("device tile scan on the CPU: long rows of one masked value skip whole
     }
   }
   MESSAGE(compared << " replays of long masked rows");
+}
+
+TEST_CASE("device tile scan on the CPU: a warp's ring of staged batches, wrapping many times over rows of several units") {
+  // Rows of many batches (thousands of keys), several units a block, ragged q tiles and
+  // every start alignment, each ring size. On the CPU a copy lands at once: a slot read
+  // before its copy, or copied over before it is read, gives wrong keys.
+  Rng rng(test_seed(1406));
+  const ElementType types[] = {ElementType::boolean, ElementType::bfloat16, ElementType::float32};
+  std::int64_t compared = 0;
+  for (int i = 0; i < 40; ++i) {
+    const std::int64_t q_len = uniform(rng, 20, 300), k_len = uniform(rng, 2000, 9000);
+    const ElementType dtype = types[uniform(rng, 0, 2)];
+    const MaskStructure spec = random_structure(rng, 1, q_len, k_len);
+    DenseMask dense = render(spec, 1, dtype, coin(rng, 0.3) ? Polarity::true_masks : Polarity::true_attends,
+                             Layout::contiguous, rng, coin(rng, 0.3) ? 0.2 : 0.0);
+    const int esize = element_size(dtype);
+    auto* raw = const_cast<std::uint8_t*>(dense.view.element_ptr(0, 0, 0, 0));
+    for (int f = static_cast<int>(uniform(rng, 0, 6)); f > 0; --f) {  // flipped keys: rows that are no interval
+      const std::int64_t q = uniform(rng, 0, q_len - 1), k = uniform(rng, 0, k_len - 1);
+      write_value(raw + dense.view.offset(0, 0, q, k) * esize, dtype, dense.view.encoding().polarity,
+                  attends(dense.view.at(0, 0, q, k)) ? Value::masked : Value::allowed, f);
+    }
+    const Placed placed(dense.view, esize * uniform(rng, 0, 16 / esize - 1));
+    const MaskView& view = placed.view;
+    const TileSize size{std::array<std::int64_t, 3>{128, 48, 7}[static_cast<std::size_t>(uniform(rng, 0, 2))], 128};
+    const TileGrid g = *tile_grid_for(view, size);
+    auto spans = scan(view);
+    REQUIRE(spans.ok());
+    const std::vector<unsigned long long> want = reference_counts(view, g);
+    for (const int stages : {2, 3, 4})
+      for (const std::int64_t blocks : {std::int64_t{1}, std::int64_t{3}}) {
+        INFO(dense.describe << " tiles " << text(size) << " ring " << stages << " blocks " << blocks << " base +"
+                            << (reinterpret_cast<std::uintptr_t>(view.data()) & 15));
+        const Replayed got = replay(view, g, 32, false, blocks, nullptr, true, true, stages);
+        for (std::size_t r = 0; r < got.rows.size(); ++r) {
+          INFO("row " << r);
+          REQUIRE(got.rows[r].count == spans->rows[r].count);
+          REQUIRE(got.rows[r].same_keys(spans->rows[r]));
+          REQUIRE(got.rows[r].flags == spans->rows[r].flags);
+        }
+        REQUIRE(got.counts == want);
+        ++compared;
+      }
+  }
+  MESSAGE(compared << " replays through rings of 2, 3 and 4 batches");
 }
 
 TEST_CASE("device tile scan on the CPU: each warp guesses from its own previous row, across units") {

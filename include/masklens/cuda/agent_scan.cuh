@@ -47,6 +47,36 @@ inline ScanParams scan_params(const MaskView& view) noexcept {
   return s;
 }
 
+// Asynchronous 16-byte copies from global into shared memory (cp.async.cg: L2 only, as a
+// stream read wants), committed in groups and waited for by count, for a warp's ring of
+// staged batches (ScanPolicy::kStagedBatches). Each thread waits for its own copies and
+// reads back only what it copied, so no barrier is needed. Before sm_80 (no cp.async) the
+// copy is a load and a store; on the host (the agent's replay through the stand-in for
+// the CUDA headers) a copy.
+__device__ __forceinline__ void stage_vector(uint4* to, const uint4* from) {
+#if !defined(__CUDACC__)
+  *to = __ldg(from);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(to))),
+               "l"(from)
+               : "memory");
+#elif defined(__CUDA_ARCH__)
+  *to = __ldg(from);
+#endif
+}
+__device__ __forceinline__ void commit_staged() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+// Waits until at most `Pending` of this thread's committed groups are still in flight.
+template <int Pending>
+__device__ __forceinline__ void wait_staged() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;" ::"n"(Pending) : "memory");
+#endif
+}
+
 // 0x80 in every byte of w that attends (invert = 0x80808080 for true_masks).
 __device__ __forceinline__ std::uint32_t attending_bytes(std::uint32_t w, std::uint32_t invert) {
   return ((((w & 0x7f7f7f7fu) + 0x7f7f7f7fu) | w) & 0x80808080u) ^ invert;
@@ -155,8 +185,12 @@ template <class Policy, int Esize, RowAccumulator Accumulator, int ThreadsPerRow
 struct AgentScanRow {
   const ScanParams& s;
   const ElementReader<Esize> fresh_reader;  // built once per kernel: its constants are the view's
+  // The reading warp's ring of Policy::kStagedBatches batches in shared memory
+  // (Policy::kStageBytesPerWarp, 16-byte aligned); unused where the policy stages none.
+  uint4* const ring;
 
-  __device__ explicit AgentScanRow(const ScanParams& params) : s(params), fresh_reader(params) {}
+  __device__ explicit AgentScanRow(const ScanParams& params, uint4* warp_ring = nullptr)
+      : s(params), fresh_reader(params), ring(warp_ring) {}
 
   // The first byte of row q of distinct slice `slice`.
   __device__ __forceinline__ const std::uint8_t* row_address(std::int64_t slice, std::int64_t q) const {
@@ -182,33 +216,109 @@ struct AgentScanRow {
     }
     // Up to the first 16-byte boundary one element at a time, then whole vectors, then
     // the tail: any base address aligned to the element size works.
-    constexpr std::int64_t kPerVector = 16 / Esize;
-    const auto misalign = static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(row) & 15);
-    std::int64_t head = misalign ? (16 - misalign) / Esize : 0;
-    head = head < s.k_len ? head : s.k_len;
-    const std::int64_t n_vec = (s.k_len - head) / kPerVector;
+    const RowVectors vectors = vectors_of(row);
+    const std::int64_t head = vectors.head, n_vec = vectors.count;
     for (std::int64_t k = lane; k < head; k += ThreadsPerRow) reader.element(acc, row + k * Esize, k, s);
-    const auto* vec = reinterpret_cast<const uint4*>(row + head * Esize);
+    const uint4* vec = vectors.first;
     constexpr int kInFlight = Policy::kVectorsInFlight;
     std::int64_t v = lane;
+    if constexpr (Policy::kStagedBatches > 0) {
+      static_assert(ThreadsPerRow == 32, "a ring is a warp's");
+      v = scan_staged(reader, acc, vectors, lane);
+    }
     for (; v + (kInFlight - 1) * ThreadsPerRow < n_vec; v += kInFlight * ThreadsPerRow) {
       uint4 x[kInFlight];
       MASKLENS_UNROLL
       for (int j = 0; j < kInFlight; ++j) x[j] = __ldg(vec + v + j * ThreadsPerRow);
-      // Skipped where every lane reading along has nothing here (Policy::kSkipMaskedBatches):
-      // one lane alone skipping would leave the others' work as long and add a divergent
-      // branch (a block-sparse mask's scattered blocks: a per-vector test measured 1.29x
-      // a read for the tile scan against 1.20x with the vote). Skipping is right lane by
-      // lane, so the vote may be over whichever lanes run together.
-      if constexpr (Policy::kSkipMaskedBatches)
-        if (__all_sync(__activemask(), reader.adds_nothing(x))) continue;
-      MASKLENS_UNROLL
-      for (int j = 0; j < kInFlight; ++j) reader.vector(acc, x[j], head + (v + j * ThreadsPerRow) * kPerVector);
+      classify_batch(reader, acc, x, head, v);
     }
     for (; v < n_vec; v += ThreadsPerRow) reader.vector(acc, __ldg(vec + v), head + v * kPerVector);
     for (std::int64_t k = head + n_vec * kPerVector + lane; k < s.k_len; k += ThreadsPerRow)
       reader.element(acc, row + k * Esize, k, s);
     return acc;
+  }
+
+ private:
+  static constexpr std::int64_t kPerVector = 16 / Esize;
+
+  // The batch x of vectors v, v + ThreadsPerRow, ... (key head + vector * kPerVector).
+  __device__ __forceinline__ static void classify_batch(ElementReader<Esize>& reader, Accumulator& acc,
+                                                        const uint4 (&x)[Policy::kVectorsInFlight], std::int64_t head,
+                                                        std::int64_t v) {
+    // Skipped where every lane reading along has nothing here (Policy::kSkipMaskedBatches):
+    // one lane alone skipping would leave the others' work as long and add a divergent
+    // branch (a block-sparse mask's scattered blocks: a per-vector test measured 1.29x
+    // a read for the tile scan against 1.20x with the vote). Skipping is right lane by
+    // lane, so the vote may be over whichever lanes run together.
+    if constexpr (Policy::kSkipMaskedBatches)
+      if (__all_sync(__activemask(), reader.adds_nothing(x))) return;
+    MASKLENS_UNROLL
+    for (int j = 0; j < Policy::kVectorsInFlight; ++j)
+      reader.vector(acc, x[j], head + (v + j * ThreadsPerRow) * kPerVector);
+  }
+
+  // A row's 16-byte vectors: those past its first `head` elements (up to the first 16-byte
+  // boundary), `count` of them, then the tail's elements.
+  struct RowVectors {
+    const uint4* first;
+    std::int64_t head, count;
+  };
+  __device__ __forceinline__ RowVectors vectors_of(const std::uint8_t* row) const {
+    const auto misalign = static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(row) & 15);
+    std::int64_t head = misalign ? (16 - misalign) / Esize : 0;
+    head = head < s.k_len ? head : s.k_len;
+    return {reinterpret_cast<const uint4*>(row + head * Esize), head, (s.k_len - head) / kPerVector};
+  }
+
+  // The whole batches this lane reads of `count` vectors: batch b is whole where its last
+  // vector, lane + b * kBatch + (kInFlight - 1) * 32, is in the row.
+  __device__ __forceinline__ static std::int64_t whole_batches(std::int64_t count, int lane) {
+    constexpr std::int64_t kBatch = std::int64_t{Policy::kVectorsInFlight} * ThreadsPerRow;
+    const std::int64_t last_offset = lane + (Policy::kVectorsInFlight - 1) * ThreadsPerRow;
+    return count > last_offset ? (count - last_offset + kBatch - 1) / kBatch : 0;
+  }
+
+  // The whole batches of the row's vectors this lane reads, through the warp's ring of S
+  // batches: batch b + S - 1 is copied into the ring (slot (b + S - 1) % S) before batch b
+  // is classified, so S - 1 batches stay in flight while the warp classifies one (with
+  // loads into registers none are). Batch b's copies are this lane's own, waited for by
+  // count (wait_staged: every step commits a group, empty past the lane's last batch, so
+  // that the count stays S - 1), and its slot is copied into again only after the lane
+  // has read it back into registers (the vote and the classification depend on those
+  // reads). Each row starts the ring afresh: nothing is in flight when it returns.
+  // Returns the next vector this lane reads past its last whole batch (as the loop of
+  // registers leaves v).
+  __device__ __forceinline__ std::int64_t scan_staged(ElementReader<Esize>& reader, Accumulator& acc,
+                                                      const RowVectors& vectors, int lane) const {
+    constexpr int kStages = Policy::kStagedBatches, kInFlight = Policy::kVectorsInFlight;
+    constexpr std::int64_t kBatch = std::int64_t{kInFlight} * ThreadsPerRow;
+    const std::int64_t batches = whole_batches(vectors.count, lane);
+    uint4* const mine = ring + lane;  // slot t, vector j: mine[(t * kInFlight + j) * 32]
+    const uint4* const from = vectors.first + lane;
+    std::int64_t issued = 0;
+    int fill = 0, drain = 0;  // the slots copied into and read next
+    const auto issue = [&] {
+      if (issued < batches) {
+        MASKLENS_UNROLL
+        for (int j = 0; j < kInFlight; ++j)
+          stage_vector(mine + (fill * kInFlight + j) * ThreadsPerRow, from + issued * kBatch + j * ThreadsPerRow);
+      }
+      commit_staged();
+      ++issued;
+      fill = fill + 1 == kStages ? 0 : fill + 1;
+    };
+    MASKLENS_UNROLL
+    for (int p = 0; p < kStages - 1; ++p) issue();
+    for (std::int64_t b = 0; b < batches; ++b) {
+      issue();
+      wait_staged<kStages - 1>();
+      uint4 x[kInFlight];
+      MASKLENS_UNROLL
+      for (int j = 0; j < kInFlight; ++j) x[j] = mine[(drain * kInFlight + j) * ThreadsPerRow];
+      drain = drain + 1 == kStages ? 0 : drain + 1;
+      classify_batch(reader, acc, x, vectors.head, lane + b * kBatch);
+    }
+    return lane + batches * kBatch;
   }
 };
 

@@ -91,6 +91,27 @@ __device__ __forceinline__ void zero_tile_counters(const TileScanPlan& plan, uns
   for (std::int64_t i = threadIdx.x; i < plan.slots(); i += blockDim.x) shared_counts[i] = 0;
 }
 
+// The dynamic shared memory of the tile scan with `Policy` and `plan`: the counters, then
+// (at a 16-byte boundary) a ring of staged batches a warp (ScanPolicy::kStagedBatches).
+template <class Policy>
+constexpr std::size_t tile_scan_shared_bytes(const TileScanPlan& plan) noexcept {
+  const std::size_t rings = std::size_t{Policy::kStageBytesPerWarp} * Policy::kWarpRowsPerBlock;
+  return rings == 0 ? plan.shared_bytes : (plan.shared_bytes + 15) / 16 * 16 + rings;
+}
+// A block may take 48 KiB of dynamic shared memory without opting in: the counters'
+// budget and the rings stay within it.
+inline constexpr std::size_t kDefaultDynamicShared = 48 * 1024;
+
+template <class Policy>
+__device__ __forceinline__ uint4* warp_ring(unsigned* shared, const TileScanPlan& plan, int warp) {
+  if constexpr (Policy::kStagedBatches == 0) {
+    return nullptr;
+  } else {
+    auto* base = reinterpret_cast<unsigned char*>(shared) + (plan.shared_bytes + 15) / 16 * 16;
+    return reinterpret_cast<uint4*>(base + std::size_t{Policy::kStageBytesPerWarp} * warp);
+  }
+}
+
 // A warp per row, rows of any length: the block's warps read the unit's rows side by
 // side. (A block per row, as the span scan takes for long rows, measured slower here: the
 // tile sink's registers leave fewer blocks per SM, and a block waits at a barrier per
@@ -101,6 +122,8 @@ __device__ __forceinline__ void zero_tile_counters(const TileScanPlan& plan, uns
 // first row is counted vector by vector: a guess of "interval" there would cost every
 // warp of a block-sparse mask a second read (about one row in ten at 32768^2, where a
 // warp reads ten rows: 1.26x against 1.14x a read for the scan kernel on an H200).
+// With a ring of staged batches (Policy::kStagedBatches) each warp reads its rows
+// through its own ring in shared memory (after the block's counters).
 template <class Policy, int Esize, bool Shared>
 __global__ void __launch_bounds__(Policy::kBlockThreads, Policy::kMinBlocksPerSM)
     scan_tiles_warp_kernel(ScanParams s, TileScanPlan plan, RowSpan* rows, unsigned long long* counts) {
@@ -108,10 +131,12 @@ __global__ void __launch_bounds__(Policy::kBlockThreads, Policy::kMinBlocksPerSM
   using Reduce = cub::WarpReduce<SpanAccumulator>;
   constexpr int kRowsAtOnce = Policy::kWarpRowsPerBlock;
   __shared__ typename Reduce::TempStorage temp[kRowsAtOnce];
-  extern __shared__ unsigned shared_counts[];
+  // The counters (plan.shared_bytes), then each warp's ring of staged batches.
+  extern __shared__ __align__(16) unsigned shared_counts[];
   const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
-  const AgentScanRow<Policy, Esize, Accumulator, 32> agent(s);
-  const AgentScanRow<Policy, Esize, SpanAccumulator, 32> span_agent(s);
+  uint4* const ring = warp_ring<Policy>(shared_counts, plan, warp);
+  const AgentScanRow<Policy, Esize, Accumulator, 32> agent(s, ring);
+  const AgentScanRow<Policy, Esize, SpanAccumulator, 32> span_agent(s, ring);
   launch_dependents();  // the writer's blocks wait for this kernel themselves
   if constexpr (Shared) {
     zero_tile_counters(plan, shared_counts);
@@ -202,7 +227,8 @@ auto tile_scan_kernel(const TileScanPlan& plan) {
 
 template <class Policy, int Esize>
 cudaError_t resident_tile_blocks(const TileScanPlan& plan, std::int64_t& blocks) {
-  return resident_blocks(tile_scan_kernel<Policy, Esize>(plan), Policy::kBlockThreads, plan.shared_bytes, blocks);
+  return resident_blocks(tile_scan_kernel<Policy, Esize>(plan), Policy::kBlockThreads,
+                         tile_scan_shared_bytes<Policy>(plan), blocks);
 }
 
 // The scan with `Policy` and `plan` (plan_tile_scan's with kWarpRowsPerBlock rows at once)
@@ -211,6 +237,9 @@ cudaError_t resident_tile_blocks(const TileScanPlan& plan, std::int64_t& blocks)
 template <class Policy, int Esize>
 cudaError_t launch_tile_plan(const ScanParams& s, const TileScanPlan& plan, RowSpan* rows, unsigned long long* counts,
                              cudaStream_t stream, std::int64_t blocks = 0, bool chained = false) {
+  static_assert((kTileSharedBudget + 15) / 16 * 16 + std::size_t{Policy::kStageBytesPerWarp} * Policy::kWarpRowsPerBlock <=
+                    kDefaultDynamicShared,
+                "the counters and the rings fit a block's shared memory without opting in");
   if (blocks <= 0)
     if (const cudaError_t e = resident_tile_blocks<Policy, Esize>(plan, blocks); e != cudaSuccess) return e;
   if (blocks > plan.units) blocks = plan.units;
@@ -218,7 +247,7 @@ cudaError_t launch_tile_plan(const ScanParams& s, const TileScanPlan& plan, RowS
   cudaLaunchConfig_t config{};
   config.blockDim = dim3(Policy::kBlockThreads);
   config.gridDim = dim3(static_cast<unsigned>(blocks));
-  config.dynamicSmemBytes = plan.shared_bytes;
+  config.dynamicSmemBytes = tile_scan_shared_bytes<Policy>(plan);
   config.stream = stream;
   cudaLaunchAttribute attribute{};
   chain_launch(config, attribute, chained);

@@ -32,7 +32,8 @@ constexpr std::int64_t kMaxRows = (std::int64_t{1} << 31) - 1;
 constexpr std::int64_t kEagerRuns = 256;
 constexpr std::int64_t kRunRoom = 4096;
 
-// The device block scan_runs allocates: [count, padded to 64 bytes][runs][spans][temps].
+// The device block scan_runs allocates: [count, first invalid row, padded to 64
+// bytes][runs][spans][temps].
 struct Block {
   std::size_t runs_at = 64, spans_at = 0, scan_temp_at = 0, runs_temp_at = 0, bytes = 0;
 };
@@ -117,6 +118,7 @@ Result<SpanRuns> scan_runs(const MaskView& device_view, Stream stream) {
   if (!st.ok()) return st;
   auto* base = static_cast<std::uint8_t*>(block);
   auto* d_count = reinterpret_cast<std::int64_t*>(base);
+  std::int64_t* d_first_invalid = d_count + 1;
   auto* d_runs = reinterpret_cast<SpanRun*>(base + layout.runs_at);
   auto* d_rows = reinterpret_cast<RowSpan*>(base + layout.spans_at);
   void* runs_temp_at = base + layout.runs_temp_at;
@@ -127,9 +129,10 @@ Result<SpanRuns> scan_runs(const MaskView& device_view, Stream stream) {
   const std::size_t head_bytes = layout.runs_at + static_cast<std::size_t>(eager) * sizeof(SpanRun);
   st = scan_spans(base + layout.scan_temp_at, scan_temp, device_view, d_rows, stream);
   if (st.ok()) st = check(cudaMemsetAsync(block, 0, head_bytes, stream), "cudaMemsetAsync(run count and first runs)");
-  if (st.ok()) st = reduce_runs(runs_temp_at, runs_temp, d_rows, rows, out.q_len, d_runs, room, d_count, nullptr, stream);
+  if (st.ok())
+    st = reduce_runs(runs_temp_at, runs_temp, d_rows, rows, out.q_len, d_runs, room, d_count, d_first_invalid, stream);
   std::vector<std::uint8_t> head;
-  std::int64_t count = 0;
+  std::int64_t count = 0, first_invalid = -1;
   if (st.ok())
     st = catch_alloc([&]() -> Status {
       head.resize(head_bytes);
@@ -141,9 +144,22 @@ Result<SpanRuns> scan_runs(const MaskView& device_view, Stream stream) {
   if (st.ok()) st = check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
   if (st.ok()) {
     std::memcpy(&count, head.data(), sizeof count);
+    std::memcpy(&first_invalid, head.data() + sizeof count, sizeof first_invalid);
     if (count < 1 || count > rows)
       st = error(ErrorCode::device_error, "the run reduction returned " + std::to_string(count) + " runs for " +
                                               std::to_string(rows) + " rows");
+    else if (first_invalid < -1 || first_invalid >= rows)
+      st = error(ErrorCode::device_error, "the run reduction named row " + std::to_string(first_invalid) +
+                                              " invalid of " + std::to_string(rows) + " rows");
+  }
+  // A NaN / +inf row: named as scan() names it, with no run copied past the first ones.
+  if (st.ok() && first_invalid >= 0) {
+    const std::int64_t slice = first_invalid / out.q_len;
+    st = error(ErrorCode::invalid_value, "mask row [" + std::to_string(slice / out.distinct_heads) + ", " +
+                                             std::to_string(slice % out.distinct_heads) + ", " +
+                                             std::to_string(first_invalid % out.q_len) +
+                                             "] holds NaN or +inf; an additive mask holds 0, a bias, or -inf / a "
+                                             "value <= the threshold");
   }
   if (st.ok())
     st = catch_alloc([&]() -> Status {
@@ -177,15 +193,6 @@ Result<SpanRuns> scan_runs(const MaskView& device_view, Stream stream) {
   const bool copied_more = st.ok() && count > eager;
   if (copied_more || !st.ok()) keep_first(st, check(cudaStreamSynchronize(stream), "cudaStreamSynchronize"));
   if (!st.ok()) return st;
-  // A NaN / +inf row: named as scan() names it (the first flagged run's first row).
-  for (const SpanRun& r : out.runs)
-    if (r.flags & kRowInvalid) {
-      const std::int64_t slice = r.row / out.q_len;
-      return error(ErrorCode::invalid_value,
-                   "mask row [" + std::to_string(slice / out.distinct_heads) + ", " +
-                       std::to_string(slice % out.distinct_heads) + ", " + std::to_string(r.row % out.q_len) +
-                       "] holds NaN or +inf; an additive mask holds 0, a bias, or -inf / a value <= the threshold");
-    }
   return out;
 }
 

@@ -7,7 +7,7 @@
 namespace masklens::gpu::detail {
 
 template <int BlockThreads, int VectorsInFlight, int LongRowBytes, int MinBlocksPerSM = 1,
-          bool SkipMaskedBatches = false>
+          bool SkipMaskedBatches = false, int StagedBatches = 0>
 struct ScanPolicy {
   static_assert(BlockThreads % 32 == 0 && BlockThreads <= 1024, "whole warps, at most 1024 threads");
   static_assert(VectorsInFlight >= 1, "at least one load in flight");
@@ -31,6 +31,14 @@ struct ScanPolicy {
   // per-vector test in its place did worse on the block-sparse mask (1.29-1.32x: lanes
   // diverging per vector). The span scan leaves it off (1.04-1.05x against 1.01x there).
   static constexpr bool kSkipMaskedBatches = SkipMaskedBatches;
+  // Batches a warp keeps in shared memory (cp.async, sm_80+), 0 for none: with S > 0 the
+  // warp's loads go to a ring of S batches in shared memory, S - 1 of them in flight while
+  // it classifies the one it holds, where a warp loading into registers has none in flight
+  // then (AgentScanRow; the kernel gives each warp its ring). Only a warp per row stages.
+  static constexpr int kStagedBatches = StagedBatches;
+  static_assert(StagedBatches == 0 || StagedBatches >= 2, "a ring of at least two batches");
+  // Bytes of one warp's ring.
+  static constexpr int kStageBytesPerWarp = StagedBatches * VectorsInFlight * 32 * 16;
   // No knob asks L2 for a later batch while a warp classifies the one it holds: one, two
   // or four batches ahead (cp.async.bulk.prefetch.L2) did worse on every tile-scan case,
   // 1.24x, 1.25x and 1.44x a read against 1.11x for the bool window at 32768^2,
@@ -69,7 +77,12 @@ struct ScanTuning<Esize, 800> {
 
 // `P` with the batch vote on or off (bench/device_tiles.cu --sweep, the host replay).
 template <class P, bool Vote>
-using WithBatchVote = ScanPolicy<P::kBlockThreads, P::kVectorsInFlight, P::kLongRowBytes, P::kMinBlocksPerSM, Vote>;
+using WithBatchVote =
+    ScanPolicy<P::kBlockThreads, P::kVectorsInFlight, P::kLongRowBytes, P::kMinBlocksPerSM, Vote, P::kStagedBatches>;
+// `P` with a ring of `Stages` batches in shared memory (0: loads into registers).
+template <class P, int Stages>
+using WithStagedBatches =
+    ScanPolicy<P::kBlockThreads, P::kVectorsInFlight, P::kLongRowBytes, P::kMinBlocksPerSM, P::kSkipMaskedBatches, Stages>;
 
 // The tile scan's shapes (dispatch_tiles.cuh): its agent carries a tile sink beside the
 // span (more registers a thread than the span scan's 48), and a block per row then
@@ -88,10 +101,18 @@ struct TileScanTuning {
 // where the 76-80 uncapped held 6 (--sweep, H200, 2026-12-04: 1.10-1.12x a read at
 // 32768^2 against 1.13-1.14x; the sixth session's kernel, at 72-74 registers, measured
 // worse capped at 64). The 2-byte kernel takes 96 registers with four loads: capped as
-// much it measured 1.20x against 1.10x.
+// much it measured 1.20x against 1.10x. Each warp reads through a ring of four batches
+// of two loads in shared memory, three in flight while it classifies one (--sweep,
+// H200, 2026-12-04 (tenth session), the pass with a memset and plain launches, × a read: 32768^2 window
+// 1.11x, documents 1.11x, block-sparse 1.16x against 1.12x, 1.12x and 1.18x with four
+// loads into registers; 65536^2 1.04x, 1.05x and 1.07x against 1.05x, 1.06x and 1.10x;
+// a ring of two batches of four loads 1.15-1.16x at 32768^2, and the bf16 window 1.19-
+// 1.21x with any ring against 1.08x). A ring carried from row to row (a warp copying
+// its next row's first batches while it reads this row's last ones) took 96 registers
+// uncapped, spilled at 72, and read at 1.19-1.21x (block-sparse 1.33-1.35x).
 template <int Sm>
 struct TileScanTuning<1, Sm> {
-  using Policy = ScanPolicy<128, 4, 2048, 7, true>;
+  using Policy = ScanPolicy<128, 2, 2048, 7, true, 4>;
 };
 // 2-byte masks: eight loads in flight a thread (4 blocks an SM at about 120 registers)
 // read the bf16 window at 32768^2 at 1.09x a read in two runs on two machines, against
