@@ -54,6 +54,16 @@ struct Replayed {
   std::int64_t rows_from_bounds = 0, rows_read_twice = 0;
 };
 
+// One thread's read of a row: on the device its copies into the ring have all landed by
+// the time it returns (it waited for each batch it read), and its later groups are empty.
+template <class F>
+auto one_thread(F&& read) {
+  auto result = read();
+  REQUIRE(cuda_host_shim::staged_copies_in_flight() == 0);
+  cuda_host_shim::forget_groups();
+  return result;
+}
+
 // The kernels of dispatch_tiles.cuh on the CPU: `blocks` blocks in turn, each taking its
 // two ranges of units (range_of), each row read by `Threads` agents (merged in an order
 // unlike the threads'), each thread adding into its copy of the block's counters
@@ -107,7 +117,9 @@ Replayed replay(const ScanParams& s, const TileScanPlan& plan, std::int64_t bloc
       const std::uint8_t* address = slice_rows + q * s.stride_bytes[2];
       char& counting = count_vectors[static_cast<std::size_t>((q - unit.q_begin) % rows_at_once)];
       const auto read = [&](int t) {
-        return counting ? agent.scan_at(address, t, init(t)).spans : span_agent.scan_at(address, t);
+        return one_thread([&] {
+          return counting ? agent.scan_at(address, t, init(t)).spans : span_agent.scan_at(address, t);
+        });
       };
       SpanAccumulator row{};
       for (int t = Threads - 1; t >= 0; t -= 2) row = SpanAccumulator::merge(read(t), row);
@@ -116,7 +128,7 @@ Replayed replay(const ScanParams& s, const TileScanPlan& plan, std::int64_t bloc
       const bool interval = row.span.is_interval();
       if (!counting) {
         for (int t = 0; t < Threads; ++t) {
-          if (!interval) agent.scan_at(address, t, init(t));  // read again, counting
+          if (!interval) one_thread([&] { return agent.scan_at(address, t, init(t)); });  // read again, counting
           else if (row.span.count != 0) init(t).tiles.add_interval(row.span.first, row.span.count, t, Threads);
         }
         ++(interval ? rows_from_bounds : rows_read_twice);
@@ -447,7 +459,7 @@ TEST_CASE("device agent with the tile accumulator on the CPU: spans, counts and 
         rows_read_twice += got.rows_read_twice;
         if (!from_intervals) REQUIRE(got.rows_from_bounds + got.rows_read_twice == 0);
         INFO(dense.describe << " encoding " << encoding << " tiles " << text(size) << " threads " << threads
-                            << (from_intervals ? " intervals from bounds" : " every row by vector")
+                            << std::string(from_intervals ? " intervals from bounds" : " every row by vector")
                             << (plan.shared ? " shared copies " + std::to_string(1 << plan.copy_shift) : " global")
                             << " rows/unit " << plan.rows_per_unit << " blocks " << std::min(blocks, plan.units)
                             << " ring " << (threads == 32 ? stages : -1)
@@ -478,8 +490,8 @@ TEST_CASE("device agent with the tile accumulator on the CPU: spans, counts and 
 }
 
 TEST_CASE("device tile scan on the CPU: long rows of one masked value skip whole batches, and a flag or key in a later batch is still seen") {
-  // Rows of 16391 keys (past one batch of every element size's loads: 2048 keys for 1-
-  // and 2-byte masks, 512 for 4-byte, per warp), every element the masked value but a few
+  // Rows of 16391 keys (past one batch of every element size's loads, per warp: 1024 keys
+  // for 1-byte masks, 2048 for 2-byte, 512 for 4-byte), every element the masked value but a few
   // placed in later batches: a bias, a finite masked value, a NaN, a window, two keys.
   // The vote skips a batch only where a lane knows the masked value (2- and 4-byte: from
   // its first batch) or reads zero bytes (bool); what it skips must add nothing. Held to
@@ -537,8 +549,9 @@ TEST_CASE("device tile scan on the CPU: long rows of one masked value skip whole
         const std::pair<bool, int> ways[] = {{true, -1}, {false, -1}, {true, 0}, {true, 2}, {true, 3}, {true, 4}};
         for (const auto& [vote, stages] : ways)
           for (const bool force_global : {false, true}) {
-            INFO(to_string(kind.dtype) << " base +" << offset << " tiles " << text(size) << (vote ? " vote" : " no vote")
-                                       << " ring " << stages << (force_global ? " global" : " shared"));
+            INFO(to_string(kind.dtype) << " base +" << offset << " tiles " << text(size)
+                                       << std::string(vote ? " vote" : " no vote") << " ring " << stages
+                                       << std::string(force_global ? " global" : " shared"));
             const Replayed got = replay(view, g, 32, force_global, std::int64_t{1} << 40, nullptr, true, vote, stages);
             for (std::size_t r = 0; r < got.rows.size(); ++r) {
               INFO("row " << r);
@@ -610,6 +623,45 @@ TEST_CASE("device tile scan on the CPU: a warp's ring of staged batches, wrappin
       }
   }
   MESSAGE(compared << " replays through rings of 2, 3 and 4 batches");
+}
+
+TEST_CASE("device ring layout: every lane's slots its own, inside the warp's ring, after the block's counters") {
+  // The replay runs one lane after another, so lanes sharing a slot would not show there:
+  // the layout is checked here instead. ring_vector over (lane, slot, vector) of each ring
+  // shape, and the tile scan's shared memory (counters, then a ring a warp) for plans of
+  // every counter size.
+  std::int64_t checked = 0;
+  for (const auto& [stages, in_flight] : {std::pair{2, 4}, std::pair{3, 2}, std::pair{4, 2}, std::pair{8, 1}}) {
+    const int vectors = stages * in_flight * 32;  // kStageBytesPerWarp / 16
+    std::vector<int> owner(static_cast<std::size_t>(vectors), -1);
+    for (int lane = 0; lane < 32; ++lane)
+      for (int slot = 0; slot < stages; ++slot)
+        for (int j = 0; j < in_flight; ++j) {
+          const int at = ring_vector(lane, slot, j, in_flight);
+          REQUIRE(at >= 0);
+          REQUIRE(at < vectors);
+          REQUIRE(owner[static_cast<std::size_t>(at)] == -1);
+          owner[static_cast<std::size_t>(at)] = lane;
+          // Vector j of one slot: the warp's lanes side by side (512 consecutive bytes).
+          CHECK(at - lane == ring_vector(0, slot, j, in_flight));
+          ++checked;
+        }
+  }
+  using Tuned = TunedTiles<1>;
+  for (const std::int64_t k_len : {std::int64_t{1}, std::int64_t{100}, std::int64_t{32768}, std::int64_t{65536},
+                                   std::int64_t{69632}, std::int64_t{131072}, std::int64_t{1} << 20}) {
+    const TileScanPlan plan = plan_tile_scan(*make_tile_grid(1, 1, 256, k_len, TileSize{}), 1, Tuned::kWarpRowsPerBlock);
+    const std::size_t rings = tile_scan_ring_offset(plan.shared_bytes);
+    INFO("k_len " << k_len << " counters " << plan.shared_bytes);
+    CHECK(rings % 16 == 0);
+    CHECK(rings >= plan.shared_bytes);
+    CHECK(rings < plan.shared_bytes + 16);
+    CHECK(tile_scan_shared_bytes<Tuned>(plan) ==
+          rings + std::size_t{Tuned::kStageBytesPerWarp} * Tuned::kWarpRowsPerBlock);
+    CHECK(tile_scan_shared_bytes<Tuned>(plan) <= kTileSharedBudget + 16 * 1024);  // within 48 KiB
+    ++checked;
+  }
+  MESSAGE(checked << " ring places");
 }
 
 TEST_CASE("device tile scan on the CPU: each warp guesses from its own previous row, across units") {
@@ -741,7 +793,7 @@ TEST_CASE("device tile accumulator on the CPU: whole and striped rows, every len
               const std::int64_t lo = kt * width, hi = std::min(k_len, lo + width);
               const std::int64_t even = (hi + 1) / 2 - (lo + 1) / 2;
               INFO(to_string(kind.dtype) << " K=" << k_len << " start +" << start << " width " << width << " threads "
-                                         << threads << (from_intervals ? " from bounds" : " by vector") << " k tile "
+                                         << threads << std::string(from_intervals ? " from bounds" : " by vector") << " k tile "
                                          << kt);
               REQUIRE(got.counts[static_cast<std::size_t>(kt)] == static_cast<unsigned long long>(hi - lo));
               REQUIRE(got.counts[static_cast<std::size_t>(g.k_tiles() + kt)] == static_cast<unsigned long long>(even));

@@ -12,6 +12,7 @@
 #include <masklens/cuda/runs_tiles.hpp>  // the kernels' tile and pass sizes, for the edges below
 #include <masklens/cuda/scan.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -298,6 +299,57 @@ TEST_CASE("NaN in a device mask: inspect_runs names the row as inspect does") {
   REQUIRE_FALSE(by_runs.ok());
   CHECK(by_runs.status().to_string() == by_rows.status().to_string());
   CHECK(by_runs.status().message().find("mask row [0, 0, 17]") != std::string::npos);
+}
+
+TEST_CASE("NaN in a device mask of several slices and past the first copy's runs: the first such row is named") {
+  // [2, 3, 300, 64] bf16, a different interval per row (about 150 runs a slice, 900 in
+  // all: past the 256 copied with the count), NaN / +inf placed in later slices, in rows
+  // of runs the first copy does not bring, one slice with two. scan_runs names the first
+  // such row as inspect() does, from the run reduction's first invalid row.
+  const std::int64_t B = 2, H = 3, Q = 300, K = 64;
+  struct Placed {
+    std::int64_t b, h, q, k;
+    std::uint16_t value;
+  };
+  const std::vector<std::vector<Placed>> cases = {
+      {{1, 2, 299, 63, 0x7FC0}},                          // the last row, NaN
+      {{0, 2, 250, 5, 0x7F80}, {1, 0, 3, 7, 0x7FC0}},     // +inf in slice 2 before NaN in slice 3
+      {{1, 1, 0, 0, 0x7FC0}, {1, 1, 1, 0, 0x7FC0}},       // a slice's first two rows
+      {{0, 1, 200, 40, 0xFFC1}},                          // a NaN with the sign bit
+  };
+  for (const auto& placed : cases) {
+    std::vector<std::uint16_t> m(static_cast<std::size_t>(B * H * Q * K), 0xFF80);  // -inf
+    for (std::int64_t s = 0; s < B * H; ++s)
+      for (std::int64_t q = 0; q < Q; ++q) {
+        const std::int64_t lo = (q * 37 + s * 11) % K, hi = std::min(K - 1, lo + q % 5);
+        for (std::int64_t k = lo; k <= hi; ++k) m[static_cast<std::size_t>((s * Q + q) * K + k)] = 0;
+      }
+    for (const Placed& p : placed) m[static_cast<std::size_t>(((p.b * H + p.h) * Q + p.q) * K + p.k)] = p.value;
+    DeviceBuffer mask(m.size() * 2);
+    REQUIRE_CUDA(cudaMemcpy(mask.get(), m.data(), m.size() * 2, cudaMemcpyHostToDevice));
+    REQUIRE_CUDA(cudaDeviceSynchronize());
+    const std::int64_t shape[] = {B, H, Q, K};
+    auto view = MaskView::contiguous(mask.get(), ElementType::bfloat16, shape);
+    REQUIRE(view.ok());
+    const Placed& first = placed.front();
+    const std::string where = "mask row [" + std::to_string(first.b) + ", " + std::to_string(first.h) + ", " +
+                              std::to_string(first.q) + "]";
+    INFO(where);
+    const auto by_rows = gpu::inspect(*view);
+    const auto runs = gpu::scan_runs(*view);
+    REQUIRE_FALSE(by_rows.ok());
+    REQUIRE_FALSE(runs.ok());
+    CHECK(runs.status().code() == ErrorCode::invalid_value);
+    CHECK(runs.status().to_string() == by_rows.status().to_string());
+    CHECK(runs.status().message().find(where) != std::string::npos);
+    // Without the NaN / +inf the same mask's runs are past the first copy's 256.
+    for (const Placed& p : placed) m[static_cast<std::size_t>(((p.b * H + p.h) * Q + p.q) * K + p.k)] = 0xFF80;
+    REQUIRE_CUDA(cudaMemcpy(mask.get(), m.data(), m.size() * 2, cudaMemcpyHostToDevice));
+    REQUIRE_CUDA(cudaDeviceSynchronize());
+    const auto clean = gpu::scan_runs(*view);
+    REQUIRE(clean.ok());
+    CHECK(clean->runs.size() > 256u);
+  }
 }
 
 TEST_CASE("reduce_runs: two-phase on the caller's stream, recorded into a CUDA graph, arguments named") {

@@ -52,10 +52,11 @@ inline ScanParams scan_params(const MaskView& view) noexcept {
 // staged batches (ScanPolicy::kStagedBatches). Each thread waits for its own copies and
 // reads back only what it copied, so no barrier is needed. Before sm_80 (no cp.async) the
 // copy is a load and a store; on the host (the agent's replay through the stand-in for
-// the CUDA headers) a copy.
+// the CUDA headers, the only host compiler that sees this file) the stand-in's copies,
+// which land as late as a wait allows.
 __device__ __forceinline__ void stage_vector(uint4* to, const uint4* from) {
 #if !defined(__CUDACC__)
-  *to = __ldg(from);
+  cuda_host_shim::stage(to, from);
 #elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(to))),
                "l"(from)
@@ -65,16 +66,28 @@ __device__ __forceinline__ void stage_vector(uint4* to, const uint4* from) {
 #endif
 }
 __device__ __forceinline__ void commit_staged() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#if !defined(__CUDACC__)
+  cuda_host_shim::commit();
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.commit_group;" ::: "memory");
 #endif
 }
 // Waits until at most `Pending` of this thread's committed groups are still in flight.
 template <int Pending>
 __device__ __forceinline__ void wait_staged() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#if !defined(__CUDACC__)
+  cuda_host_shim::wait(Pending);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.wait_group %0;" ::"n"(Pending) : "memory");
 #endif
+}
+
+// Vector j of slot `slot` of lane `lane` in a warp's ring of batches of `in_flight`
+// vectors: a lane's vectors 32 apart, so that a warp's 32 lanes reading vector j of one
+// slot read 512 consecutive bytes (no bank conflict beyond a 16-byte load's four
+// wavefronts), and no two (lane, slot, j) share a vector.
+__device__ __forceinline__ constexpr int ring_vector(int lane, int slot, int j, int in_flight) {
+  return (slot * in_flight + j) * 32 + lane;
 }
 
 // 0x80 in every byte of w that attends (invert = 0x80808080 for true_masks).
@@ -187,6 +200,7 @@ struct AgentScanRow {
   const ElementReader<Esize> fresh_reader;  // built once per kernel: its constants are the view's
   // The reading warp's ring of Policy::kStagedBatches batches in shared memory
   // (Policy::kStageBytesPerWarp, 16-byte aligned); unused where the policy stages none.
+  // A kernel with a staging policy gives each warp its own (the tile scan's warp_ring).
   uint4* const ring;
 
   __device__ explicit AgentScanRow(const ScanParams& params, uint4* warp_ring = nullptr)
@@ -225,12 +239,13 @@ struct AgentScanRow {
     if constexpr (Policy::kStagedBatches > 0) {
       static_assert(ThreadsPerRow == 32, "a ring is a warp's");
       v = scan_staged(reader, acc, vectors, lane);
-    }
-    for (; v + (kInFlight - 1) * ThreadsPerRow < n_vec; v += kInFlight * ThreadsPerRow) {
-      uint4 x[kInFlight];
-      MASKLENS_UNROLL
-      for (int j = 0; j < kInFlight; ++j) x[j] = __ldg(vec + v + j * ThreadsPerRow);
-      classify_batch(reader, acc, x, head, v);
+    } else {
+      for (; v + (kInFlight - 1) * ThreadsPerRow < n_vec; v += kInFlight * ThreadsPerRow) {
+        uint4 x[kInFlight];
+        MASKLENS_UNROLL
+        for (int j = 0; j < kInFlight; ++j) x[j] = __ldg(vec + v + j * ThreadsPerRow);
+        classify_batch(reader, acc, x, head, v);
+      }
     }
     for (; v < n_vec; v += ThreadsPerRow) reader.vector(acc, __ldg(vec + v), head + v * kPerVector);
     for (std::int64_t k = head + n_vec * kPerVector + lane; k < s.k_len; k += ThreadsPerRow)
@@ -293,7 +308,6 @@ struct AgentScanRow {
     constexpr int kStages = Policy::kStagedBatches, kInFlight = Policy::kVectorsInFlight;
     constexpr std::int64_t kBatch = std::int64_t{kInFlight} * ThreadsPerRow;
     const std::int64_t batches = whole_batches(vectors.count, lane);
-    uint4* const mine = ring + lane;  // slot t, vector j: mine[(t * kInFlight + j) * 32]
     const uint4* const from = vectors.first + lane;
     std::int64_t issued = 0;
     int fill = 0, drain = 0;  // the slots copied into and read next
@@ -301,7 +315,7 @@ struct AgentScanRow {
       if (issued < batches) {
         MASKLENS_UNROLL
         for (int j = 0; j < kInFlight; ++j)
-          stage_vector(mine + (fill * kInFlight + j) * ThreadsPerRow, from + issued * kBatch + j * ThreadsPerRow);
+          stage_vector(ring + ring_vector(lane, fill, j, kInFlight), from + issued * kBatch + j * ThreadsPerRow);
       }
       commit_staged();
       ++issued;
@@ -314,7 +328,7 @@ struct AgentScanRow {
       wait_staged<kStages - 1>();
       uint4 x[kInFlight];
       MASKLENS_UNROLL
-      for (int j = 0; j < kInFlight; ++j) x[j] = mine[(drain * kInFlight + j) * ThreadsPerRow];
+      for (int j = 0; j < kInFlight; ++j) x[j] = ring[ring_vector(lane, drain, j, kInFlight)];
       drain = drain + 1 == kStages ? 0 : drain + 1;
       classify_batch(reader, acc, x, vectors.head, lane + b * kBatch);
     }

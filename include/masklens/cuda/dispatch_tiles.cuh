@@ -91,23 +91,20 @@ __device__ __forceinline__ void zero_tile_counters(const TileScanPlan& plan, uns
   for (std::int64_t i = threadIdx.x; i < plan.slots(); i += blockDim.x) shared_counts[i] = 0;
 }
 
-// The dynamic shared memory of the tile scan with `Policy` and `plan`: the counters, then
-// (at a 16-byte boundary) a ring of staged batches a warp (ScanPolicy::kStagedBatches).
-template <class Policy>
-constexpr std::size_t tile_scan_shared_bytes(const TileScanPlan& plan) noexcept {
-  const std::size_t rings = std::size_t{Policy::kStageBytesPerWarp} * Policy::kWarpRowsPerBlock;
-  return rings == 0 ? plan.shared_bytes : (plan.shared_bytes + 15) / 16 * 16 + rings;
-}
 // A block may take 48 KiB of dynamic shared memory without opting in: the counters'
-// budget and the rings stay within it.
+// budget and the rings stay within it (launch_tile_plan). The kernel's static shared
+// memory, CUB's WarpReduce storage, is empty (a reduction by shuffles): static shared
+// memory added to it would take from the same 48 KiB, and the widest plans would then
+// fail to launch (an error, not a wrong result).
 inline constexpr std::size_t kDefaultDynamicShared = 48 * 1024;
 
+// Warp `warp`'s ring in the tile scan's dynamic shared memory (tile_scan_shared_bytes).
 template <class Policy>
 __device__ __forceinline__ uint4* warp_ring(unsigned* shared, const TileScanPlan& plan, int warp) {
   if constexpr (Policy::kStagedBatches == 0) {
     return nullptr;
   } else {
-    auto* base = reinterpret_cast<unsigned char*>(shared) + (plan.shared_bytes + 15) / 16 * 16;
+    auto* base = reinterpret_cast<unsigned char*>(shared) + tile_scan_ring_offset(plan.shared_bytes);
     return reinterpret_cast<uint4*>(base + std::size_t{Policy::kStageBytesPerWarp} * warp);
   }
 }

@@ -223,6 +223,18 @@ struct TileScanPlan {
   return p;
 }
 
+// The tile scan's dynamic shared memory: the block's counters (plan.shared_bytes), then,
+// at the first 16-byte boundary after them, a ring of staged batches for each warp where
+// `Policy` stages its loads (ScanPolicy::kStagedBatches, tuning.cuh).
+[[nodiscard]] constexpr std::size_t tile_scan_ring_offset(std::size_t counter_bytes) noexcept {
+  return (counter_bytes + 15) / 16 * 16;
+}
+template <class Policy>
+[[nodiscard]] constexpr std::size_t tile_scan_shared_bytes(const TileScanPlan& plan) noexcept {
+  const std::size_t rings = std::size_t{Policy::kStageBytesPerWarp} * Policy::kWarpRowsPerBlock;
+  return rings == 0 ? plan.shared_bytes : tile_scan_ring_offset(plan.shared_bytes) + rings;
+}
+
 // scan_spans_tiles()'s temporary storage: one 64-bit count per tile, at the first
 // 256-byte boundary of the storage (255 spare bytes: any address will do). 0 where the
 // count array would not fit in memory addresses.

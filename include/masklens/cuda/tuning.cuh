@@ -101,17 +101,27 @@ struct TileScanTuning {
 // where the 76-80 uncapped held 6 (--sweep, H200, 2026-12-04: 1.10-1.12x a read at
 // 32768^2 against 1.13-1.14x; the sixth session's kernel, at 72-74 registers, measured
 // worse capped at 64). The 2-byte kernel takes 96 registers with four loads: capped as
-// much it measured 1.20x against 1.10x. Each warp reads through a ring of four batches
-// of two loads in shared memory, three in flight while it classifies one (--sweep,
-// H200, 2026-12-04 (tenth session), the pass with a memset and plain launches, × a read: 32768^2 window
-// 1.11x, documents 1.11x, block-sparse 1.16x against 1.12x, 1.12x and 1.18x with four
-// loads into registers; 65536^2 1.04x, 1.05x and 1.07x against 1.05x, 1.06x and 1.10x;
-// a ring of two batches of four loads 1.15-1.16x at 32768^2, and the bf16 window 1.19-
-// 1.21x with any ring against 1.08x). A ring carried from row to row (a warp copying
-// its next row's first batches while it reads this row's last ones) took 96 registers
-// uncapped, spilled at 72, and read at 1.19-1.21x (block-sparse 1.33-1.35x).
+// much it measured 1.20x against 1.10x. Not measured below sm_90: sm_80 takes these
+// loads into registers, which ask nothing of shared memory (an A100's 164 KiB would
+// hold fewer blocks with the rings below).
 template <int Sm>
 struct TileScanTuning<1, Sm> {
+  using Policy = ScanPolicy<128, 4, 2048, 7, true>;
+};
+// sm_90: each warp reads through a ring of four batches of two loads in shared memory
+// (16 KiB a block), three in flight while it classifies one (--sweep, H200, 2026-12-04,
+// tenth session, the pass with a memset and plain launches, x a read, two runs: 32768^2
+// window 1.10-1.11x, documents 1.10-1.11x, block-sparse 1.16-1.17x against 1.12-1.13x,
+// 1.11-1.12x and 1.18-1.20x with four loads into registers; 65536^2 1.04-1.05x, 1.05x
+// and 1.07-1.08x against 1.05x, 1.06x and 1.09-1.10x). Registers still bound the blocks
+// an SM holds at 7 where the counters take 8 KiB (32768 keys at 128); from 16 KiB of
+// counters (65536 keys) shared memory holds 6. A ring of two batches of four loads read
+// at 1.15-1.16x at 32768^2; the bf16 window 1.18-1.21x with any ring at 72 registers,
+// against 1.08x with its eight loads into registers. A ring carried from row to row (a
+// warp copying its next row's first batches while it reads this row's last ones) took 96
+// registers uncapped, spilled at 72, and read at 1.19-1.21x (block-sparse 1.33-1.36x).
+template <>
+struct TileScanTuning<1, 900> {
   using Policy = ScanPolicy<128, 2, 2048, 7, true, 4>;
 };
 // 2-byte masks: eight loads in flight a thread (4 blocks an SM at about 120 registers)
