@@ -760,14 +760,7 @@ inline Result<MaskStructure> classify_table(const SpanTable& table, bool fast_pa
         return catch_alloc([&]() -> Result<MaskStructure> { return cost_free_structure(table, *match); });
   const RowSummary rows = summarize_rows(table);
   if (!rows.well_formed) return table.validate();  // the message naming the first malformed row
-  if (rows.first_invalid >= 0) {
-    const std::int64_t r = rows.first_invalid;
-    const std::int64_t slice = r / table.q_len;
-    return error(ErrorCode::invalid_value,
-                 "mask row [" + std::to_string(slice / table.distinct_heads) + ", " +
-                     std::to_string(slice % table.distinct_heads) + ", " + std::to_string(r % table.q_len) +
-                     "] holds NaN or +inf; an additive mask holds 0, a bias, or -inf / a value <= the threshold");
-  }
+  if (rows.first_invalid >= 0) return invalid_row_error(table, rows.first_invalid);
   return catch_alloc([&]() -> Result<MaskStructure> { return classify_spans(table, rows); });
 }
 

@@ -39,6 +39,18 @@ Status validate_span_shape(const Shape& t, const char* what) {
   return {};
 }
 
+// The error for span row `row` of `t` (a SpanTable or SpanRuns: slices of q_len rows,
+// distinct_heads a batch) holding NaN or +inf, the row named as [batch, head, q]: the
+// words of every scanner that cannot name the element (a mask on the device, a table).
+template <class Shape>
+[[nodiscard]] Status invalid_row_error(const Shape& t, std::int64_t row) {
+  const std::int64_t slice = row / t.q_len;
+  return error(ErrorCode::invalid_value,
+               "mask row [" + std::to_string(slice / t.distinct_heads) + ", " + std::to_string(slice % t.distinct_heads) +
+                   ", " + std::to_string(row % t.q_len) +
+                   "] holds NaN or +inf; an additive mask holds 0, a bias, or -inf / a value <= the threshold");
+}
+
 // Copies the shape fields (as validate_span_shape lists them) from one holder to another.
 template <class To, class From>
 void copy_span_shape(To& to, const From& from) noexcept {

@@ -183,17 +183,6 @@ struct DeviceRuns {
   }
 };
 
-// The error for span row `row` (of a table shaped as `shape`) holding NaN or +inf, as
-// gpu::scan_runs() words it: the mask is on the device, so the row is named.
-Status invalid_row_error(const SpanRuns& shape, std::int64_t row) {
-  const std::int64_t slice = row / shape.q_len;
-  return error(ErrorCode::invalid_value, "mask row [" + std::to_string(slice / shape.distinct_heads) + ", " +
-                                             std::to_string(slice % shape.distinct_heads) + ", " +
-                                             std::to_string(row % shape.q_len) +
-                                             "] holds NaN or +inf; an additive mask holds 0, a bias, or -inf / a "
-                                             "value <= the threshold");
-}
-
 // A host mask (DLPack array) as a MaskView: its element type, 1 to 4 dims, strides in
 // elements (0 broadcasts).
 MaskView host_view(const nb::ndarray<nb::ro, nb::device::cpu>& mask, float masked_threshold) {
@@ -451,7 +440,7 @@ NB_MODULE(_core, m) {
               raise(error(ErrorCode::device_error, "the run reduction named row " + std::to_string(row) +
                                                        " as holding NaN or +inf; the view has " +
                                                        std::to_string(d.block.rows) + " rows"));
-            raise(invalid_row_error(d.shape, row));
+            raise(masklens::detail::invalid_row_error(d.shape, row));
           },
           "Raises finish()'s MaskError where the run reduction found a row holding NaN or +inf (the first such "
           "row, in the head that came back with the count), without classifying the runs: a caller that needs no "
@@ -494,7 +483,7 @@ NB_MODULE(_core, m) {
             // As gpu::scan_runs() words it: the mask is on the device, so the row is named
             // (the first flagged run's first row).
             for (const SpanRun& r : runs.runs)
-              if (r.flags & kRowInvalid) raise(invalid_row_error(runs, r.row));
+              if (r.flags & kRowInvalid) raise(masklens::detail::invalid_row_error(runs, r.row));
             {
               nb::gil_scoped_release unlocked;
               Result<MaskStructure> s = classify(runs);

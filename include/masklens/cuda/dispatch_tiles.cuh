@@ -234,8 +234,7 @@ cudaError_t resident_tile_blocks(const TileScanPlan& plan, std::int64_t& blocks)
 template <class Policy, int Esize>
 cudaError_t launch_tile_plan(const ScanParams& s, const TileScanPlan& plan, RowSpan* rows, unsigned long long* counts,
                              cudaStream_t stream, std::int64_t blocks = 0, bool chained = false) {
-  static_assert((kTileSharedBudget + 15) / 16 * 16 + std::size_t{Policy::kStageBytesPerWarp} * Policy::kWarpRowsPerBlock <=
-                    kDefaultDynamicShared,
+  static_assert(tile_scan_ring_offset(kTileSharedBudget) + tile_scan_ring_bytes<Policy>() <= kDefaultDynamicShared,
                 "the counters and the rings fit a block's shared memory without opting in");
   if (blocks <= 0)
     if (const cudaError_t e = resident_tile_blocks<Policy, Esize>(plan, blocks); e != cudaSuccess) return e;

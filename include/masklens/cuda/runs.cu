@@ -153,14 +153,7 @@ Result<SpanRuns> scan_runs(const MaskView& device_view, Stream stream) {
                                               " invalid of " + std::to_string(rows) + " rows");
   }
   // A NaN / +inf row: named as scan() names it, with no run copied past the first ones.
-  if (st.ok() && first_invalid >= 0) {
-    const std::int64_t slice = first_invalid / out.q_len;
-    st = error(ErrorCode::invalid_value, "mask row [" + std::to_string(slice / out.distinct_heads) + ", " +
-                                             std::to_string(slice % out.distinct_heads) + ", " +
-                                             std::to_string(first_invalid % out.q_len) +
-                                             "] holds NaN or +inf; an additive mask holds 0, a bias, or -inf / a "
-                                             "value <= the threshold");
-  }
+  if (st.ok() && first_invalid >= 0) st = masklens::detail::invalid_row_error(out, first_invalid);
   if (st.ok())
     st = catch_alloc([&]() -> Status {
       out.runs.resize(static_cast<std::size_t>(count));

@@ -32,14 +32,7 @@ Status allocate(void** p, std::size_t bytes, cudaStream_t stream, const char* ca
 // The first row of the table flagged NaN / +inf, as an error naming it; ok if none.
 Status first_invalid_row(const SpanTable& table) {
   for (std::size_t r = 0; r < table.rows.size(); ++r)
-    if (table.rows[r].flags & kRowInvalid) {
-      const auto slice = static_cast<std::int64_t>(r) / table.q_len;
-      return error(ErrorCode::invalid_value,
-                   "mask row [" + std::to_string(slice / table.distinct_heads) + ", " +
-                       std::to_string(slice % table.distinct_heads) + ", " +
-                       std::to_string(static_cast<std::int64_t>(r) % table.q_len) +
-                       "] holds NaN or +inf; an additive mask holds 0, a bias, or -inf / a value <= the threshold");
-    }
+    if (table.rows[r].flags & kRowInvalid) return masklens::detail::invalid_row_error(table, static_cast<std::int64_t>(r));
   return {};
 }
 

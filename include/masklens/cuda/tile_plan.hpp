@@ -230,8 +230,12 @@ struct TileScanPlan {
   return (counter_bytes + 15) / 16 * 16;
 }
 template <class Policy>
+[[nodiscard]] constexpr std::size_t tile_scan_ring_bytes() noexcept {  // a block's rings, all warps
+  return std::size_t{Policy::kStageBytesPerWarp} * Policy::kWarpRowsPerBlock;
+}
+template <class Policy>
 [[nodiscard]] constexpr std::size_t tile_scan_shared_bytes(const TileScanPlan& plan) noexcept {
-  const std::size_t rings = std::size_t{Policy::kStageBytesPerWarp} * Policy::kWarpRowsPerBlock;
+  constexpr std::size_t rings = tile_scan_ring_bytes<Policy>();
   return rings == 0 ? plan.shared_bytes : tile_scan_ring_offset(plan.shared_bytes) + rings;
 }
 

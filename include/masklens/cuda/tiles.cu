@@ -68,9 +68,7 @@ Status first_invalid_row(const SpanTable& table, const MaskView* host_view) {
     const auto slice = static_cast<std::int64_t>(r) / table.q_len, q = static_cast<std::int64_t>(r) % table.q_len;
     const std::int64_t b = slice / table.distinct_heads, h = slice % table.distinct_heads;
     if (host_view) return masklens::detail::invalid_element_error(*host_view, b, h, q);  // the mask is on the host
-    return error(ErrorCode::invalid_value,
-                 "mask row [" + std::to_string(b) + ", " + std::to_string(h) + ", " + std::to_string(q) +
-                     "] holds NaN or +inf; an additive mask holds 0, a bias, or -inf / a value <= the threshold");
+    return masklens::detail::invalid_row_error(table, static_cast<std::int64_t>(r));
   }
   return {};
 }
