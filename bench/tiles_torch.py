@@ -3,7 +3,7 @@ on masklens' BlockMask against the dense mask on torch's default dispatch.
 
     python3 bench/tiles_torch.py [--device cuda] [--lengths 32768,65536] [--reps 5] [--quick]
                                  [--flex-length 69632] [--no-flex] [--masklens PATH] [--split]
-                                 [--stalls CALLS] [--steps CALLS]
+                                 [--stalls CALLS] [--steps CALLS] [--timeline CALLS]
 
 Per mask (sliding window 4096, packed documents, random block-sparse; bool [1, 1, L, L]):
   masklens, from structure   the structure's tile ranges (tiles.hpp, no read of the mask;
@@ -48,11 +48,17 @@ over the median (the host-side stalls bench/README.md traces).
 function by function: each function it calls, wrapped with perf_counter stamps, with its
 start after the call's and its duration (minimum and median of CALLS calls).
 
+--timeline CALLS instead gives one device read's timeline from torch.profiler over CALLS
+calls: each CUDA runtime call and each device operation (kernel, memset, copy) with its
+start after the call's and its duration, the call nearest the median shown in order, and
+the device's idle gaps between its operations summed.
+
 --masklens PATH checks `masklens inspect --tiles 128 --json` against create_block_mask on
 small masks (the CLI's JSON), as before."""
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -464,6 +470,70 @@ def bench_steps(L, device, calls):
             setattr(obj, name, fn)
 
 
+def bench_timeline(L, device, calls):
+    """One device read's timeline (masklens.torch.block_mask on each CUDA mask), from
+    torch.profiler: the runtime calls (launches, the memset, the copy, the wait) and the
+    device's operations, each with its start after the call's and its duration, for the
+    call of median length among `calls` (after three untimed ones); then, per call, the
+    device's first operation, its last one's end and the gaps between its operations."""
+    import masklens
+    import masklens.torch as mt
+    from masklens import _cache
+    from torch.autograd import DeviceType
+    if device != "cuda" or _cache.cuda_module() is None:
+        print("--timeline times the device read: it needs CUDA and masklens._cuda")
+        return
+    index = torch.cuda.current_device()
+    marker = "masklens one device read"
+
+    def short(name):
+        return re.split(r"[<(]", name, maxsplit=1)[0].replace("void ", "").replace("masklens::gpu::detail::", "")
+
+    for name, m, _ in masks(L, device):
+        for _ in range(3):
+            masklens.forget()
+            mt.block_mask(m, 128)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(calls):
+                masklens.forget()
+                torch.cuda.synchronize(index)
+                with torch.profiler.record_function(marker):
+                    mt.block_mask(m, 128)
+                    torch.cuda.synchronize(index)
+        events = list(prof.events())
+        windows = sorted((e.time_range.start, e.time_range.end) for e in events if e.name == marker)
+        per_call = []
+        for start, end in windows:
+            inside = []
+            for e in events:
+                t0, t1 = e.time_range.start, e.time_range.end
+                if not start <= t0 <= end or e.name == marker:
+                    continue
+                on_device = e.device_type == DeviceType.CUDA
+                if on_device or e.name.startswith("cuda"):
+                    inside.append((t0 - start, t1 - t0, "device" if on_device else "host", short(e.name)))
+            inside.sort()
+            ops = [x for x in inside if x[2] == "device"]
+            gaps = sum(max(0.0, b[0] - (a[0] + a[1])) for a, b in zip(ops, ops[1:]))
+            per_call.append((end - start, inside, ops, gaps))
+        if not per_call:
+            print(f"\nno profiled call of the {name} mask at {L}")
+            continue
+        per_call.sort(key=lambda c: c[0])
+        total, inside, ops, gaps = per_call[len(per_call) // 2]
+        print(f"\none device read of the {name} mask at {L}: the median call of {len(per_call)} "
+              f"({per_call[0][0]:.0f} us at least), {total:.0f} us, us after the call's start:")
+        print(f"  {'where':6s} {'what':44s} {'starts at':>10s} {'lasts':>8s}")
+        for t0, dt, where, what in inside:
+            print(f"  {where:6s} {what[:44]:44s} {t0:10.1f} {dt:8.1f}")
+        if ops:
+            print(f"  device: first operation at {ops[0][0]:.1f} us, last one ends at {ops[-1][0] + ops[-1][1]:.1f} "
+                  f"us, idle between operations {gaps:.1f} us; the call ends at {total:.1f} us")
+        del m
+        torch.cuda.empty_cache()
+
+
 def check_cli(cli):
     import masklens  # noqa: F401
     small = 1024
@@ -497,6 +567,8 @@ def main():
                     help="only the host-side stalls: CALLS BlockMasks of the window mask each way, step by step")
     ap.add_argument("--steps", type=int, default=0, metavar="CALLS",
                     help="only one device read's host steps, function by function, over CALLS calls")
+    ap.add_argument("--timeline", type=int, default=0, metavar="CALLS",
+                    help="only one device read's timeline from torch.profiler, over CALLS calls")
     args = ap.parse_args()
     reps = 3 if args.quick else args.reps
     import masklens
@@ -511,6 +583,10 @@ def main():
     if args.steps:
         for L in lengths:
             bench_steps(L, args.device, args.steps)
+        return
+    if args.timeline:
+        for L in lengths:
+            bench_timeline(L, args.device, args.timeline)
         return
     if args.split:
         for L in lengths:
