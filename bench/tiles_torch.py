@@ -502,7 +502,9 @@ def bench_timeline(L, device, calls):
                     mt.block_mask(m, 128)
                     torch.cuda.synchronize(index)
         events = list(prof.events())
-        windows = sorted((e.time_range.start, e.time_range.end) for e in events if e.name == marker)
+        # The marker's host range (the profiler also lists it on the device, over its work).
+        windows = sorted((e.time_range.start, e.time_range.end) for e in events
+                         if e.name == marker and e.device_type != DeviceType.CUDA)
         per_call = []
         for start, end in windows:
             inside = []
