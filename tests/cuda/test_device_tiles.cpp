@@ -29,6 +29,7 @@
 #include "../support/additive_encodings.hpp"
 #include "../support/device_buffer.hpp"
 #include "../support/mask_gen.hpp"
+#include "../support/mutated_masks.hpp"
 
 using namespace masklens;
 using namespace masklens::testing;
@@ -116,35 +117,15 @@ TEST_SUITE("cuda") {
 
 TEST_CASE("device tiles: tiles, BlockMask tensors and spans equal the host's on generated and mutated masks") {
   Rng rng(test_seed(1404));
-  const ElementType types[] = {ElementType::boolean, ElementType::uint8, ElementType::int8,
-                               ElementType::float16, ElementType::bfloat16, ElementType::float32};
-  const std::int64_t odd_sizes[] = {1, 3, 7, 15, 17, 31, 33, 63, 65, 127, 129, 1023, 2047, 2049, 4097};
   int compared = 0;
   const int n = cases(2000);  // MASKLENS_CUDA_CASES shortens it (compute-sanitizer)
   for (int i = 0; i < n; ++i) {
-    const std::int64_t q_len = coin(rng) ? odd_sizes[uniform(rng, 0, 14) % 10] : uniform(rng, 1, 300);
-    const std::int64_t k_len = coin(rng) ? odd_sizes[uniform(rng, 0, 14)] : uniform(rng, 1, 3000);
-    const ElementType dtype = types[uniform(rng, 0, 5)];
-    const Layout layout = static_cast<Layout>(uniform(rng, 0, 3));
-    const std::int64_t batch = uniform(rng, 1, 2), heads = uniform(rng, 1, 2);
-    MaskStructure spec = layout == Layout::expand ? repeat_batches(random_structure(rng, 1, q_len, k_len), batch)
-                                                  : random_structure(rng, batch, q_len, k_len);
-    DenseMask dense = render(spec, heads, dtype, coin(rng, 0.2) ? Polarity::true_masks : Polarity::true_attends,
-                             layout, rng, coin(rng, 0.3) ? 0.2 : 0.0);
-    std::string encoding = "rendered";
-    if (is_additive(dtype) && coin(rng)) {
-      const Encoding e = kEncodings[uniform(rng, 0, std::ssize(kEncodings) - 1)];
-      reencode(dense.view, e, rng);
-      encoding = to_string(e);
-    }
-    auto* raw = const_cast<std::uint8_t*>(dense.view.element_ptr(0, 0, 0, 0));
+    MutatedMask mutated = mutated_mask(rng, 300);
+    const DenseMask& dense = mutated.dense;
+    const std::string& encoding = mutated.encoding;
     const int esize = element_size(dense.view.dtype());
-    for (int f = static_cast<int>(uniform(rng, 0, 3)); f > 0; --f) {
-      const std::int64_t q = uniform(rng, 0, q_len - 1), k = uniform(rng, 0, k_len - 1);
-      const bool was = attends(dense.view.at(0, 0, q, k));
-      write_value(raw + dense.view.offset(0, 0, q, k) * esize, dtype, dense.view.encoding().polarity,
-                  was ? Value::masked : Value::allowed, f);
-    }
+    const Layout layout = mutated.layout;
+    const std::int64_t q_len = dense.view.q_len(), k_len = dense.view.k_len();
     const TileSize sizes[] = {{128, 128}, {64, 128}, {96, 80}, {16, 16}, {7, 13}, {1, 1}, {128, 64},
                               {uniform(rng, 1, 64), uniform(rng, 1, 400)}};
     TileSize size = sizes[uniform(rng, 0, 7)];
