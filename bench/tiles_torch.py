@@ -474,8 +474,8 @@ def bench_timeline(L, device, calls):
     """One device read's timeline (masklens.torch.block_mask on each CUDA mask), from
     torch.profiler: the runtime calls (launches, the memset, the copy, the wait) and the
     device's operations, each with its start after the call's and its duration, for the
-    call of median length among `calls` (after three untimed ones); then, per call, the
-    device's first operation, its last one's end and the gaps between its operations."""
+    call of median length among `calls` (after three untimed ones); then that call's
+    first device operation, its last one's end and the device's idle time between them."""
     import masklens
     import masklens.torch as mt
     from masklens import _cache
@@ -517,10 +517,18 @@ def bench_timeline(L, device, calls):
                     inside.append((t0 - start, t1 - t0, "device" if on_device else "host", short(e.name)))
             inside.sort()
             ops = [x for x in inside if x[2] == "device"]
-            gaps = sum(max(0.0, b[0] - (a[0] + a[1])) for a, b in zip(ops, ops[1:]))
+            # Idle: before each operation, after every earlier one ended (chained kernels
+            # overlap: a long one may still run past a short one's end).
+            gaps, busy_to = 0.0, None
+            for t0, dt, _, _ in ops:
+                if busy_to is not None:
+                    gaps += max(0.0, t0 - busy_to)
+                busy_to = t0 + dt if busy_to is None else max(busy_to, t0 + dt)
             per_call.append((end - start, inside, ops, gaps))
         if not per_call:
             print(f"\nno profiled call of the {name} mask at {L}")
+            del m
+            torch.cuda.empty_cache()
             continue
         per_call.sort(key=lambda c: c[0])
         total, inside, ops, gaps = per_call[len(per_call) // 2]

@@ -14,13 +14,20 @@
 
 namespace masklens::testing {
 
+// Moved, never copied: the view points into the storage it came with.
 struct MutatedMask {
   DenseMask dense;
   Layout layout = Layout::contiguous;
   std::string encoding = "rendered";  // or the additive encoding it was rewritten in
+
+  MutatedMask() = default;
+  MutatedMask(MutatedMask&&) = default;
+  MutatedMask& operator=(MutatedMask&&) = default;
+  MutatedMask(const MutatedMask&) = delete;
+  MutatedMask& operator=(const MutatedMask&) = delete;
 };
 
-// A mask of q_len up to max_q_len (or an odd size up to 129) and k_len up to 3000 (or an
+// A mask of q_len up to max_q_len (or an odd size up to 127) and k_len up to 3000 (or an
 // odd size up to 4097), batch and heads 1 or 2.
 inline MutatedMask mutated_mask(Rng& rng, std::int64_t max_q_len) {
   static constexpr ElementType kTypes[] = {ElementType::boolean, ElementType::uint8,    ElementType::int8,
