@@ -3,17 +3,11 @@
 // this file into masklens_cuda_dep beside scan_none.cpp when nvcc is not found or
 // -Dcuda=disabled.
 #include "runs.hpp"
+#include "without_cuda.hpp"
 
 namespace masklens::gpu {
 
-namespace {
-
-Status without_cuda() {
-  return error(ErrorCode::device_error,
-               "masklens was built without CUDA (configure with -Dcuda=enabled where nvcc is found)");
-}
-
-}  // namespace
+using detail::without_cuda;
 
 Status load_runs_kernels() { return without_cuda(); }
 

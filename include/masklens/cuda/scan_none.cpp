@@ -3,17 +3,11 @@
 // and links either way and says why it cannot scan there. Meson builds this file into
 // masklens_cuda_dep when nvcc is not found or -Dcuda=disabled.
 #include "scan.hpp"
+#include "without_cuda.hpp"
 
 namespace masklens::gpu {
 
-namespace {
-
-Status without_cuda() {
-  return error(ErrorCode::device_error,
-               "masklens was built without CUDA (configure with -Dcuda=enabled where nvcc is found)");
-}
-
-}  // namespace
+using detail::without_cuda;
 
 bool built_with_cuda() noexcept { return false; }
 

@@ -6,17 +6,11 @@
 #include <string>
 
 #include "tiles.hpp"
+#include "without_cuda.hpp"
 
 namespace masklens::gpu {
 
-namespace {
-
-Status without_cuda() {
-  return error(ErrorCode::device_error,
-               "masklens was built without CUDA (configure with -Dcuda=enabled where nvcc is found)");
-}
-
-}  // namespace
+using detail::without_cuda;
 
 Status load_tile_kernels() { return without_cuda(); }
 
