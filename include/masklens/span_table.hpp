@@ -150,4 +150,17 @@ struct SpanTable {
   }
 };
 
+namespace detail {
+
+// The error naming the first row of `table` flagged NaN / +inf (invalid_row_error), ok
+// if none: check_scanned_rows (scan.hpp) for a scanner that cannot name the element (the
+// mask is on the device).
+[[nodiscard]] inline Status check_flagged_rows(const SpanTable& table) {
+  for (std::size_t r = 0; r < table.rows.size(); ++r)
+    if (table.rows[r].flags & kRowInvalid) return invalid_row_error(table, static_cast<std::int64_t>(r));
+  return {};
+}
+
+}  // namespace detail
+
 }  // namespace masklens

@@ -200,13 +200,7 @@ inline Result<SpansAndTiles> scan_with_tiles(const MaskView& view, TileSize size
       !spawn.ok())
     return spawn;
 
-  for (std::size_t r = 0; r < table.rows.size(); ++r) {
-    if (table.rows[r].flags & kRowInvalid) {
-      const std::int64_t slice = static_cast<std::int64_t>(r) / table.q_len;
-      return detail::invalid_element_error(view, slice / table.distinct_heads, slice % table.distinct_heads,
-                                           static_cast<std::int64_t>(r) % table.q_len);
-    }
-  }
+  if (Status bad = detail::check_scanned_rows(view, table); !bad.ok()) return bad;
   return SpansAndTiles{std::move(table), std::move(summary)};
 }
 

@@ -29,13 +29,6 @@ Status allocate(void** p, std::size_t bytes, cudaStream_t stream, const char* ca
   return st;
 }
 
-// The first row of the table flagged NaN / +inf, as an error naming it; ok if none.
-Status first_invalid_row(const SpanTable& table) {
-  for (std::size_t r = 0; r < table.rows.size(); ++r)
-    if (table.rows[r].flags & kRowInvalid) return masklens::detail::invalid_row_error(table, static_cast<std::int64_t>(r));
-  return {};
-}
-
 // The kernels dispatch_scan<SpanAccumulator> can launch with Policy for this element
 // size: a block per row (long rows) and a warp per row (short ones).
 template <class Policy, int Esize>
@@ -126,7 +119,7 @@ Result<SpanTable> scan(const MaskView& device_view, Stream stream) {
     keep_first(st, check(cudaStreamSynchronize(stream), "cudaStreamSynchronize"));
   }
   if (!st.ok()) return st;
-  if (Status bad = first_invalid_row(*made); !bad.ok()) return bad;
+  if (Status bad = masklens::detail::check_flagged_rows(*made); !bad.ok()) return bad;
   return made;
 }
 
@@ -166,13 +159,7 @@ Result<SpanTable> scan_host_mask(const MaskView& host_view, std::int64_t offset_
   keep_first(st, check(cudaStreamSynchronize(stream), "cudaStreamSynchronize"));
   if (!st.ok()) return st;
   // The mask is on the host: name the element, as the host scanner does.
-  for (std::size_t r = 0; r < made->rows.size(); ++r)
-    if (made->rows[r].flags & kRowInvalid) {
-      const std::int64_t slice = static_cast<std::int64_t>(r) / made->q_len;
-      return masklens::detail::invalid_element_error(host_view, slice / made->distinct_heads,
-                                                     slice % made->distinct_heads,
-                                                     static_cast<std::int64_t>(r) % made->q_len);
-    }
+  if (Status bad = masklens::detail::check_scanned_rows(host_view, *made); !bad.ok()) return bad;
   return made;
 }
 

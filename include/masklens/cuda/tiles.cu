@@ -61,18 +61,6 @@ Status check_arrays(const BlockMaskArrays& arrays, bool& any) {
   return {};
 }
 
-// The first row flagged NaN / +inf, as an error naming it (scan()'s words); ok if none.
-Status first_invalid_row(const SpanTable& table, const MaskView* host_view) {
-  for (std::size_t r = 0; r < table.rows.size(); ++r) {
-    if (!(table.rows[r].flags & kRowInvalid)) continue;
-    const auto slice = static_cast<std::int64_t>(r) / table.q_len, q = static_cast<std::int64_t>(r) % table.q_len;
-    const std::int64_t b = slice / table.distinct_heads, h = slice % table.distinct_heads;
-    if (host_view) return masklens::detail::invalid_element_error(*host_view, b, h, q);  // the mask is on the host
-    return masklens::detail::invalid_row_error(table, static_cast<std::int64_t>(r));
-  }
-  return {};
-}
-
 // The host side of a TileScan for `view` and `g`, every array sized.
 Result<TileScan> host_result(const MaskView& view, const TileGrid& g) {
   if (g.tiles() > static_cast<std::int64_t>(SIZE_MAX / 64))
@@ -172,7 +160,12 @@ Result<TileScan> run_with_tiles(const MaskView& view, const MaskView* host_view,
   // The one synchronisation: the results are read on the host only after it.
   keep_first(st, check(cudaStreamSynchronize(stream), "cudaStreamSynchronize"));
   if (!st.ok()) return st;
-  if (Status bad = first_invalid_row(out.spans, host_view); !bad.ok()) return bad;
+  // The first NaN / +inf: its element where the mask is on the host, as the host scanner
+  // names it, else its row.
+  if (Status bad = host_view ? masklens::detail::check_scanned_rows(*host_view, out.spans)
+                             : masklens::detail::check_flagged_rows(out.spans);
+      !bad.ok())
+    return bad;
   return made;
 }
 
