@@ -524,22 +524,20 @@ def bench_timeline(L, device, calls):
                 if busy_to is not None:
                     gaps += max(0.0, t0 - busy_to)
                 busy_to = t0 + dt if busy_to is None else max(busy_to, t0 + dt)
-            per_call.append((end - start, inside, ops, gaps))
-        if not per_call:
+            per_call.append((end - start, inside, ops, gaps, busy_to))
+        if per_call:
+            per_call.sort(key=lambda c: c[0])
+            total, inside, ops, gaps, busy_to = per_call[len(per_call) // 2]
+            print(f"\none device read of the {name} mask at {L}: the median call of {len(per_call)} "
+                  f"({per_call[0][0]:.0f} us at least), {total:.0f} us, us after the call's start:")
+            print(f"  {'where':6s} {'what':44s} {'starts at':>10s} {'lasts':>8s}")
+            for t0, dt, where, what in inside:
+                print(f"  {where:6s} {what[:44]:44s} {t0:10.1f} {dt:8.1f}")
+            if ops:
+                print(f"  device: first operation at {ops[0][0]:.1f} us, last one ends at {busy_to:.1f} us, idle "
+                      f"between operations {gaps:.1f} us; the call ends at {total:.1f} us")
+        else:
             print(f"\nno profiled call of the {name} mask at {L}")
-            del m
-            torch.cuda.empty_cache()
-            continue
-        per_call.sort(key=lambda c: c[0])
-        total, inside, ops, gaps = per_call[len(per_call) // 2]
-        print(f"\none device read of the {name} mask at {L}: the median call of {len(per_call)} "
-              f"({per_call[0][0]:.0f} us at least), {total:.0f} us, us after the call's start:")
-        print(f"  {'where':6s} {'what':44s} {'starts at':>10s} {'lasts':>8s}")
-        for t0, dt, where, what in inside:
-            print(f"  {where:6s} {what[:44]:44s} {t0:10.1f} {dt:8.1f}")
-        if ops:
-            print(f"  device: first operation at {ops[0][0]:.1f} us, last one ends at {ops[-1][0] + ops[-1][1]:.1f} "
-                  f"us, idle between operations {gaps:.1f} us; the call ends at {total:.1f} us")
         del m
         torch.cuda.empty_cache()
 
