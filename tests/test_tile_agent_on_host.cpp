@@ -54,10 +54,12 @@ struct Replayed {
   std::int64_t rows_from_bounds = 0, rows_read_twice = 0;
 };
 
-// One thread's read of a row: on the device its copies into the ring have all landed by
+// Lane `lane`'s read of a row: on the device its copies into the ring have all landed by
 // the time it returns (it waited for each batch it read), and its later groups are empty.
+// Its ballots hold its own vote (the stand-in's __ballot_sync).
 template <class F>
-auto one_thread(F&& read) {
+auto one_thread(int lane, F&& read) {
+  cuda_host_shim::lane = lane % 32;
   auto result = read();
   REQUIRE(cuda_host_shim::staged_copies_in_flight() == 0);
   cuda_host_shim::forget_groups();
@@ -109,6 +111,7 @@ Replayed replay(const ScanParams& s, const TileScanPlan& plan, std::int64_t bloc
         a.tiles.counts = out.counts.data() + g.tile_index(unit.slice, unit.qt, 0);
       }
       a.tiles.keys = plan.keys;
+      a.tiles.group_lanes = plan.group_lanes;
       return a;
     };
     const std::uint8_t* slice_rows = agent.row_address(unit.slice, 0);  // as the kernel steps through a unit
@@ -117,7 +120,7 @@ Replayed replay(const ScanParams& s, const TileScanPlan& plan, std::int64_t bloc
       const std::uint8_t* address = slice_rows + q * s.stride_bytes[2];
       char& counting = count_vectors[static_cast<std::size_t>((q - unit.q_begin) % rows_at_once)];
       const auto read = [&](int t) {
-        return one_thread([&] {
+        return one_thread(t, [&] {
           return counting ? agent.scan_at(address, t, init(t)).spans : span_agent.scan_at(address, t);
         });
       };
@@ -128,7 +131,7 @@ Replayed replay(const ScanParams& s, const TileScanPlan& plan, std::int64_t bloc
       const bool interval = row.span.is_interval();
       if (!counting) {
         for (int t = 0; t < Threads; ++t) {
-          if (!interval) one_thread([&] { return agent.scan_at(address, t, init(t)); });  // read again, counting
+          if (!interval) one_thread(t, [&] { return agent.scan_at(address, t, init(t)); });  // read again, counting
           else if (row.span.count != 0) init(t).tiles.add_interval(row.span.first, row.span.count, t, Threads);
         }
         ++(interval ? rows_from_bounds : rows_read_twice);

@@ -7,7 +7,7 @@
 namespace masklens::gpu::detail {
 
 template <int BlockThreads, int VectorsInFlight, int LongRowBytes, int MinBlocksPerSM = 1,
-          bool SkipMaskedBatches = false, int StagedBatches = 0>
+          bool SkipMaskedBatches = false, int StagedBatches = 0, bool TilesByWarp = false>
 struct ScanPolicy {
   static_assert(BlockThreads % 32 == 0 && BlockThreads <= 1024, "whole warps, at most 1024 threads");
   static_assert(VectorsInFlight >= 1, "at least one load in flight");
@@ -39,6 +39,12 @@ struct ScanPolicy {
   static_assert(StagedBatches == 0 || StagedBatches >= 2, "a ring of at least two batches");
   // Bytes of one warp's ring.
   static constexpr int kStageBytesPerWarp = StagedBatches * VectorsInFlight * 32 * 16;
+  // Whether the tile scan's warp counts a row's whole vectors per k tile with a ballot
+  // (TileSink::add_vector_by_warp: one add per tile and vector index, by one lane)
+  // instead of each lane adding its vector's keys into its tile's counter, where the
+  // row's vectors each lie in one k tile (TileScanPlan::group_lanes). Only a warp per row;
+  // the span scan has no tiles to count.
+  static constexpr bool kTilesByWarp = TilesByWarp;
   // No knob asks L2 for a later batch while a warp classifies the one it holds: one, two
   // or four batches ahead (cp.async.bulk.prefetch.L2) did worse on every tile-scan case,
   // 1.24x, 1.25x and 1.44x a read against 1.11x for the bool window at 32768^2,
@@ -77,12 +83,16 @@ struct ScanTuning<Esize, 800> {
 
 // `P` with the batch vote on or off (bench/device_tiles.cu --sweep, the host replay).
 template <class P, bool Vote>
-using WithBatchVote =
-    ScanPolicy<P::kBlockThreads, P::kVectorsInFlight, P::kLongRowBytes, P::kMinBlocksPerSM, Vote, P::kStagedBatches>;
+using WithBatchVote = ScanPolicy<P::kBlockThreads, P::kVectorsInFlight, P::kLongRowBytes, P::kMinBlocksPerSM, Vote,
+                                 P::kStagedBatches, P::kTilesByWarp>;
 // `P` with a ring of `Stages` batches in shared memory (0: loads into registers).
 template <class P, int Stages>
-using WithStagedBatches =
-    ScanPolicy<P::kBlockThreads, P::kVectorsInFlight, P::kLongRowBytes, P::kMinBlocksPerSM, P::kSkipMaskedBatches, Stages>;
+using WithStagedBatches = ScanPolicy<P::kBlockThreads, P::kVectorsInFlight, P::kLongRowBytes, P::kMinBlocksPerSM,
+                                     P::kSkipMaskedBatches, Stages, P::kTilesByWarp>;
+// `P` with the tile scan's whole vectors counted by warp ballot or lane by lane.
+template <class P, bool ByWarp>
+using WithTilesByWarp = ScanPolicy<P::kBlockThreads, P::kVectorsInFlight, P::kLongRowBytes, P::kMinBlocksPerSM,
+                                   P::kSkipMaskedBatches, P::kStagedBatches, ByWarp>;
 
 // The tile scan's shapes (dispatch_tiles.cuh): its agent carries a tile sink beside the
 // span (more registers a thread than the span scan's 48), and a block per row then
