@@ -132,14 +132,14 @@ struct TileScanTuning<1, Sm> {
 // registers uncapped, spilled at 72, and read at 1.19-1.21x (block-sparse 1.33-1.36x).
 template <>
 struct TileScanTuning<1, 900> {
-  using Policy = ScanPolicy<128, 2, 2048, 7, true, 4>;
+  using Policy = ScanPolicy<128, 2, 2048, 7, true, 4, true>;
 };
 // 2-byte masks: eight loads in flight a thread (4 blocks an SM at about 120 registers)
 // read the bf16 window at 32768^2 at 1.09x a read in two runs on two machines, against
 // 1.10x and 1.13x with four (--sweep, H200, 2026-12-04).
 template <int Sm>
 struct TileScanTuning<2, Sm> {
-  using Policy = ScanPolicy<128, 8, 2048, 1, true>;
+  using Policy = ScanPolicy<128, 8, 2048, 1, true, 0, true>;
 };
 
 }  // namespace masklens::gpu::detail
