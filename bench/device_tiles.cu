@@ -132,12 +132,6 @@ std::vector<Variant> variants() {
       {"every row counted by vector (before)", launch_variant<Tuned, Esize, T, M, 0, false>},
       {"tuned, no vote on masked batches", launch_variant<dev::WithBatchVote<Tuned, false>, Esize, T, M>},
       {"tuned, one range of units a block (not folded)", launch_variant<Tuned, Esize, T, M, 0, true, false>},
-      // Whole vectors counted per tile by warp ballot (ScanPolicy::kTilesByWarp).
-      {"tuned, whole vectors counted by warp ballot", launch_variant<dev::WithTilesByWarp<Tuned, true>, Esize, T, M>},
-      {"tuned, whole vectors counted lane by lane", launch_variant<dev::WithTilesByWarp<Tuned, false>, Esize, T, M>},
-      {"ring of 4 x 2 loads, by ballot, registers uncapped",
-       launch_variant<ScanPolicy<128, 2, 2048, 1, true, 4, true>, Esize, T, M>},
-      {"ring of 4 x 2 loads, by ballot, 8 blocks/SM", launch_variant<ScanPolicy<128, 2, 2048, 8, true, 4, true>, Esize, T, M>},
       {"warp/row, 128 threads, registers uncapped", launch_variant<ScanPolicy<128, 4, 2048, 1, true>, Esize, T, M>},
       {"warp/row, 128 threads, 7 blocks/SM (72 registers)", launch_variant<ScanPolicy<128, 4, 2048, 7, true>, Esize, T, M>},
       {"warp/row, 256 threads", launch_variant<ScanPolicy<256, 4, 2048, 1, true>, Esize, T, M>},

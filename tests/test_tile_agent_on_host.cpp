@@ -54,12 +54,10 @@ struct Replayed {
   std::int64_t rows_from_bounds = 0, rows_read_twice = 0;
 };
 
-// Lane `lane`'s read of a row: on the device its copies into the ring have all landed by
+// One thread's read of a row: on the device its copies into the ring have all landed by
 // the time it returns (it waited for each batch it read), and its later groups are empty.
-// Its ballots hold its own vote (the stand-in's __ballot_sync).
 template <class F>
-auto one_thread(int lane, F&& read) {
-  cuda_host_shim::lane = lane % 32;
+auto one_thread(F&& read) {
   auto result = read();
   REQUIRE(cuda_host_shim::staged_copies_in_flight() == 0);
   cuda_host_shim::forget_groups();
@@ -111,7 +109,6 @@ Replayed replay(const ScanParams& s, const TileScanPlan& plan, std::int64_t bloc
         a.tiles.counts = out.counts.data() + g.tile_index(unit.slice, unit.qt, 0);
       }
       a.tiles.keys = plan.keys;
-      a.tiles.group_lanes = plan.group_lanes;
       return a;
     };
     const std::uint8_t* slice_rows = agent.row_address(unit.slice, 0);  // as the kernel steps through a unit
@@ -120,7 +117,7 @@ Replayed replay(const ScanParams& s, const TileScanPlan& plan, std::int64_t bloc
       const std::uint8_t* address = slice_rows + q * s.stride_bytes[2];
       char& counting = count_vectors[static_cast<std::size_t>((q - unit.q_begin) % rows_at_once)];
       const auto read = [&](int t) {
-        return one_thread(t, [&] {
+        return one_thread([&] {
           return counting ? agent.scan_at(address, t, init(t)).spans : span_agent.scan_at(address, t);
         });
       };
@@ -131,7 +128,7 @@ Replayed replay(const ScanParams& s, const TileScanPlan& plan, std::int64_t bloc
       const bool interval = row.span.is_interval();
       if (!counting) {
         for (int t = 0; t < Threads; ++t) {
-          if (!interval) one_thread(t, [&] { return agent.scan_at(address, t, init(t)); });  // read again, counting
+          if (!interval) one_thread([&] { return agent.scan_at(address, t, init(t)); });  // read again, counting
           else if (row.span.count != 0) init(t).tiles.add_interval(row.span.first, row.span.count, t, Threads);
         }
         ++(interval ? rows_from_bounds : rows_read_twice);
@@ -759,102 +756,6 @@ TEST_CASE("device tile sink: an interval's tiles from its bounds, rows past 2^31
     }
   }
   MESSAGE(checked << " tile counts exact");
-}
-
-TEST_CASE("device tile plan: lanes of a warp's vectors that share a k tile (warp_group_lanes), by brute force") {
-  // A warp reads vectors 32 consecutive ones at a time from a row's first key: for every
-  // tile width to 2100 keys and every element size, where warp_group_lanes gives L, every
-  // vector lies in one tile and lanes l, m of a chunk share one exactly where l / L == m / L
-  // (over the chunks of a few tiles' worth of keys); where it gives 0, some chunk breaks one
-  // of the two.
-  int grouped = 0;
-  for (const int esize : {1, 2, 4})
-    for (std::int64_t divisor = 1; divisor <= 2100; ++divisor) {
-      const std::int64_t per = 16 / esize, chunk = 32 * per;
-      const int lanes = warp_group_lanes(divisor, esize);
-      bool holds = true;
-      for (std::int64_t start = 0; start < 4 * std::max(divisor, chunk); start += chunk)
-        for (int l = 0; l < 32; ++l) {
-          const std::int64_t k0 = start + l * per;
-          holds = holds && k0 / divisor == (k0 + per - 1) / divisor;  // the vector in one tile
-          if (lanes != 0)
-            for (int m = 0; m < 32; ++m)
-              holds = holds && ((start + m * per) / divisor == k0 / divisor) == (l / lanes == m / lanes);
-        }
-      INFO("esize " << esize << " tile " << divisor << " group " << lanes);
-      if (lanes != 0) {
-        CHECK(holds);
-        CHECK((lanes == 32 || divisor / per == lanes));
-        ++grouped;
-      } else {
-        // No L of 1, 2, 4, .. 32 describes it.
-        bool any = false;
-        for (int L = 1; L <= 32; L *= 2) {
-          bool fits = true;
-          for (std::int64_t start = 0; start < 4 * std::max(divisor, chunk) && fits; start += chunk)
-            for (int l = 0; l < 32 && fits; ++l)
-              for (int m = 0; m < 32 && fits; ++m) {
-                const std::int64_t k0 = start + l * per;
-                fits = k0 / divisor == (k0 + per - 1) / divisor &&
-                       ((start + m * per) / divisor == k0 / divisor) == (l / L == m / L);
-              }
-          any = any || fits;
-        }
-        CHECK_FALSE(any);
-      }
-    }
-  MESSAGE(grouped << " tile widths grouped");
-  CHECK(warp_group_lanes(128, 1) == 8);
-  CHECK(warp_group_lanes(128, 2) == 16);
-  CHECK(warp_group_lanes(128, 4) == 32);
-  CHECK(warp_group_lanes(4096, 1) == 32);
-  CHECK(warp_group_lanes(100, 1) == 0);
-  CHECK(warp_group_lanes(128, 0) == 0);
-}
-
-TEST_CASE("device tile sink: a warp's vectors counted by ballot, each lane seeing the whole warp's votes") {
-  // TileSink::add_vector_by_warp for lane after lane of one warp, each lane's ballot the
-  // warp's (the stand-in's other_votes): every tile's count is the sum of its lanes' keys,
-  // whether the vectors are whole, partial or empty, for every group width and element size,
-  // in the first chunk of a row and far along it.
-  Rng rng(test_seed(1407));
-  std::int64_t checked = 0;
-  for (const int esize : {1, 2, 4})
-    for (int lanes = 1; lanes <= 32; lanes *= 2)
-      for (int i = 0; i < 200; ++i) {
-        const int whole = 16 / esize;
-        const std::int64_t divisor = std::int64_t{lanes} * whole * (lanes == 32 && coin(rng) ? 4 : 1);
-        const std::int64_t k_len = std::int64_t{1} << 20;
-        const KeyTileDivider keys = KeyTileDivider::make(divisor, k_len);
-        REQUIRE(warp_group_lanes(keys.divisor, esize) == lanes);
-        const std::int64_t start = (i % 2 == 0 ? 0 : uniform(rng, 0, k_len / (32 * whole) - 1)) * 32 * whole;
-        std::array<int, 32> n{};
-        unsigned votes = 0;
-        const double p_whole = uniform(rng, 0, 10) / 10.0;
-        for (int l = 0; l < 32; ++l) {
-          n[static_cast<std::size_t>(l)] = coin(rng, p_whole) ? whole : static_cast<int>(uniform(rng, 0, whole - 1));
-          if (n[static_cast<std::size_t>(l)] == whole) votes |= 1u << l;
-        }
-        const std::int64_t tiles = (start + 32 * whole) / divisor + 1;
-        std::vector<unsigned long long> counts(static_cast<std::size_t>(tiles), 0), want(counts.size(), 0);
-        TileSink<unsigned long long> sink;
-        sink.counts = counts.data();
-        sink.keys = keys;
-        sink.group_lanes = lanes;
-        for (int l = 0; l < 32; ++l) {
-          const std::int64_t k0 = start + std::int64_t{l} * whole;
-          want[static_cast<std::size_t>(k0 / divisor)] += static_cast<unsigned long long>(n[static_cast<std::size_t>(l)]);
-          cuda_host_shim::lane = l;
-          cuda_host_shim::other_votes = votes;
-          sink.add_vector_by_warp(n[static_cast<std::size_t>(l)], k0, l, whole);
-        }
-        cuda_host_shim::other_votes = 0;
-        INFO("esize " << esize << " group " << lanes << " tile " << divisor << " start " << start);
-        REQUIRE(counts == want);
-        ++checked;
-      }
-  cuda_host_shim::lane = 0;
-  MESSAGE(checked << " warps counted");
 }
 
 TEST_CASE("device tile accumulator on the CPU: whole and striped rows, every length to 100, start and tile width") {

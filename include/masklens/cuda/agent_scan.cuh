@@ -4,8 +4,8 @@
 // it reads, and feeds an accumulator (accumulators.cuh); the kernels that reduce the
 // threads' accumulators and the launch live in dispatch_scan.cuh. nvcc only, with one
 // exception: the host suite runs the agent on the CPU through a stand-in for the few
-// CUDA builtins it uses (uint4, __ldg, __popc, __ffs, __clz, __activemask, __all_sync,
-// __ballot_sync; tests/test_agent_on_host.cpp), so a builtin added here is added there too.
+// CUDA builtins it uses (uint4, __ldg, __popc, __ffs, __clz, __activemask, __all_sync;
+// tests/test_agent_on_host.cpp), so a builtin added here is added there too.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -235,19 +235,16 @@ struct AgentScanRow {
     for (std::int64_t k = lane; k < head; k += ThreadsPerRow) reader.element(acc, row + k * Esize, k, s);
     const uint4* vec = vectors.first;
     constexpr int kInFlight = Policy::kVectorsInFlight;
-    const bool by_warp = tiles_by_warp(acc, head);
     std::int64_t v = lane;
     if constexpr (Policy::kStagedBatches > 0) {
       static_assert(ThreadsPerRow == 32, "a ring is a warp's");
-      v = scan_staged(reader, acc, vectors, lane, by_warp);
+      v = scan_staged(reader, acc, vectors, lane);
     } else {
       for (; v + (kInFlight - 1) * ThreadsPerRow < n_vec; v += kInFlight * ThreadsPerRow) {
         uint4 x[kInFlight];
         MASKLENS_UNROLL
         for (int j = 0; j < kInFlight; ++j) x[j] = __ldg(vec + v + j * ThreadsPerRow);
-        // Warp-uniform: the batch is whole for the warp's last lane too.
-        const bool whole_warp = by_warp && v - lane + 31 + (kInFlight - 1) * ThreadsPerRow < n_vec;
-        classify_batch(reader, acc, x, head, v, lane, whole_warp);
+        classify_batch(reader, acc, x, head, v);
       }
     }
     for (; v < n_vec; v += ThreadsPerRow) reader.vector(acc, __ldg(vec + v), head + v * kPerVector);
@@ -259,24 +256,10 @@ struct AgentScanRow {
  private:
   static constexpr std::int64_t kPerVector = 16 / Esize;
 
-  // Whether the accumulator counts tiles by warp ballot (SpanTileAccumulator's
-  // TileSink::add_vector_by_warp) where the policy asks for it and the row's vectors each
-  // lie in one k tile: the row starts on a 16-byte boundary (head 0) and the plan's tiles
-  // hold whole groups of lanes. Warp-uniform: the warp reads one row.
-  static constexpr bool kTilesByWarp =
-      Policy::kTilesByWarp && ThreadsPerRow == 32 &&
-      requires(Accumulator a, int n, std::int64_t k) { a.tiles.add_vector_by_warp(n, k, n, n); };
-  __device__ __forceinline__ static bool tiles_by_warp(const Accumulator& acc, std::int64_t head) {
-    if constexpr (kTilesByWarp) return head == 0 && acc.tiles.group_lanes != 0;
-    else return false;
-  }
-
-  // The batch x of vectors v, v + ThreadsPerRow, ... (key head + vector * kPerVector) of
-  // this `lane`; by ballot where `whole_warp` (tiles_by_warp, and every lane of the warp
-  // holds a whole batch: warp-uniform).
+  // The batch x of vectors v, v + ThreadsPerRow, ... (key head + vector * kPerVector).
   __device__ __forceinline__ static void classify_batch(ElementReader<Esize>& reader, Accumulator& acc,
                                                         const uint4 (&x)[Policy::kVectorsInFlight], std::int64_t head,
-                                                        std::int64_t v, int lane, bool whole_warp) {
+                                                        std::int64_t v) {
     // Skipped where every lane reading along has nothing here (Policy::kSkipMaskedBatches):
     // one lane alone skipping would leave the others' work as long and add a divergent
     // branch (a block-sparse mask's scattered blocks: a per-vector test measured 1.29x
@@ -284,18 +267,6 @@ struct AgentScanRow {
     // lane, so the vote may be over whichever lanes run together.
     if constexpr (Policy::kSkipMaskedBatches)
       if (__all_sync(__activemask(), reader.adds_nothing(x))) return;
-    if constexpr (kTilesByWarp) {
-      if (whole_warp) {
-        MASKLENS_UNROLL
-        for (int j = 0; j < Policy::kVectorsInFlight; ++j) {
-          const std::int64_t k0 = head + (v + j * ThreadsPerRow) * kPerVector;
-          typename Accumulator::VectorKeys keys{acc};
-          reader.vector(keys, x[j], k0);
-          acc.tiles.add_vector_by_warp(keys.n, k0, lane, static_cast<int>(kPerVector));
-        }
-        return;
-      }
-    }
     MASKLENS_UNROLL
     for (int j = 0; j < Policy::kVectorsInFlight; ++j)
       reader.vector(acc, x[j], head + (v + j * ThreadsPerRow) * kPerVector);
@@ -333,12 +304,10 @@ struct AgentScanRow {
   // Returns the next vector this lane reads past its last whole batch (as the loop of
   // registers leaves v).
   __device__ __forceinline__ std::int64_t scan_staged(ElementReader<Esize>& reader, Accumulator& acc,
-                                                      const RowVectors& vectors, int lane, bool by_warp) const {
+                                                      const RowVectors& vectors, int lane) const {
     constexpr int kStages = Policy::kStagedBatches, kInFlight = Policy::kVectorsInFlight;
     constexpr std::int64_t kBatch = std::int64_t{kInFlight} * ThreadsPerRow;
     const std::int64_t batches = whole_batches(vectors.count, lane);
-    // Batches whole for every lane (the last lane's): counted by ballot where by_warp.
-    const std::int64_t warp_batches = by_warp ? whole_batches(vectors.count, ThreadsPerRow - 1) : 0;
     const uint4* const from = vectors.first + lane;
     std::int64_t issued = 0;
     int fill = 0, drain = 0;  // the slots copied into and read next
@@ -361,7 +330,7 @@ struct AgentScanRow {
       MASKLENS_UNROLL
       for (int j = 0; j < kInFlight; ++j) x[j] = ring[ring_vector(lane, drain, j, kInFlight)];
       drain = drain + 1 == kStages ? 0 : drain + 1;
-      classify_batch(reader, acc, x, vectors.head, lane + b * kBatch, lane, b < warp_batches);
+      classify_batch(reader, acc, x, vectors.head, lane + b * kBatch);
     }
     return lane + batches * kBatch;
   }

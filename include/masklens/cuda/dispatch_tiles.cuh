@@ -64,7 +64,6 @@ __device__ __forceinline__ SpanTileAccumulator<TileCount<Shared>> tile_accumulat
     acc.tiles.copy_shift = 0;
   }
   acc.tiles.keys = plan.keys;
-  acc.tiles.group_lanes = plan.group_lanes;
   return acc;
 }
 

@@ -27,7 +27,6 @@ struct TileSink {
   Count* counts = nullptr;
   int copy_shift = 0;
   KeyTileDivider keys;
-  int group_lanes = 0;  // TileScanPlan::group_lanes: 0 where a warp cannot count by ballot
 
   // n <= keys.divisor, which a 32-bit counter holds where the counters are 32-bit
   // (plan_tile_scan).
@@ -63,24 +62,6 @@ struct TileSink {
       ++kt;
       room = keys.divisor;
     }
-  }
-
-  // This lane's `n` attending keys of its vector of `whole` keys, all in k tile
-  // tile_of(k0), where the warp's 32 lanes each hold one of 32 consecutive vectors and the
-  // vectors of a tile are a group of group_lanes lanes (TileScanPlan::group_lanes): the
-  // warp's whole vectors are counted with one ballot, the lowest whole lane of each group
-  // adding the group's (one add a tile where add_run takes one a lane); a partial vector
-  // is added by its lane. Every lane of the warp calls it, converged. (On the host the
-  // stand-in's ballot holds only the calling lane's vote, as if the others had nothing:
-  // each whole lane then adds its own.)
-  __device__ __forceinline__ void add_vector_by_warp(int n, std::int64_t k0, int lane, int whole) const {
-    const unsigned whole_lanes = __ballot_sync(0xffffffffu, n == whole);
-    if (n != 0 && n != whole) count(keys.tile_of(k0), n);
-    if (n != whole) return;
-    const unsigned group =
-        group_lanes >= 32 ? 0xffffffffu : ((1u << group_lanes) - 1u) << (lane & ~(group_lanes - 1));
-    const unsigned group_whole = whole_lanes & group;
-    if ((group_whole & ((1u << lane) - 1u)) == 0) count(keys.tile_of(k0), std::int64_t{__popc(group_whole)} * whole);
   }
 
   // Keys first .. first + n - 1 (n >= 1) of a row that is one interval, its k tiles
@@ -121,24 +102,6 @@ struct SpanTileAccumulator {
     return SpanTileAccumulator{SpanAccumulator::merge(a.spans, b.spans), a.tiles};
   }
   __device__ __forceinline__ void store(RowSpan* out, std::int64_t row) const { spans.store(out, row); }
-
-  // One vector's keys where the warp counts tiles by ballot (TileSink::add_vector_by_warp):
-  // the reader adds them here, the span takes them and `n` counts them, and then the warp
-  // adds the tiles' counts together.
-  struct VectorKeys {
-    SpanTileAccumulator& acc;
-    int n = 0;
-    __device__ __forceinline__ void add(std::uint32_t bits, std::int64_t k0) {
-      if (bits == 0) return;
-      acc.spans.add(bits, k0);
-      n += __popc(bits);
-    }
-    __device__ __forceinline__ void add_run(std::int64_t k0, int m) {
-      acc.spans.add_run(k0, m);
-      n += m;
-    }
-    __device__ __forceinline__ void add_flags(std::uint32_t f) { acc.spans.add_flags(f); }
-  };
 };
 
 static_assert(RowAccumulator<SpanTileAccumulator<unsigned>>);

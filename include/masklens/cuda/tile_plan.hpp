@@ -71,21 +71,6 @@ struct KeyTileDivider {
   }
 };
 
-// Lanes of a warp whose 16-byte vectors share a k tile, where a warp reads a row's
-// vectors 32 consecutive ones at a time from the row's first key (a row starting on a
-// 16-byte boundary): tiles of `divisor` keys, `esize`-byte elements. Each vector then lies
-// in one tile and each tile's vectors are whole groups of lanes, lanes [g L, (g + 1) L)
-// (L up to 32: 32 where one tile holds the warp's 512 bytes). 0 where a vector may cross
-// a tile's boundary or a group would not start at a multiple of L (tiles of 24 keys, say).
-[[nodiscard]] constexpr int warp_group_lanes(std::int64_t divisor, int esize) noexcept {
-  if (esize < 1 || esize > 16 || divisor < 1) return 0;
-  const std::int64_t per_vector = 16 / esize;
-  if (divisor % per_vector != 0) return 0;
-  const std::int64_t lanes = divisor / per_vector;
-  if (lanes >= 32) return lanes % 32 == 0 ? 32 : 0;
-  return 32 % lanes == 0 ? static_cast<int>(lanes) : 0;
-}
-
 // The rows of one unit: rows [q_begin, q_end) of q tile qt of stored slice `slice`
 // (empty past a ragged last q tile).
 struct TileUnit {
@@ -134,10 +119,6 @@ struct TileScanPlan {
   // for its slowest block); a block's two halves add up to about the same work for
   // every block. false: one range a block (bench/device_tiles.cu --sweep compares).
   bool fold_ranges = true;
-  // warp_group_lanes(keys.divisor, esize): where nonzero, a kernel whose policy counts
-  // tiles by warp (ScanPolicy::kTilesByWarp) adds a row's whole vectors per tile with a
-  // ballot, on rows that start on a 16-byte boundary.
-  int group_lanes = 0;
 
   // Counter slots of the block: k tile kt's copy c is slot (kt << copy_shift) + c.
   [[nodiscard]] MASKLENS_HOST_DEVICE constexpr std::int64_t slots() const noexcept {
@@ -236,7 +217,6 @@ struct TileScanPlan {
   if (!p.shared) p.copy_shift = 0;
   p.flush_per_q_tile = p.shared && tile_rows <= max_count / p.keys.divisor;
 
-  p.group_lanes = warp_group_lanes(p.keys.divisor, esize);
   p.rows_per_unit = r;
   p.groups = tile_rows / r + (tile_rows % r != 0 ? 1 : 0);
   p.units = g.slices() * g.q_tiles() * p.groups;

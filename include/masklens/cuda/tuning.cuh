@@ -7,7 +7,7 @@
 namespace masklens::gpu::detail {
 
 template <int BlockThreads, int VectorsInFlight, int LongRowBytes, int MinBlocksPerSM = 1,
-          bool SkipMaskedBatches = false, int StagedBatches = 0, bool TilesByWarp = false>
+          bool SkipMaskedBatches = false, int StagedBatches = 0>
 struct ScanPolicy {
   static_assert(BlockThreads % 32 == 0 && BlockThreads <= 1024, "whole warps, at most 1024 threads");
   static_assert(VectorsInFlight >= 1, "at least one load in flight");
@@ -39,12 +39,6 @@ struct ScanPolicy {
   static_assert(StagedBatches == 0 || StagedBatches >= 2, "a ring of at least two batches");
   // Bytes of one warp's ring.
   static constexpr int kStageBytesPerWarp = StagedBatches * VectorsInFlight * 32 * 16;
-  // Whether the tile scan's warp counts a row's whole vectors per k tile with a ballot
-  // (TileSink::add_vector_by_warp: one add per tile and vector index, by one lane)
-  // instead of each lane adding its vector's keys into its tile's counter, where the
-  // row's vectors each lie in one k tile (TileScanPlan::group_lanes). Only a warp per row;
-  // the span scan has no tiles to count.
-  static constexpr bool kTilesByWarp = TilesByWarp;
   // No knob asks L2 for a later batch while a warp classifies the one it holds: one, two
   // or four batches ahead (cp.async.bulk.prefetch.L2) did worse on every tile-scan case,
   // 1.24x, 1.25x and 1.44x a read against 1.11x for the bool window at 32768^2,
@@ -83,16 +77,12 @@ struct ScanTuning<Esize, 800> {
 
 // `P` with the batch vote on or off (bench/device_tiles.cu --sweep, the host replay).
 template <class P, bool Vote>
-using WithBatchVote = ScanPolicy<P::kBlockThreads, P::kVectorsInFlight, P::kLongRowBytes, P::kMinBlocksPerSM, Vote,
-                                 P::kStagedBatches, P::kTilesByWarp>;
+using WithBatchVote =
+    ScanPolicy<P::kBlockThreads, P::kVectorsInFlight, P::kLongRowBytes, P::kMinBlocksPerSM, Vote, P::kStagedBatches>;
 // `P` with a ring of `Stages` batches in shared memory (0: loads into registers).
 template <class P, int Stages>
-using WithStagedBatches = ScanPolicy<P::kBlockThreads, P::kVectorsInFlight, P::kLongRowBytes, P::kMinBlocksPerSM,
-                                     P::kSkipMaskedBatches, Stages, P::kTilesByWarp>;
-// `P` with the tile scan's whole vectors counted by warp ballot or lane by lane.
-template <class P, bool ByWarp>
-using WithTilesByWarp = ScanPolicy<P::kBlockThreads, P::kVectorsInFlight, P::kLongRowBytes, P::kMinBlocksPerSM,
-                                   P::kSkipMaskedBatches, P::kStagedBatches, ByWarp>;
+using WithStagedBatches =
+    ScanPolicy<P::kBlockThreads, P::kVectorsInFlight, P::kLongRowBytes, P::kMinBlocksPerSM, P::kSkipMaskedBatches, Stages>;
 
 // The tile scan's shapes (dispatch_tiles.cuh): its agent carries a tile sink beside the
 // span (more registers a thread than the span scan's 48), and a block per row then
@@ -132,14 +122,14 @@ struct TileScanTuning<1, Sm> {
 // registers uncapped, spilled at 72, and read at 1.19-1.21x (block-sparse 1.33-1.36x).
 template <>
 struct TileScanTuning<1, 900> {
-  using Policy = ScanPolicy<128, 2, 2048, 7, true, 4, true>;
+  using Policy = ScanPolicy<128, 2, 2048, 7, true, 4>;
 };
 // 2-byte masks: eight loads in flight a thread (4 blocks an SM at about 120 registers)
 // read the bf16 window at 32768^2 at 1.09x a read in two runs on two machines, against
 // 1.10x and 1.13x with four (--sweep, H200, 2026-12-04).
 template <int Sm>
 struct TileScanTuning<2, Sm> {
-  using Policy = ScanPolicy<128, 8, 2048, 1, true, 0, true>;
+  using Policy = ScanPolicy<128, 8, 2048, 1, true>;
 };
 
 }  // namespace masklens::gpu::detail

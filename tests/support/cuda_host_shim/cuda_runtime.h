@@ -28,20 +28,9 @@ inline uint4 __ldg(const uint4* p) {  // the bytes, whatever type wrote them
 inline int __popc(unsigned x) { return std::popcount(x); }
 inline int __ffs(int x) { return x == 0 ? 0 : std::countr_zero(static_cast<unsigned>(x)) + 1; }
 inline int __clz(int x) { return std::countl_zero(static_cast<unsigned>(x)); }
-// One thread at a time on the CPU: a vote of one, and a plain add is the atomic one. A
-// ballot holds the calling lane's vote (cuda_host_shim::lane, which the replay sets)
-// and the other lanes' votes a test gives (cuda_host_shim::other_votes, none in the
-// replay: as if the warp's other lanes had voted no).
-namespace cuda_host_shim {
-inline int lane = 0;
-inline unsigned other_votes = 0;
-}  // namespace cuda_host_shim
+// One thread at a time on the CPU: a vote of one, and a plain add is the atomic one.
 inline unsigned __activemask() { return 1u; }
 inline int __all_sync(unsigned, int predicate) { return predicate; }
-inline unsigned __ballot_sync(unsigned, int predicate) {
-  const unsigned mine = 1u << cuda_host_shim::lane;
-  return (cuda_host_shim::other_votes & ~mine) | (predicate ? mine : 0u);
-}
 inline unsigned atomicAdd(unsigned* p, unsigned v) {
   const unsigned old = *p;
   *p = old + v;
