@@ -120,6 +120,10 @@ struct TileScanTuning<1, Sm> {
 // against 1.08x with its eight loads into registers. A ring carried from row to row (a
 // warp copying its next row's first batches while it reads this row's last ones) took 96
 // registers uncapped, spilled at 72, and read at 1.19-1.21x (block-sparse 1.33-1.36x).
+// Whole vectors counted by warp ballot (the lowest whole lane of a tile's 8 adding the
+// group's keys, one add a tile where each lane adds its own) read at 1.17x (window) and
+// 1.24x (block-sparse) against 1.11x and 1.17x, 1.10x and 1.21x uncapped (--sweep, H200,
+// 2026-12-04, bench/README.md).
 template <>
 struct TileScanTuning<1, 900> {
   using Policy = ScanPolicy<128, 2, 2048, 7, true, 4>;
