@@ -31,8 +31,7 @@ using namespace masklens;
 
 namespace {
 
-using masklens_bench::median_ms;
-using masklens_bench::plain_read;
+using namespace masklens_bench;  // the timer, the baseline, the command line
 
 // An L x L causal mask: `attend` on and below the diagonal, `masked` above.
 template <class T>
@@ -42,24 +41,13 @@ __global__ void fill_causal(T* m, std::int64_t L, T attend, T masked) {
     m[i] = (i % L) <= (i / L) ? attend : masked;
 }
 
-struct Options {
-  FILE* json = nullptr;
-  int reps = 20;
-  std::string only;  // run only cases whose name holds it
-};
-
 struct Bench {
-  Options options;
-  unsigned* sink = nullptr;
-  unsigned read_grid = 0;
+  BenchOptions options;
+  PlainRead read;
   bool all_causal = true;
 
   // The plain read of `bytes` bytes at `data` (a multiple of 16).
-  float plain_read_ms(const void* data, std::int64_t bytes) const {
-    return median_ms(options.reps, [&] {
-      plain_read<<<read_grid, 256>>>(static_cast<const uint4*>(data), bytes / 16, sink);
-    });
-  }
+  float plain_read_ms(const void* data, std::int64_t bytes) const { return read.ms(data, bytes, options.reps); }
 
   // One row of the table: the scan beside `read_ms`, the plain read of the bytes it reads.
   void run_case(const std::string& name, const MaskView& view, double bytes_read, float read_ms) {
@@ -97,9 +85,7 @@ struct Bench {
     CHECK_CUDA(cudaFree(temp));
   }
 
-  bool wanted(const std::string& name) const {
-    return options.only.empty() || name.find(options.only) != std::string::npos;
-  }
+  bool wanted(const std::string& name) const { return options.wanted(name); }
 };
 
 // An additive type's bits for 0 and the three masked values frameworks write.
@@ -120,32 +106,8 @@ const char* gib(double bytes) {
 
 int main(int argc, char** argv) {
   Bench bench;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--reps" && i + 1 < argc) {
-      bench.options.reps = std::max(1, std::atoi(argv[++i]));
-    } else if (arg == "--only" && i + 1 < argc) {
-      bench.options.only = argv[++i];
-    } else if ((arg == "--json" && i + 1 < argc) || (arg[0] != '-' && bench.options.json == nullptr)) {
-      const char* path = arg == "--json" ? argv[++i] : argv[i];
-      if ((bench.options.json = std::fopen(path, "w")) == nullptr) {
-        std::fprintf(stderr, "cannot write %s\n", path);
-        return 1;
-      }
-    } else {
-      std::fprintf(stderr, "usage: %s [out.jsonl | --json out.jsonl] [--reps N] [--only SUBSTRING]\n", argv[0]);
-      return 2;
-    }
-  }
-  CHECK_CUDA(cudaMalloc(&bench.sink, sizeof(unsigned)));
-  cudaDeviceProp prop{};
-  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
-  bench.read_grid = static_cast<unsigned>(prop.multiProcessorCount) * 8;
-  int driver = 0, runtime = 0;
-  CHECK_CUDA(cudaDriverGetVersion(&driver));
-  CHECK_CUDA(cudaRuntimeGetVersion(&runtime));
-  std::printf("%s, %d SMs, sm_%d%d, CUDA driver %d, runtime %d; median of %d\n\n", prop.name,
-              prop.multiProcessorCount, prop.major, prop.minor, driver, runtime, bench.options.reps);
+  if (const int exit_code = parse_options(argc, argv, bench.options, false); exit_code != 0) return exit_code;
+  bench.read = open_device(bench.options.reps, "");
   std::printf("| case | plain read | GB/s | masklens scan | GB/s | ratio to plain read | end-to-end | verdict |\n");
   std::printf("|---|---|---|---|---|---|---|---|\n");
 
@@ -200,11 +162,7 @@ int main(int argc, char** argv) {
     }
   }
   CHECK_CUDA(cudaFree(buffer));
-  CHECK_CUDA(cudaFree(bench.sink));
-  if (bench.options.json && std::fclose(bench.options.json) != 0) {
-    std::fprintf(stderr, "writing the JSON lines failed\n");
-    return 1;
-  }
+  if (!close_bench(bench.read, bench.options)) return 1;
   if (!bench.all_causal) {
     std::fprintf(stderr, "a case's verdict was not causal: its figures measure a wrong scan\n");
     return 1;

@@ -37,8 +37,7 @@ using namespace masklens;
 
 namespace {
 
-using masklens_bench::median_ms;
-using masklens_bench::plain_read;
+using namespace masklens_bench;  // the timer, the baseline, the command line
 
 namespace dev = masklens::gpu::detail;
 
@@ -81,13 +80,6 @@ __global__ void fill(T* m, std::int64_t L, T attend, T masked, Rule rule) {
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
     m[i] = rule(i / L, i % L) ? attend : masked;
 }
-
-struct Options {
-  FILE* json = nullptr;
-  int reps = 20;
-  std::string only;
-  bool sweep = false;
-};
 
 // --sweep: the tile scan (memset, scan kernel, BlockMask writer) with other launch shapes
 // than the tuned one, each checked against the expected kv side and timed like the rest.
@@ -179,14 +171,11 @@ Result<TileSummary> expected_tiles(const std::string& kind, std::int64_t L) {
 }
 
 struct Bench {
-  Options options;
-  unsigned* sink = nullptr;
-  unsigned read_grid = 0;
+  BenchOptions options;
+  PlainRead read;
   bool all_right = true;
 
-  bool wanted(const std::string& name) const {
-    return options.only.empty() || name.find(options.only) != std::string::npos;
-  }
+  bool wanted(const std::string& name) const { return options.wanted(name); }
 
   void run_case(const std::string& name, const MaskView& view, const TileSummary& expected) {
     const double bytes = static_cast<double>(view.extent_bytes());
@@ -231,9 +220,7 @@ struct Bench {
     CHECK_CUDA(cudaMalloc(&span_temp, span_temp_bytes));
     CHECK_CUDA(cudaMalloc(&tile_temp, tile_temp_bytes));
 
-    const float read_ms = median_ms(options.reps, [&] {
-      plain_read<<<read_grid, 256>>>(static_cast<const uint4*>(view.data()), view.extent_bytes() / 16, sink);
-    });
+    const float read_ms = read.ms(view.data(), view.extent_bytes(), options.reps);
     const float spans_ms =
         median_ms(options.reps, [&] { check_ok(gpu::scan_spans(span_temp, span_temp_bytes, view, d_rows)); });
     const float tiles_ms = median_ms(options.reps, [&] {
@@ -333,35 +320,8 @@ struct Bench {
 
 int main(int argc, char** argv) {
   Bench bench;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--reps" && i + 1 < argc) {
-      bench.options.reps = std::max(1, std::atoi(argv[++i]));
-    } else if (arg == "--sweep") {
-      bench.options.sweep = true;
-    } else if (arg == "--only" && i + 1 < argc) {
-      bench.options.only = argv[++i];
-    } else if ((arg == "--json" && i + 1 < argc) || (arg[0] != '-' && bench.options.json == nullptr)) {
-      const char* path = arg == "--json" ? argv[++i] : argv[i];
-      if ((bench.options.json = std::fopen(path, "w")) == nullptr) {
-        std::fprintf(stderr, "cannot write %s\n", path);
-        return 1;
-      }
-    } else {
-      std::fprintf(stderr, "usage: %s [out.jsonl | --json out.jsonl] [--reps N] [--only SUBSTRING] [--sweep]\n", argv[0]);
-      return 2;
-    }
-  }
-  CHECK_CUDA(cudaMalloc(&bench.sink, sizeof(unsigned)));
-  cudaDeviceProp prop{};
-  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
-  bench.read_grid = static_cast<unsigned>(prop.multiProcessorCount) * 8;
-  int driver = 0, runtime = 0;
-  CHECK_CUDA(cudaDriverGetVersion(&driver));
-  CHECK_CUDA(cudaRuntimeGetVersion(&runtime));
-  std::printf("%s, %d SMs, sm_%d%d, CUDA driver %d, runtime %d; median of %d; tiles 128 x 128, all eight BlockMask "
-              "arrays written\n\n",
-              prop.name, prop.multiProcessorCount, prop.major, prop.minor, driver, runtime, bench.options.reps);
+  if (const int exit_code = parse_options(argc, argv, bench.options, true); exit_code != 0) return exit_code;
+  bench.read = open_device(bench.options.reps, "; tiles 128 x 128, all eight BlockMask arrays written");
   std::printf("| case | plain read | GB/s | scan_spans | x read | spans + tiles + BlockMask | GB/s | x read | x spans | "
               "empty / partial / full tiles |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
@@ -408,11 +368,7 @@ int main(int argc, char** argv) {
     }
   }
   CHECK_CUDA(cudaFree(buffer));
-  CHECK_CUDA(cudaFree(bench.sink));
-  if (bench.options.json && std::fclose(bench.options.json) != 0) {
-    std::fprintf(stderr, "writing the JSON lines failed\n");
-    return 1;
-  }
+  if (!close_bench(bench.read, bench.options)) return 1;
   if (!bench.all_right) {
     std::fprintf(stderr, "a case's tiles were wrong: its figures measure a wrong scan\n");
     return 1;
