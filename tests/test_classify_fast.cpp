@@ -51,17 +51,8 @@ TEST_CASE("fast path and full search agree on generated structures") {
   const std::int64_t sizes[] = {1, 2, 3, 7, 8, 64, 100, 1023, 1024, 1025, 2500};
   Agreement seen;
   for (int i = 0; i < 3000; ++i) {
-    const std::int64_t q_len = sizes[uniform(rng, 0, coin(rng, 0.9) ? 8 : 10)];
-    const std::int64_t k_len = coin(rng, 0.5) ? q_len : sizes[uniform(rng, 0, 8)];
-    const std::int64_t batch = uniform(rng, 1, 3), heads = uniform(rng, 1, 2);
-    const bool broadcast = coin(rng, 0.3);
-    MaskStructure spec = coin(rng, 0.5) ? cost_free_candidate(rng, 1, q_len, k_len)
-                                        : random_structure(rng, broadcast ? 1 : batch, q_len, k_len);
-    spec = broadcast || spec.batch != batch ? repeat_batches(spec, batch) : spec;
-    const SpanTable t = table_of(spec, heads, broadcast, rng, coin(rng, 0.3) ? 0.2 : 0.0);
-    check_agree(t, seen, describe(spec) + " B=" + std::to_string(batch) + " H=" + std::to_string(heads) +
-                             " Q=" + std::to_string(q_len) + " K=" + std::to_string(k_len) +
-                             (broadcast ? " broadcast" : ""));
+    const GeneratedTable g = generated_table(rng, sizes, 8, 0.5);
+    check_agree(g.table, seen, g.text);
   }
   MESSAGE(seen.tables << " tables, " << seen.fast << " decided by the fast path");
   // Both ways must be exercised for the comparison to mean anything.

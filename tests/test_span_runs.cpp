@@ -551,17 +551,8 @@ TEST_CASE("classify(SpanRuns) gives classify(SpanTable)'s verdict on generated s
   const std::int64_t sizes[] = {1, 2, 3, 5, 7, 8, 13, 16, 31, 64, 100, 257, 1024};
   Agreement seen;
   for (int i = 0; i < 6000; ++i) {
-    const std::int64_t q_len = sizes[uniform(rng, 0, coin(rng, 0.9) ? 9 : 12)];
-    const std::int64_t k_len = coin(rng, 0.5) ? q_len : sizes[uniform(rng, 0, 9)];
-    const std::int64_t batch = uniform(rng, 1, 3), heads = uniform(rng, 1, 2);
-    const bool broadcast = coin(rng, 0.3);
-    MaskStructure spec = coin(rng, 0.25) ? cost_free_candidate(rng, 1, q_len, k_len)
-                                         : random_structure(rng, broadcast ? 1 : batch, q_len, k_len);
-    spec = broadcast || spec.batch != batch ? repeat_batches(spec, batch) : spec;
-    const SpanTable t = table_of(spec, heads, broadcast, rng, coin(rng, 0.3) ? 0.2 : 0.0);
-    check_same_verdict(t, seen, describe(spec) + " B=" + std::to_string(batch) + " H=" + std::to_string(heads) +
-                                    " Q=" + std::to_string(q_len) + " K=" + std::to_string(k_len) +
-                                    (broadcast ? " broadcast" : ""));
+    const GeneratedTable g = generated_table(rng, sizes, 9, 0.25);
+    check_same_verdict(g.table, seen, g.text);
   }
   MESSAGE(seen.tables << " tables, " << seen.run_path << " decided on runs");
   CHECK(seen.run_path == seen.tables);  // never expanded: the budget is never spent

@@ -5,7 +5,11 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <span>
+#include <string>
+#include <utility>
 
+#include <masklens/describe.hpp>
 #include <masklens/span_table.hpp>
 #include <masklens/structure.hpp>
 
@@ -47,6 +51,32 @@ inline MaskStructure cost_free_candidate(Rng& rng, std::int64_t batch, std::int6
   s.prefix = uniform(rng, 1, 2);
   s.chunk = uniform(rng, std::max<std::int64_t>(1, k_len - 1), k_len + 2);
   return s;
+}
+
+// A generated structure's table and what it was, for the classifier agreement tests:
+// lengths drawn from `sizes` (the query length mostly from its first `common` + 1, the
+// key length equal to it or from those), 1-3 batches (broadcast at 30 %), 1-2 heads, a
+// cost-free candidate at `p_candidate` else a random structure, flags at 20 % on 30 %
+// of the tables.
+struct GeneratedTable {
+  SpanTable table;
+  std::string text;
+};
+inline GeneratedTable generated_table(Rng& rng, std::span<const std::int64_t> sizes, std::int64_t common,
+                                      double p_candidate) {
+  const auto last = static_cast<std::int64_t>(sizes.size()) - 1;
+  const auto size = [&](std::int64_t i) { return sizes[static_cast<std::size_t>(i)]; };
+  const std::int64_t q_len = size(uniform(rng, 0, coin(rng, 0.9) ? common : last));
+  const std::int64_t k_len = coin(rng, 0.5) ? q_len : size(uniform(rng, 0, common));
+  const std::int64_t batch = uniform(rng, 1, 3), heads = uniform(rng, 1, 2);
+  const bool broadcast = coin(rng, 0.3);
+  MaskStructure spec = coin(rng, p_candidate) ? cost_free_candidate(rng, 1, q_len, k_len)
+                                              : random_structure(rng, broadcast ? 1 : batch, q_len, k_len);
+  spec = broadcast || spec.batch != batch ? repeat_batches(spec, batch) : spec;
+  SpanTable t = table_of(spec, heads, broadcast, rng, coin(rng, 0.3) ? 0.2 : 0.0);
+  return {std::move(t), describe(spec) + " B=" + std::to_string(batch) + " H=" + std::to_string(heads) +
+                            " Q=" + std::to_string(q_len) + " K=" + std::to_string(k_len) +
+                            (broadcast ? " broadcast" : "")};
 }
 
 }  // namespace masklens::testing
