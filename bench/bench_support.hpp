@@ -91,8 +91,8 @@ struct TableCase {
   SpanTable table;
 };
 
-// Rows of `q_len` x `q_len` attending random intervals, each held for `rows_each` rows
-// (1: no structure at all, every candidate fitted and rejected).
+// A q_len x q_len table whose rows attend random intervals, each interval held for
+// `rows_each` rows (1: no structure at all, every candidate fitted and rejected).
 inline SpanTable random_intervals(std::int64_t q_len, std::int64_t rows_each, std::uint64_t seed) {
   SpanTable t;
   t.batch = t.heads = t.distinct_batch = t.distinct_heads = 1;
