@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "support/additive_encodings.hpp"
+#include "support/block_masks.hpp"
 #include "support/mask_gen.hpp"
 
 using namespace masklens;
@@ -207,18 +208,6 @@ Replayed replay(const MaskView& view, const TileGrid& g, int threads, bool force
     case 2: return run.template operator()<2>();
     default: return run.template operator()<4>();
   }
-}
-
-// Attending elements per tile, element by element.
-std::vector<unsigned long long> reference_counts(const MaskView& v, const TileGrid& g) {
-  std::vector<unsigned long long> counts(static_cast<std::size_t>(g.tiles()), 0);
-  for (std::int64_t b = 0; b < g.distinct_batch; ++b)
-    for (std::int64_t h = 0; h < g.distinct_heads; ++h)
-      for (std::int64_t q = 0; q < g.q_len; ++q)
-        for (std::int64_t k = 0; k < g.k_len; ++k)
-          if (attends(v.at(b, h, q, k)))
-            ++counts[static_cast<std::size_t>(g.tile_index(b * g.distinct_heads + h, q / g.block_q, k / g.block_k))];
-  return counts;
 }
 
 std::string text(const TileSize& t) { return std::to_string(t.q) + "x" + std::to_string(t.k); }
@@ -442,7 +431,7 @@ TEST_CASE("device agent with the tile accumulator on the CPU: spans, counts and 
     REQUIRE(host.ok());
     auto spans = scan(view);
     REQUIRE(spans.ok());
-    const std::vector<unsigned long long> want = reference_counts(view, *grid);
+    const std::vector<unsigned long long> want = reference_tile_counts(view, *grid);
     // Blocks: one for every unit, a few (ranges cut inside q tiles), one for all.
     const std::int64_t blocks = coin(rng) ? std::int64_t{1} << 40 : uniform(rng, 1, 5);
     // A warp per row reads through a ring of staged batches of a size drawn here (0: into
@@ -543,7 +532,7 @@ TEST_CASE("device tile scan on the CPU: long rows of one masked value skip whole
                                                      view.encoding()));
       for (const TileSize size : {TileSize{128, 128}, TileSize{7, 2048}, TileSize{3, 100}}) {
         const TileGrid g = *tile_grid_for(view, size);
-        const std::vector<unsigned long long> want = reference_counts(view, g);
+        const std::vector<unsigned long long> want = reference_tile_counts(view, g);
         // (vote, ring): the tuned policy, no vote, and rings of 0 (registers) to 4 batches
         // with the vote, which wrap several times over a row of 16391 keys.
         const std::pair<bool, int> ways[] = {{true, -1}, {false, -1}, {true, 0}, {true, 2}, {true, 3}, {true, 4}};
@@ -606,7 +595,7 @@ TEST_CASE("device tile scan on the CPU: a warp's ring of staged batches, wrappin
     const TileGrid g = *tile_grid_for(view, size);
     auto spans = scan(view);
     REQUIRE(spans.ok());
-    const std::vector<unsigned long long> want = reference_counts(view, g);
+    const std::vector<unsigned long long> want = reference_tile_counts(view, g);
     for (const int stages : {2, 3, 4})
       for (const std::int64_t blocks : {std::int64_t{1}, std::int64_t{3}}) {
         INFO(dense.describe << " tiles " << text(size) << " ring " << stages << " blocks " << blocks << " base +"
@@ -695,7 +684,7 @@ TEST_CASE("device tile scan on the CPU: each warp guesses from its own previous 
   const Replayed got = replay<1, 32, true>(scan_params(view), plan, 1);
   CHECK(got.rows_read_twice == q_len / (2 * W) - 1);
   CHECK(got.rows_from_bounds == (W - 1) * (q_len / W - 1));
-  CHECK(got.counts == reference_counts(view, g));
+  CHECK(got.counts == reference_tile_counts(view, g));
   auto host = scan(view);
   REQUIRE(host.ok());
   for (std::size_t r = 0; r < host->rows.size(); ++r) CHECK(got.rows[r].same_keys(host->rows[r]));

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "../support/additive_encodings.hpp"
+#include "../support/block_masks.hpp"
 #include "../support/device_buffer.hpp"
 #include "../support/mask_gen.hpp"
 #include "../support/mutated_masks.hpp"
@@ -73,37 +74,6 @@ void require_same_as_host(const MaskView& view, TileSize size, const gpu::TileSc
     REQUIRE(got.shape == want.shape);
     REQUIRE(device.block_mask.values(f) == tensors->values(f));
   }
-}
-
-// Block-structured contents whose blocks need not line up with the tiles: each block
-// empty, all attending, or random, so every tile state and ragged edges occur.
-DenseMask block_mask(Rng& rng, std::int64_t B, std::int64_t H, std::int64_t Q, std::int64_t K, ElementType dtype,
-                     bool broadcast, std::int64_t grain) {
-  DenseMask out;
-  const std::int64_t pb = broadcast ? 1 : B, ph = broadcast ? 1 : H;
-  const int esize = element_size(dtype);
-  out.storage.assign(static_cast<std::size_t>((pb * ph * Q * K * esize + 7) / 8 + 1), 0);
-  auto* base = reinterpret_cast<std::uint8_t*>(out.storage.data());
-  for (std::int64_t s = 0; s < pb * ph; ++s) {
-    const std::int64_t bq = grain * uniform(rng, 1, 12), bk = grain * uniform(rng, 1, 12);
-    for (std::int64_t q0 = 0; q0 < Q; q0 += bq)
-      for (std::int64_t k0 = 0; k0 < K; k0 += bk) {
-        const std::int64_t mode = uniform(rng, 0, 3);
-        for (std::int64_t q = q0; q < std::min(Q, q0 + bq); ++q)
-          for (std::int64_t k = k0; k < std::min(K, k0 + bk); ++k) {
-            const bool attend = mode == 1 || (mode == 2 && coin(rng, 0.5)) || (mode == 3 && coin(rng, 0.995));
-            write_value(base + ((s * Q + q) * K + k) * esize, dtype, Polarity::true_attends,
-                        attend ? Value::allowed : Value::masked, static_cast<int>(uniform(rng, 0, 5)));
-          }
-      }
-  }
-  const std::int64_t shape[] = {pb, ph, Q, K};
-  auto view = MaskView::contiguous(base, dtype, shape);
-  REQUIRE(view.ok());
-  out.view = broadcast ? *view->broadcast_to(B, H) : *view;
-  out.describe = std::string(to_string(dtype)) + (broadcast ? " broadcast" : "") + " B=" + std::to_string(B) +
-                 " H=" + std::to_string(H) + " Q=" + std::to_string(Q) + " K=" + std::to_string(K);
-  return out;
 }
 
 int cases(int full) {
@@ -168,7 +138,7 @@ TEST_CASE("device tiles: block-structured masks, every state, whole and ragged t
       const ElementType dtype = types[uniform(rng, 0, 4)];
       const bool broadcast = coin(rng, 0.3);
       const std::int64_t B = uniform(rng, 1, 2), H = uniform(rng, 1, 3);
-      DenseMask m = block_mask(rng, B, H, shape.Q, shape.K, dtype, broadcast, shape.grain);
+      DenseMask m = block_structured_mask(rng, B, H, shape.Q, shape.K, dtype, broadcast, shape.grain);
       const std::int64_t esize = element_size(dtype), offset = esize * uniform(rng, 0, 16 / esize - 1);
       INFO(m.describe << " tiles " << text(shape.size) << " offset " << offset);
       auto device = gpu::scan_host_mask_with_tiles(m.view, shape.size, offset);
@@ -254,7 +224,7 @@ TEST_CASE("device tiles: a tile of 2^32 elements is counted in 64 bits, full; on
 
 TEST_CASE("device tiles: two-phase into the caller's arrays on the caller's stream, null arrays skipped, records into a CUDA graph") {
   Rng rng(test_seed(1406));
-  DenseMask m = block_mask(rng, 2, 3, 300, 2500, ElementType::bfloat16, false, 16);
+  DenseMask m = block_structured_mask(rng, 2, 3, 300, 2500, ElementType::bfloat16, false, 16);
   const TileSize size{64, 128};
   auto host = scan_with_tiles(m.view, size);
   REQUIRE(host.ok());
