@@ -257,6 +257,7 @@ with tempfile.TemporaryDirectory() as tmp:
     rng = __import__("random").Random(14)
     tile_cases = [([2, 3, 37, 53], "7x11", "bool"), ([1, 1, 64, 64], "16", "bool"), ([40, 70], "8x16", "bool"),
                   ([2, 1, 30, 45], "6x9", "fp32"), ([1, 2, 19, 23], "32x5", "bool")]
+    device_tiles_compared = 0
     for i, (shape, tiles, dtype) in enumerate(tile_cases):
         B, H = ([1, 1] + shape)[-4], ([1, 1] + shape)[-3]
         Q, K = shape[-2], shape[-1]
@@ -274,6 +275,16 @@ with tempfile.TemporaryDirectory() as tmp:
         if p.returncode != 0:
             continue
         doc = json.loads(p.stdout)
+        # --device cuda: the spans and tiles of one device read, the same document but the
+        # device line; where no GPU (or no CUDA build) serves, the error names the device.
+        g = run("inspect", path, "--json", "--tiles", tiles, "--device", "cuda", ok=None)
+        if g.returncode == 0:
+            gpu_doc = json.loads(g.stdout)
+            check(gpu_doc["tiles"] == doc["tiles"] and gpu_doc["structure"] == doc["structure"] and
+                  gpu_doc["policy"] == doc["policy"], f"--tiles {tiles} on {dtype} {shape}: --device cuda differs")
+            device_tiles_compared += 1
+        else:
+            check(g.returncode == 1 and "device_error" in g.stderr, f"--device cuda: exit {g.returncode} ({g.stderr!r})")
         tq, tk = (int(x) for x in (tiles.split("x") if "x" in tiles else [tiles, tiles]))
         want = reference_tiles(attend, B, H, Q, K, tq, tk)
         got = doc["tiles"]
@@ -299,6 +310,8 @@ with tempfile.TemporaryDirectory() as tmp:
             check("tile_fractions" not in plain["structure"], f"{what}: tile_fractions without --tiles")
         else:
             check("tile_fractions" not in doc["structure"], f"{what}: tile_fractions on {doc['structure']['kind']}")
+    if device_tiles_compared == 0:
+        print("note: no CUDA device served --device cuda; its tiles not compared")
     # torch itself, where it is installed: the same tensors as create_block_mask on the CPU.
     try:
         import torch

@@ -204,6 +204,25 @@ def test_block_mask_of_a_block_sparse_mask_equals_create_block_mask(shape, size,
         masklens.torch.block_mask(report, size)
 
 
+@pytest.mark.parametrize("mask_kind", ["structure", "block-sparse"])
+def test_from_kv_blocks_over_masklens_tiles_equals_create_block_mask(mask_kind, monkeypatch):
+    """BlockMask.from_kv_blocks on masklens' kv side (the path a torch whose BlockMask
+    constructor takes no q side uses, and what a caller holding the four kv tensors
+    writes): the q side torch derives, and every tensor, equal create_block_mask's."""
+    from masklens import _run
+    monkeypatch.setattr(_run, "_BLOCK_MASK_TAKES_Q_SIDE", False)
+    built = []
+    real = fa.BlockMask.from_kv_blocks
+    monkeypatch.setattr(fa.BlockMask, "from_kv_blocks", lambda *a, **kw: built.append(1) or real(*a, **kw))
+    if mask_kind == "structure":
+        mask, size = structured()["sliding window 23"], (32, 16)
+    else:
+        mask, size = block_sparse(2, 3, 200, 130, 32, 16, 0.4, 1), (32, 16)
+    ours = masklens.torch.block_mask(mask, size)
+    assert built, "from_kv_blocks was not called"
+    assert_same_block_mask(ours, torch_block_mask(mask, *size))
+
+
 def test_broadcast_dims_are_stored_once():
     L = 96
     i, j = rows_cols(L, L)

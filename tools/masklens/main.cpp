@@ -15,6 +15,7 @@
 
 #include <CLI/CLI.hpp>
 #include <masklens/cuda/scan.hpp>
+#include <masklens/cuda/tiles.hpp>
 #include <masklens/json.hpp>
 #include <masklens/masklens.hpp>
 
@@ -313,6 +314,12 @@ int inspect_file(const std::string& path, const std::string& mask_dtype, const s
     tiles.summary = std::move(both->tiles);
   } else if (device == "cpu") {
     spans = scan(view, ScanOptions{0});
+  } else if (device == "cuda" && tiles.requested) {
+    // The spans and the tiles from one read of the mask on the device.
+    auto both = gpu::scan_host_mask_with_tiles(view, *tiles.requested);
+    if (!both) return fail(both.status());
+    spans = std::move(both->spans);
+    tiles.summary = std::move(both->tiles);
   } else if (device == "cuda") {
     spans = gpu::scan_host_mask(view);
   }
@@ -320,11 +327,6 @@ int inspect_file(const std::string& path, const std::string& mask_dtype, const s
   auto verdict = classify(*spans);
   if (!verdict) return fail(verdict.status());
   if (tiles.requested) {
-    if (!tiles.summary) {  // the GPU's read gave spans only: count the tiles on the host
-      auto counted = scan_tiles(view, *tiles.requested, ScanOptions{0});
-      if (!counted) return fail(counted.status());
-      tiles.summary = std::move(*counted);
-    }
     // An arbitrary mask is charged for flex on its tiles (an exact structure's follow
     // from its fields).
     if (verdict->kind == StructureKind::arbitrary) verdict->tile_fractions = tiles.summary->fractions();
