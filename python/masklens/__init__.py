@@ -280,6 +280,25 @@ def policy_dict(p: Policy, s: MaskStructure) -> dict:
     return d
 
 
+def _structure_tiles_as_stored(structure, size, mask):
+    """An exact structure's tiles (tiles_from_structure, no read) laid out over the slices
+    `mask` stores, as a scan of the mask lays them out: a batch or head dimension of the
+    mask that is absent, 1 or of stride 0 holds one slice, any other one each (the
+    structure alone would store one wherever its rule is the same for all), so that
+    Report.tiles is the same whichever way it was counted."""
+    summary = tiles_from_structure(structure, *size)
+    dims, strides = list(mask.shape), list(mask.stride())
+    while len(dims) < 4:
+        dims.insert(0, 1)
+        strides.insert(0, 0)
+    stored = tuple(n if n > 1 and stride != 0 else 1 for n, stride in zip(dims[:2], strides[:2]))
+    if tuple(summary.shape[:2]) == stored:
+        return summary
+    import numpy as np
+    states = np.ascontiguousarray(np.broadcast_to(summary.states, stored + tuple(summary.shape[2:])))
+    return _core.tile_summary_from_states(states, dims[0], dims[1], summary.q_len, summary.k_len, *summary.block_size)
+
+
 def _split_fields(overrides: dict):
     call_fields = {k: overrides.pop(k) for k in list(overrides) if k in _CALL_FIELDS}
     env_fields = {k: overrides.pop(k) for k in list(overrides) if k in _ENV_FIELDS}
@@ -314,7 +333,7 @@ def inspect(mask, query=None, key=None, value=None, *, masked_threshold: float =
         else:
             verdict = scan(mask, masked_threshold) if on_device else None
             if verdict is not None and verdict.structure.kind != "arbitrary":
-                summary = tiles_from_structure(verdict.structure, *size)
+                summary = _structure_tiles_as_stored(verdict.structure, size, mask)
             else:
                 verdict, summary = _cache.scan_with_tiles(mask, size, masked_threshold)
     call = make_call(mask, query, key, value, **call_fields)

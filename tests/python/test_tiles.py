@@ -223,6 +223,32 @@ def test_from_kv_blocks_over_masklens_tiles_equals_create_block_mask(mask_kind, 
     assert_same_block_mask(ours, torch_block_mask(mask, *size))
 
 
+@pytest.mark.parametrize("layout", ["[B, H, Q, K]", "expanded [1, 1] to [B, H]", "[B, 1, Q, K]", "[Q, K]",
+                                    "per-batch padding"])
+def test_a_structure_tiled_from_its_fields_is_laid_out_as_the_scan_of_its_mask(layout):
+    """A CUDA mask's exact structure is tiled from its fields where masklens._cuda is not
+    built: laid out over the slices the mask stores, it equals the scan's summary (the
+    CLI's --tiles JSON), shape and states, whichever way the mask is stored."""
+    Q = K = 70
+    i, j = rows_cols(Q, K)
+    causal = j <= i
+    masks = {
+        "[B, H, Q, K]": causal.expand(2, 3, Q, K).contiguous(),
+        "expanded [1, 1] to [B, H]": causal.view(1, 1, Q, K).expand(2, 3, Q, K),
+        "[B, 1, Q, K]": causal.expand(2, 1, Q, K).contiguous(),
+        "[Q, K]": causal,
+        "per-batch padding": torch.stack([causal & (j >= 5), causal & (j >= 20)]).unsqueeze(1).expand(2, 3, Q, K),
+    }
+    mask, size = masks[layout], (16, 32)
+    verdict = masklens.scan(mask)
+    assert verdict.structure.kind != "arbitrary"
+    ours = masklens._structure_tiles_as_stored(verdict.structure, size, mask)
+    scanned = masklens.inspect(mask, tiles=size).tiles
+    assert ours.shape == scanned.shape
+    assert np.array_equal(ours.states, scanned.states)
+    assert (ours.batch, ours.heads) == (scanned.batch, scanned.heads)
+
+
 def test_broadcast_dims_are_stored_once():
     L = 96
     i, j = rows_cols(L, L)
