@@ -589,7 +589,11 @@ TEST_CASE("flex on exact structures: charged on the structure's tiles, chosen wh
   chunked.chunk = 1024;
   auto blocks = make_structure(StructureKind::causal_blocks, 1, 32768, 32768);
   for (std::int64_t at = 100; at + 300 < 32768; at += 400) blocks.blocks.push_back({at, at + 300});
-  for (const MaskStructure& s : {chunked, blocks}) {
+  // A prefix-LM mask: no native call takes a bidirectional prefix; torch alone needs the
+  // dense mask or a plan.
+  auto prefix_lm = make_structure(StructureKind::prefix_lm, 1, L, L);
+  prefix_lm.prefix = 4096;
+  for (const MaskStructure& s : {chunked, blocks, prefix_lm}) {
     auto torch_only = decide(s, c);
     auto with_flex = decide(s, c, env);
     REQUIRE(torch_only.ok());
