@@ -363,6 +363,13 @@ TEST_CASE("the layout of torch's create_block_mask: a worked example") {
   CHECK(t->tally().full == 1);
   CHECK(cute_name(BlockMaskField::kv_num_blocks) == "mask_block_cnt");
   CHECK(cute_name(BlockMaskField::full_kv_indices) == "full_block_idx");
+  // Each side holds one tensor of each CuTe name.
+  std::vector<std::string_view> kv, q;
+  for (const BlockMaskField f : kBlockMaskFields) (is_kv_side(f) ? kv : q).push_back(cute_name(f));
+  CHECK(kv == std::vector<std::string_view>{"mask_block_cnt", "mask_block_idx", "full_block_cnt", "full_block_idx"});
+  CHECK(q == kv);
+  CHECK(is_kv_side(BlockMaskField::full_kv_indices));
+  CHECK_FALSE(is_kv_side(BlockMaskField::q_num_blocks));
 }
 
 TEST_CASE("bad tile input gives an error naming it") {

@@ -65,11 +65,11 @@ inline std::int64_t count_attending_bytes(const std::uint8_t* row, std::int64_t 
   return total;
 }
 
-// A 1-byte row with unit key stride: find the first attending key from the left, the
-// last from the right, and count only between them — about K bytes read in all.
-inline RowSpan scan_byte_row(const std::uint8_t* row, std::int64_t k_len, Polarity polarity) noexcept {
-  const std::uint64_t invert = polarity == Polarity::true_attends ? 0 : kHigh;
-  const bool attend_nonzero = polarity == Polarity::true_attends;
+// The bounds of a 1-byte row with unit key stride (count 0; first kNoKey where nothing
+// attends): the first attending key found from the left, the last from the right, so
+// that a caller counts only between them — about K bytes read in all.
+inline RowSpan byte_row_bounds(const std::uint8_t* row, std::int64_t k_len, std::uint64_t invert) noexcept {
+  const bool attend_nonzero = invert == 0;
   RowSpan span;
   std::int64_t i = 0;
   for (; i + 8 <= k_len; i += 8) {
@@ -100,7 +100,17 @@ inline RowSpan scan_byte_row(const std::uint8_t* row, std::int64_t k_len, Polari
         break;
       }
   }
-  span.count = count_attending_bytes(row, span.first, span.last + 1, invert);
+  return span;
+}
+
+// 0 where true attends, else every byte's high bit: the `invert` of the byte counters.
+inline std::uint64_t byte_invert(Polarity polarity) noexcept { return polarity == Polarity::true_attends ? 0 : kHigh; }
+
+// A 1-byte row with unit key stride: its bounds, then the keys between them counted.
+inline RowSpan scan_byte_row(const std::uint8_t* row, std::int64_t k_len, Polarity polarity) noexcept {
+  const std::uint64_t invert = byte_invert(polarity);
+  RowSpan span = byte_row_bounds(row, k_len, invert);
+  if (span.first != RowSpan::kNoKey) span.count = count_attending_bytes(row, span.first, span.last + 1, invert);
   return span;
 }
 

@@ -120,7 +120,7 @@ inline std::int64_t count_attending(const MaskView& view, const AdditiveBits& bi
   const int esize = element_size(view.dtype());
   if (view.stride(kKey) == 1) {
     if (esize == 1)
-      return count_attending_bytes(row, lo, hi, view.encoding().polarity == Polarity::true_attends ? 0 : kHigh);
+      return count_attending_bytes(row, lo, hi, byte_invert(view.encoding().polarity));
     if (esize == 2) return scan_additive_row<2>(row + lo * 2, hi - lo, bits).count;
     return scan_additive_row<4>(row + lo * 4, hi - lo, bits).count;
   }
@@ -129,11 +129,26 @@ inline std::int64_t count_attending(const MaskView& view, const AdditiveBits& bi
 }
 
 // Row q of slice (b, h): its span, exactly as scan() reads it, with the attending keys
-// of each k tile added into counts[kt]. A row that is an interval (every structured
-// mask's) gives its tiles' counts by arithmetic; any other row is counted again tile by
-// tile between its first and last keys, from cache (a row is K elements).
+// of each k tile added into counts[kt]. A 1-byte row with unit key stride is counted
+// tile by tile between its bounds, its count the tiles' sum: one counting pass whatever
+// the row holds. Any other row: a row that is an interval (every structured mask's)
+// gives its tiles' counts by arithmetic; any other is counted again tile by tile
+// between its first and last keys, from cache (a row is K elements).
 inline RowSpan scan_row_tiled(const MaskView& view, const AdditiveBits& bits, const TileGrid& g, std::int64_t b,
                               std::int64_t h, std::int64_t q, std::int64_t* counts) noexcept {
+  if (view.stride(kKey) == 1 && element_size(view.dtype()) == 1) {
+    const std::uint8_t* row = view.element_ptr(b, h, q, 0);
+    const std::uint64_t invert = byte_invert(view.encoding().polarity);
+    RowSpan span = byte_row_bounds(row, view.k_len(), invert);
+    if (span.first == RowSpan::kNoKey) return span;
+    for (std::int64_t kt = span.first / g.block_k; kt <= span.last / g.block_k; ++kt) {
+      const std::int64_t n = count_attending_bytes(row, std::max(g.k_begin(kt), span.first),
+                                                   std::min(g.k_end(kt), span.last + 1), invert);
+      counts[kt] += n;
+      span.count += n;
+    }
+    return span;
+  }
   const RowSpan span = scan_row(view, bits, b, h, q);
   if (span.count == 0) return span;
   const std::int64_t last_tile = span.last / g.block_k;
@@ -323,6 +338,9 @@ constexpr std::string_view to_string(BlockMaskField f) noexcept {
   }
   return "unknown";
 }
+
+// The kv side (what from_kv_blocks takes, and flash-attn's CuTe forward), or the q side.
+constexpr bool is_kv_side(BlockMaskField f) noexcept { return f <= BlockMaskField::full_kv_indices; }
 
 // flash-attn's CuTe name (BlockSparseTensorsTorch). Its forward takes the kv side; its
 // backward takes the q side under the same four names.

@@ -219,13 +219,18 @@ TileSize tile_size(std::int64_t block_q, std::int64_t block_k) {
 // One of BlockMask's tensors as a numpy int32 array over the C++ vector, no copy: the
 // array keeps the BlockMaskTensors object (`self`) alive. Writable, so torch.from_numpy
 // shares it as it is (it warns on read-only arrays); the object is the caller's.
-template <BlockMaskField kField>
-nb::ndarray<nb::numpy, std::int32_t> tensor_array(nb::pointer_and_handle<BlockMaskTensors> self) {
-  const Int32Tensor x = self.p->tensor(kField);
+nb::ndarray<nb::numpy, std::int32_t> field_array(nb::pointer_and_handle<BlockMaskTensors> self, BlockMaskField f) {
+  const Int32Tensor x = self.p->tensor(f);
   std::size_t shape[4];
   for (int d = 0; d < x.rank; ++d) shape[d] = static_cast<std::size_t>(x.shape[static_cast<std::size_t>(d)]);
   return nb::ndarray<nb::numpy, std::int32_t>(const_cast<std::int32_t*>(x.data), static_cast<std::size_t>(x.rank),
                                               shape, self.h);
+}
+
+// The same, one field fixed: a property's getter.
+template <BlockMaskField kField>
+nb::ndarray<nb::numpy, std::int32_t> tensor_array(nb::pointer_and_handle<BlockMaskTensors> self) {
+  return field_array(self, kField);
 }
 
 constexpr std::pair<const char*, BackendFamily> kFamilies[] = {
@@ -524,6 +529,24 @@ NB_MODULE(_core, m) {
       .def_prop_ro("q_indices", &tensor_array<BlockMaskField::q_indices>)
       .def_prop_ro("full_q_num_blocks", &tensor_array<BlockMaskField::full_q_num_blocks>)
       .def_prop_ro("full_q_indices", &tensor_array<BlockMaskField::full_q_indices>)
+      .def(
+          "cute",
+          [](nb::pointer_and_handle<BlockMaskTensors> self, const std::string& side) {
+            if (side != "kv" && side != "q")
+              raise(error(ErrorCode::invalid_argument,
+                          "side must be 'kv' (the forward's tensors) or 'q' (the backward's), got '" +
+                              side + "'"));
+            nb::dict out;
+            for (const BlockMaskField f : kBlockMaskFields)
+              if (is_kv_side(f) == (side == "kv")) {
+                const std::string_view name = cute_name(f);
+                out[nb::str(name.data(), name.size())] = field_array(self, f);
+              }
+            return out;
+          },
+          "side"_a = "kv",
+          "The four tensors of one side under flash-attn's CuTe names (BlockSparseTensorsTorch: mask_block_cnt, "
+          "mask_block_idx, full_block_cnt, full_block_idx): side 'kv' for its forward, 'q' for its backward.")
       .def_prop_ro_static("fields", [](nb::handle) {
         std::vector<std::string> out;
         for (BlockMaskField f : kBlockMaskFields) out.emplace_back(to_string(f));

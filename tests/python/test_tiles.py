@@ -249,6 +249,22 @@ def test_a_structure_tiled_from_its_fields_is_laid_out_as_the_scan_of_its_mask(l
     assert (ours.batch, ours.heads) == (scanned.batch, scanned.heads)
 
 
+def test_cute_names_hand_the_same_tensors_to_flash_attn():
+    """BlockMaskTensors.cute(side): flash-attn's CuTe names (BlockSparseTensorsTorch) over
+    the same arrays, the kv side for its forward and the q side for its backward."""
+    mask = block_sparse(1, 2, 200, 130, 32, 16, 0.4, 1)
+    t = masklens.inspect(mask, tiles=(32, 16)).tiles.block_mask()
+    names = ["mask_block_cnt", "mask_block_idx", "full_block_cnt", "full_block_idx"]
+    for side, fields in (("kv", FIELDS[:4]), ("q", FIELDS[4:])):
+        cute = t.cute(side)
+        assert list(cute) == names
+        for name, field in zip(names, fields):
+            assert np.array_equal(cute[name], getattr(t, field)), (side, name)
+    assert list(t.cute()) == names and np.array_equal(t.cute()["mask_block_idx"], t.kv_indices)
+    with pytest.raises(masklens.MaskError, match="side must be 'kv'"):
+        t.cute("k")
+
+
 def test_broadcast_dims_are_stored_once():
     L = 96
     i, j = rows_cols(L, L)
