@@ -128,37 +128,65 @@ inline std::int64_t count_attending(const MaskView& view, const AdditiveBits& bi
   return scan_generic_row(row + lo * step, hi - lo, step, view.dtype(), view.encoding()).count;
 }
 
-// Row q of slice (b, h): its span, exactly as scan() reads it, with the attending keys
-// of each k tile added into counts[kt]. A 1-byte row with unit key stride is counted
-// tile by tile between its bounds, its count the tiles' sum: one counting pass whatever
-// the row holds. Any other row: a row that is an interval (every structured mask's)
-// gives its tiles' counts by arithmetic; any other is counted again tile by tile
-// between its first and last keys, from cache (a row is K elements).
-inline RowSpan scan_row_tiled(const MaskView& view, const AdditiveBits& bits, const TileGrid& g, std::int64_t b,
-                              std::int64_t h, std::int64_t q, std::int64_t* counts) noexcept {
-  if (view.stride(kKey) == 1 && element_size(view.dtype()) == 1) {
-    const std::uint8_t* row = view.element_ptr(b, h, q, 0);
-    const std::uint64_t invert = byte_invert(view.encoding().polarity);
-    RowSpan span = byte_row_bounds(row, view.k_len(), invert);
-    if (span.first == RowSpan::kNoKey) return span;
-    for (std::int64_t kt = span.first / g.block_k; kt <= span.last / g.block_k; ++kt) {
-      const std::int64_t n = count_attending_bytes(row, std::max(g.k_begin(kt), span.first),
-                                                   std::min(g.k_end(kt), span.last + 1), invert);
+// Adds a row's attending keys in [first, last] to its k tiles' counters when the row is
+// that one interval: by arithmetic, nothing read.
+inline void add_interval_to_tiles(const RowSpan& span, const TileGrid& g, std::int64_t* counts) noexcept {
+  for (std::int64_t kt = span.first / g.block_k; kt <= span.last / g.block_k; ++kt)
+    counts[kt] += std::min(g.k_end(kt), span.last + 1) - std::max(g.k_begin(kt), span.first);
+}
+
+// A 1-byte row with unit key stride: its bounds, then its keys counted once. Where the
+// previous row of the unit was one interval (`expect_interval`: every row of a
+// structured mask), the span is counted whole and an interval's tiles follow by
+// arithmetic (a row that turns out not to be one is counted again tile by tile, from
+// cache); otherwise each k tile is counted between the bounds and the row's count is
+// their sum, one pass where counting whole and then per tile would take two (a
+// block-sparse mask's rows). The guess follows the row.
+inline RowSpan scan_byte_row_tiled(const std::uint8_t* row, std::int64_t k_len, std::uint64_t invert,
+                                   const TileGrid& g, std::int64_t* counts, bool& expect_interval) noexcept {
+  RowSpan span = byte_row_bounds(row, k_len, invert);
+  if (span.first == RowSpan::kNoKey) return span;
+  const std::int64_t first_tile = span.first / g.block_k, last_tile = span.last / g.block_k;
+  const auto tile_keys = [&](std::int64_t kt) {
+    return count_attending_bytes(row, std::max(g.k_begin(kt), span.first), std::min(g.k_end(kt), span.last + 1),
+                                 invert);
+  };
+  if (expect_interval) {
+    span.count = count_attending_bytes(row, span.first, span.last + 1, invert);
+    if (span.is_interval()) {
+      add_interval_to_tiles(span, g, counts);
+      return span;
+    }
+    for (std::int64_t kt = first_tile; kt <= last_tile; ++kt) counts[kt] += tile_keys(kt);
+  } else {
+    for (std::int64_t kt = first_tile; kt <= last_tile; ++kt) {
+      const std::int64_t n = tile_keys(kt);
       counts[kt] += n;
       span.count += n;
     }
-    return span;
   }
+  expect_interval = span.is_interval();
+  return span;
+}
+
+// Row q of slice (b, h): its span, exactly as scan() reads it, with the attending keys
+// of each k tile added into counts[kt]. 1-byte rows with unit key stride as above. Any
+// other row: a row that is an interval gives its tiles' counts by arithmetic; any other
+// is counted again tile by tile between its first and last keys, from cache (a row is K
+// elements).
+inline RowSpan scan_row_tiled(const MaskView& view, const AdditiveBits& bits, const TileGrid& g, std::int64_t b,
+                              std::int64_t h, std::int64_t q, std::int64_t* counts, bool& expect_interval) noexcept {
+  if (view.stride(kKey) == 1 && element_size(view.dtype()) == 1)
+    return scan_byte_row_tiled(view.element_ptr(b, h, q, 0), view.k_len(), byte_invert(view.encoding().polarity), g,
+                               counts, expect_interval);
   const RowSpan span = scan_row(view, bits, b, h, q);
   if (span.count == 0) return span;
-  const std::int64_t last_tile = span.last / g.block_k;
   if (span.is_interval()) {
-    for (std::int64_t kt = span.first / g.block_k; kt <= last_tile; ++kt)
-      counts[kt] += std::min(g.k_end(kt), span.last + 1) - std::max(g.k_begin(kt), span.first);
+    add_interval_to_tiles(span, g, counts);
     return span;
   }
   const std::uint8_t* row = view.element_ptr(b, h, q, 0);
-  for (std::int64_t kt = span.first / g.block_k; kt <= last_tile; ++kt)
+  for (std::int64_t kt = span.first / g.block_k; kt <= span.last / g.block_k; ++kt)
     counts[kt] += count_attending(view, bits, row, std::max(g.k_begin(kt), span.first), std::min(g.k_end(kt), span.last + 1));
   return span;
 }
@@ -201,8 +229,10 @@ inline Result<SpansAndTiles> scan_with_tiles(const MaskView& view, TileSize size
       const std::int64_t slice = unit / nq, qt = unit % nq;
       const std::int64_t b = slice / g.distinct_heads, h = slice % g.distinct_heads;
       std::fill(counts, counts + nk, std::int64_t{0});
+      bool expect_interval = true;  // the unit's first row: guess a structured mask's
       for (std::int64_t q = g.q_begin(qt); q < g.q_end(qt); ++q)
-        table.rows[static_cast<std::size_t>(slice * g.q_len + q)] = detail::scan_row_tiled(view, bits, g, b, h, q, counts);
+        table.rows[static_cast<std::size_t>(slice * g.q_len + q)] =
+            detail::scan_row_tiled(view, bits, g, b, h, q, counts, expect_interval);
       TileState* out = summary.states.data() + g.tile_index(slice, qt, 0);
       for (std::int64_t kt = 0; kt < nk; ++kt) out[kt] = g.state_of(qt, kt, counts[kt]);
     }
