@@ -621,4 +621,20 @@ TEST_CASE("decide() derives empty rows from the structure: a padded window never
   CHECK(decide(s, c).status().code() == ErrorCode::invalid_argument);
 }
 
+TEST_CASE("a slower rejection's estimates never read alike: digits enough to tell them apart, a tie said as one") {
+  Rejection r;
+  r.kind = RejectionKind::slower;
+  r.cost_ms = 0.0374;
+  r.chosen_cost_ms = 0.0371;
+  CHECK(r.reason() == "correct natively but slower (estimated 0.0374 ms vs 0.0371 ms)");
+  r.cost_ms = 132.4;
+  r.chosen_cost_ms = 69.85;
+  CHECK(r.reason() == "correct natively but slower (estimated 132 ms vs 69.8 ms)");
+  r.cost_ms = r.chosen_cost_ms = 0.037;
+  CHECK(r.reason() == "correct natively and no faster (estimated 0.037 ms, as the chosen call)");
+  CHECK(format_ms(0.0371) == "0.037 ms");
+  CHECK(format_ms(69.85) == "69.8 ms");  // printf rounds the binary value: 69.849999...
+  CHECK(format_ms(1234.6) == "1235 ms");
+}
+
 }  // TEST_SUITE

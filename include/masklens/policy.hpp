@@ -57,6 +57,17 @@ constexpr std::string_view to_string(RejectionKind k) noexcept {
   return "unknown";
 }
 
+// Milliseconds as the reasons and the CLI print them: three decimals below 1 ms, one
+// below 100, none above; `significant` > 0: that many significant digits instead.
+inline std::string format_ms(double ms, int significant = 0) {
+  char buf[48];
+  if (significant > 0)
+    std::snprintf(buf, sizeof buf, "%.*g ms", significant, ms);
+  else
+    std::snprintf(buf, sizeof buf, ms < 1 ? "%.3f ms" : ms < 100 ? "%.1f ms" : "%.0f ms", ms);
+  return buf;
+}
+
 // Why a backend was not chosen. Holds static text, rule bits and numbers, formatting
 // reason() on demand, so decide() allocates nothing for rejections but their vector.
 struct Rejection {
@@ -92,17 +103,18 @@ struct Rejection {
         std::string text = std::string("correct ") + how;
         if (usage == Usage::plan_step)
           text += " of " + std::to_string(plan_calls) + (plan_calls == 1 ? " call" : " calls");
-        return text + " but slower (estimated " + format_ms(cost_ms) + " vs " + format_ms(chosen_cost_ms) + ")";
+        if (!(cost_ms > chosen_cost_ms))  // a tie: the candidate met first was chosen
+          return text + " and no faster (estimated " + format_ms(cost_ms) + ", as the chosen call)";
+        // Digits enough that two different estimates never read alike.
+        std::string mine = format_ms(cost_ms), chosen = format_ms(chosen_cost_ms);
+        for (int digits = 4; mine == chosen && digits <= 9; ++digits) {
+          mine = format_ms(cost_ms, digits);
+          chosen = format_ms(chosen_cost_ms, digits);
+        }
+        return text + " but slower (estimated " + mine + " vs " + chosen + ")";
       }
     }
     return {};
-  }
-
- private:
-  static std::string format_ms(double ms) {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, ms < 1 ? "%.3f ms" : ms < 100 ? "%.1f ms" : "%.0f ms", ms);
-    return buf;
   }
 };
 

@@ -200,9 +200,10 @@ std::string indented(const std::string& code) {
 }
 
 void print_policy(const Policy& p, const MaskStructure& s, std::optional<ElementType> mask_dtype) {
-  std::printf("call      %s (mask %s%s)  estimated %.2f ms\n", std::string(to_string(p.backend())).c_str(),
+  std::printf("call      %s (mask %s%s)  estimated %s\n", std::string(to_string(p.backend())).c_str(),
               std::string(to_string(p.call.mask)).c_str(),
-              p.call.mask_cast ? (", cast to " + std::string(to_string(*p.call.mask_cast))).c_str() : "", p.cost_ms);
+              p.call.mask_cast ? (", cast to " + std::string(to_string(*p.call.mask_cast))).c_str() : "",
+              format_ms(p.cost_ms).c_str());
   if (p.plan.empty()) {
     if (p.backend() == Backend::flex_attention) {
       // The mask_mod indexes its tensors per batch: one modifier entry per batch.
