@@ -249,6 +249,48 @@ def test_a_structure_tiled_from_its_fields_is_laid_out_as_the_scan_of_its_mask(l
     assert (ours.batch, ours.heads) == (scanned.batch, scanned.heads)
 
 
+def numpy_tile_states(attend, bq, bk):
+    """The numpy reference: [B, H, Q, K] bool padded with masked elements to whole tiles,
+    attending elements summed per tile; 0 empty, 2 full (every element of a whole tile),
+    1 partial."""
+    B, H, Q, K = attend.shape
+    nq, nk = -(-Q // bq), -(-K // bk)
+    padded = np.zeros((B, H, nq * bq, nk * bk), dtype=np.int64)
+    padded[:, :, :Q, :K] = attend
+    counts = padded.reshape(B, H, nq, bq, nk, bk).sum(axis=(3, 5))
+    return np.where(counts == 0, 0, np.where(counts == bq * bk, 2, 1)).astype(np.uint8)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_block_structured_masks_with_ragged_tiles_equal_a_numpy_reference(seed):
+    """Blocks of random size that do not line up with the tiles, each empty, full or
+    half dense; ragged last tiles in both lengths; numpy masks of bool, uint8 and additive
+    float32, and a stride-0 (broadcast) head dimension."""
+    rng = np.random.default_rng(seed)
+    B, H = int(rng.integers(1, 3)), int(rng.integers(1, 4))
+    Q, K = int(rng.integers(1, 300)), int(rng.integers(1, 300))
+    bq, bk = int(rng.integers(1, 70)), int(rng.integers(1, 70))
+    gq, gk = int(rng.integers(1, 40)), int(rng.integers(1, 40))
+    heads_stored = 1 if seed % 3 == 0 else H
+    modes = rng.integers(0, 3, size=(B, heads_stored, -(-Q // gq), -(-K // gk)))
+    grid = modes.repeat(gq, axis=2).repeat(gk, axis=3)[:, :, :Q, :K]
+    attend = (grid == 1) | ((grid == 2) & (rng.random((B, heads_stored, Q, K)) < 0.5))
+    if heads_stored != H:
+        attend = np.broadcast_to(attend, (B, H, Q, K))  # stride 0 over the heads
+    kind = ("bool", "uint8", "float32")[seed % 3]
+    mask = {"bool": attend, "uint8": attend.astype(np.uint8),
+            "float32": np.where(attend, 0.0, -np.inf).astype(np.float32)}[kind]
+    if heads_stored != H and kind != "bool":
+        mask = np.broadcast_to(mask[:, :1], (B, H, Q, K))
+    tiles = masklens.inspect(mask, tiles=(bq, bk)).tiles
+    want = numpy_tile_states(np.asarray(attend), bq, bk)
+    got = tiles.states
+    assert tiles.shape[2:] == want.shape[2:]
+    # A stride-0 head dimension is summarised once: broadcast it to compare.
+    assert np.array_equal(np.broadcast_to(got, want.shape), want), (kind, B, H, Q, K, bq, bk)
+    assert tiles.shape[1] == (1 if heads_stored != H else H)
+
+
 def test_cute_names_hand_the_same_tensors_to_flash_attn():
     """BlockMaskTensors.cute(side): flash-attn's CuTe names (BlockSparseTensorsTorch) over
     the same arrays, the kv side for its forward and the q side for its backward."""
