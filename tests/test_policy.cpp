@@ -626,7 +626,7 @@ TEST_CASE("a slower rejection's estimates never read alike: digits enough to tel
   r.kind = RejectionKind::slower;
   r.cost_ms = 0.0374;
   r.chosen_cost_ms = 0.0371;
-  CHECK(r.reason() == "correct natively but slower (estimated 0.0374 ms vs 0.0371 ms)");
+  CHECK(r.reason() == "correct natively but slower (estimated 0.03740 ms vs 0.03710 ms)");
   r.cost_ms = 132.4;
   r.chosen_cost_ms = 69.85;
   CHECK(r.reason() == "correct natively but slower (estimated 132 ms vs 69.8 ms)");
@@ -635,6 +635,11 @@ TEST_CASE("a slower rejection's estimates never read alike: digits enough to tel
   CHECK(format_ms(0.0371) == "0.037 ms");
   CHECK(format_ms(69.85) == "69.8 ms");  // printf rounds the binary value: 69.849999...
   CHECK(format_ms(1234.6) == "1235 ms");
+  r.cost_ms = 5.04;  // 5.0 ms vs 5.0 ms at one decimal: four digits, zeros kept
+  r.chosen_cost_ms = 5.0;
+  CHECK(r.reason() == "correct natively but slower (estimated 5.040 ms vs 5.000 ms)");
+  r.cost_ms = 5.0 + 1e-12;  // alike to 9 digits: a tie
+  CHECK(r.reason() == "correct natively and no faster (estimated 5.0 ms, as the chosen call)");
 }
 
 }  // TEST_SUITE

@@ -62,7 +62,7 @@ constexpr std::string_view to_string(RejectionKind k) noexcept {
 inline std::string format_ms(double ms, int significant = 0) {
   char buf[48];
   if (significant > 0)
-    std::snprintf(buf, sizeof buf, "%.*g ms", significant, ms);
+    std::snprintf(buf, sizeof buf, "%#.*g ms", significant, ms);  // '#': trailing zeros kept
   else
     std::snprintf(buf, sizeof buf, ms < 1 ? "%.3f ms" : ms < 100 ? "%.1f ms" : "%.0f ms", ms);
   return buf;
@@ -103,14 +103,15 @@ struct Rejection {
         std::string text = std::string("correct ") + how;
         if (usage == Usage::plan_step)
           text += " of " + std::to_string(plan_calls) + (plan_calls == 1 ? " call" : " calls");
-        if (!(cost_ms > chosen_cost_ms))  // a tie: the candidate met first was chosen
-          return text + " and no faster (estimated " + format_ms(cost_ms) + ", as the chosen call)";
-        // Digits enough that two different estimates never read alike.
+        // Digits enough that two different estimates never read alike; estimates alike to
+        // 9 digits (or equal: the candidate met first was chosen) are said as a tie.
         std::string mine = format_ms(cost_ms), chosen = format_ms(chosen_cost_ms);
         for (int digits = 4; mine == chosen && digits <= 9; ++digits) {
           mine = format_ms(cost_ms, digits);
           chosen = format_ms(chosen_cost_ms, digits);
         }
+        if (mine == chosen || !(cost_ms > chosen_cost_ms))
+          return text + " and no faster (estimated " + format_ms(cost_ms) + ", as the chosen call)";
         return text + " but slower (estimated " + mine + " vs " + chosen + ")";
       }
     }

@@ -370,7 +370,15 @@ constexpr std::string_view to_string(BlockMaskField f) noexcept {
 }
 
 // The kv side (what from_kv_blocks takes, and flash-attn's CuTe forward), or the q side.
-constexpr bool is_kv_side(BlockMaskField f) noexcept { return f <= BlockMaskField::full_kv_indices; }
+constexpr bool is_kv_side(BlockMaskField f) noexcept {
+  switch (f) {
+    case BlockMaskField::kv_num_blocks: case BlockMaskField::kv_indices:
+    case BlockMaskField::full_kv_num_blocks: case BlockMaskField::full_kv_indices: return true;
+    case BlockMaskField::q_num_blocks: case BlockMaskField::q_indices:
+    case BlockMaskField::full_q_num_blocks: case BlockMaskField::full_q_indices: return false;
+  }
+  return false;
+}
 
 // flash-attn's CuTe name (BlockSparseTensorsTorch). Its forward takes the kv side; its
 // backward takes the q side under the same four names.

@@ -364,7 +364,7 @@ def explain_text(report: Report) -> str:
         lines.append(f"no call   {report.error}")
         return "\n".join(lines)
     cast = f", cast to {p.call.mask_cast}" if p.call.mask_cast else ""
-    lines.append(f"call      {p.backend} (mask {p.call.mask}{cast})  estimated {p.cost_ms:.2f} ms")
+    lines.append(f"call      {p.backend} (mask {p.call.mask}{cast})  estimated {_core.format_ms(p.cost_ms)}")
     if p.is_plan:
         lines.append(f"          a plan of {len(p.plan)} calls, each on q[b, :, q_range] and k/v[b, :, k_range]:")
         for st in p.plan[:8]:

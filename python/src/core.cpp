@@ -690,6 +690,8 @@ NB_MODULE(_core, m) {
       "structure carries the tiles' fractions.");
 
   m.def("describe", [](const MaskStructure& s) { return describe(s); });
+  m.def("format_ms", [](double ms) { return format_ms(ms); }, "ms"_a,
+        "Milliseconds as the rejections' reasons and the CLI print them ('69.9 ms', '0.037 ms').");
 
   // --- The call and where it runs ---------------------------------------------------
   nb::class_<AttentionCall>(m, "AttentionCall", "The attention call at hand (include/masklens/call.hpp).")
