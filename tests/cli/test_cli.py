@@ -350,6 +350,11 @@ with tempfile.TemporaryDirectory() as tmp:
     check(doc["policy"]["backend"] == "torch.flex_attention" and doc["policy"]["mask"] == "keep",
           f"block-sparse mask with flex: {doc['policy']['backend']} {doc['policy']['mask']}")
     check(doc["policy"]["call"]["block"] == [128, 128] and doc["policy"]["call"]["mask_mod_reads_mask"], f"block-sparse: {doc['policy']['call']}")
+    # The text's call names masklens' one-read BlockMask beside create_block_mask, whose
+    # mask_mod reads the mask (a structure's rule reads nothing: no such line there).
+    text = run("inspect", path, "--available", "torch,flex", "--tiles", "128").stdout
+    check("block_mask = masklens.torch.block_mask(mask, (128, 128))" in text, f"block-sparse text: {text}")
+    check_snippets(text, "block-sparse flex call")
     doc_path = os.path.join(tmp, "block_sparse.json")
     with open(doc_path, "w") as f:
         f.write(p.stdout)

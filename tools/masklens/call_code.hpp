@@ -191,9 +191,19 @@ inline std::string python_call(const Call& c, std::int64_t batch, std::int64_t q
              "out_packed = varlen_attn(q_packed, k_packed, v_packed, cu_seq_q, cu_seq_k, " +
              std::to_string(varlen->max_seqlen_q()) + ", " + std::to_string(varlen->max_seqlen_k()) +
              keywords({a.args.back()}) + ")\n" + kUnpack;
-    case Backend::flex_attention:
-      return "block_mask = create_block_mask(mask_mod" + keywords(a.mask_object_args) +
+    case Backend::flex_attention: {
+      // A mask_mod that reads the mask: create_block_mask evaluates it on index grids of
+      // the mask's size (out of memory past about 2^31 elements, pytorch#134756), where
+      // masklens builds the same BlockMask from one read of the mask.
+      const auto* flex = c.get<FlexArgs>();
+      const std::string one_read =
+          flex && flex->mask_mod_reads_mask
+              ? "# the same BlockMask from one read of the mask: block_mask = masklens.torch.block_mask(mask, (" +
+                    std::to_string(flex->block_q) + ", " + std::to_string(flex->block_k) + "))\n"
+              : "";
+      return one_read + "block_mask = create_block_mask(mask_mod" + keywords(a.mask_object_args) +
              ")\nout = flex_attention(q, k, v, block_mask=block_mask)";
+    }
     case Backend::flash_attn:
     case Backend::flash_attn3:
       return "out = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)" + keywords(a.args) +
