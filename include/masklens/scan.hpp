@@ -72,6 +72,10 @@ inline RowSpan byte_row_bounds(const std::uint8_t* row, std::int64_t k_len, std:
   const bool attend_nonzero = invert == 0;
   RowSpan span;
   std::int64_t i = 0;
+  if (attend_nonzero)  // 32 masked (zero) bytes at a time: three ORs and a test
+    while (i + 32 <= k_len &&
+           (load_u64(row + i) | load_u64(row + i + 8) | load_u64(row + i + 16) | load_u64(row + i + 24)) == 0)
+      i += 32;
   for (; i + 8 <= k_len; i += 8) {
     if (const std::uint64_t m = attending_bytes(load_u64(row + i), invert)) {
       span.first = i + std::countr_zero(m) / 8;
@@ -87,6 +91,10 @@ inline RowSpan byte_row_bounds(const std::uint8_t* row, std::int64_t k_len, std:
     if (span.first == RowSpan::kNoKey) return span;  // nothing attends
   }
   std::int64_t j = k_len;
+  if (attend_nonzero)
+    while (j - 32 >= span.first &&
+           (load_u64(row + j - 32) | load_u64(row + j - 24) | load_u64(row + j - 16) | load_u64(row + j - 8)) == 0)
+      j -= 32;
   for (; j - 8 >= span.first; j -= 8) {
     if (const std::uint64_t m = attending_bytes(load_u64(row + j - 8), invert)) {
       span.last = j - 8 + (63 - std::countl_zero(m)) / 8;
