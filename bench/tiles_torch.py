@@ -40,9 +40,10 @@ Every BlockMask is checked equal to the pad+sum one (and create_block_mask's). T
 F.scaled_dot_product_attention with the dense bool mask (default dispatch), forward +
 backward, bf16, [1, 8, L, 128], with the BlockMask built once and built in every step
 (the summary's read included); the run fails where the output or a gradient is more
-than 2e-2 (relative, in norm) from the dense call's. --quick: 3 repetitions (fits in about 3 minutes on an
-H200; masklens' own ways on the GPU, a fraction of a millisecond each, take 11). Prints
-median milliseconds and each way's ratio to create_block_mask (rule).
+than 2e-2 (relative, in norm) from the dense call's. --quick: 3 repetitions (fits in
+about 3 minutes on an H200; masklens' own ways on the GPU, a fraction of a millisecond
+each, take 11). Prints median milliseconds and each way's ratio to create_block_mask
+(rule).
 --split instead times masklens' ways step by step (tiles, tensors, mask_mod, BlockMask;
 the device read and its verdict) and prints torch.profiler's table of one device read.
 --stalls CALLS instead times every step of both CUDA ways over CALLS BlockMasks of the
@@ -270,8 +271,9 @@ def bench_flex(L, device, reps, window=4096, heads=8, dim=128, tolerance=2e-2):
     summary_ms, got_again = timed(step(with_summary), reps, device)
     recompiles = counters["stats"]["unique_graphs"] - graphs
     dense_ms, want = timed(step(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=dense)), reps, device)
-    errors = {name: relative_error(a, b) for name, a, b in zip(("out", "dq", "dk", "dv"), got, want)}
-    errors_again = {name: relative_error(a, b) for name, a, b in zip(("out", "dq", "dk", "dv"), got_again, want)}
+    def errors_of(results):  # the output and the three gradients against the dense call's
+        return {name: relative_error(a, b) for name, a, b in zip(("out", "dq", "dk", "dv"), results, want)}
+    errors, errors_again = errors_of(got), errors_of(got_again)
     print(f"  compiled flex on masklens' BlockMask     {flex_ms:10.2f} ms  (compile {compile_s:.1f} s) "
           f"-> {dense_ms / flex_ms:.1f}x faster")
     print(f"  the same, BlockMask built in each step   {summary_ms:10.2f} ms  -> {dense_ms / summary_ms:.1f}x faster")
