@@ -4,9 +4,11 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <tuple>
 
 #include "element.hpp"
 #include "status.hpp"
@@ -68,6 +70,16 @@ enum BackendFamily : std::uint32_t {
 };
 inline constexpr std::uint32_t kEveryFamily = 0xffu;
 
+// A double as a user writes it (1, 0.5, nan), not std::to_string's 1.000000.
+inline std::string short_number(double v) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%g", v);
+  return text;
+}
+
+// The largest count or length a call takes: the bound of a structure's dims (2^62).
+inline constexpr std::int64_t kMaxCallExtent = std::int64_t{1} << 62;
+
 // The attention call at hand: what the model asks for. Where it runs (GPU, library
 // versions) is the Environment; decide() takes both.
 struct AttentionCall {
@@ -96,19 +108,33 @@ struct AttentionCall {
            : dtype == DType::bfloat16 ? ElementType::bfloat16 : ElementType::float32;
   }
 
-  // Every field inside its domain; the first violation, named.
+  // Every field inside its domain; the first violation, named. The one check of a call
+  // for every entry point: the C++ API (decide()), the CLI (which names its options for
+  // the fields) and the Python package. Counts and lengths stop at 2^62 as a structure's
+  // do (kMaxCallExtent), so the head dims' sum and the cost model's products stay finite
+  // and exact in 64 bits.
   [[nodiscard]] Status validate() const {
     const auto bad = [](std::string what) { return Status(ErrorCode::invalid_argument, std::move(what)); };
-    if (head_dim < 1) return bad("call.head_dim must be >= 1, got " + std::to_string(head_dim));
-    if (head_dim_v < 0) return bad("call.head_dim_v must be >= 1 (or 0 for head_dim), got " + std::to_string(head_dim_v));
-    if (batch < 1) return bad("call.batch must be >= 1, got " + std::to_string(batch));
-    if (heads < 1) return bad("call.heads must be >= 1, got " + std::to_string(heads));
-    if (kv_heads < 0) return bad("call.kv_heads must be >= 1 (or 0 for heads), got " + std::to_string(kv_heads));
+    const auto text = [](std::int64_t v) { return std::to_string(v); };
+    const auto at_least_one = [&](const char* name, std::int64_t v, const char* zero_means) -> Status {
+      if (v == 0 && zero_means) return {};
+      if (v < 1 || v > kMaxCallExtent)
+        return bad(std::string("call.") + name + " must be >= 1 and at most 2^62" +
+                   (zero_means ? std::string(" (or 0 for ") + zero_means + ")" : std::string()) + ", got " + text(v));
+      return {};
+    };
+    const std::tuple<const char*, std::int64_t, const char*> fields[] = {
+        {"head_dim", head_dim, nullptr}, {"head_dim_v", head_dim_v, "head_dim"}, {"batch", batch, nullptr},
+        {"heads", heads, nullptr},       {"kv_heads", kv_heads, "heads"},        {"q_len", q_len, "the structure's"},
+        {"k_len", k_len, "the structure's"}};
+    for (const auto& [name, v, zero_means] : fields)
+      if (Status s = at_least_one(name, v, zero_means); !s.ok()) return s;
     if (heads % key_heads() != 0)
-      return bad("call.heads (" + std::to_string(heads) + ") must be a multiple of call.kv_heads (" +
-                 std::to_string(key_heads()) + ")");
-    if (q_len < 0 || k_len < 0) return bad("call.q_len and call.k_len must be >= 0 (0 = the structure's)");
-    if (!(dropout >= 0.0 && dropout < 1.0)) return bad("call.dropout must be in [0, 1)");
+      return bad("call.heads (" + text(heads) + ") must be a multiple of call.kv_heads (" + text(key_heads()) + ")");
+    if (!(dropout >= 0.0 && dropout < 1.0))  // written so that NaN fails too
+      return bad("call.dropout must be in [0, 1), got " + short_number(dropout));
+    if (mask_dtype && *mask_dtype > ElementType::float32)
+      return bad("call.mask_dtype " + text(static_cast<int>(*mask_dtype)) + " is not a mask element type");
     return {};
   }
 };
@@ -116,6 +142,7 @@ struct AttentionCall {
 // Where the call runs: the GPU and what is installed. The defaults describe an H200
 // with torch 2.11 (cuDNN 9.19) and nothing else.
 struct Environment {
+  static constexpr int kMinSm = 10, kMaxSm = 129;
   int sm = 90;  // compute capability, major * 10 + minor
   Version torch = version(2, 11);
   Version cudnn = version(9, 19);
@@ -124,10 +151,15 @@ struct Environment {
 
   [[nodiscard]] bool has(BackendFamily f) const noexcept { return (available & f) != 0; }
 
+  // The one check of an environment (see AttentionCall::validate). Compute
+  // capabilities run from 1.0 to 12.x: 10 is also what the Python package gives a CPU,
+  // below every GPU kernel's minimum; a value past 129 is a typo, not a GPU the rules
+  // could judge.
   [[nodiscard]] Status validate() const {
-    if (sm < 10 || sm > 1000)
+    if (sm < kMinSm || sm > kMaxSm)
       return Status(ErrorCode::invalid_argument,
-                    "environment.sm must be a compute capability major*10+minor (e.g. 80, 90), got " + std::to_string(sm));
+                    "environment.sm must be a compute capability major*10+minor from 10 to 129 (80 = A100, 90 = H100), got " +
+                        std::to_string(sm));
     if ((available & ~kEveryFamily) != 0)
       return Status(ErrorCode::invalid_argument, "environment.available has unknown family bits");
     return {};

@@ -26,6 +26,7 @@
 #include <cstring>
 #include <filesystem>
 #include <iostream>
+#include <limits>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -41,82 +42,152 @@ using namespace masklens;
 
 namespace {
 
+// The call options as written: integers are read by parse_integer (exactly, refusing
+// what does not fit) and every range is the library's own AttentionCall/Environment
+// validate(), so the CLI and the Python package accept the same calls.
 struct CallOptions {
   std::string dtype = "bf16";
-  std::int64_t head_dim = 128, heads = 16;
-  std::optional<std::int64_t> head_dim_v, kv_heads;  // unset: the head dim, the heads
+  std::string head_dim = "128", heads = "16", sm = "90";
+  std::optional<std::string> head_dim_v, kv_heads;  // unset: the head dim, the heads
+  bool heads_given = false;                          // inspect: unset, the heads follow the mask
   bool training = false, deterministic = false;
   double dropout = 0;
-  int sm = 90;
   std::string torch = "2.11", cudnn = "9.19";
   std::string available = "torch";
   std::string flash_attn = "2.8.3", flash_attn3 = "3.0", xformers = "0.0.33", te = "2.8", flashinfer = "0.5",
               cudnn_frontend = "1.16";
 };
 
-// A number as the user would write it (1, 0.5, nan), not std::to_string's 1.000000.
-std::string format_number(double v) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%g", v);
-  return text;
+// An integer option exactly as written: decimal digits after an optional sign. CLI11
+// would saturate 99999999999999999999 to 2^63 - 1 and read 0x10 as 16; here anything
+// but a decimal integer that fits 64 bits is refused, quoting the text given.
+Result<std::int64_t> parse_integer(const std::string& option, const std::string& text) {
+  const auto bad = [&] { return error(ErrorCode::invalid_argument, option + " wants an integer, got '" + text + "'"); };
+  const std::size_t digits_at = !text.empty() && (text[0] == '-' || text[0] == '+') ? 1 : 0;
+  if (text.size() == digits_at || text.find_first_not_of("0123456789", digits_at) != std::string::npos) return bad();
+  errno = 0;
+  char* end = nullptr;
+  const long long v = std::strtoll(text.c_str(), &end, 10);
+  if (errno == ERANGE) return error(ErrorCode::invalid_argument, option + " does not fit 64 bits, got " + text);
+  return static_cast<std::int64_t>(v);
 }
 
-// Checks every call option at the command line, so a bad one fails naming the option
-// before anything is read or printed. Self-contained over CallOptions: it does not
-// depend on how the library shapes the call built from them.
-Status validate_call_options(const CallOptions& o) {
-  const auto bad = [](const std::string& message) { return error(ErrorCode::invalid_argument, message); };
-  if (o.dtype != "bf16" && o.dtype != "bfloat16" && o.dtype != "fp16" && o.dtype != "float16" && o.dtype != "fp32" &&
-      o.dtype != "float32")
-    return bad("--dtype must be bf16, fp16 or fp32, got '" + o.dtype + "'");
-  if (o.head_dim < 1) return bad("--head-dim must be >= 1, got " + std::to_string(o.head_dim));
-  if (o.head_dim_v && *o.head_dim_v < 1) return bad("--head-dim-v must be >= 1, got " + std::to_string(*o.head_dim_v));
-  if (o.heads < 1) return bad("--heads must be >= 1, got " + std::to_string(o.heads));
-  if (o.kv_heads && *o.kv_heads < 1) return bad("--kv-heads must be >= 1, got " + std::to_string(*o.kv_heads));
-  if (o.kv_heads && o.heads % *o.kv_heads != 0)
-    return bad("--kv-heads must divide --heads (" + std::to_string(o.heads) + "), got " + std::to_string(*o.kv_heads));
-  if (!(o.dropout >= 0.0 && o.dropout < 1.0))  // written so that NaN fails too
-    return bad("--dropout must be in [0, 1), got " + format_number(o.dropout));
-  // Compute capabilities run from 3.0 (Kepler) to 12.x (Blackwell); a value outside is
-  // a typo, not a GPU the rules could judge.
-  if (o.sm < 30 || o.sm > 129)
-    return bad("--sm must be a compute capability major*10+minor from 30 to 129 (80 = A100, 90 = H100), got " +
-               std::to_string(o.sm));
-  const std::pair<const char*, const std::string*> versions[] = {
-      {"--torch", &o.torch},
-      {"--cudnn", &o.cudnn},
-      {"--flash-attn-version", &o.flash_attn},
-      {"--flash-attn3-version", &o.flash_attn3},
-      {"--xformers-version", &o.xformers},
-      {"--te-version", &o.te},
-      {"--flashinfer-version", &o.flashinfer},
-      {"--cudnn-frontend-version", &o.cudnn_frontend}};
-  for (const auto& [option, text] : versions)
-    if (auto v = Version::parse(*text); !v) return bad(std::string(option) + ": " + v.status().message());
+// The library's field names in a message, as the options that set them.
+std::string with_option_names(std::string message) {
+  static const std::pair<std::string_view, std::string_view> names[] = {
+      {"call.head_dim_v", "--head-dim-v"}, {"call.head_dim", "--head-dim"}, {"call.kv_heads", "--kv-heads"},
+      {"call.heads", "--heads"},           {"call.dropout", "--dropout"},   {"environment.sm", "--sm"}};
+  for (const auto& [field, option] : names)
+    for (std::size_t at; (at = message.find(field)) != std::string::npos;) message.replace(at, field.size(), option);
+  return message;
+}
+
+// --available: known family names, none empty (split by hand: getline would drop the
+// trailing empty name of "torch,").
+Result<std::vector<std::string>> available_families(const std::string& list) {
   static constexpr std::string_view kFamilies[] = {"torch", "flash_attn", "flash_attn3", "flex", "xformers",
                                                    "te", "flashinfer", "cudnn_frontend"};
-  // Split by hand: getline would drop a trailing empty name ("torch,").
+  std::vector<std::string> out;
   for (std::size_t start = 0;;) {
-    const std::size_t comma = std::min(o.available.find(',', start), o.available.size());
-    const std::string item = o.available.substr(start, comma - start);
-    if (item.empty()) return bad("--available: empty family name in '" + o.available + "'");
+    const std::size_t comma = std::min(list.find(',', start), list.size());
+    std::string item = list.substr(start, comma - start);
+    if (item.empty()) return error(ErrorCode::invalid_argument, "--available: empty family name in '" + list + "'");
     if (std::find(std::begin(kFamilies), std::end(kFamilies), item) == std::end(kFamilies))
-      return bad("--available: unknown family '" + item +
-                 "' (torch, flash_attn, flash_attn3, flex, xformers, te, flashinfer, cudnn_frontend)");
-    if (comma == o.available.size()) break;
+      return error(ErrorCode::invalid_argument,
+                   "--available: unknown family '" + item +
+                       "' (torch, flash_attn, flash_attn3, flex, xformers, te, flashinfer, cudnn_frontend)");
+    out.push_back(std::move(item));
+    if (comma == list.size()) return out;
     start = comma + 1;
   }
-  return {};
 }
+
+// The call and environment the options describe, checked by the library's validate()
+// with the option named in the message: every command runs it before it reads a mask or
+// a structure or prints anything.
+Result<CallContext> make_call(const CallOptions& o, std::optional<ElementType> mask_dtype) {
+  const auto bad = [](const std::string& message) { return error(ErrorCode::invalid_argument, message); };
+  CallContext context;
+  AttentionCall& c = context.call;
+  Environment& e = context.env;
+  if (o.dtype == "bf16" || o.dtype == "bfloat16") c.dtype = DType::bfloat16;
+  else if (o.dtype == "fp16" || o.dtype == "float16") c.dtype = DType::float16;
+  else if (o.dtype == "fp32" || o.dtype == "float32") c.dtype = DType::float32;
+  else return bad("--dtype must be bf16, fp16 or fp32, got '" + o.dtype + "'");
+  // An option left out is 0 in the call (the head dim, the heads); one given must be >= 1.
+  const std::tuple<const char*, const std::string*, std::int64_t*> integers[] = {
+      {"--head-dim", &o.head_dim, &c.head_dim},
+      {"--head-dim-v", o.head_dim_v ? &*o.head_dim_v : nullptr, &c.head_dim_v},
+      {"--heads", &o.heads, &c.heads},
+      {"--kv-heads", o.kv_heads ? &*o.kv_heads : nullptr, &c.kv_heads}};
+  for (const auto& [option, text, into] : integers) {
+    if (!text) continue;
+    auto v = parse_integer(option, *text);
+    if (!v) return v.status();
+    if (*v < 1) return bad(std::string(option) + " must be >= 1, got " + *text);
+    *into = *v;
+  }
+  if (o.kv_heads && c.heads % c.kv_heads != 0)
+    return bad("--kv-heads must divide --heads (" + std::to_string(c.heads) + "), got " + *o.kv_heads);
+  auto sm = parse_integer("--sm", o.sm);
+  if (!sm) return sm.status();
+  e.sm = static_cast<int>(std::clamp<std::int64_t>(*sm, INT32_MIN, INT32_MAX));
+  if (e.sm != *sm) return bad("--sm must be a compute capability major*10+minor from 10 to 129, got " + o.sm);
+  c.training = o.training;
+  c.deterministic = o.deterministic;
+  c.dropout = o.dropout;
+  c.mask_dtype = mask_dtype;
+  const std::tuple<const char*, const std::string*, Version*> versions[] = {
+      {"--torch", &o.torch, &e.torch},
+      {"--cudnn", &o.cudnn, &e.cudnn},
+      {"--flash-attn-version", &o.flash_attn, &e.flash_attn},
+      {"--flash-attn3-version", &o.flash_attn3, &e.flash_attn3},
+      {"--xformers-version", &o.xformers, &e.xformers},
+      {"--te-version", &o.te, &e.transformer_engine},
+      {"--flashinfer-version", &o.flashinfer, &e.flashinfer},
+      {"--cudnn-frontend-version", &o.cudnn_frontend, &e.cudnn_frontend}};
+  for (const auto& [option, text, into] : versions) {
+    auto v = Version::parse(*text);
+    if (!v) return bad(std::string(option) + ": " + v.status().message());
+    *into = *v;
+  }
+  auto families = available_families(o.available);
+  if (!families) return families.status();
+  // A library's version counts only where it is installed: the rest stay unknown.
+  struct Family {
+    const char* name;
+    BackendFamily family;
+    Version* version;
+  };
+  const Family known[] = {{"torch", kFamilyTorch, nullptr},
+                          {"flash_attn", kFamilyFlashAttn, &e.flash_attn},
+                          {"flash_attn3", kFamilyFlashAttn3, &e.flash_attn3},
+                          {"flex", kFamilyFlex, nullptr},
+                          {"xformers", kFamilyXformers, &e.xformers},
+                          {"te", kFamilyTransformerEngine, &e.transformer_engine},
+                          {"flashinfer", kFamilyFlashInfer, &e.flashinfer},
+                          {"cudnn_frontend", kFamilyCudnnFrontend, &e.cudnn_frontend}};
+  e.available = 0;
+  for (const Family& f : known) {
+    if (std::find(families->begin(), families->end(), f.name) != families->end()) e.available |= f.family;
+    else if (f.version) *f.version = Version{};
+  }
+  if (Status s = c.validate(); !s.ok()) return bad(with_option_names(s.message()));
+  if (Status s = e.validate(); !s.ok()) return bad(with_option_names(s.message()));
+  return context;
+}
+
+Status validate_call_options(const CallOptions& o) { return make_call(o, std::nullopt).status(); }
 
 void add_call_options(CLI::App& app, CallOptions& o) {
   app.add_option("--dtype", o.dtype, "q/k/v dtype: bf16, fp16, fp32")->capture_default_str()->group("Call");
   app.add_option("--head-dim", o.head_dim, "head dim of q/k (and v)")->capture_default_str()->group("Call");
-  app.add_option_function<std::int64_t>("--head-dim-v", [&o](const std::int64_t& v) { o.head_dim_v = v; },
-                                        "head dim of v (default: head dim)")->group("Call");
-  app.add_option("--heads", o.heads, "query heads")->capture_default_str()->group("Call");
-  app.add_option_function<std::int64_t>("--kv-heads", [&o](const std::int64_t& v) { o.kv_heads = v; },
-                                        "key/value heads (default: heads)")->group("Call");
+  app.add_option_function<std::string>("--head-dim-v", [&o](const std::string& v) { o.head_dim_v = v; },
+                                       "head dim of v (default: head dim)")->group("Call");
+  app.add_option_function<std::string>("--heads", [&o](const std::string& v) { o.heads = v, o.heads_given = true; },
+                                       "query heads (default 16; inspect: the mask's heads)")->group("Call");
+  app.add_option_function<std::string>("--kv-heads", [&o](const std::string& v) { o.kv_heads = v; },
+                                       "key/value heads (default: heads)")->group("Call");
   app.add_flag("--training", o.training, "a backward pass follows")->group("Call");
   app.add_flag("--deterministic", o.deterministic, "torch.use_deterministic_algorithms(True)")->group("Call");
   app.add_option("--dropout", o.dropout, "dropout probability")->capture_default_str()->group("Call");
@@ -132,61 +203,6 @@ void add_call_options(CLI::App& app, CallOptions& o) {
   app.add_option("--te-version", o.te, "TransformerEngine version")->capture_default_str()->group("Versions");
   app.add_option("--flashinfer-version", o.flashinfer, "FlashInfer version")->capture_default_str()->group("Versions");
   app.add_option("--cudnn-frontend-version", o.cudnn_frontend, "cudnn_frontend version")->capture_default_str()->group("Versions");
-}
-
-Result<CallContext> make_call(const CallOptions& o, std::optional<ElementType> mask_dtype) {
-  CallContext context;
-  AttentionCall& c = context.call;
-  Environment& e = context.env;
-  if (o.dtype == "bf16" || o.dtype == "bfloat16") c.dtype = DType::bfloat16;
-  else if (o.dtype == "fp16" || o.dtype == "float16") c.dtype = DType::float16;
-  else if (o.dtype == "fp32" || o.dtype == "float32") c.dtype = DType::float32;
-  else return error(ErrorCode::invalid_argument, "--dtype must be bf16, fp16 or fp32, got " + o.dtype);
-  c.head_dim = o.head_dim;
-  c.head_dim_v = o.head_dim_v.value_or(0);
-  c.heads = o.heads;
-  c.kv_heads = o.kv_heads.value_or(0);
-  c.training = o.training;
-  c.deterministic = o.deterministic;
-  c.dropout = o.dropout;
-  e.sm = o.sm;
-  c.mask_dtype = mask_dtype;
-  for (auto [text, into, name] : {std::tuple{&o.torch, &e.torch, "--torch"}, {&o.cudnn, &e.cudnn, "--cudnn"}}) {
-    auto v = Version::parse(*text);
-    if (!v) return error(ErrorCode::invalid_argument, std::string(name) + ": " + v.status().message());
-    *into = *v;
-  }
-  e.available = 0;
-  std::stringstream list(o.available);
-  for (std::string item; std::getline(list, item, ',');) {
-    struct Family {
-      const char* name;
-      BackendFamily family;
-      const std::string* version;
-      Version* into;
-    };
-    const Family families[] = {{"torch", kFamilyTorch, nullptr, nullptr},
-                               {"flash_attn", kFamilyFlashAttn, &o.flash_attn, &e.flash_attn},
-                               {"flash_attn3", kFamilyFlashAttn3, &o.flash_attn3, &e.flash_attn3},
-                               {"flex", kFamilyFlex, nullptr, nullptr},
-                               {"xformers", kFamilyXformers, &o.xformers, &e.xformers},
-                               {"te", kFamilyTransformerEngine, &o.te, &e.transformer_engine},
-                               {"flashinfer", kFamilyFlashInfer, &o.flashinfer, &e.flashinfer},
-                               {"cudnn_frontend", kFamilyCudnnFrontend, &o.cudnn_frontend, &e.cudnn_frontend}};
-    bool known = false;
-    for (const Family& f : families) {
-      if (item != f.name) continue;
-      known = true;
-      e.available |= f.family;
-      if (f.version) {
-        auto v = Version::parse(*f.version);
-        if (!v) return error(ErrorCode::invalid_argument, std::string(f.name) + " version: " + v.status().message());
-        *f.into = *v;
-      }
-    }
-    if (!known) return error(ErrorCode::invalid_argument, "--available: unknown family '" + item + "'");
-  }
-  return context;
 }
 
 // Indents every line of a snippet under the "call" column.
@@ -261,16 +277,57 @@ Result<std::vector<std::int64_t>> parse_shape(const std::string& text) {
   return shape;
 }
 
+// --masked-threshold as the float the scanner compares with: finite and negative
+// once rounded to float32, so -1e-46 (which rounds to -0) and -1e39 (to -inf) are
+// refused here, quoting the text given, not after the mask is read.
+Result<float> parse_threshold(const std::string& text) {
+  const auto bad = [&] {
+    return error(ErrorCode::invalid_argument,
+                 "--masked-threshold must be finite and negative as a float32 (-3.4e38 to -1.4e-45), got " + text);
+  };
+  if (text.empty() || std::isspace(static_cast<unsigned char>(text[0]))) return bad();
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (*end != '\0' || !std::isfinite(v) || std::fabs(v) > std::numeric_limits<float>::max()) return bad();
+  const auto as_float = static_cast<float>(v);
+  if (!(as_float < 0)) return bad();
+  return as_float;
+}
+
 // inspect's own options, checked before the mask is read.
-Status validate_inspect_options(const std::string& mask_dtype, const std::string& device, double threshold) {
+Status validate_inspect_options(const std::string& mask_dtype, const std::string& device, const std::string& threshold) {
   if (!mask_dtype.empty() && mask_dtype != "bf16" && mask_dtype != "fp16")
     return error(ErrorCode::invalid_argument, "--mask-dtype must be bf16 or fp16, got '" + mask_dtype + "'");
   if (device != "cpu" && device != "cuda")
     return error(ErrorCode::invalid_argument, "--device must be cpu or cuda, got '" + device + "'");
-  if (!(std::isfinite(threshold) && threshold < 0))
-    return error(ErrorCode::invalid_argument, "--masked-threshold must be finite and negative, got " + format_number(threshold));
+  return parse_threshold(threshold).status();
+}
+
+// SDPA broadcasts a mask's heads only from 1, so a mask of H heads is a call of H
+// heads: without --heads the call takes the mask's; a --heads that differs, or a
+// --kv-heads that does not divide the mask's heads, is refused naming both.
+Status match_mask_heads(CallOptions& o, std::int64_t mask_heads, const std::string& path) {
+  if (mask_heads == 1) return {};
+  // The options were checked before the mask was read: these parse.
+  const auto number = [](const std::string& text) {
+    auto v = parse_integer("", text);
+    return v ? *v : 1;
+  };
+  const std::string heads = std::to_string(mask_heads);
+  if (o.heads_given && number(o.heads) != mask_heads)
+    return error(ErrorCode::invalid_argument,
+                 "--heads " + o.heads + " does not match the " + heads + " heads of " + path +
+                     " (a mask's heads broadcast only from 1; leave --heads out to take the mask's)");
+  if (o.kv_heads && mask_heads % number(*o.kv_heads) != 0)
+    return error(ErrorCode::invalid_argument,
+                 "--kv-heads " + *o.kv_heads + " does not divide the " + heads + " heads of " + path);
+  o.heads = heads;
   return {};
 }
+
+// An error about the mask's contents (NaN, a malformed span) names the file, as the
+// reader's own errors do.
+Status about_file(const std::string& path, const Status& s) { return error(s.code(), path + ": " + s.message()); }
 
 // --tiles N (N x N) or QxK: query rows x keys per tile, each an integer >= 1.
 Result<TileSize> parse_tiles(const std::string& text) {
@@ -296,21 +353,24 @@ struct InspectTiles {
 };
 
 int inspect_file(const std::string& path, const std::string& mask_dtype, const std::string& png, const std::string& device,
-                 double threshold, bool json, const CallOptions& call_options, InspectTiles tiles = {}) {
+                 const std::string& threshold_text, bool json, CallOptions call_options, InspectTiles tiles = {}) {
   std::optional<ElementType> two_byte;
   if (mask_dtype == "bf16") two_byte = ElementType::bfloat16;
   else if (mask_dtype == "fp16") two_byte = ElementType::float16;
   else if (!mask_dtype.empty()) return fail(error(ErrorCode::invalid_argument, "--mask-dtype must be bf16 or fp16"));
+  auto threshold = parse_threshold(threshold_text);
+  if (!threshold) return fail(threshold.status());
   MaskEncoding enc;
-  enc.masked_threshold = static_cast<float>(threshold);
+  enc.masked_threshold = *threshold;
   auto file = npy::File::open(path, two_byte, enc);
   if (!file) return fail(file.status());
   const MaskView& view = file->view;
+  if (Status s = match_mask_heads(call_options, view.heads(), path); !s.ok()) return fail(s);
   Result<SpanTable> spans = error(ErrorCode::invalid_argument, "--device must be cpu or cuda, got " + device);
   if (device == "cpu" && tiles.requested) {
     // The spans and the tiles from one read of the mask.
     auto both = scan_with_tiles(view, *tiles.requested, ScanOptions{0});
-    if (!both) return fail(both.status());
+    if (!both) return fail(about_file(path, both.status()));
     spans = std::move(both->spans);
     tiles.summary = std::move(both->tiles);
   } else if (device == "cpu") {
@@ -318,15 +378,15 @@ int inspect_file(const std::string& path, const std::string& mask_dtype, const s
   } else if (device == "cuda" && tiles.requested) {
     // The spans and the tiles from one read of the mask on the device.
     auto both = gpu::scan_host_mask_with_tiles(view, *tiles.requested);
-    if (!both) return fail(both.status());
+    if (!both) return fail(about_file(path, both.status()));
     spans = std::move(both->spans);
     tiles.summary = std::move(both->tiles);
   } else if (device == "cuda") {
     spans = gpu::scan_host_mask(view);
   }
-  if (!spans) return fail(spans.status());
+  if (!spans) return fail(about_file(path, spans.status()));
   auto verdict = classify(*spans);
-  if (!verdict) return fail(verdict.status());
+  if (!verdict) return fail(about_file(path, verdict.status()));
   if (tiles.requested) {
     // An arbitrary mask is charged for flex on its tiles (an exact structure's follow
     // from its fields).
@@ -417,7 +477,7 @@ Result<nlohmann::json> parse_structure_json(const std::string& text) {
 // Shape and parameters of `make`.
 struct MakeOptions {
   std::string kind, shape = "1,1,256,256", output, dtype = "bool", alignment = "top_left", segments, kv_valid, blocks;
-  std::optional<std::int64_t> window, chunk, prefix;
+  std::optional<std::string> window, chunk, prefix;  // as written: parse_integer reads them
 };
 
 // The library names a structure's fields (structure.kv_valid); for make they are the
@@ -441,9 +501,14 @@ Result<MaskStructure> structure_from(const MakeOptions& m) {
   nlohmann::json j;
   j["kind"] = m.kind;
   j["alignment"] = m.alignment;
-  if (m.window) j["window"] = *m.window;
-  if (m.chunk) j["chunk"] = *m.chunk;
-  if (m.prefix) j["prefix"] = *m.prefix;
+  for (const auto& [option, text, key] : {std::tuple{"--window", &m.window, "window"},
+                                          {"--chunk", &m.chunk, "chunk"},
+                                          {"--prefix", &m.prefix, "prefix"}}) {
+    if (!*text) continue;
+    auto v = parse_integer(option, **text);
+    if (!v) return v.status();
+    j[key] = *v;
+  }
   for (const auto& [option, text, key] : {std::tuple{"--blocks", &m.blocks, "blocks"},
                                           {"--segments", &m.segments, "segments"},
                                           {"--kv-valid", &m.kv_valid, "kv_valid"}}) {
@@ -546,13 +611,32 @@ Status write_mask(const std::string& path, const MaskStructure& s, const std::st
 
 constexpr const char* kCommands = "inspect, policy, make, samples";
 
+// An argument that reads as an option but names no option of the command and looks
+// like a file ("-dash.npy" or any existing file): CLI11 takes it for an option, so the
+// file is "missing". Returns it, for a hint, or nothing.
+std::optional<std::string> file_taken_for_option(const CLI::App& command, int argc, char** argv) {
+  for (int i = 2; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--") break;
+    if (arg.size() < 2 || arg[0] != '-') continue;
+    const std::string name = arg.substr(0, arg.find('='));
+    if (command.get_option_no_throw(name) != nullptr || name == "-h" || name == "--help") continue;
+    struct stat st {};
+    if (arg.ends_with(".npy") || ::stat(arg.c_str(), &st) == 0) return arg;
+  }
+  return std::nullopt;
+}
+
 // CLI11's own errors as one line (its usual answer adds a help hint on a second line and
 // exits 104-109): the message, naming the option, and how to get help.
-int usage_error(const CLI::App& app, const CLI::ParseError& e) {
+int usage_error(const CLI::App& app, const CLI::ParseError& e, int argc, char** argv) {
   std::string command = "masklens";
   for (const CLI::App* sub : app.get_subcommands()) command += " " + sub->get_name();
   std::string message = e.what();
   std::replace(message.begin(), message.end(), '\n', ' ');
+  const auto subs = app.get_subcommands();
+  if (const auto file = subs.empty() ? std::nullopt : file_taken_for_option(*subs.front(), argc, argv))
+    message += "; to read a file whose name starts with '-', write -- before it or ./" + *file;
   return bad_argument(message + " (see " + command + " --help)");
 }
 
@@ -563,7 +647,7 @@ int run_command(int argc, char** argv) {
   CallOptions call_options;
 
   std::string path, mask_dtype, png, device = "cpu";
-  double threshold = -1000;
+  std::string threshold = "-1000";
   bool json = false;
   auto* inspect_cmd = app.add_subcommand("inspect", "the structure of a .npy mask and the call to make");
   inspect_cmd->add_option("mask", path, "mask .npy file (1-4 dims; 2-D is [Q, K])")->required();
@@ -595,9 +679,9 @@ int run_command(int argc, char** argv) {
   make_cmd->add_option("-o,--output", make.output, "output .npy")->required();
   make_cmd->add_option("--mask-dtype", make.dtype, "bool, bf16 (additive, stored as <u2) or fp32 (additive)")->capture_default_str();
   make_cmd->add_option("--alignment", make.alignment, "top_left or bottom_right")->capture_default_str();
-  make_cmd->add_option_function<std::int64_t>("--window", [&make](const std::int64_t& v) { make.window = v; }, "sliding window W");
-  make_cmd->add_option_function<std::int64_t>("--chunk", [&make](const std::int64_t& v) { make.chunk = v; }, "chunk C");
-  make_cmd->add_option_function<std::int64_t>("--prefix", [&make](const std::int64_t& v) { make.prefix = v; }, "prefix P");
+  make_cmd->add_option_function<std::string>("--window", [&make](const std::string& v) { make.window = v; }, "sliding window W");
+  make_cmd->add_option_function<std::string>("--chunk", [&make](const std::string& v) { make.chunk = v; }, "chunk C");
+  make_cmd->add_option_function<std::string>("--prefix", [&make](const std::string& v) { make.prefix = v; }, "prefix P");
   make_cmd->add_option("--blocks", make.blocks, "JSON [[start, end], ...]");
   make_cmd->add_option("--segments", make.segments, "JSON per batch [[0, e1, ..., Q], ...]");
   make_cmd->add_option("--kv-valid", make.kv_valid, "JSON per batch [[start, end], ...]");
@@ -621,7 +705,7 @@ int run_command(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) return app.exit(e);  // --help, --version
-    return usage_error(app, e);
+    return usage_error(app, e, argc, argv);
   }
 
   if (*inspect_cmd) {
@@ -708,11 +792,11 @@ int run_command(int argc, char** argv) {
     };
     std::vector<Sample> samples = {{"causal.npy", opts("causal", "1,1,512,512")}};
     samples.push_back({"sliding_window.npy", opts("sliding_window", "1,1,512,512", "bf16")});
-    samples.back().m.window = 128;
+    samples.back().m.window = "128";
     samples.push_back({"chunked.npy", opts("chunked", "1,1,512,512")});
-    samples.back().m.chunk = 128;
+    samples.back().m.chunk = "128";
     samples.push_back({"prefix_lm.npy", opts("prefix_lm", "1,1,256,256")});
-    samples.back().m.prefix = 64;
+    samples.back().m.prefix = "64";
     samples.push_back({"vlm_blocks.npy", opts("causal_blocks", "1,1,512,512")});
     samples.back().m.blocks = "[[10, 74], [200, 264]]";
     samples.push_back({"packed.npy", opts("causal", "1,1,512,512")});
@@ -732,7 +816,7 @@ int run_command(int argc, char** argv) {
       Status st = s ? write_mask(file, *s, sample.m.dtype) : s.status();
       if (!st.ok()) return fail(st);
       std::printf("\n");
-      failures += inspect_file(file, sample.m.dtype == "bf16" ? "bf16" : "", "", "cpu", -1000, false, call_options) != 0;
+      failures += inspect_file(file, sample.m.dtype == "bf16" ? "bf16" : "", "", "cpu", "-1000", false, call_options) != 0;
     }
     return failures ? 1 : 0;
   }
