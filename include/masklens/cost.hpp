@@ -161,7 +161,8 @@ inline double flex_pairs(const MaskStructure& s, const TileFractions& tiles, boo
 
 // Work units of `pairs` (query, key) pairs for the call: heads and head_dim / 128 scale them.
 inline double work_units(double pairs, const AttentionCall& call) noexcept {
-  const double width = static_cast<double>(call.head_dim + call.value_head_dim()) / 256.0;
+  // Summed as doubles: two head dims of up to 2^62 (AttentionCall::validate) overflow int64.
+  const double width = (static_cast<double>(call.head_dim) + static_cast<double>(call.value_head_dim())) / 256.0;
   return pairs * static_cast<double>(call.heads) * width / 1e9;
 }
 
