@@ -7,6 +7,10 @@ attn_implementation="masklens", each beside its baseline measured in the same ru
               forced to the kernel the drop-in runs), the drop-in on its first call
               (device scan + classify + decide + the call) and cached (no scan), with
               the masklens step split from masklens.last_timing().
+  ab          the seed shape again: the drop-in's cached call against bare is_causal=True,
+              forward + backward, in --ab-pairs interleaved pairs (each pair's order
+              alternates), CUDA events; the median of the per-pair ratios (goal: within
+              1 % of bare is_causal) and the scans in the pairs (must be 0).
   structures  1 x 4 x 69632 x 128 bf16, forward + backward: three packed documents, a
               4096 sliding window, left-padded causal (1000 pad rows): the drop-in vs
               the dense mask on the default dispatch and vs the best native call,
@@ -26,7 +30,8 @@ attn_implementation="masklens", each beside its baseline measured in the same ru
 Every time is the median of several runs after a warm-up (CUDA events around whole
 calls, Python included: the GPU idles while the host works, and the events see it).
 
-usage: python3 bench/dropin.py [--quick] [--json OUT] [--cases seed,structures,llama,flex] [--L N] [--flex-L N]
+usage: python3 bench/dropin.py [--quick] [--json OUT] [--cases seed,ab,structures,llama,flex] [--L N] [--flex-L N]
+                               [--ab-pairs N]
 Run against the in-tree build with PYTHONPATH=build-dir/python (bench/README.md).
 """
 import argparse
@@ -54,7 +59,8 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"
 parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 parser.add_argument("--quick", action="store_true", help="fewer repetitions (3 timed runs, 1 warm-up)")
 parser.add_argument("--json", help="write the results here")
-parser.add_argument("--cases", default="seed,structures,llama")
+parser.add_argument("--cases", default="seed,ab,structures,llama")
+parser.add_argument("--ab-pairs", type=int, default=20, help="interleaved pairs of the ab case")
 parser.add_argument("--L", type=int, default=69632, help="tokens of the seed and structure cases")
 parser.add_argument("--llama-L", type=int, default=32768, help="tokens of the llama case")
 parser.add_argument("--no-flex", action="store_true", help="skip the compiled flex_attention baseline")
@@ -193,6 +199,59 @@ def seed(report):
           f"decision {verdict.structure.describe()} -> {policy.backend} (mask {policy.call.mask}); "
           f"scans in {REPS + 1} cached calls: {cached_scans}")
     del mask, ref_out, ref_g
+    empty_cache()
+
+
+def event_ms(fn):
+    """One call's time between CUDA events (wall-clock on the CPU)."""
+    if DEV == "cpu":
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    fn()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b)
+
+
+def ab(report):
+    """The drop-in's cached call against bare is_causal on the seed shape, interleaved:
+    pairs alternate which side runs first, so clock and thermal drift fall on both sides;
+    the figure is the median of the per-pair ratios (a regression of a few tenths of a
+    percent shows here, where two separate medians drift by more)."""
+    L, D = ARGS.L, 256
+    q, k, v = qkv(L, D)
+    go = torch.randn_like(q)
+    mask = torch.ones(L, L, dtype=torch.bool, device=DEV).tril_()[None, None]
+    bare = grads_of(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), (q, k, v), go)
+    cached = grads_of(lambda: dropin(q, k, v, attn_mask=mask), (q, k, v), go)
+    for _ in range(WARM + 1):  # the first drop-in call scans; the rest hit the cache
+        bare(), cached()
+    before = masklens.scan_count()
+    ratios, bare_ms, dropin_ms = [], [], []
+    for i in range(ARGS.ab_pairs):
+        if i % 2 == 0:
+            b_ms = event_ms(bare)
+            d_ms = event_ms(cached)
+        else:
+            d_ms = event_ms(cached)
+            b_ms = event_ms(bare)
+        bare_ms.append(b_ms)
+        dropin_ms.append(d_ms)
+        ratios.append(d_ms / b_ms)
+    scans = masklens.scan_count() - before
+    result = {"shape": [1, 4, L, D], "pairs": ARGS.ab_pairs, "bare_ms": statistics.median(bare_ms),
+              "dropin_ms": statistics.median(dropin_ms), "ratio_median": statistics.median(ratios),
+              "ratio_min": min(ratios), "ratio_max": max(ratios), "scans_in_pairs": scans}
+    report["ab"] = result
+    print(f"\nab: 1 x 4 x {L} x {D} bf16, forward + backward, {ARGS.ab_pairs} interleaved pairs")
+    print(f"  F.sdpa is_causal=True (no mask) {result['bare_ms']:9.2f} ms   drop-in, cached {result['dropin_ms']:9.2f} ms"
+          f"   ratio median {result['ratio_median']:.4f}x (min {result['ratio_min']:.4f}, max {result['ratio_max']:.4f});"
+          f" scans in the pairs: {scans}")
+    assert scans == 0, "the cached drop-in scanned the mask again"
+    del mask
     empty_cache()
 
 
@@ -483,7 +542,7 @@ def main():
     t0 = time.perf_counter()
     for case in ARGS.cases.split(","):
         start = time.perf_counter()
-        {"seed": seed, "structures": structures, "llama": llama, "flex": flex}[case](report)
+        {"seed": seed, "ab": ab, "structures": structures, "llama": llama, "flex": flex}[case](report)
         report.setdefault("wall_s", {})[case] = time.perf_counter() - start
         print(f"  ({case}: {report['wall_s'][case]:.1f} s)")
     report["wall_s"]["total"] = time.perf_counter() - t0

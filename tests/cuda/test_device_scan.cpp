@@ -22,6 +22,7 @@
 #include "../support/additive_encodings.hpp"
 #include "../support/device_buffer.hpp"
 #include "../support/mask_gen.hpp"
+#include "suite_size.hpp"
 #include "../support/mutated_masks.hpp"
 
 using namespace masklens;
@@ -66,9 +67,7 @@ TEST_SUITE("cuda") {
 TEST_CASE("device spans equal host spans on generated and mutated masks") {
   Rng rng(test_seed(404));
   int compared = 0;
-  // MASKLENS_CUDA_CASES shortens the run (compute-sanitizer); the suite's count is 10000.
-  const char* env = std::getenv("MASKLENS_CUDA_CASES");
-  const int cases = env ? std::atoi(env) : 10000;
+  const int cases = suite_cases(10000);
   for (int i = 0; i < cases; ++i) {
     MutatedMask mutated = mutated_mask(rng, 64);
     const DenseMask& dense = mutated.dense;
@@ -118,7 +117,7 @@ TEST_CASE("vector path boundaries: one changed element anywhere, any row length,
       {ElementType::float32, Polarity::true_attends, Encoding::minus_1e4},
   };
   // The shortened run (compute-sanitizer) keeps a few lengths on each side of the edges.
-  const bool quick = std::getenv("MASKLENS_CUDA_CASES") != nullptr;
+  const bool quick = sanitizer_sized() || std::getenv("MASKLENS_CUDA_CASES") != nullptr;
   const std::vector<std::int64_t> lengths =
       quick ? std::vector<std::int64_t>{1, 7, 9, 17, 33, 129, 513, 1025, 2049}
             : std::vector<std::int64_t>{1,   2,   3,   4,   5,   7,   8,   9,    15,   16,   17,   31,   32,   33,   63,
@@ -440,7 +439,8 @@ TEST_CASE("two-phase on the caller's stream equals the host scanner, and records
   REQUIRE_CUDA(cudaStreamDestroy(stream));
 }
 
-TEST_CASE("a CUDA error pending from the caller's own work is neither cleared nor taken for the scan's") {
+TEST_CASE("a CUDA error pending from the caller's own work is neither cleared nor taken for the scan's" *
+          kApiErrorOnPurpose) {
   std::vector<std::uint8_t> m(64 * 64);
   for (std::size_t i = 0; i < m.size(); ++i) m[i] = i % 64 <= i / 64;
   const std::int64_t shape[] = {64, 64};
@@ -448,10 +448,7 @@ TEST_CASE("a CUDA error pending from the caller's own work is neither cleared no
   REQUIRE(v.ok());
   DeviceBuffer buffer(m.size());
   const MaskView on_device = to_device(*v, buffer);
-  // The caller's failed allocation leaves cudaErrorMemoryAllocation as the last error.
-  void* huge = nullptr;
-  REQUIRE(cudaMalloc(&huge, std::size_t{1} << 62) == cudaErrorMemoryAllocation);
-  REQUIRE(cudaPeekAtLastError() == cudaErrorMemoryAllocation);
+  leave_allocation_error_pending();
   auto device = gpu::scan(on_device);
   auto from_host = gpu::scan_host_mask(*v);
   const cudaError_t still = cudaGetLastError();  // the test is the caller: it clears its own error
@@ -466,7 +463,7 @@ TEST_CASE("a CUDA error pending from the caller's own work is neither cleared no
 }
 
 TEST_CASE("69632^2 bool causal on the device (Q*K > 2^32): causal; one flipped element is not") {
-  const std::int64_t L = 69632;
+  const std::int64_t L = suite_length(69632, 4160);  // sanitizer-sized: the same block-per-row kernel
   DeviceBuffer mask(static_cast<std::size_t>(L * L));
   auto* d = mask.get();
   fill_causal(d, L);

@@ -31,6 +31,7 @@
 #include "../support/device_buffer.hpp"
 #include "../support/mask_gen.hpp"
 #include "../support/mutated_masks.hpp"
+#include "suite_size.hpp"
 
 using namespace masklens;
 using namespace masklens::testing;
@@ -76,11 +77,6 @@ void require_same_as_host(const MaskView& view, TileSize size, const gpu::TileSc
   }
 }
 
-int cases(int full) {
-  const char* env = std::getenv("MASKLENS_CUDA_CASES");
-  return env ? std::min(full, std::atoi(env)) : full;
-}
-
 }  // namespace
 
 TEST_SUITE("cuda") {
@@ -88,7 +84,7 @@ TEST_SUITE("cuda") {
 TEST_CASE("device tiles: tiles, BlockMask tensors and spans equal the host's on generated and mutated masks") {
   Rng rng(test_seed(1404));
   int compared = 0;
-  const int n = cases(2000);  // MASKLENS_CUDA_CASES shortens it (compute-sanitizer)
+  const int n = suite_cases(2000);
   for (int i = 0; i < n; ++i) {
     MutatedMask mutated = mutated_mask(rng, 300);
     const DenseMask& dense = mutated.dense;
@@ -130,7 +126,7 @@ TEST_CASE("device tiles: block-structured masks, every state, whole and ragged t
   const Shape shapes[] = {{512, 512, {128, 128}, 64},   {384, 1024, {64, 128}, 32}, {500, 700, {96, 80}, 16},
                           {257, 3000, {128, 128}, 128}, {130, 2100, {96, 80}, 8},   {200, 9000, {64, 1}, 16},
                           {64, 4500, {16, 16}, 16},     {300, 640, {100, 64}, 4}};
-  const int rounds = cases(12) >= 12 ? 6 : 1;
+  const int rounds = suite_cases(12) >= 12 ? 6 : 1;
   int compared = 0;
   TileTally seen;
   for (int round = 0; round < rounds; ++round)
@@ -158,15 +154,15 @@ TEST_CASE("device tiles: block-structured masks, every state, whole and ragged t
 }
 
 TEST_CASE("device tiles: 32768^2 sliding window and packed documents equal tiles_from_structure") {
-  const std::int64_t L = 32768;
+  const std::int64_t L = suite_length(32768, 3072);  // whole chunks of 1024 rows
   DeviceBuffer mask(static_cast<std::size_t>(L * L));
   const std::int64_t shape[] = {L, L};
   auto view = MaskView::contiguous(mask.get(), ElementType::boolean, shape);
   REQUIRE(view.ok());
   MaskStructure window = make_structure(StructureKind::sliding_window, 1, L, L);
-  window.window = 4096;
+  window.window = L / 8;
   MaskStructure documents = make_structure(StructureKind::causal, 1, L, L);
-  documents.segments = {{0, 9001, 20000, L}};  // three documents, cut inside tiles
+  documents.segments = {{0, L * 9001 / 32768, L * 20000 / 32768, L}};  // three documents, cut inside tiles
   for (const MaskStructure* s : {&window, &documents}) {
     std::vector<std::uint8_t> rows(static_cast<std::size_t>(1024 * L));
     for (std::int64_t q0 = 0; q0 < L; q0 += 1024) {
@@ -196,7 +192,7 @@ TEST_CASE("device tiles: 32768^2 sliding window and packed documents equal tiles
 }
 
 TEST_CASE("device tiles: a tile of 2^32 elements is counted in 64 bits, full; one masked element makes it partial") {
-  const std::int64_t L = 65536;
+  const std::int64_t L = suite_length(65536, 2048);  // sanitizer-sized: the counts' flush, not their width
   DeviceBuffer mask(static_cast<std::size_t>(L * L));
   REQUIRE_CUDA(cudaMemset(mask.get(), 1, static_cast<std::size_t>(L * L)));
   const std::int64_t shape[] = {L, L};
@@ -209,7 +205,8 @@ TEST_CASE("device tiles: a tile of 2^32 elements is counted in 64 bits, full; on
   CHECK(whole->block_mask.full_kv_num_blocks == std::vector<std::int32_t>{1});
   CHECK(whole->block_mask.kv_num_blocks == std::vector<std::int32_t>{0});
   const std::uint8_t zero = 0;
-  REQUIRE_CUDA(cudaMemcpy(mask.get() + (L - 1) * L + 12345, &zero, 1, cudaMemcpyHostToDevice));
+  const std::int64_t hole = 12345 % L;
+  REQUIRE_CUDA(cudaMemcpy(mask.get() + (L - 1) * L + hole, &zero, 1, cudaMemcpyHostToDevice));
   auto holed = gpu::scan_with_tiles(*view, TileSize{L, L});
   REQUIRE(holed.ok());
   CHECK(holed->tiles.states[0] == TileState::partial);
@@ -218,8 +215,8 @@ TEST_CASE("device tiles: a tile of 2^32 elements is counted in 64 bits, full; on
   REQUIRE(small.ok());
   const TileTally t = small->tiles.tally();
   CHECK(t.partial == 1);
-  CHECK(t.full == 512 * 512 - 1);
-  CHECK(small->tiles.state(0, 511, 12345 / 128) == TileState::partial);
+  CHECK(t.full == (L / 128) * (L / 128) - 1);
+  CHECK(small->tiles.state(0, L / 128 - 1, hole / 128) == TileState::partial);
 }
 
 TEST_CASE("device tiles: two-phase into the caller's arrays on the caller's stream, null arrays skipped, records into a CUDA graph") {
@@ -363,7 +360,7 @@ static std::optional<BlockMaskField> write_given_states(const TileSummary& summa
 
 TEST_CASE("device tiles: write_block_mask from states the caller has equals block_mask_tensors, any subset of arrays") {
   Rng rng(test_seed(1407));
-  const int n = cases(300);
+  const int n = suite_cases(300);
   for (int c = 0; c < n; ++c) {
     // Random grids: ragged and whole tiles, long lines (up to 2500 tiles: more than two
     // rounds of the writer's block, 1024 tiles), broadcast and distinct slices, every mix
@@ -428,7 +425,7 @@ TEST_CASE("device tiles: write_block_mask at the writer's chunk boundaries (line
 
 TEST_CASE("device tiles: write_block_mask_from_ranges of random structures equals block_mask_tensors of their tiles") {
   Rng rng(test_seed(1408));
-  const int n = cases(400);
+  const int n = suite_cases(400);
   int written = 0;
   for (int c = 0; c < n; ++c) {
     // Lengths from a few keys to lines longer than a round of the writer's block (at
@@ -502,7 +499,8 @@ TEST_CASE("device tiles: NaN in a device mask names the row, in a host mask the 
   for (int r = 0; r < 4; ++r) CHECK(static_cast<bool>(spans[static_cast<std::size_t>(r)].flags & kRowInvalid) == (r == 2));
 }
 
-TEST_CASE("device tiles: a CUDA error pending from the caller's own work is neither cleared nor taken for the tile scan's") {
+TEST_CASE("device tiles: a CUDA error pending from the caller's own work is neither cleared nor taken for the tile scan's" *
+          kApiErrorOnPurpose) {
   std::vector<std::uint8_t> m(200 * 300);
   for (std::size_t i = 0; i < m.size(); ++i) m[i] = i % 300 <= i / 300;
   const std::int64_t shape[] = {200, 300};
@@ -510,8 +508,7 @@ TEST_CASE("device tiles: a CUDA error pending from the caller's own work is neit
   REQUIRE(v.ok());
   DeviceBuffer buffer(m.size());
   const MaskView on_device = to_device(*v, buffer);
-  void* huge = nullptr;
-  REQUIRE(cudaMalloc(&huge, std::size_t{1} << 62) == cudaErrorMemoryAllocation);
+  leave_allocation_error_pending();
   auto device = gpu::scan_with_tiles(on_device, TileSize{64, 64});
   auto from_host = gpu::scan_host_mask_with_tiles(*v, TileSize{64, 64}, 5);
   const cudaError_t still = cudaGetLastError();

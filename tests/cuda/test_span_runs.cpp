@@ -22,6 +22,7 @@
 #include "../support/device_buffer.hpp"
 #include "../support/mask_gen.hpp"
 #include "../support/structure_fields.hpp"
+#include "suite_size.hpp"
 
 using namespace masklens;
 using namespace masklens::testing;
@@ -188,8 +189,7 @@ TEST_CASE("scan_runs and inspect_runs equal encode(scan) and inspect on generate
   Rng rng(test_seed(1302));
   const ElementType types[] = {ElementType::boolean, ElementType::uint8, ElementType::float16, ElementType::bfloat16,
                                ElementType::float32};
-  const char* env = std::getenv("MASKLENS_CUDA_CASES");
-  const int cases = env ? std::atoi(env) / 4 : 2500;
+  const int cases = std::max(1, suite_cases(10000) / 4);
   int compared = 0;
   for (int i = 0; i < cases; ++i) {
     const std::int64_t q_len = uniform(rng, 1, 300), k_len = coin(rng) ? q_len : uniform(rng, 1, 300);
@@ -254,7 +254,7 @@ TEST_CASE("more runs than the first copy brings, and more than scan_runs makes r
 }
 
 TEST_CASE("69632^2 bool causal and left-padded causal: one and two runs, the verdicts of inspect") {
-  const std::int64_t L = 69632;
+  const std::int64_t L = suite_length(69632, 4096);  // whole chunks of 1024 rows
   for (const std::int64_t pad : {std::int64_t{0}, std::int64_t{1234}}) {
     std::vector<std::uint8_t> rows(static_cast<std::size_t>(1024 * L));
     DeviceBuffer mask(static_cast<std::size_t>(L * L));
@@ -413,7 +413,8 @@ TEST_CASE("reduce_runs: two-phase on the caller's stream, recorded into a CUDA g
   REQUIRE_CUDA(cudaStreamDestroy(stream));
 }
 
-TEST_CASE("a CUDA error pending from the caller is neither cleared nor taken for the run reduction's") {
+TEST_CASE("a CUDA error pending from the caller is neither cleared nor taken for the run reduction's" *
+          kApiErrorOnPurpose) {
   std::vector<std::uint8_t> m(64 * 64);
   for (std::size_t i = 0; i < m.size(); ++i) m[i] = i % 64 <= i / 64;
   DeviceBuffer buffer(m.size());
@@ -422,9 +423,7 @@ TEST_CASE("a CUDA error pending from the caller is neither cleared nor taken for
   const std::int64_t shape[] = {64, 64};
   auto view = MaskView::contiguous(buffer.get(), ElementType::boolean, shape);
   REQUIRE(view.ok());
-  void* huge = nullptr;
-  REQUIRE(cudaMalloc(&huge, std::size_t{1} << 62) == cudaErrorMemoryAllocation);
-  REQUIRE(cudaPeekAtLastError() == cudaErrorMemoryAllocation);
+  leave_allocation_error_pending();
   auto verdict = gpu::inspect_runs(*view);
   REQUIRE_MESSAGE(verdict.ok(), verdict.status().to_string());
   CHECK(verdict->kind == StructureKind::causal);
