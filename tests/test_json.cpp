@@ -148,6 +148,35 @@ TEST_CASE("malformed structures are errors naming the field") {
        "structure.finite_masked_rows (9) must be <= empty_rows (8)"},
       {R"({"kind": "arbitrary", "empty_rows": 33})", ErrorCode::invalid_argument, "must be <= B*H*Q (32)"},
       {R"({"kind": "causal", "bias": "yes"})", ErrorCode::parse_error, "structure.bias"},
+      // A key the reader does not know, or one the kind does not take, is an error naming
+      // it: dropped, it gave the advice of another mask.
+      {R"({"kind": "causal", "kv_vaild": [[0, 4], [0, 8]]})", ErrorCode::parse_error,
+       "structure.kv_vaild is not a structure field"},
+      {R"({"kind": "causal", "window": 3})", ErrorCode::parse_error, "structure.window applies to sliding_window, not causal"},
+      {R"({"kind": "sliding_window", "window": 3, "chunk": 4})", ErrorCode::parse_error,
+       "structure.chunk applies to chunked, not sliding_window"},
+      {R"({"kind": "chunked", "chunk": 4, "prefix": 2})", ErrorCode::parse_error, "structure.prefix applies to prefix_lm"},
+      {R"({"kind": "causal", "blocks": [[0, 4]]})", ErrorCode::parse_error, "structure.blocks applies to causal_blocks"},
+      {R"({"kind": "full", "alignment": "bottom_right"})", ErrorCode::parse_error, "structure.alignment applies to"},
+      {R"({"schema": 2, "structure": {"kind": "causal"}, "polcy": null})", ErrorCode::parse_error,
+       "'polcy' is not a key of an inspect document"},
+      {R"({"structure": {"kind": "causal", "Kind": "full"}})", ErrorCode::parse_error, "structure.Kind is not a structure field"},
+      // An empty per-batch list is neither one entry nor one per batch.
+      {R"({"kind": "causal", "kv_valid": []})", ErrorCode::invalid_argument,
+       "structure.kv_valid must list one entry per batch (2) or one for every batch, got 0"},
+      {R"({"kind": "causal", "q_valid": []})", ErrorCode::invalid_argument, "structure.q_valid must list one entry per batch (2)"},
+      {R"({"kind": "causal", "segments": []})", ErrorCode::invalid_argument, "structure.segments must list one entry per batch (2)"},
+      // Integers from 2^63 to 2^64 read as unsigned: reported as written, not wrapped.
+      {R"({"kind": "sliding_window", "window": 18446744073709551615})", ErrorCode::invalid_argument,
+       "structure.window must be at most 2^63 - 1, got 18446744073709551615"},
+      {R"({"kind": "chunked", "chunk": 9223372036854775808})", ErrorCode::invalid_argument, "got 9223372036854775808"},
+      {R"({"kind": "causal", "kv_valid": [[0, 18446744073709551615]]})", ErrorCode::invalid_argument,
+       "structure.kv_valid[0][1] must be at most 2^63 - 1, got 18446744073709551615"},
+      {R"({"kind": "causal", "segments": [[0, 9223372036854775809, 16]]})", ErrorCode::invalid_argument,
+       "structure.segments[0][1] must be at most 2^63 - 1, got 9223372036854775809"},
+      {R"({"kind": "causal", "empty_rows": 18446744073709551615})", ErrorCode::invalid_argument, "got 18446744073709551615"},
+      {R"({"kind": "arbitrary", "tile_fractions": {"block": [18446744073709551615, 4], "partial": 0.1, "full": 0.2}})",
+       ErrorCode::invalid_argument, "got 18446744073709551615"},
       {R"({"kind": "arbitrary", "tile_fractions": {"block": [128], "partial": 0.1, "full": 0.2}})", ErrorCode::parse_error,
        "structure.tile_fractions must be"},
       {R"({"kind": "arbitrary", "tile_fractions": {"block": [128, 128], "partial": "0.1", "full": 0.2}})",
@@ -177,6 +206,15 @@ TEST_CASE("malformed structures are errors naming the field") {
     CHECK(r.status().code() == ErrorCode::invalid_shape);
     CHECK(r.status().message() == "structure heads must be in [1, 2^62], got 0");
   }
+}
+
+TEST_CASE("a null value reads as a key left out, whatever the kind") {
+  auto s = structure_from_json(
+      nlohmann::json::parse(R"({"kind": "causal", "window": null, "kv_valid": null, "segments": null, "alignment": null})"),
+      2, 1, 16, 16);
+  REQUIRE_MESSAGE(s.ok(), s.status().to_string());
+  CHECK(s->kind == StructureKind::causal);
+  CHECK_FALSE(s->has_kv_valid());
 }
 
 TEST_CASE("the empty-row count is derived: left out it reads as implied, wrong it is an error") {

@@ -4,7 +4,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "call_args.hpp"
 #include "policy.hpp"
@@ -189,10 +192,32 @@ inline nlohmann::json to_json(const MaskStructure& s, const Policy* policy) {
 
 namespace detail {
 
+// An integer field as int64. JSON integers from 2^63 to 2^64 parse as unsigned: they
+// are refused as written, not wrapped to negatives.
+inline Result<std::int64_t> int_from_json(const nlohmann::json& v, const std::string& where) {
+  if (!v.is_number_integer()) return error(ErrorCode::parse_error, where + " must be an integer");
+  if (v.is_number_unsigned() && v.get<std::uint64_t>() > static_cast<std::uint64_t>(INT64_MAX))
+    return error(ErrorCode::invalid_argument, where + " must be at most 2^63 - 1, got " + v.dump());
+  return v.get<std::int64_t>();
+}
+
 inline Result<KeyRange> range_from_json(const nlohmann::json& j, const std::string& where) {
   if (!j.is_array() || j.size() != 2 || !j[0].is_number_integer() || !j[1].is_number_integer())
     return error(ErrorCode::parse_error, where + " must be [start, end] with two integers");
-  return KeyRange{j[0].get<std::int64_t>(), j[1].get<std::int64_t>()};
+  auto start = int_from_json(j[0], where + "[0]");
+  if (!start) return start.status();
+  auto end = int_from_json(j[1], where + "[1]");
+  if (!end) return end.status();
+  return KeyRange{*start, *end};
+}
+
+// A per-batch list holds one entry for every batch or one per batch: an empty one says
+// nothing, which is no structure (null or leaving the key out says "none").
+inline Status non_empty_list(const nlohmann::json& j, const std::string& where, std::int64_t batch) {
+  if (j.is_array() && j.empty())
+    return error(ErrorCode::invalid_argument, where + " must list one entry per batch (" + std::to_string(batch) +
+                                                  ") or one for every batch, got 0 (null or no key: none)");
+  return {};
 }
 
 inline Result<std::vector<KeyRange>> ranges_from_json(const nlohmann::json& j, const std::string& where) {
@@ -207,9 +232,48 @@ inline Result<std::vector<KeyRange>> ranges_from_json(const nlohmann::json& j, c
 }
 
 inline Result<std::int64_t> integer(const nlohmann::json& j, const char* key) {
-  if (!j.contains(key) || !j[key].is_number_integer())
-    return error(ErrorCode::parse_error, std::string("structure.") + key + " must be an integer");
-  return j[key].get<std::int64_t>();
+  if (!j.contains(key)) return error(ErrorCode::parse_error, std::string("structure.") + key + " must be an integer");
+  return int_from_json(j[key], std::string("structure.") + key);
+}
+
+// Every key of a structure object is one the reader knows, and a kind's own parameter
+// (window, chunk, prefix, blocks; alignment) appears only on the kinds that take it: a
+// misspelt "kv_vaild" or a "window" on a causal structure would otherwise be dropped
+// and the advice given for another mask. A null value is a key left out.
+inline Status check_structure_keys(const nlohmann::json& j, StructureKind kind) {
+  static constexpr std::string_view kKeys[] = {"kind",     "alignment", "window",     "chunk",
+                                               "prefix",   "blocks",    "segments",   "kv_valid",
+                                               "q_valid",  "empty_rows", "finite_masked_rows", "bias",
+                                               "tile_fractions"};
+  for (const auto& [key, value] : j.items()) {
+    if (std::find(std::begin(kKeys), std::end(kKeys), key) == std::end(kKeys))
+      return error(ErrorCode::parse_error,
+                   "structure." + key + " is not a structure field (kind, alignment, window, chunk, prefix, blocks, "
+                                        "segments, kv_valid, q_valid, empty_rows, finite_masked_rows, bias, tile_fractions)");
+  }
+  const std::pair<const char*, StructureKind> owned[] = {{"window", StructureKind::sliding_window},
+                                                         {"chunk", StructureKind::chunked},
+                                                         {"prefix", StructureKind::prefix_lm},
+                                                         {"blocks", StructureKind::causal_blocks}};
+  for (const auto& [key, owner] : owned)
+    if (kind != owner && j.contains(key) && !j[key].is_null())
+      return error(ErrorCode::parse_error, std::string("structure.") + key + " applies to " +
+                                               std::string(to_string(owner)) + ", not " + std::string(to_string(kind)));
+  if ((kind == StructureKind::full || kind == StructureKind::arbitrary) && j.contains("alignment") &&
+      !j["alignment"].is_null())
+    return error(ErrorCode::parse_error, "structure.alignment applies to the causal kinds, not " +
+                                             std::string(to_string(kind)) + " (which attends alike either way)");
+  return {};
+}
+
+// A whole inspect document holds these besides its structure (docs/json.md).
+inline Status check_document_keys(const nlohmann::json& doc) {
+  static constexpr std::string_view kKeys[] = {"schema", "shape", "structure", "policy", "tiles"};
+  for (const auto& [key, value] : doc.items())
+    if (std::find(std::begin(kKeys), std::end(kKeys), key) == std::end(kKeys))
+      return error(ErrorCode::parse_error, "'" + key + "' is not a key of an inspect document (schema, shape, "
+                                                       "structure, policy, tiles)");
+  return {};
 }
 
 }  // namespace detail
@@ -222,7 +286,10 @@ inline Result<std::int64_t> integer(const nlohmann::json& j, const char* key) {
 inline Result<MaskStructure> structure_from_json(const nlohmann::json& doc, std::int64_t batch, std::int64_t heads,
                                                  std::int64_t q_len, std::int64_t k_len) {
   return catch_alloc([&]() -> Result<MaskStructure> {
-    const nlohmann::json& j = doc.is_object() && doc.contains("structure") ? doc["structure"] : doc;
+    const bool whole_document = doc.is_object() && doc.contains("structure");
+    if (whole_document)
+      if (Status s = detail::check_document_keys(doc); !s.ok()) return s;
+    const nlohmann::json& j = whole_document ? doc["structure"] : doc;
     if (!j.is_object()) return error(ErrorCode::parse_error, "structure must be a JSON object");
     MaskStructure s;
     s.batch = batch;
@@ -236,6 +303,10 @@ inline Result<MaskStructure> structure_from_json(const nlohmann::json& doc, std:
                             StructureKind::prefix_lm, StructureKind::causal_blocks, StructureKind::arbitrary})
       if (kind == to_string(k)) s.kind = k, found = true;
     if (!found) return error(ErrorCode::parse_error, "structure.kind '" + kind + "' is not a known kind");
+    if (Status keys = detail::check_structure_keys(j, s.kind); !keys.ok()) return keys;
+    for (const char* list : {"kv_valid", "q_valid", "segments"})
+      if (j.contains(list))
+        if (Status st = detail::non_empty_list(j[list], std::string("structure.") + list, batch); !st.ok()) return st;
     if (j.contains("alignment") && !j["alignment"].is_null()) {
       const auto a = j["alignment"].is_string() ? j["alignment"].get<std::string>() : std::string();
       if (a == "top_left") s.alignment = Alignment::top_left;
@@ -278,15 +349,16 @@ inline Result<MaskStructure> structure_from_json(const nlohmann::json& doc, std:
         std::vector<std::int64_t> offsets;
         for (const auto& o : seg) {
           if (!o.is_number_integer()) return error(ErrorCode::parse_error, where + " must be an array of integers");
-          offsets.push_back(o.get<std::int64_t>());
+          auto offset = detail::int_from_json(o, where + "[" + std::to_string(offsets.size()) + "]");
+          if (!offset) return offset.status();
+          offsets.push_back(*offset);
         }
         s.segments.push_back(std::move(offsets));
       }
     }
     const auto count = [&](const char* key) -> Result<std::int64_t> {
       if (!j.contains(key) || j[key].is_null()) return std::int64_t{0};
-      if (!j[key].is_number_integer()) return error(ErrorCode::parse_error, std::string("structure.") + key + " must be an integer");
-      return j[key].get<std::int64_t>();
+      return detail::int_from_json(j[key], std::string("structure.") + key);
     };
     auto empty = count("empty_rows");
     if (!empty) return empty.status();
@@ -307,8 +379,9 @@ inline Result<MaskStructure> structure_from_json(const nlohmann::json& doc, std:
       if (!well_typed)
         return error(ErrorCode::parse_error,
                      "structure.tile_fractions must be {\"block\": [q, k], \"partial\": share, \"full\": share}");
-      s.tile_fractions = TileFractions{t["block"][0].get<std::int64_t>(), t["block"][1].get<std::int64_t>(),
-                                       t["partial"].get<double>(), t["full"].get<double>()};
+      auto block = detail::range_from_json(t["block"], "structure.tile_fractions.block");
+      if (!block) return block.status();
+      s.tile_fractions = TileFractions{block->start, block->end, t["partial"].get<double>(), t["full"].get<double>()};
     }
     if (Status invalid = s.validate(); !invalid.ok()) return invalid;
     s.empty_rows = s.implied_empty_rows();
