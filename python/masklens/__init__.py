@@ -308,6 +308,37 @@ def _split_fields(overrides: dict):
     return call_fields, env_fields
 
 
+def _broadcast_to_call(mask, query, key):
+    """The mask as torch's scaled_dot_product_attention reads it for query and key: it
+    must broadcast to the attention weights [B, H, Q, K] (query's leading dims and
+    length, key's length) from 2 to that many dims, each dim equal to the call's or 1,
+    else a MaskError (torch raises there too). Its query and key dims come back expanded
+    to Q and K (stride 0, no copy); batch and heads stay as stored: a structure of batch
+    1 describes every batch."""
+    target = tuple(query.shape[:-1]) + (key.shape[-2] if key is not None else mask.shape[-1],)
+    shape = tuple(mask.shape)
+    if not (2 <= len(shape) <= len(target) and all(m in (t, 1) for m, t in zip(shape[::-1], target[::-1]))):
+        names = "[B, H, Q, K]" if len(target) == 4 else "[..., Q, K]"
+        raise MaskError(f"invalid_shape: mask of shape {list(shape)} does not broadcast to the call's {names} = "
+                        f"{list(target)} as torch's scaled_dot_product_attention broadcasts it (2 to {len(target)} "
+                        "dims, each equal to the call's or 1)")
+    full = shape[:-2] + target[-2:]
+    if full == shape:
+        return mask
+    if hasattr(mask, "expand"):
+        return mask.expand(full)
+    import numpy as np
+    return np.broadcast_to(mask, full)
+
+
+def _verdict(mask, view, masked_threshold):
+    """scan() of the mask as the call reads it (`view`), a torch mask's verdict cached
+    under the mask the caller holds (a view dies with the call)."""
+    if view is mask or not hasattr(mask, "expand"):
+        return scan(view, masked_threshold)
+    return _cache.entry_for(mask, masked_threshold, view=view).verdict
+
+
 def inspect(mask, query=None, key=None, value=None, *, masked_threshold: float = -1000.0,
             max_plan_calls: int = 64, strict: bool = False, tiles=None, **fields) -> Report:
     """Scans `mask` (torch tensor or numpy array, 1-4 dims, broadcast as SDPA broadcasts it),
@@ -322,21 +353,23 @@ def inspect(mask, query=None, key=None, value=None, *, masked_threshold: float =
     from its fields, an arbitrary one from a host copy). An arbitrary mask's structure
     then carries its tile fractions, which decide() charges flex on."""
     call_fields, env_fields = _split_fields(dict(fields))
+    mask = _cache.readable(mask)
+    view = _broadcast_to_call(mask, query, key) if query is not None else mask
     summary = None
     if tiles is None:
-        verdict = scan(mask, masked_threshold)
+        verdict = _verdict(mask, view, masked_threshold)
     else:
         size = _cache.tile_size(tiles)
-        on_device = str(getattr(getattr(mask, "device", None), "type", "cpu")) == "cuda"
+        on_device = str(getattr(getattr(view, "device", None), "type", "cpu")) == "cuda"
         if on_device and _cache.has_device_tiles():
-            verdict, summary = _cache.device_tile_summary(mask.detach(), size, masked_threshold)
+            verdict, summary = _cache.device_tile_summary(view.detach(), size, masked_threshold)
         else:
-            verdict = scan(mask, masked_threshold) if on_device else None
+            verdict = _verdict(mask, view, masked_threshold) if on_device else None
             if verdict is not None and verdict.structure.kind != "arbitrary":
-                summary = _structure_tiles_as_stored(verdict.structure, size, mask)
+                summary = _structure_tiles_as_stored(verdict.structure, size, view)
             else:
-                verdict, summary = _cache.scan_with_tiles(mask, size, masked_threshold)
-    call = make_call(mask, query, key, value, **call_fields)
+                verdict, summary = _cache.scan_with_tiles(view, size, masked_threshold)
+    call = make_call(view, query, key, value, **call_fields)
     device = None
     for t in (query, mask):
         if t is not None and hasattr(t, "device") and str(getattr(t.device, "type", "")) == "cuda":

@@ -44,6 +44,8 @@ _last = None
 _warned_cuda = False
 _ELEMENTS = {"torch.bool": "bool", "torch.uint8": "uint8", "torch.int8": "int8", "torch.float16": "float16",
              "torch.bfloat16": "bfloat16", "torch.float32": "float32"}
+_NUMPY_ELEMENTS = frozenset({"bool", "uint8", "int8", "float16", "bfloat16", "float32"})  # bfloat16: ml_dtypes
+_MASK_TYPES = "bool, uint8, int8, float16, bfloat16, float32"
 _cuda = None          # masklens._cuda once loaded
 _cuda_reason = None   # why it is not there (None: not looked for yet)
 
@@ -245,8 +247,7 @@ BLOCK_MASK_FIELDS = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_
 def _device_dtype(mask):
     dtype = _ELEMENTS.get(str(mask.dtype))
     if dtype is None:
-        raise _core.MaskError(f"unsupported_dtype: mask dtype {mask.dtype} is not a mask type "
-                              "(bool, uint8, int8, float16, bfloat16, float32)")
+        raise _core.MaskError(f"unsupported_dtype: mask dtype {mask.dtype} is not a mask type ({_MASK_TYPES})")
     return dtype
 
 
@@ -491,6 +492,37 @@ def device_tile_summary(mask, size, masked_threshold: float = -1000.0):
     return verdict, summary
 
 
+def readable(mask, is_tensor=None):
+    """`mask` as the scanners read it, or a MaskError naming what they cannot read: a torch
+    tensor of a mask dtype and the strided layout; a numpy array of a mask dtype (one of
+    another byte order is read as its values, through a native copy); any other object
+    that carries DLPack. A list, None, an object, string or structured array would
+    otherwise meet nanobind's list of the signatures it accepts."""
+    if is_tensor is None:
+        try:
+            import torch
+            is_tensor = isinstance(mask, torch.Tensor)
+        except ImportError:
+            is_tensor = False
+    if is_tensor:
+        import torch
+        if mask.layout != torch.strided:
+            raise _core.MaskError(f"invalid_argument: a mask of layout {mask.layout} cannot be scanned: masklens reads "
+                                  "dense (strided) tensors; pass mask.to_dense()")
+        _device_dtype(mask)
+        return mask
+    import numpy as np
+    if isinstance(mask, np.ndarray):
+        if mask.dtype.name not in _NUMPY_ELEMENTS:
+            raise _core.MaskError(f"unsupported_dtype: mask dtype {mask.dtype} (numpy) is not a mask type "
+                                  f"({_MASK_TYPES})")
+        return mask if mask.dtype.isnative else mask.astype(mask.dtype.newbyteorder("="))
+    if not hasattr(mask, "__dlpack__"):
+        raise _core.MaskError(f"invalid_argument: a mask is a torch tensor or a numpy array (or another DLPack "
+                              f"array), got {type(mask).__name__}")
+    return mask
+
+
 def scan(mask, masked_threshold: float = -1000.0, device: bool = True):
     """Scans and classifies `mask` (a torch tensor or a numpy array) without the cache:
     a CUDA tensor on its device where masklens._cuda is there (device=False: on the host)."""
@@ -499,6 +531,7 @@ def scan(mask, masked_threshold: float = -1000.0, device: bool = True):
     except ImportError:
         torch = None
     is_tensor = torch is not None and isinstance(mask, torch.Tensor)
+    mask = readable(mask, is_tensor)
     if is_tensor and mask.device.type == "cuda" and device and cuda_module() is not None:
         verdict = device_scan(mask.detach(), masked_threshold)
     else:
@@ -532,6 +565,7 @@ def scan_with_tiles(mask, size, masked_threshold: float = -1000.0):
     except ImportError:
         torch = None
     is_tensor = torch is not None and isinstance(mask, torch.Tensor)
+    mask = readable(mask, is_tensor)
     t0 = time.perf_counter()
     verdict, tiles = _core.scan_with_tiles(_host_array(mask, warn=False) if is_tensor else mask, size[0], size[1],
                                            masked_threshold)
@@ -575,6 +609,7 @@ def entry_for(mask, masked_threshold: float = -1000.0, view=None) -> Entry:
     to the call's shape) when it is new or changed."""
     global _cache
 
+    readable(mask, True)  # a sparse tensor has no data pointer for the key
     key = _tensor_key(mask, masked_threshold)
     target = mask if view is None else view
     if key is None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import time
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -39,7 +40,6 @@ from . import element_name, load_kernels, strict as _is_strict  # load_kernels: 
 logger = logging.getLogger("masklens")
 
 _DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
-_MASK_DTYPES = (torch.bool, torch.uint8, torch.int8, torch.float16, torch.bfloat16, torch.float32)
 _logged = set()
 
 
@@ -48,24 +48,74 @@ def _passthrough(query, key, value, attn_mask, dropout_p, is_causal, scale, enab
                                           is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
 
 
-def _check(query, key, value, attn_mask):
-    """Torch's errors (RuntimeError) for inputs torch would refuse, with masklens's wording."""
-    if attn_mask.device != query.device:
-        raise RuntimeError(f"masklens: attn_mask is on {attn_mask.device} but query is on {query.device}; "
-                           "move the mask to the query's device")
-    if attn_mask.dtype not in _MASK_DTYPES:
-        raise RuntimeError(f"masklens: attn_mask dtype {attn_mask.dtype} is not supported: use bool (True = attend), "
-                           "uint8/int8 (non-zero = attend) or an additive float16/bfloat16/float32 mask")
-    B, H, Q = query.shape[0], query.shape[1], query.shape[2]
-    K = key.shape[2]
-    if attn_mask.dim() > 4 or attn_mask.dim() < 1:
-        raise RuntimeError(f"masklens: attn_mask must have 1 to 4 dims, got shape {tuple(attn_mask.shape)}")
-    # torch.broadcast_shapes costs ~0.15 ms a call; this is the same rule for a mask that
-    # must broadcast to the output's shape (trailing dims aligned, 1 broadcasts).
-    target = (B, H, Q, K)[4 - attn_mask.dim():]
-    if not all(m == t or m == 1 for m, t in zip(attn_mask.shape, target)):
-        raise RuntimeError(f"masklens: attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to "
-                           f"(batch, heads, q_len, k_len) = {(B, H, Q, K)}")
+# Types the drop-in reads as they are: a subclass (a DTensor, a FakeTensor, a tensor with
+# its own __torch_function__) goes to torch, which knows what it means.
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+_INF = float("inf")
+
+
+def _torch_runs_it(query, key, value, attn_mask, dropout_p, is_causal, scale):
+    """Whether this call goes to torch as it is, checked on every call (a few attribute
+    reads): nothing to prove (no mask, is_causal), no time to prove it (inside
+    torch.compile, during CUDA graph capture), or arguments masklens does not positively
+    understand, where torch raises or runs as it would without masklens:
+    - tensors that are not plain [B, H, L, D] tensors of one dtype masklens decides for
+      (float16, bfloat16, float32; float64 runs only torch's math kernel anyway);
+    - a scale that is not None or a finite positive number: with scale 0 or below, a
+      mask dropped for is_causal is not torch's dense result (torch's CPU kernel gives
+      NaN for is_causal there; the dense mask gives none);
+    - a mask whose gradient autograd wants (it requires grad and grad mode is on): a
+      learnable bias reaches torch's kernels, which compute its gradient; dropping it
+      (even when its values are proven causal) would lose the gradient."""
+    if attn_mask is None or is_causal:
+        return True
+    if (type(attn_mask) not in _PLAIN or type(query) not in _PLAIN or type(key) not in _PLAIN
+            or type(value) not in _PLAIN):
+        return True
+    if query.dim() != 4 or key.dim() != 4 or value.dim() != 4 or attn_mask.is_nested or query.is_nested:
+        return True
+    dtype = query.dtype
+    if dtype not in _DTYPES or key.dtype is not dtype or value.dtype is not dtype:
+        return True
+    if scale is not None and not (type(scale) in (float, int) and 0 < scale < _INF):
+        return True
+    if type(dropout_p) not in (float, int) or not 0 <= dropout_p < 1:
+        return True
+    if attn_mask.requires_grad and torch.is_grad_enabled():
+        return True
+    return torch.compiler.is_compiling() or (query.is_cuda and torch.cuda.is_current_stream_capturing())
+
+
+def _refusal(query, key, value, attn_mask, enable_gqa):
+    """Why masklens does not take this call (torch then runs it, or raises as torch does),
+    or None: the checks made once per mask and call (the cache's keys hold what they
+    read). The tensors are on one CPU or CUDA device, strided; their shapes agree as
+    torch requires them to; the mask has a dtype torch takes with this query (bool,
+    float32 or the query's own) and broadcasts to [B, H, Q, K] from 2 to 4 dims."""
+    device = query.device
+    if device.type not in ("cpu", "cuda"):
+        return f"tensors on {device} (masklens reads CPU and CUDA masks)"
+    if key.device != device or value.device != device or attn_mask.device != device:
+        return (f"tensors on different devices: query {device}, key {key.device}, value {value.device}, "
+                f"attn_mask {attn_mask.device}")
+    strided = torch.strided
+    if any(t.layout != strided for t in (query, key, value, attn_mask)):
+        return f"a tensor of a layout other than strided (attn_mask: {attn_mask.layout})"
+    B, H, Q, D = query.shape
+    _, Hk, K, Dk = key.shape
+    if min(B, H, Q, D, Hk, K) < 1 or value.shape[-1] < 1:
+        return f"an empty dimension: query {tuple(query.shape)}, key {tuple(key.shape)}, value {tuple(value.shape)}"
+    if key.shape[0] != B or value.shape[:3] != key.shape[:3] or Dk != D:
+        return (f"shapes torch does not take together: query {tuple(query.shape)}, key {tuple(key.shape)}, value "
+                f"{tuple(value.shape)}")
+    if Hk != H and not (enable_gqa and H % Hk == 0):
+        return f"{H} query heads and {Hk} key heads" + ("" if enable_gqa else " without enable_gqa")
+    if attn_mask.dtype not in (torch.bool, torch.float32, query.dtype):
+        return f"an attn_mask of dtype {attn_mask.dtype} with a {query.dtype} query (torch takes bool, float32 or the query's dtype)"
+    shape, target = tuple(attn_mask.shape), (B, H, Q, K)
+    if not (2 <= len(shape) <= 4 and all(m in (t, 1) for m, t in zip(shape[::-1], target[::-1]))):
+        return f"an attn_mask of shape {shape} that does not broadcast to (batch, heads, q_len, k_len) = {target}"
+    return None
 
 
 def _view_shape(mask_shape, Q, K):
@@ -86,8 +136,10 @@ def _view4(attn_mask, Q, K):
 
 
 def _call_key(query, key, value, attn_mask, dropout_p, training, enable_gqa):
-    return (query.dtype, query.shape, key.shape[1], key.shape[2], value.shape[-1], attn_mask.dtype, float(dropout_p),
-            training, torch.are_deterministic_algorithms_enabled(), query.device, enable_gqa)
+    # Everything _refusal read of the call but the devices of key and value (a kernel
+    # raises for those as torch would): a hit needs no check.
+    return (query.dtype, query.shape, key.shape, value.shape, attn_mask.dtype, float(dropout_p), training,
+            torch.are_deterministic_algorithms_enabled(), query.device, enable_gqa)
 
 
 def _decide(entry, query, key, value, attn_mask, dropout_p, training, enable_gqa):
@@ -149,20 +201,15 @@ def _attending_rows(entry, device):
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                                  enable_gqa=False):
     """torch.nn.functional.scaled_dot_product_attention, running the mask as masklens
-    decides (module docstring)."""
-    if (attn_mask is None or is_causal or not isinstance(attn_mask, torch.Tensor)
-            or torch.compiler.is_compiling() or query.dim() != 4 or key.dim() != 4 or value.dim() != 4
-            or query.dtype not in _DTYPES or attn_mask.is_nested or query.is_nested
-            or (query.is_cuda and torch.cuda.is_current_stream_capturing())):
-        return _passthrough(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-    if key.shape[1] != query.shape[1] and not enable_gqa:
-        # torch's own error (heads must match without enable_gqa).
+    decides (module docstring). Whatever masklens does not positively understand runs
+    as torch's own call with the arguments given: torch's result, or torch's exception."""
+    if _torch_runs_it(query, key, value, attn_mask, dropout_p, is_causal, scale):
         return _passthrough(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     Q, K = query.shape[2], key.shape[2]
     training = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
     view = None
-    # A mask and call seen before: _check passed for them (the entry's key holds the
-    # mask's shape, dtype and device, the call key the query's shape and device).
+    # A mask and call seen before passed _refusal (the entry's key holds the mask's shape,
+    # dtype and device, the call key the shapes of q, k, v and the query's device).
     entry = _cache.cached_entry(attn_mask, _view_shape(attn_mask.shape, Q, K))
     prepared = None
     if entry is not None:
@@ -170,12 +217,15 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     if prepared is not None:
         _cache.timing["decide_ms"] = 0.0
     else:
-        _check(query, key, value, attn_mask)
+        if _refusal(query, key, value, attn_mask, enable_gqa) is not None:
+            return _passthrough(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
         view = _view4(attn_mask, Q, K)
         try:
             entry = _cache.entry_for(attn_mask, view=view)
         except _core.MaskError as e:
-            raise RuntimeError(f"masklens: attn_mask: {e}") from None
+            # A mask masklens cannot prove (NaN or +inf in it): torch runs it as it is.
+            warnings.warn(f"masklens: attn_mask: {e}; running torch's own call", RuntimeWarning, stacklevel=2)
+            return _passthrough(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
         prepared = _decide(entry, query, key, value, attn_mask, dropout_p, training, enable_gqa)
         if prepared is None:
             return _passthrough(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
@@ -190,8 +240,11 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 
 def inspect(query, key, value, attn_mask, dropout_p=0.0, enable_gqa=False):
     """The policy scaled_dot_product_attention runs for these arguments (None: torch's own
-    dispatch), and the verdict it is based on."""
-    _check(query, key, value, attn_mask)
+    dispatch), and the verdict it is based on. A call the drop-in hands to torch as it is
+    (a shape, dtype or device it does not take) is a MaskError saying why."""
+    why = _refusal(query, key, value, attn_mask, enable_gqa)
+    if why is not None:
+        raise _core.MaskError(f"invalid_argument: the drop-in runs torch's own call for {why}")
     view = _view4(attn_mask, query.shape[2], key.shape[2])
     entry = _cache.entry_for(attn_mask, view=view)
     training = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)

@@ -1,4 +1,5 @@
-"""Masks built from their definitions, and the reference attention."""
+"""Masks built from their definitions, the reference attention, and the drop-in held to
+torch's own outcome."""
 import torch
 import torch.nn.functional as F
 
@@ -41,3 +42,30 @@ def grads(out, tensors, seed=1):
 def assert_close(a, b, tol=1e-4):
     err = (a.double() - b.double()).abs().max().item() if a.numel() else 0.0
     assert err <= tol, f"max |err| {err} > {tol}"
+
+
+def leaves(*tensors):
+    """Fresh leaves with the same values and requires_grad: one graph per run."""
+    return [t.detach().clone().requires_grad_(t.requires_grad) for t in tensors]
+
+
+def outcome(fn, *args, **kwargs):
+    """(exception type, None) where fn raises, else (None, result)."""
+    try:
+        return None, fn(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001 - the type is what is compared
+        return type(e), None
+
+
+def assert_same_outcome(args, kwargs, values=True):
+    """The drop-in raises torch's exception type where torch raises, and gives torch's
+    result where torch runs (values=False: its shape, dtype and device only, where
+    torch's values are not defined)."""
+    from masklens.torch import scaled_dot_product_attention as sdpa
+    theirs = outcome(F.scaled_dot_product_attention, *leaves(*args), **kwargs)
+    ours = outcome(sdpa, *leaves(*args), **kwargs)
+    assert ours[0] == theirs[0], f"torch: {theirs[0]}, masklens: {ours[0]}"
+    if theirs[0] is None and values:
+        torch.testing.assert_close(ours[1], theirs[1], equal_nan=True)
+    elif theirs[0] is None:
+        assert (ours[1].shape, ours[1].dtype, ours[1].device) == (theirs[1].shape, theirs[1].dtype, theirs[1].device)
