@@ -9,7 +9,8 @@
 # fail on purpose (suite cuda_api_error_on_purpose), with API errors reported, where a
 # clean run reads 0 errors; then those four under memcheck, where a clean run reads one
 # API error each (cudaErrorMemoryAllocation) and nothing else. Prints one line a run and
-# exits non-zero if any run is not clean.
+# exits non-zero if any run is not clean. MASKLENS_SANITIZE_TIMEOUT (seconds, default
+# 1800) bounds each run.
 set -uo pipefail
 build=${1:?usage: tests/cuda/sanitize.sh BUILD_DIR [tool ...]}
 shift
@@ -26,8 +27,10 @@ bad=0
 run() {
   local name=$1 expected=$2; shift 2
   local log="$logs/$name.log" start=$SECONDS rc
-  env MASKLENS_CUDA_SANITIZER=1 CUDA_MODULE_LOADING=LAZY compute-sanitizer --print-limit 20 "$@" >"$log" 2>&1
+  timeout "${MASKLENS_SANITIZE_TIMEOUT:-1800}" env MASKLENS_CUDA_SANITIZER=1 CUDA_MODULE_LOADING=LAZY \
+    compute-sanitizer --print-limit 20 "$@" >"$log" 2>&1
   rc=$?
+  [ $rc -eq 124 ] && echo "$name: timed out after ${MASKLENS_SANITIZE_TIMEOUT:-1800} s (MASKLENS_SANITIZE_TIMEOUT)"
   local errors api tests
   errors=$(grep -oE 'ERROR SUMMARY: [0-9]+' "$log" | grep -oE '[0-9]+$' | tail -1)
   api=$(grep -c 'Program hit cudaErrorMemoryAllocation' "$log")
@@ -38,6 +41,7 @@ run() {
   fi
   printf '%-44s %4s s  errors %s (expected %s)  [%s]  %s\n' "$name" $((SECONDS - start)) "${errors:-?}" "$expected" \
     "${tests:-no doctest summary}" "$verdict"
+  grep -E '^[0-9.]+ s: ' "$log" | sort -rn | head -3 | sed 's/^/    slowest: /'
   if [ "$verdict" != clean ]; then grep -E '=========|ERROR|FAILED|error' "$log" | head -40; fi
 }
 
@@ -45,13 +49,13 @@ for tool in "${tools[@]}"; do
   extra=()
   [ "$tool" = memcheck ] && extra=(--leak-check full)
   for p in "${programs[@]}"; do
-    run "$tool $(basename "$p")" 0 --tool "$tool" "${extra[@]}" --error-exitcode 99 -- "$p" -tse="$on_purpose"
+    run "$tool $(basename "$p")" 0 --tool "$tool" "${extra[@]}" --error-exitcode 99 -- "$p" -tse="$on_purpose" --duration=true
   done
 done
 # The calls that fail on purpose: one reported API error a test, nothing else.
 for p in "${programs[@]}"; do
   count=$("$p" -ts="$on_purpose" -ltc 2>/dev/null | grep -oE 'passing the current filters: [0-9]+' | grep -oE '[0-9]+$')
-  run "memcheck $(basename "$p") ($on_purpose)" "$count" --tool memcheck -- "$p" -ts="$on_purpose"
+  run "memcheck $(basename "$p") ($on_purpose)" "$count" --tool memcheck -- "$p" -ts="$on_purpose" --duration=true
 done
 rm -rf "$logs"
 exit $bad
