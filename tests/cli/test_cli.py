@@ -19,7 +19,7 @@ import threading
 import time
 import zlib
 
-EXE = sys.argv[1]
+EXE = os.path.abspath(sys.argv[1])
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 failures = []
 # AddressSanitizer reserves terabytes of address space: memory limits cannot apply.
@@ -388,6 +388,17 @@ with tempfile.TemporaryDirectory() as tmp:
         ("zero dim", "{'descr': '|b1', 'fortran_order': False, 'shape': (0, 4), }", b"", ">= 1"),
         ("no shape", "{'descr': '|b1', 'fortran_order': False, }", b"", "no 'shape'"),
         ("fortran junk", "{'descr': '|b1', 'fortran_order': Maybe, 'shape': (2, 2), }", b"\1" * 4, "neither True nor False"),
+        # A key twice: numpy refuses it; reading the first or the last reads another mask.
+        ("duplicate shape", "{'descr': '|b1', 'fortran_order': False, 'shape': (2, 2), 'shape': (1, 4), }", b"\1" * 4,
+         "'shape' twice"),
+        ("duplicate descr", "{'descr': '<f4', 'descr': '|b1', 'fortran_order': False, 'shape': (2, 2), }", b"\1" * 4,
+         "'descr' twice"),
+        ("duplicate fortran_order", "{'descr': '|b1', 'fortran_order': False, 'fortran_order': True, 'shape': (2, 2), }",
+         b"\1" * 4, "'fortran_order' twice"),
+        ("unknown key", "{'descr': '|b1', 'fortran_order': False, 'shape': (2, 2), 'order': 'C', }", b"\1" * 4,
+         "the key 'order'"),
+        ("data past the shape", "{'descr': '|b1', 'fortran_order': False, 'shape': (2, 2), }", b"\1" * 8,
+         "header lies about size"),
         ("truncated header", None, b"\x93NUMPY\x01\x00\xff\x00{'descr'", "truncated header"),
         ("long header", "{'descr': '|b1', 'fortran_order': False, 'shape': (2, 2), }" + " " * (1 << 21), b"\1" * 4,
          "longer than 1 MiB"),
@@ -495,6 +506,93 @@ with tempfile.TemporaryDirectory() as tmp:
     bad_argument(["inspect", small_mask, "--mask-dtype", "fp8"], "--mask-dtype", "inspect --mask-dtype fp8")
     bad_argument(["inspect", small_mask, "--masked-threshold", "5"], "--masked-threshold", "positive threshold")
     bad_argument(["inspect", small_mask, "--masked-threshold", "nan"], "--masked-threshold", "NaN threshold")
+
+    # --- Every option is checked before a mask is read, and its value quoted as given. ---
+    missing_mask = os.path.join(tmp, "no_such_mask.npy")
+    for value in ("-1e-46", "-1e39", "5", "nan", "-inf", "-1000x"):
+        # -1e-46 rounds to -0 and -1e39 to -inf in float32: refused here, not after the read.
+        p = bad_argument(["inspect", missing_mask, "--masked-threshold", value], "--masked-threshold",
+                         f"--masked-threshold {value} before the read")
+        check(f"got {value}" in p.stderr and "cannot open" not in p.stderr, f"--masked-threshold {value}: {p.stderr!r}")
+    check(run("inspect", small_mask, "--masked-threshold", "-1e-40").returncode == 0, "a subnormal float32 threshold")
+    for extra, option in bad_calls:
+        p = bad_argument(["inspect", missing_mask, *extra], option, f"inspect of a missing mask {extra}")
+        check("cannot open" not in p.stderr, f"inspect {extra} read the mask before checking: {p.stderr!r}")
+    # Integers exactly as written: nothing saturates to 2^63 - 1 or passes as a float.
+    for extra, option, quoted in ((["--head-dim", "1e23"], "--head-dim", "1e23"),
+                                  (["--head-dim", "99999999999999999999"], "--head-dim", "99999999999999999999"),
+                                  (["--head-dim", str(2 ** 62 + 1)], "--head-dim", str(2 ** 62 + 1)),
+                                  (["--heads", "9223372036854775807"], "--heads", "9223372036854775807"),
+                                  (["--kv-heads", "0x10"], "--kv-heads", "0x10"),
+                                  (["--sm", "1000"], "--sm", "1000"),
+                                  (["--sm", "99999999999"], "--sm", "99999999999"),
+                                  (["--sm", "9.0"], "--sm", "9.0")):
+        p = bad_argument(["policy", *causal, *extra], option, f"policy {extra}")
+        check(quoted in p.stderr, f"policy {extra}: the value is not quoted as given: {p.stderr!r}")
+    # The sm range is the library's own (the Python package's CPU is sm 10).
+    for sm in ("10", "129"):
+        check(run("policy", *causal, "--sm", sm).stdout.startswith("structure "), f"--sm {sm} refused")
+    p = bad_argument(["make", "sliding_window", "--window", "99999999999999999999", "-o", os.path.join(tmp, "w.npy")],
+                     "--window", "make --window past 64 bits")
+    check("99999999999999999999" in p.stderr, f"make --window: {p.stderr!r}")
+
+    # --- A mask's heads are the call's: [2, 3, 16, 16] is 3 heads, not the default 16. ---
+    heads3 = os.path.join(tmp, "heads3.npy")
+    run("make", "causal", "--shape", "2,3,16,16", "-o", heads3)
+    inspected = json.loads(run("inspect", heads3, "--json").stdout)["policy"]
+    policies = {h: json.loads(run("policy", "--structure", '{"kind": "causal"}', "--shape", "2,3,16,16", "--heads", h,
+                                  "--json").stdout)["policy"] for h in ("3", "16")}
+    check(inspected == policies["3"], f"inspect of a 3-head mask is not the 3-head call: {inspected['cost_ms']}")
+    check(policies["3"]["cost_ms"] != policies["16"]["cost_ms"], "3 and 16 heads cost the same: the check is blind")
+    check(run("inspect", heads3, "--heads", "3").returncode == 0, "--heads 3 for a 3-head mask")
+    p = bad_argument(["inspect", heads3, "--heads", "16"], "--heads", "--heads 16 for a 3-head mask")
+    check("3 heads" in p.stderr and heads3 in p.stderr, f"--heads 16 for a 3-head mask: {p.stderr!r}")
+    bad_argument(["inspect", heads3, "--kv-heads", "2"], "--kv-heads", "--kv-heads 2 for a 3-head mask")
+    # One head broadcasts to any --heads.
+    check(run("inspect", small_mask, "--heads", "12").returncode == 0, "a 1-head mask with --heads 12")
+
+    # --- Errors about a mask's contents name the file, as the reader's do. ---
+    nan_mask = os.path.join(tmp, "nan.npy")
+    write_npy(nan_mask, "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 2), }",
+              struct.pack("<4f", 0.0, float("nan"), 0.0, 0.0))
+    for extra in ([], ["--tiles", "2"], ["--json"]):
+        p = run("inspect", nan_mask, *extra, ok=False)
+        check(p.returncode == 1 and "NaN or +inf" in p.stderr and nan_mask in p.stderr and p.stdout == "",
+              f"NaN mask {extra}: exit {p.returncode} {p.stderr!r}")
+
+    # --- A file whose name starts with '-': -- or ./ reads it, and the error says so. ---
+    dash_dir = os.path.join(tmp, "dash")
+    os.mkdir(dash_dir)
+    shutil.copy(small_mask, os.path.join(dash_dir, "-dash.npy"))
+    p = bad_argument(["inspect", "-dash.npy"], "mask", "inspect -dash.npy", cwd=dash_dir)
+    check("--" in p.stderr and "./-dash.npy" in p.stderr, f"inspect -dash.npy gives no hint: {p.stderr!r}")
+    for args in (["inspect", "--", "-dash.npy"], ["inspect", "./-dash.npy"], ["inspect", "--json", "--", "-dash.npy"]):
+        check(run(*args, cwd=dash_dir).returncode == 0, f"{args} does not read the file")
+
+    # --- A file whose size reads as 0 but holds bytes is read, not called empty. ---
+    p = run("inspect", "/proc/self/status", ok=False)
+    check(p.returncode == 1 and "bad magic" in p.stderr and "empty file" not in p.stderr,
+          f"/proc/self/status: exit {p.returncode} {p.stderr!r}")
+
+    # --- --structure: unknown or inapplicable keys, empty lists, 64-bit integers. ---
+    for text, named in (('{"kind": "causal", "kv_vaild": [[0, 8], [0, 6]]}', "structure.kv_vaild"),
+                        ('{"kind": "causal", "window": 3}', "structure.window applies to sliding_window"),
+                        ('{"kind": "causal", "kv_valid": []}', "structure.kv_valid must list one entry per batch (2)"),
+                        ('{"kind": "causal", "kind": "full"}', "'kind' twice"),
+                        ('{"kind": "sliding_window", "window": 18446744073709551615}', "got 18446744073709551615")):
+        p = bad_argument(["policy", "--structure", text, "--shape", "2,1,8,8"], "--structure", f"--structure {text}")
+        check(named in p.stderr, f"--structure {text}: {p.stderr!r} does not name {named!r}")
+    path = os.path.join(tmp, "kv_vaild.json")
+    with open(path, "w") as f:
+        f.write('{"kind": "causal", "kv_vaild": [[0, 8], [0, 6]]}')
+    p = run("policy", "--structure", "@" + path, "--shape", "2,1,8,8", ok=False)
+    check(p.returncode == 1 and path in p.stderr and "kv_vaild" in p.stderr and p.stdout == "",
+          f"@FILE with an unknown key: exit {p.returncode} {p.stderr!r}")
+    path = os.path.join(tmp, "window0.json")
+    with open(path, "w") as f:
+        f.write('{"kind": "sliding_window", "window": 0}')
+    p = run("policy", "--structure", "@" + path, "--shape", "1,1,8,8", ok=False)
+    check(p.returncode == 1 and path in p.stderr, f"@FILE with window 0 is an input error (exit 1): {p.returncode} {p.stderr!r}")
     for tiles in ("0", "-4", "abc", "128x", "0x64", "64x0", "12.5", "x", "", "128x64x2"):
         bad_argument(["inspect", small_mask, "--tiles", tiles], "--tiles", f"inspect --tiles {tiles!r}")
     bad_argument(["inspect", small_mask, "--tiles"], "--tiles", "--tiles without a value")

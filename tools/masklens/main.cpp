@@ -257,6 +257,13 @@ int fail(const Status& s) {
   return s.code() == ErrorCode::invalid_argument ? 2 : 1;
 }
 
+// A bad input file: exit status 1 whatever the code (a structure file whose window is 0
+// is invalid_argument, but the command line that named it is fine).
+int fail_input(const Status& s) {
+  fail(s);
+  return 1;
+}
+
 int bad_argument(const std::string& message) { return fail(error(ErrorCode::invalid_argument, message)); }
 
 Result<std::vector<std::int64_t>> parse_shape(const std::string& text) {
@@ -462,21 +469,41 @@ Result<std::string> read_structure_file(const std::string& name) {
 // parser drops what lies deeper, so "[[[[..." costs no memory per level.
 constexpr int kMaxStructureDepth = 16;
 
+// JSON text as a structure reads it: nested at most kMaxStructureDepth deep, and no
+// object holding a key twice (the parser would keep the last and drop the first
+// without a word, as a .npy header with two 'shape's would be read).
 Result<nlohmann::json> parse_structure_json(const std::string& text) {
   bool too_deep = false;
-  const nlohmann::json::parser_callback_t keep = [&too_deep](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
+  std::optional<std::string> repeated_key;
+  std::vector<std::vector<std::string>> keys_at_depth;  // the keys seen so far in the open object at each depth
+  const nlohmann::json::parser_callback_t keep = [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& value) {
     if (depth > kMaxStructureDepth) too_deep = true;
+    const auto level = static_cast<std::size_t>(depth);
+    if (event == nlohmann::json::parse_event_t::object_start && depth < kMaxStructureDepth) {
+      if (keys_at_depth.size() <= level + 1) keys_at_depth.resize(level + 2);
+      keys_at_depth[level + 1].clear();  // objects at one depth come one after the other
+    } else if (event == nlohmann::json::parse_event_t::key && level < keys_at_depth.size() && value.is_string()) {
+      auto& seen = keys_at_depth[level];
+      const std::string& key = value.get_ref<const std::string&>();
+      if (std::find(seen.begin(), seen.end(), key) != seen.end() && !repeated_key) repeated_key = key;
+      seen.push_back(key);
+    }
     return depth <= kMaxStructureDepth;
   };
+  // The parser takes a NUL byte for the end of the text and would read what precedes it.
+  if (const auto nul = text.find('\0'); nul != std::string::npos)
+    return error(ErrorCode::parse_error, "not valid JSON: a NUL byte at byte " + std::to_string(nul));
   nlohmann::json j = nlohmann::json::parse(text, keep, /*allow_exceptions=*/false);
   if (j.is_discarded()) return error(ErrorCode::parse_error, "not valid JSON");
   if (too_deep) return error(ErrorCode::parse_error, "JSON nested deeper than " + std::to_string(kMaxStructureDepth) + " levels");
+  if (repeated_key) return error(ErrorCode::parse_error, "a JSON object has the key '" + *repeated_key + "' twice");
   return j;
 }
 
 // Shape and parameters of `make`.
 struct MakeOptions {
-  std::string kind, shape = "1,1,256,256", output, dtype = "bool", alignment = "top_left", segments, kv_valid, blocks;
+  std::string kind, shape = "1,1,256,256", output, dtype = "bool", segments, kv_valid, blocks;
+  std::string alignment;  // empty: not given (top_left for the causal kinds; full takes none)
   std::optional<std::string> window, chunk, prefix;  // as written: parse_integer reads them
 };
 
@@ -500,7 +527,7 @@ Result<MaskStructure> structure_from(const MakeOptions& m) {
   if (!shape) return shape.status();
   nlohmann::json j;
   j["kind"] = m.kind;
-  j["alignment"] = m.alignment;
+  if (!m.alignment.empty()) j["alignment"] = m.alignment;
   for (const auto& [option, text, key] : {std::tuple{"--window", &m.window, "window"},
                                           {"--chunk", &m.chunk, "chunk"},
                                           {"--prefix", &m.prefix, "prefix"}}) {
@@ -678,7 +705,7 @@ int run_command(int argc, char** argv) {
   make_cmd->add_option("--shape", make.shape, "B,H,Q,K")->capture_default_str();
   make_cmd->add_option("-o,--output", make.output, "output .npy")->required();
   make_cmd->add_option("--mask-dtype", make.dtype, "bool, bf16 (additive, stored as <u2) or fp32 (additive)")->capture_default_str();
-  make_cmd->add_option("--alignment", make.alignment, "top_left or bottom_right")->capture_default_str();
+  make_cmd->add_option("--alignment", make.alignment, "top_left (the default) or bottom_right; the causal kinds only");
   make_cmd->add_option_function<std::string>("--window", [&make](const std::string& v) { make.window = v; }, "sliding window W");
   make_cmd->add_option_function<std::string>("--chunk", [&make](const std::string& v) { make.chunk = v; }, "chunk C");
   make_cmd->add_option_function<std::string>("--prefix", [&make](const std::string& v) { make.prefix = v; }, "prefix P");
@@ -740,7 +767,8 @@ int run_command(int argc, char** argv) {
     const bool from_file = structure_text.starts_with("@");
     const std::string source = from_file ? structure_text.substr(1) : "--structure";
     const auto bad_structure = [&](const Status& s) {
-      return fail(error(from_file ? s.code() : ErrorCode::invalid_argument, source + ": " + s.message()));
+      if (from_file) return fail_input(error(s.code(), source + ": " + s.message()));
+      return fail(error(ErrorCode::invalid_argument, source + ": " + s.message()));
     };
     std::string text = structure_text;
     if (from_file) {

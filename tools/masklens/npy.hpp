@@ -40,6 +40,9 @@ namespace masklens::npy {
 // for any real header and keeps a hostile one from being read into memory.
 inline constexpr std::size_t kMaxHeaderBytes = std::size_t{1} << 20;
 
+// A file whose size reads as 0 (/proc, /sys) is read as a stream up to this much.
+inline constexpr std::size_t kMaxStreamedBytes = std::size_t{64} << 20;
+
 // Page-aligned memory of its own (an anonymous mapping): the data of a File.
 class Buffer {
  public:
@@ -88,7 +91,8 @@ struct Header {
 // first `size` bytes of the file (at least 12 where the file has them).
 inline Result<std::size_t> data_offset(const std::uint8_t* bytes, std::size_t size) {
   static constexpr char kMagic[] = "\x93NUMPY";
-  if (size < 10 || std::memcmp(bytes, kMagic, 6) != 0) return error(ErrorCode::parse_error, "not an .npy file (bad magic)");
+  if (size < 6 || std::memcmp(bytes, kMagic, 6) != 0) return error(ErrorCode::parse_error, "not an .npy file (bad magic)");
+  if (size < 10) return error(ErrorCode::parse_error, "truncated header (the file ends inside its version and length)");
   const int major = bytes[6];
   std::size_t header_len = 0, header_start = 0;
   if (major == 1) {
@@ -109,22 +113,161 @@ inline Result<std::size_t> data_offset(const std::uint8_t* bytes, std::size_t si
 
 namespace detail {
 
-// The string after 'key': '...' in a Python dict literal.
-inline std::optional<std::string_view> quoted_value(std::string_view header, std::string_view key) {
-  const std::string pattern = "'" + std::string(key) + "'";
-  const auto at = header.find(pattern);
-  if (at == std::string_view::npos) return std::nullopt;
-  const auto open = header.find('\'', at + pattern.size());
-  if (open == std::string_view::npos) return std::nullopt;
-  const auto close = header.find('\'', open + 1);
-  if (close == std::string_view::npos) return std::nullopt;
-  return header.substr(open + 1, close - open - 1);
+// A header's text for a message: printable ASCII as it is, any other byte as \xNN, at
+// most 40 characters.
+inline std::string printable(std::string_view text) {
+  std::string out;
+  for (unsigned char ch : text.substr(0, 40)) {
+    if (ch >= 0x20 && ch < 0x7f) {
+      out += static_cast<char>(ch);
+    } else {
+      static constexpr char kHex[] = "0123456789abcdef";
+      out += "\\x";
+      out += kHex[ch >> 4];
+      out += kHex[ch & 15];
+    }
+  }
+  return text.size() > 40 ? out + "..." : out;
 }
+
+// The three fields of a header, each found exactly once.
+struct HeaderFields {
+  std::optional<std::string> descr;
+  std::optional<bool> fortran_order;
+  std::optional<std::vector<std::int64_t>> shape;
+};
+
+// Reads a header's dict literal as numpy does (ast.literal_eval, then exactly the keys
+// descr, fortran_order and shape): quoted keys, a string descr, True or False, a tuple
+// of integers, commas, optional trailing commas and white space. A key given twice or
+// one numpy does not write is an error (numpy refuses them; a first-or-last-wins reader
+// would read a mask other than the one numpy sees).
+class HeaderParser {
+ public:
+  explicit HeaderParser(std::string_view text) : text_(text) {}
+
+  Result<HeaderFields> parse() {
+    HeaderFields f;
+    skip_space();
+    if (!take('{')) return unexpected("the header is not a dict: it does not start with '{'");
+    for (skip_space(); !peek('}');) {
+      auto key = quoted();
+      if (!key) return key.status();
+      skip_space();
+      if (!take(':')) return unexpected("no ':' after the key '" + printable(*key) + "'");
+      skip_space();
+      if (Status s = value(*key, f); !s.ok()) return s;
+      skip_space();
+      if (take(',')) skip_space();
+      else if (!peek('}')) return unexpected("no ',' or '}' after the value of '" + printable(*key) + "'");
+    }
+    ++at_;
+    skip_space();
+    if (at_ != text_.size()) return unexpected("text after the header's dict");
+    return f;
+  }
+
+ private:
+  Status value(const std::string& key, HeaderFields& f) {
+    const auto twice = [&] { return error(ErrorCode::parse_error, "header has '" + key + "' twice"); };
+    if (key == "descr") {
+      if (f.descr) return twice();
+      if (peek('['))
+        return error(ErrorCode::unsupported_dtype, "descr is a structured dtype (a list of fields), not a mask type");
+      auto text = quoted();
+      if (!text) return text.status();
+      f.descr = std::move(*text);
+    } else if (key == "fortran_order") {
+      if (f.fortran_order) return twice();
+      if (text_.substr(at_).starts_with("True")) f.fortran_order = true, at_ += 4;
+      else if (text_.substr(at_).starts_with("False")) f.fortran_order = false, at_ += 5;
+      else return error(ErrorCode::parse_error, "'fortran_order' is neither True nor False");
+    } else if (key == "shape") {
+      if (f.shape) return twice();
+      auto dims = tuple();
+      if (!dims) return dims.status();
+      f.shape = std::move(*dims);
+    } else {
+      return error(ErrorCode::parse_error, "header has the key '" + printable(key) +
+                                               "'; numpy writes exactly 'descr', 'fortran_order' and 'shape'");
+    }
+    return {};
+  }
+
+  // (d0, d1, ...) with a trailing comma allowed, (d0,) for one dim, () for none: (5)
+  // is the integer 5 in Python, not a tuple, and numpy refuses it.
+  Result<std::vector<std::int64_t>> tuple() {
+    const auto not_tuple = [] { return error(ErrorCode::parse_error, "'shape' is not a tuple"); };
+    if (!take('(')) return not_tuple();
+    std::vector<std::int64_t> dims;
+    bool comma = false;
+    for (skip_space(); !take(')');) {
+      if (!dims.empty() && !comma) return not_tuple();
+      auto d = integer();
+      if (!d) return d.status();
+      dims.push_back(*d);
+      skip_space();
+      comma = take(',');
+      skip_space();
+      if (at_ >= text_.size()) return not_tuple();
+    }
+    if (dims.size() == 1 && !comma) return not_tuple();
+    return dims;
+  }
+
+  Result<std::int64_t> integer() {
+    const bool negative = take('-');
+    std::int64_t v = 0;
+    std::size_t n = 0;
+    for (; at_ < text_.size() && text_[at_] >= '0' && text_[at_] <= '9'; ++at_, ++n) {
+      if (v > (INT64_MAX - 9) / 10) return error(ErrorCode::invalid_shape, "a dimension in 'shape' overflows 64 bits");
+      v = v * 10 + (text_[at_] - '0');
+    }
+    if (n == 0) return error(ErrorCode::parse_error, "'shape' holds something other than integers");
+    if (negative && v > 0)
+      return error(ErrorCode::invalid_shape, "every dimension must be >= 1, got -" + std::to_string(v));
+    return v;
+  }
+
+  // A Python string literal in single or double quotes (numpy writes single); escapes
+  // are not read, as no key or mask descr has one.
+  Result<std::string> quoted() {
+    if (at_ >= text_.size() || (text_[at_] != '\'' && text_[at_] != '"'))
+      return unexpected("a key or string that is not in quotes");
+    const char quote = text_[at_++];
+    const std::size_t close = text_.find(quote, at_);
+    if (close == std::string_view::npos) return unexpected("a string without its closing quote");
+    std::string out(text_.substr(at_, close - at_));
+    at_ = close + 1;
+    return out;
+  }
+
+  Status unexpected(const std::string& what) const {
+    return error(ErrorCode::parse_error, "header is not a dict numpy reads: " + what + " at byte " + std::to_string(at_) +
+                                             " of the header ('" + printable(text_.substr(std::min(at_, text_.size()))) +
+                                             "')");
+  }
+  void skip_space() {
+    while (at_ < text_.size() && (text_[at_] == ' ' || text_[at_] == '\t' || text_[at_] == '\n' || text_[at_] == '\r'))
+      ++at_;
+  }
+  bool peek(char ch) const { return at_ < text_.size() && text_[at_] == ch; }
+  bool take(char ch) {
+    if (!peek(ch)) return false;
+    ++at_;
+    return true;
+  }
+
+  std::string_view text_;
+  std::size_t at_ = 0;
+};
 
 }  // namespace detail
 
 // Parses the header held in the first `size` bytes of a file of `file_size` bytes and
-// checks that the file holds the data the header declares.
+// checks that the file holds exactly the data the header declares: a shape that
+// accounts for fewer bytes than the file holds is as wrong as one that needs more (a
+// [16, 16] header on a 32 x 32 file would read another mask).
 inline Result<Header> parse_header(const std::uint8_t* bytes, std::size_t size, std::uint64_t file_size,
                                    std::optional<ElementType> two_byte_as) {
   auto data_start = data_offset(bytes, size);
@@ -134,10 +277,11 @@ inline Result<Header> parse_header(const std::uint8_t* bytes, std::size_t size, 
   h.data_start = *data_start;
   const std::size_t header_start = bytes[6] == 1 ? 10 : 12;
   const std::string_view header(reinterpret_cast<const char*>(bytes + header_start), h.data_start - header_start);
+  auto fields = detail::HeaderParser(header).parse();
+  if (!fields) return fields.status();
 
-  auto descr_text = detail::quoted_value(header, "descr");
-  if (!descr_text) return error(ErrorCode::parse_error, "header has no 'descr'");
-  h.descr = std::string(*descr_text);
+  if (!fields->descr) return error(ErrorCode::parse_error, "header has no 'descr'");
+  h.descr = *fields->descr;
   const std::string& descr = h.descr;
   if (descr == "|b1") h.dtype = ElementType::boolean;
   else if (descr == "|u1") h.dtype = ElementType::uint8;
@@ -148,50 +292,26 @@ inline Result<Header> parse_header(const std::uint8_t* bytes, std::size_t size, 
     if (!two_byte_as) return error(ErrorCode::unsupported_dtype, "2-byte descr '" + descr + "' needs --mask-dtype bf16");
     h.dtype = *two_byte_as;
   } else {
-    return error(ErrorCode::unsupported_dtype, "descr '" + descr + "' is not a mask type (|b1 |u1 |i1 <f2 <f4, bf16 as <u2)");
+    return error(ErrorCode::unsupported_dtype, "descr '" + detail::printable(descr) +
+                                                   "' is not a mask type (|b1 |u1 |i1 <f2 <f4, bf16 as <u2)");
   }
-  const auto fortran_pos = header.find("'fortran_order'");
-  if (fortran_pos == std::string_view::npos) return error(ErrorCode::parse_error, "header has no 'fortran_order'");
-  const auto after = header.substr(fortran_pos + 15);
-  const auto value_at = after.find_first_not_of(": ");
-  bool fortran;
-  if (value_at != std::string_view::npos && after.substr(value_at, 4) == "True") fortran = true;
-  else if (value_at != std::string_view::npos && after.substr(value_at, 5) == "False") fortran = false;
-  else return error(ErrorCode::parse_error, "'fortran_order' is neither True nor False");
-
-  const auto shape_pos = header.find("'shape'");
-  if (shape_pos == std::string_view::npos) return error(ErrorCode::parse_error, "header has no 'shape'");
-  const auto open_paren = header.find('(', shape_pos), close_paren = header.find(')', shape_pos);
-  if (open_paren == std::string_view::npos || close_paren == std::string_view::npos || close_paren < open_paren)
-    return error(ErrorCode::parse_error, "'shape' is not a tuple");
-  std::string_view dims = header.substr(open_paren + 1, close_paren - open_paren - 1);
-  while (!dims.empty()) {
-    const auto start = dims.find_first_not_of(", ");
-    if (start == std::string_view::npos) break;
-    dims.remove_prefix(start);
-    std::int64_t v = 0;
-    std::size_t n = 0;
-    while (n < dims.size() && dims[n] >= '0' && dims[n] <= '9') {
-      if (v > (INT64_MAX - 9) / 10) return error(ErrorCode::invalid_shape, "a dimension in 'shape' overflows 64 bits");
-      v = v * 10 + (dims[n++] - '0');
-    }
-    if (n == 0) return error(ErrorCode::parse_error, "'shape' holds something other than integers");
-    h.shape.push_back(v);
-    dims.remove_prefix(n);
-  }
+  if (!fields->fortran_order) return error(ErrorCode::parse_error, "header has no 'fortran_order'");
+  const bool fortran = *fields->fortran_order;
+  if (!fields->shape) return error(ErrorCode::parse_error, "header has no 'shape'");
+  h.shape = std::move(*fields->shape);
   if (h.shape.empty() || h.shape.size() > 4)
     return error(ErrorCode::invalid_shape, "a mask has 1 to 4 dims, the file has " + std::to_string(h.shape.size()));
 
   const std::int64_t esize = element_size(h.dtype);
   std::int64_t count = 1;
   for (std::int64_t d : h.shape) {
-    if (d < 1) return error(ErrorCode::invalid_shape, "every dimension must be >= 1");
+    if (d < 1) return error(ErrorCode::invalid_shape, "every dimension must be >= 1, got " + std::to_string(d));
     if (count > INT64_MAX / d / esize) return error(ErrorCode::invalid_shape, "declared shape overflows 64 bits");
     count *= d;
   }
   h.data_bytes = static_cast<std::uint64_t>(count * esize);
   const std::uint64_t available = file_size - h.data_start;
-  if (h.data_bytes > available)
+  if (h.data_bytes != available)
     return error(ErrorCode::parse_error, "header lies about size: shape needs " + std::to_string(h.data_bytes) +
                                              " data bytes, the file has " + std::to_string(available));
   h.strides.resize(h.shape.size());
@@ -264,13 +384,14 @@ class File {
 
   // Parses a header + data held in memory (the fuzzer's entry point); `bytes` must
   // outlive the File unless the data had to be copied to align it.
+  // With `copy`, the File holds a copy of the data and `bytes` may go at once.
   static Result<File> parse(const std::uint8_t* bytes, std::size_t size, std::optional<ElementType> two_byte_as,
-                            MaskEncoding encoding = {}) {
+                            MaskEncoding encoding = {}, bool copy = false) {
     auto header = parse_header(bytes, size, size, two_byte_as);
     if (!header) return header.status();
     File f;
     const std::uint8_t* data = bytes + header->data_start;
-    if (reinterpret_cast<std::uintptr_t>(data) % static_cast<std::uintptr_t>(element_size(header->dtype)) != 0) {
+    if (copy || reinterpret_cast<std::uintptr_t>(data) % static_cast<std::uintptr_t>(element_size(header->dtype)) != 0) {
       // A hand-made header may leave the data unaligned: copy it once.
       auto copy = Buffer::allocate(header->data_bytes);
       if (!copy) return copy.status();
@@ -300,7 +421,7 @@ class File {
     if (fstat(fd, &st) != 0) return error(ErrorCode::io_error, std::string("cannot stat: ") + std::strerror(errno));
     if (!S_ISREG(st.st_mode)) return error(ErrorCode::io_error, "not a regular file");
     const auto file_size = static_cast<std::uint64_t>(st.st_size);
-    if (file_size == 0) return error(ErrorCode::parse_error, "empty file, not .npy");
+    if (file_size == 0) return read_streamed(fd, two_byte_as, encoding);
     // The fixed prefix first: it says how long the header is.
     std::uint8_t prefix[12] = {};
     const auto prefix_size = static_cast<std::size_t>(std::min<std::uint64_t>(file_size, sizeof prefix));
@@ -319,6 +440,24 @@ class File {
     f.data_ = std::move(*data);
     if (Status s = f.adopt(*header, f.data_.data(), encoding); !s.ok()) return s;
     return f;
+  }
+
+  // A regular file whose size stat reports as 0 may hold bytes all the same (/proc,
+  // /sys): read as a stream, at most kMaxStreamedBytes, and parsed from memory.
+  static Result<File> read_streamed(int fd, std::optional<ElementType> two_byte_as, MaskEncoding encoding) {
+    std::vector<std::uint8_t> bytes;
+    std::uint8_t chunk[1 << 16];
+    for (;;) {
+      const ssize_t got = ::read(fd, chunk, sizeof chunk);
+      if (got < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+      if (got < 0) return error(ErrorCode::io_error, std::string("cannot read: ") + std::strerror(errno));
+      if (got == 0) break;
+      if (bytes.size() + static_cast<std::size_t>(got) > kMaxStreamedBytes)
+        return error(ErrorCode::parse_error, "its size reads as 0 bytes but it holds more than 64 MiB: not a mask file");
+      bytes.insert(bytes.end(), chunk, chunk + got);
+    }
+    if (bytes.empty()) return error(ErrorCode::parse_error, "empty file, not .npy");
+    return parse(bytes.data(), bytes.size(), two_byte_as, encoding, /*copy=*/true);
   }
 
   Status adopt(Header& header, const std::uint8_t* data, MaskEncoding encoding) {
