@@ -495,6 +495,23 @@ class _ContiguousGrad(torch.autograd.Function):
         return grad.contiguous()
 
 
+class _NoKeyAttends(torch.autograd.Function):
+    """The output of a call where no row attends any key (a plan of zeros steps only):
+    zeros, connected to q, k and v with zero gradients, as torch's dense call gives them
+    (its output requires grad wherever an input does; a plain zero tensor would not)."""
+
+    @staticmethod
+    def forward(ctx, out, q, k, v):
+        ctx.inputs = [(t.shape, t.dtype, t.device) for t in (q, k, v)]
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, grad):
+        zeros = [torch.zeros(shape, dtype=dtype, device=device) if needed else None
+                 for (shape, dtype, device), needed in zip(ctx.inputs, ctx.needs_input_grad[1:])]
+        return (None, *zeros)
+
+
 def _plan_runner(policy, structure):
     """run(t, q, k, v, mask) for a plan: each step on q[b, :, q_range] and k/v[b, :,
     k_range], written into a zero output; zeros steps leave their rows 0. A structure
@@ -513,6 +530,8 @@ def _plan_runner(policy, structure):
             piece = step(t, q[bs, :, qs:qe].contiguous(), k[bs, :, ks:ke].contiguous(), v[bs, :, ks:ke].contiguous(),
                          None)
             out[bs, :, qs:qe] = _ContiguousGrad.apply(piece) if piece.requires_grad else piece
+        if not steps and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+            out = _NoKeyAttends.apply(out, q, k, v)
         return out
     return run
 
