@@ -883,4 +883,92 @@ NB_MODULE(_core, m) {
       },
       "structure"_a, "call"_a, "environment"_a, "max_plan_calls"_a = 64,
       "The backend and typed call that compute the structure correctly and fastest (docs/policy.md).");
+  // --- Context parallelism: a table's runs from row shards (masklens.distributed) -------
+  // Spans are a monoid over row shards, so each rank scans its own rows into runs
+  // (O(runs), tiny for the masks frameworks pass), the ranks all_gather them, and every
+  // rank classifies the same merged runs (docs/distributed.md). Runs cross as int64
+  // [n, 8] arrays of (row, length, first, last, d_first, d_last, count, flags), the
+  // columns and order of Verdict.runs.
+  m.def(
+      "scan_runs",
+      [](nb::ndarray<nb::ro, nb::device::cpu> mask, float masked_threshold, int threads) {
+        const MaskView view = host_view(mask, masked_threshold);
+        auto* runs = new SpanRuns;
+        nb::capsule owner(runs, [](void* p) noexcept { delete static_cast<SpanRuns*>(p); });
+        {
+          nb::gil_scoped_release unlocked;
+          Result<SpanTable> spans = scan(view, scan_options(view, threads));
+          Status failed = spans ? Status{} : spans.status();
+          if (failed.ok()) {
+            // Not classified here: a shard's own verdict means nothing, only the merge's.
+            Result<SpanRuns> encoded = SpanRuns::encode(*spans);
+            if (encoded) *runs = std::move(encoded).value();
+            else failed = encoded.status();
+          }
+          if (!failed.ok()) {
+            nb::gil_scoped_acquire locked;
+            raise(failed);
+          }
+        }
+        static_assert(sizeof(SpanRun) == 8 * sizeof(std::int64_t), "eight int64 columns a run");
+        // (row, length, first, last, d_first, d_last, count) as stored; flags | reserved
+        // read as one int64 is the flags where reserved is 0, as every scanner stores it.
+        const std::size_t shape[2] = {runs->runs.size(), 8};
+        nb::ndarray<nb::numpy, const std::int64_t, nb::ndim<2>> array(
+            reinterpret_cast<const std::int64_t*>(runs->runs.data()), 2, shape, owner);
+        const std::vector<std::int64_t> table{runs->batch, runs->heads, runs->q_len, runs->k_len,
+                                              runs->distinct_batch, runs->distinct_heads};
+        return nb::make_tuple(table, array);
+      },
+      "mask"_a, "masked_threshold"_a = -1000.0f, "threads"_a = 0,
+      "Scan a host mask (or a shard of its rows) into span runs without classifying it: (table shape [batch, "
+      "heads, q_len, k_len, distinct_batch, distinct_heads], int64 [runs, 8] of (row, length, first, last, d_first, "
+      "d_last, count, flags)). MaskError naming the first bad element.");
+
+  m.def(
+      "classify_runs",
+      [](const std::vector<std::int64_t>& table,
+         nb::ndarray<const std::int64_t, nb::ndim<2>, nb::c_contig, nb::device::cpu> rows) {
+        if (table.size() != 6)
+          raise(error(ErrorCode::invalid_argument, "table shape must be [batch, heads, q_len, k_len, distinct_batch, "
+                                                   "distinct_heads], got " + std::to_string(table.size()) + " values"));
+        if (rows.shape(1) != 8)
+          raise(error(ErrorCode::invalid_argument,
+                      "runs must be int64 [n, 8], got [" + std::to_string(rows.shape(0)) + ", " +
+                          std::to_string(rows.shape(1)) + "]"));
+        Verdict v;
+        SpanRuns& runs = v.runs.emplace();
+        runs.batch = table[0], runs.heads = table[1], runs.q_len = table[2], runs.k_len = table[3];
+        runs.distinct_batch = table[4], runs.distinct_heads = table[5];
+        runs.runs.resize(rows.shape(0));
+        for (std::size_t i = 0; i < runs.runs.size(); ++i) {
+          const std::int64_t* r = rows.data() + 8 * i;
+          SpanRun& run = runs.runs[i];
+          run.row = r[0], run.length = r[1], run.first = r[2], run.last = r[3];
+          run.d_first = r[4], run.d_last = r[5], run.count = r[6];
+          if (r[7] < 0 || r[7] > UINT32_MAX)
+            raise(error(ErrorCode::invalid_argument, "run " + std::to_string(i) + " flags " + std::to_string(r[7]) +
+                                                         " are not 32-bit row flags"));
+          run.flags = static_cast<std::uint32_t>(r[7]);
+        }
+        if (Status st = runs.validate(); !st.ok()) raise(st);
+        // As a device scan's finish() words it: the first flagged run's first row.
+        for (const SpanRun& r : runs.runs)
+          if (r.flags & kRowInvalid) raise(masklens::detail::invalid_row_error(runs, r.row));
+        {
+          nb::gil_scoped_release unlocked;
+          Result<MaskStructure> s = classify(runs);
+          if (!s) {
+            nb::gil_scoped_acquire locked;
+            raise(s.status());
+          }
+          v.structure = std::move(s).value();
+        }
+        return v;
+      },
+      "table"_a, "runs"_a,
+      "The Verdict of span runs that tile a whole table (any cutting: the runs of row shards put in row order), "
+      "classified in O(runs); the Verdict keeps them (Verdict.runs). MaskError for runs that do not tile the rows "
+      "in order, or a row flagged NaN / +inf.");
+  // --- end of context parallelism ---------------------------------------------------------
 }
