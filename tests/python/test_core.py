@@ -153,6 +153,26 @@ def test_inspect_fills_the_call_from_tensors():
         masklens.inspect(causal(), nonsense=1)
 
 
+def test_the_python_docs_example_holds(capsys):
+    """docs/python.md's "Inspect a mask" lines, on the mask they describe."""
+    L, W = 4096, 1024
+    i, j = rows_cols(L, L)
+    document = torch.bucketize(torch.arange(L), torch.tensor([1000, 2500]), right=True)
+    mask = ((j <= i) & (i - j < W) & (document[:, None] == document[None, :]))[None, None]
+    q, k, v = (torch.randn(1, 8, L, 128, dtype=torch.bfloat16) for _ in range(3))
+    report = masklens.inspect(mask, q, k, v, sm=90)
+    assert (report.structure.kind, report.structure.window) == ("sliding_window", W)
+    assert report.structure.segments == [[0, 1000, 2500, L]]
+    assert report.policy.call.backend == "torch.varlen_attn"
+    assert report.policy.call.args.cu_seqlens_q == [0, 1000, 2500, L]
+    assert report.rejected and report.to_dict()["schema"] == masklens.JSON_SCHEMA
+    masklens.explain(mask, q, k, v, sm=90)
+    assert "call      torch.varlen_attn" in capsys.readouterr().out
+    if not torch.cuda.is_available():  # the CPU's own environment: the math kernel, SdpaArgs
+        args = masklens.inspect(mask, q, k, v).policy.call.args
+        assert args.type == "sdpa" and not hasattr(args, "cu_seqlens_q")
+
+
 def test_explain_prints_every_rejection_with_its_source(capsys):
     masklens.explain(causal(), sm=90, torch="2.11", cudnn="9.19", available={"torch"})
     out = capsys.readouterr().out
