@@ -5,9 +5,10 @@ dies with the tensor) and is reused only while the tensor's `_version`, data poi
 shape, strides and dtype are unchanged: the CUDA caching allocator hands a freed
 block's address to the next tensor, so a pointer and a shape alone would mistake a new
 mask for an old one. `_version` counts in-place writes through torch (views
-included). Writes torch does not see — through a `.numpy()` alias, DLPack, or an
-external kernel writing the storage — do not bump it: after such a write, call
-`masklens.forget(mask)` (or build a new tensor).
+included). Writes torch does not see — through `mask.data` (a tensor with a version
+counter of its own), a `.numpy()` alias, DLPack, or an external kernel writing the
+storage — do not bump it: after such a write, call `masklens.forget(mask)` (or build a
+new tensor).
 
 Inference-mode tensors have no `_version` (reading it raises). Their verdict is kept
 for one forward only: from one call of the "masklens" transformers mask function to the

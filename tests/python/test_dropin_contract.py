@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 
 import masklens
 from helpers import assert_close, assert_same_outcome, leaves, outcome, qkv, rows_cols
@@ -187,6 +188,7 @@ RUNS = {
     "a [Q, 1] mask": case_mask(lambda: torch.ones(L, 1, dtype=torch.bool)),
     "a [1, K] mask": case_mask(lambda: causal_bool()[-1:]),
     "a [H, Q, K] mask": case_mask(lambda: causal_bool().expand(2, L, L).clone()),
+    "torch's CausalBias": case_mask(lambda: causal_lower_right(L, L)),  # a Tensor subclass
 }
 
 
