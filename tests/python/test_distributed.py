@@ -1,0 +1,242 @@
+"""masklens.distributed on CPUs: gloo process groups of 2, 3 and 4 ranks (one spawn of 4
+processes, subgroups for the smaller worlds), every structure kind, both shardings,
+lengths that do not divide by the world size. Each rank scans only its rows; the agreed
+verdict and decision are held to masklens.inspect() of the whole mask, on every rank.
+torch's CP engine where it runs on CPUs: FlexAttention CP forward (flex has no backward
+on the CPU; torch's SDPA ring dispatches CUDA kernels only: both checked to say so)."""
+import os
+import socket
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+if not dist.is_available() or not dist.is_gloo_available():
+    pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
+
+import torch.multiprocessing as mp  # noqa: E402
+
+import masklens  # noqa: E402
+import masklens.distributed as mld  # noqa: E402
+
+WORLDS = (2, 3, 4)
+LENGTHS = (24, 13)  # 24 divides by 2W for every W here; 13 by none of the worlds
+
+
+# ---------------------------------------------------------------------------------
+# Whole masks of every kind (bool [B, 1, Q, Q] or [Q, Q]; one additive)
+
+def _causal(Q):
+    return torch.ones(Q, Q, dtype=torch.bool).tril()
+
+
+def _positions(Q):
+    return torch.arange(Q)[:, None], torch.arange(Q)[None, :]
+
+
+def masks(Q):
+    q, k = _positions(Q)
+    causal = _causal(Q)
+    pads = torch.tensor([0, 3])  # left padding by batch: keys before it are masked
+    padded = causal & (k >= pads[:, None, None, None])
+    starts = [0, Q // 3, Q // 3 + 1, Q]  # packed documents, one of one row
+    doc = torch.bucketize(torch.arange(Q), torch.tensor(starts[1:-1]), right=True)
+    docs = causal & (doc[:, None] == doc[None, :])
+    block = (q >= 2) & (q < 6) & (k >= 2) & (k < 6)  # an image's tokens see each other
+    gen = torch.Generator().manual_seed(Q)
+    arbitrary = torch.rand(2, 1, Q, Q, generator=gen) < 0.5
+    additive = torch.zeros(Q, Q).masked_fill(~(causal & (q - k < 5)), float("-inf"))
+    return {
+        "full": torch.ones(Q, Q, dtype=torch.bool),
+        "causal": causal,
+        "sliding_window": causal & (q - k < 4),
+        "chunked": causal & (q // 5 == k // 5),
+        "prefix_lm": causal | (k < 6),
+        "causal_blocks": causal | block,
+        "documents": docs,
+        "padding": padded,
+        "arbitrary": arbitrary,
+        "additive_window": additive,
+        "empty_rows": causal & (q != 4),
+    }
+
+
+# ---------------------------------------------------------------------------------
+# The ranks' side
+
+def _agreement(group, rank, world):
+    """Every kind, sharding and length: the agreed report equals the whole mask's."""
+    for Q in LENGTHS:
+        for name, whole in masks(Q).items():
+            whole4 = whole if whole.dim() == 4 else whole[None, None]
+            q = torch.randn(2, 4, Q, 16)
+            expected = masklens.inspect(whole4, q, q, q).to_dict()
+            for sharding in mld.SHARDINGS:
+                local = mld.shard(whole4, -2, rank=rank, world_size=world, sharding=sharding)
+                local_q = mld.shard(q, 2, rank=rank, world_size=world, sharding=sharding)
+                got = mld.inspect(local, local_q, local_q, local_q, group=group, sharding=sharding).to_dict()
+                assert got == expected, (name, Q, sharding, world, got["structure"], expected["structure"])
+                # Without a call: the verdict alone, the 2-D mask as stored (a broadcast batch).
+                verdict = mld.scan(mld.shard(whole, -2, rank=rank, world_size=world, sharding=sharding),
+                                   group=group, sharding=sharding)
+                assert verdict.structure.describe() == masklens.scan(whole).structure.describe(), (name, Q)
+                assert np.array_equal(verdict.attending_rows(), masklens.scan(whole).attending_rows())
+
+
+def _many_runs(group, rank, world):
+    """A shard with more runs than travel in the first gather takes the second one."""
+    Q = 600
+    gen = torch.Generator().manual_seed(7)
+    whole = torch.rand(Q, 40, generator=gen) < 0.3
+    local = mld.shard(whole, -2, rank=rank, world_size=world, sharding="load_balanced")
+    verdict = mld.scan(local, group=group, sharding="load_balanced")
+    assert verdict.run_count >= Q - 2 and verdict.structure.kind == "arbitrary"
+    assert np.array_equal(verdict.attending_rows(), masklens.scan(whole).attending_rows())
+
+
+def _errors(group, rank, world):
+    """One rank's NaN: every rank raises the same MaskError naming it (none left waiting);
+    shards of different masks are refused on every rank."""
+    whole = torch.zeros(12, 12)
+    local = mld.shard(whole, -2, rank=rank, world_size=world).clone()
+    if rank == world - 1:
+        local[0, 0] = float("nan")
+    with pytest.raises(masklens.MaskError, match=f"rank {world - 1}: invalid_value"):
+        mld.scan(local, group=group)
+    keys = 12 if rank else 11
+    with pytest.raises(masklens.MaskError, match="differ in keys"):
+        mld.scan(torch.ones(3, keys, dtype=torch.bool), group=group)
+
+
+def _flex_cp(group, rank, world):
+    """FlexAttention CP (forward) with masklens' BlockMask against SDPA on the whole
+    sequence with the dense mask: every kind that keeps or drops keys, both shardings."""
+    from torch.distributed.device_mesh import DeviceMesh
+    mesh = DeviceMesh.from_group(group, "cpu")
+    Q = 24
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 2, Q, 8, generator=gen) for _ in range(3))
+    for sharding in mld.SHARDINGS:
+        cp = mld.ContextParallel(mesh, sharding=sharding, block_size=8)
+        for name, whole in masks(Q).items():
+            whole4 = whole if whole.dim() == 4 else whole[None, None]
+            attends = whole4 if whole4.dtype == torch.bool else whole4 > -1000
+            reference = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attends)
+            reference = torch.nan_to_num(reference, nan=0.0)  # rows with no key: masklens gives 0
+            local = cp.shard(whole4, -2)
+            lq, lk, lv = (cp.shard(t, 2) for t in (q, k, v))
+            report = cp.inspect(local, lq, lk, lv)
+            assert not cp.uses_ring(report.structure, lq.device)  # the ring is CUDA-only
+            out = cp.attention(lq, lk, lv, report, local)
+            torch.testing.assert_close(out, cp.shard(reference, 2), atol=1e-5, rtol=1e-5,
+                                       msg=lambda m: f"{name} {sharding}: {m}")
+            torch.testing.assert_close(cp.unshard(out, 2), reference, atol=1e-5, rtol=1e-5)
+    # What does not run on CPUs, as docs/distributed.md says: torch's SDPA ring has no CPU
+    # kernel to dispatch, and FlexAttention has no CPU backward.
+    cp = mld.ContextParallel(mesh, sharding="contiguous")
+    lq, lk, lv = (cp.shard(t, 2) for t in (q, k, v))
+    with cp, pytest.raises(NotImplementedError, match="flash_attention_for_cpu"):
+        cp._ring_causal(lq, lk, lv, None)
+    report = cp.inspect(cp.shard(_causal(Q), -2), lq)
+    with pytest.raises(NotImplementedError, match="backward on CPU"):
+        cp.attention(lq.requires_grad_(), lk, lv, report, None)
+
+
+def _worker(rank, world, port, result_dir):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        # Every rank creates every subgroup (new_group is collective), in one order.
+        groups = {w: dist.new_group(list(range(w))) for w in WORLDS if w < world}
+        groups[world] = dist.group.WORLD
+        for w in WORLDS:
+            if rank < w:
+                _agreement(groups[w], rank, w)
+                _errors(groups[w], rank, w)
+        if rank < 3:
+            _many_runs(groups[3], rank, 3)
+        if rank < 2:
+            _flex_cp(groups[2], rank, 2)
+        if rank < 3:
+            _flex_cp(groups[3], rank, 3)
+        open(os.path.join(result_dir, f"rank{rank}.ok"), "w").close()
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_ranks_agree_and_flex_cp_runs(tmp_path):
+    """One spawn of 4 gloo ranks runs every check above (the worlds of 2 and 3 as
+    subgroups): a failing rank raises here with its traceback."""
+    world = max(WORLDS)
+    mp.spawn(_worker, args=(world, _free_port(), str(tmp_path)), nprocs=world, join=True)
+    assert sorted(os.listdir(tmp_path)) == [f"rank{r}.ok" for r in range(world)]
+
+
+# ---------------------------------------------------------------------------------
+# One process: the shardings and the merge
+
+@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("q_len", (24, 13, 5))
+def test_shardings_cover_the_sequence_once(world, q_len):
+    for sharding in mld.SHARDINGS:
+        order = mld.sequence_order(q_len, world, sharding)
+        assert sorted(order.tolist()) == list(range(q_len))
+    # contiguous is DTensor's Shard(dim): torch.chunk's sizes.
+    sizes = [len(mld.positions(q_len, world, r)) for r in range(world)]
+    assert sizes == [len(c) for c in torch.arange(q_len).chunk(world)] + [0] * (world - len(
+        torch.arange(q_len).chunk(world)))
+    # load_balanced is torch's head-tail balancer where it allows the length.
+    if q_len % (2 * world) == 0:
+        from torch.distributed.tensor.experimental._context_parallel import _HeadTailLoadBalancer
+        torch_order = _HeadTailLoadBalancer(q_len, world, "cpu")._generate_indices()[0].tolist()
+        assert mld.sequence_order(q_len, world, "load_balanced").tolist() == torch_order
+
+
+def _fake_gather(whole, world, sharding):
+    """What every rank's _scan_shard would contribute, gathered (no processes)."""
+    headers, runs = [], []
+    for r in range(world):
+        header, rr, error = mld._scan_shard(mld.shard(whole, -2, rank=r, world_size=world, sharding=sharding), -1000.0)
+        assert error is None
+        headers.append(header)
+        runs.append(rr)
+    return np.stack(headers), runs
+
+
+@pytest.mark.parametrize("sharding", mld.SHARDINGS)
+def test_merged_runs_expand_to_the_whole_table(sharding):
+    """The merge in one process: the runs of the shards, cut at chunk boundaries and put in
+    global order, classify as the whole mask does (windows cross the boundaries)."""
+    for Q in (13, 24, 31):
+        whole = masks(Q)["sliding_window"]
+        for world in WORLDS:
+            table, merged = mld.merge_runs(*_fake_gather(whole, world, sharding), sharding)
+            verdict = masklens._core.classify_runs(table, merged)
+            assert verdict.structure.describe() == masklens.scan(whole).structure.describe()
+            assert np.array_equal(verdict.attending_rows(), masklens.scan(whole).attending_rows())
+            assert (np.diff(merged[:, 0]) > 0).all()
+
+
+def test_load_balanced_lengths_torch_refuses_are_checked():
+    """A load-balanced split must be the head-tail chunks of the rows the ranks hold
+    together: another split is refused (by every rank alike: the same headers)."""
+    whole = masks(24)["causal"]
+    headers, runs = _fake_gather(whole, 2, "contiguous")
+    headers[0, 1] -= 1  # rank 0 holds a row fewer than its chunks, rank 1 one more
+    headers[1, 1] += 1
+    with pytest.raises(masklens.MaskError, match="load_balanced sharding"):
+        mld.merge_runs(headers, runs, "load_balanced")
+
+
+def test_classify_runs_refuses_runs_that_do_not_tile():
+    table, runs = masklens._core.scan_runs(np.tril(np.ones((6, 6), bool)))
+    with pytest.raises(masklens.MaskError, match="tile the rows"):
+        masklens._core.classify_runs(table, np.ascontiguousarray(runs[:, :] + np.array([1, 0, 0, 0, 0, 0, 0, 0])))
