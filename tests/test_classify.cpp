@@ -7,8 +7,12 @@
 #include <limits>
 #include <vector>
 
+#include <masklens/classify_runs.hpp>
+
 #include "support/calls.hpp"
 #include "support/mask_gen.hpp"
+#include "support/shortest_description.hpp"
+#include "support/structure_fields.hpp"
 
 using namespace masklens;
 using namespace masklens::testing;
@@ -53,9 +57,123 @@ std::int64_t canonical_cost_bound(const MaskStructure& spec) {
   return as_full.description_cost();
 }
 
+// Both classifiers on one table: the span table's, and the runs' held to the run path
+// (never expanded for density); the verdicts field for field alike.
+MaskStructure classify_both(const SpanTable& t) {
+  const Result<MaskStructure> table = classify(t);
+  REQUIRE(table.ok());
+  const Result<SpanRuns> runs = SpanRuns::encode(t);
+  REQUIRE(runs.ok());
+  const Result<MaskStructure> on_runs = detail::runs::classify_runs(*runs, {0, 64, 1 << 14}, nullptr);
+  REQUIRE(on_runs.ok());
+  CHECK(structure_fields(*on_runs) == structure_fields(*table));
+  return *table;
+}
+
+// The verdict for a small mask is exact, and as short as the brute force's, with the
+// same kind, q_valid or not, and alignment (docs/structures.md, Canonical form).
+void check_shortest(const SmallMask& m, const std::vector<MaskStructure>& bases, const std::string& what) {
+  const MaskStructure verdict = classify_both(span_table_of(m));
+  const Shortest want = shortest_description(m, bases);
+  INFO(what << "\n  verdict " << describe(verdict) << " (cost " << verdict.description_cost() << ")\n  shortest: cost "
+            << want.rank.cost << ", " << to_string(want.rank.kind) << (want.rank.q_valid ? " with q_valid" : "") << ", "
+            << to_string(want.rank.alignment));
+  if (verdict.kind != StructureKind::arbitrary) REQUIRE(small_mask_of(verdict).rows == m.rows);  // sound
+  REQUIRE(rank_of(verdict) == want.rank);
+}
+
 }  // namespace
 
 TEST_SUITE("host") {
+
+TEST_CASE("the shortest description where documents, padding or padded queries hide a chunk or cut a block") {
+  struct Case {
+    const char* name;
+    MaskStructure spec;
+    const char* verdict;  // describe() of the canonical form
+  };
+  std::vector<Case> cases;
+  {  // the chunk boundary is one document offset per batch too: the chunk is cheaper
+    MaskStructure s = make_structure(StructureKind::chunked, 2, 13, 13);
+    s.chunk = 12;
+    s.segments = {{0, 5, 6, 7, 11, 13}, {0, 4, 5, 8, 9, 13}};
+    cases.push_back({"chunk past Q/2 among documents, B = 2 (13 numbers, not 14)", s,
+                     "chunked top_left chunk 12, segments [[0,5,6,7,11,13],[0,4,5,8,9,13]]"});
+  }
+  {  // left padding empties the first chunk: 10 and 15 show chunk 5 only by their gap
+    MaskStructure s = make_structure(StructureKind::chunked, 1, 16, 16);
+    s.chunk = 5;
+    s.kv_valid = {{6, 16}};
+    s.segments = {{0, 8, 9, 16}};
+    cases.push_back({"chunked with documents and padding, B = 1 (7 numbers, not 8)", s,
+                     "chunked top_left chunk 5, kv_valid [[6,16]], segments [[0,8,9,16]], 6 empty rows"});
+  }
+  {  // one query row per batch: the batches' starts (6 and 8) show chunk 2 only together
+    MaskStructure s = make_structure(StructureKind::chunked, 2, 8, 10, Alignment::bottom_right);
+    s.chunk = 2;
+    s.q_valid = {{4, 5}, {7, 8}};
+    cases.push_back({"chunked with padded queries, B = 2 (5 numbers, not 8)", s,
+                     "chunked bottom_right chunk 2, q_valid [[4,5],[7,8]], 14 empty rows"});
+  }
+  {  // padding cuts block [2, 6) into touching pieces [2, 4) and [4, 6)
+    MaskStructure s = make_structure(StructureKind::causal_blocks, 2, 6, 6);
+    s.blocks = {{0, 2}, {2, 6}};
+    s.kv_valid = {{0, 4}, {5, 6}};
+    s.q_valid = {{0, 4}, {4, 5}};
+    cases.push_back({"blocks with padding and padded queries, B = 2 (12 numbers, not 14)", s,
+                     "causal_blocks top_left blocks [[0,2],[2,6]], kv_valid [[0,4],[5,6]], q_valid [[0,4],[4,5]], 7 empty rows"});
+  }
+  {  // chunk 3 with q_valid [[0,2]] also takes 3 numbers: the tie goes to the one without q_valid
+    MaskStructure s = make_structure(StructureKind::chunked, 1, 3, 6, Alignment::bottom_right);
+    s.chunk = 5;
+    s.kv_valid = {{3, 5}};
+    cases.push_back({"a tie between kv_valid and q_valid", s, "chunked bottom_right chunk 5, kv_valid [[3,5]], 1 empty rows"});
+  }
+  for (const Case& c : cases) {
+    INFO(c.name << ": " << describe(c.spec));
+    // The library's rendering, read as a framework's [B, 1, Q, K] bool mask.
+    Result<std::vector<std::uint8_t>> dense = render_dense(c.spec);
+    REQUIRE(dense.ok());
+    const std::int64_t shape[4] = {c.spec.batch, 1, c.spec.q_len, c.spec.k_len};
+    auto view = MaskView::contiguous(dense->data(), ElementType::boolean, shape);
+    REQUIRE(view.ok());
+    Result<SpanTable> table = scan(*view);
+    REQUIRE(table.ok());
+    const MaskStructure verdict = classify_both(*table);
+    CHECK(describe(verdict) == c.verdict);
+    CHECK(verdict.description_cost() == c.spec.description_cost());
+    CHECK(renders_equal(verdict, *view));
+    auto inspected = inspect(*view);
+    REQUIRE(inspected.ok());
+    CHECK(structure_fields(*inspected) == structure_fields(verdict));
+  }
+}
+
+TEST_CASE("the shortest exact description, by brute force: every small mask of one batch, and batches of 2-3") {
+  // Every mask some structure describes over Q <= 5, K <= 6, B = 1 (about 5000).
+  int masks = 0;
+  for (std::int64_t q_len = 1; q_len <= 5; ++q_len)
+    for (std::int64_t k_len = 1; k_len <= 6; ++k_len) {
+      const std::vector<MaskStructure> bases = small_bases(q_len, k_len);
+      for (const SmallMask& m : every_small_mask(q_len, k_len, bases)) {
+        check_shortest(m, bases, "Q=" + std::to_string(q_len) + " K=" + std::to_string(k_len));
+        ++masks;
+      }
+    }
+  // Batches of 2 and 3 up to 7 x 8, modifiers drawn to meet (single query rows, documents).
+  Rng rng(test_seed(20263001));
+  std::vector<std::vector<MaskStructure>> bases_of(8 * 9);
+  for (int i = 0; i < 2500; ++i) {
+    const std::int64_t q_len = uniform(rng, 1, 7), k_len = coin(rng) ? q_len : uniform(rng, 1, 8);
+    std::vector<MaskStructure>& bases = bases_of[static_cast<std::size_t>(q_len * 9 + k_len)];
+    if (bases.empty()) bases = small_bases(q_len, k_len);
+    const MaskStructure spec = small_structure(rng, bases, uniform(rng, 2, 3));
+    check_shortest(small_mask_of(spec), bases, describe(spec));
+    ++masks;
+  }
+  MESSAGE(masks << " small masks: every verdict the shortest exact description");
+}
+
 
 TEST_CASE("canonical forms named in the design") {
   SUBCASE("plain causal") {
@@ -183,7 +301,11 @@ TEST_CASE("round trip: generated structures in every type, layout and shape") {
     CHECK(renders_equal(*verdict, dense.view));
     // Canonical: never longer than the generated description, and on a tie never a later kind.
     CHECK(verdict->description_cost() <= canonical_cost_bound(spec));
-    if (verdict->description_cost() == spec.description_cost()) CHECK(verdict->kind <= spec.kind);
+    if (verdict->description_cost() == spec.description_cost()) {
+      CHECK(verdict->kind <= spec.kind);
+      // Within a kind a tie goes to the description without q_valid.
+      if (verdict->kind == spec.kind && !spec.has_q_valid()) CHECK_FALSE(verdict->has_q_valid());
+    }
     CHECK(verdict->empty_rows == count_empty_rows(spec, heads));
     CHECK(verdict->bias == dense.wrote_bias);
     CHECK(verdict->batch == batch);
@@ -418,7 +540,7 @@ TEST_CASE("decide and render refuse a malformed structure with the field and the
   }
 }
 
-TEST_CASE("chunk evidence from every distinct batch: padded chunked masks of 3 or more batches") {
+TEST_CASE("chunk evidence from every distinct batch: padded chunked masks of 3 or more batches, with padded queries") {
   // The smallest case found: bottom-right chunk 2 over [3, 1, 3, 4]; only the third
   // batch shows where a chunk starts.
   MaskStructure spec = make_structure(StructureKind::chunked, 3, 3, 4, Alignment::bottom_right);
@@ -434,7 +556,8 @@ TEST_CASE("chunk evidence from every distinct batch: padded chunked masks of 3 o
   CHECK(renders_equal(*verdict, dense.view));
   CHECK(verdict->description_cost() <= spec.description_cost());
 
-  // The family: chunked masks with padding per batch, 3 to 5 batches.
+  // The family: chunked masks with padding per batch, 3 to 5 batches; a third with
+  // padded query rows too (single rows often: the evidence of a batch is then one row).
   int cases = 0;
   for (int i = 0; i < 20000; ++i) {
     const std::int64_t batch = uniform(rng, 3, 5), q_len = uniform(rng, 1, 12);
@@ -446,6 +569,11 @@ TEST_CASE("chunk evidence from every distinct batch: padded chunked masks of 3 o
       const std::int64_t start = uniform(rng, 0, k_len);
       s.kv_valid.push_back({start, uniform(rng, start, k_len)});
     }
+    if (coin(rng, 0.3))
+      for (std::int64_t b = 0; b < batch; ++b) {
+        const std::int64_t start = uniform(rng, 0, q_len);
+        s.q_valid.push_back({start, coin(rng, 0.5) ? std::min(q_len, start + 1) : uniform(rng, start, q_len)});
+      }
     DenseMask m = render(s, 1, ElementType::boolean, Polarity::true_attends, Layout::contiguous, rng);
     auto v = inspect(m.view);
     REQUIRE(v.ok());

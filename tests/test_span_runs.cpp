@@ -509,8 +509,8 @@ TEST_CASE("the search's steps on segments: the reference's evidence, document bo
     ctx.work.limit = 1 << 24;
     INFO("Q=" << q_len << " K=" << k_len << " B=" << batch);
     for (std::int64_t d : {std::int64_t{0}, k_len - q_len}) {
-      const detail::BaseEvidence want = detail::gather_evidence(reference, d);
-      const detail::BaseEvidence got = detail::runs::gather_evidence(ctx, batches, d);
+      const detail::BaseEvidence want = detail::gather_evidence(reference, d, batch);
+      const detail::BaseEvidence got = detail::runs::gather_evidence(ctx, batches, d, batch);
       CHECK(got.windows == want.windows);
       CHECK(got.prefix == want.prefix);
       CHECK(got.chunks == want.chunks);
@@ -555,7 +555,10 @@ TEST_CASE("classify(SpanRuns) gives classify(SpanTable)'s verdict on generated s
     check_same_verdict(g.table, seen, g.text);
   }
   MESSAGE(seen.tables << " tables, " << seen.run_path << " decided on runs");
-  CHECK(seen.run_path == seen.tables);  // never expanded: the budget is never spent
+  // Almost never expanded: the budget is spent only by chunks with documents and padded
+  // query rows over several batches (one table in these draws; the table decides it, with
+  // the same verdict, as before the runs held q_valid members).
+  CHECK(seen.tables - seen.run_path <= 2);
 }
 
 TEST_CASE("classify(SpanRuns) gives classify(SpanTable)'s verdict one row away from a structure") {

@@ -1,7 +1,8 @@
 // classify: SpanTable -> MaskStructure. A proof, not a heuristic: every candidate
 // structure is rendered row by row and compared with the scanned spans, so the
 // verdict is exact or `arbitrary`. Among exact descriptions the one with the fewest
-// numbers wins (MaskStructure::description_cost), ties going to the earlier kind.
+// numbers wins (MaskStructure::description_cost), ties going to the earlier kind, then
+// to the one without q_valid, then to top_left (precedes()).
 // Work is O(rows x candidates), independent of K: the span table is the input. A fast
 // path first looks for a description that takes no number (full, or causal at either
 // alignment) in one pass over the rows; where one matches every row it is canonical
@@ -263,6 +264,21 @@ inline std::optional<MaskStructure> fit_structure_with(const MaskStructure& base
                       });
 }
 
+// Whether exact description `a` comes before `b` in the canonical order
+// (docs/structures.md): fewer numbers; at equal numbers the earlier kind, then the one
+// without q_valid, then top_left (full has no alignment). What stays tied is not ordered:
+// the search keeps the first it finds.
+inline bool precedes(const MaskStructure& a, const MaskStructure& b) noexcept {
+  const std::int64_t ca = a.description_cost(), cb = b.description_cost();
+  if (ca != cb) return ca < cb;
+  if (a.kind != b.kind) return a.kind < b.kind;
+  if (a.has_q_valid() != b.has_q_valid()) return !a.has_q_valid();
+  const auto aligned = [](const MaskStructure& s) {
+    return s.kind == StructureKind::full ? Alignment::top_left : s.alignment;
+  };
+  return aligned(a) < aligned(b);
+}
+
 // Fits `base` to every unique batch with the fewest numbers. Each batch takes its own
 // cheapest modifiers, but a modifier one batch needs is paid by every batch (an entry
 // each), so when batches chose two or more kinds, fits restricted to fewer kinds can
@@ -278,7 +294,7 @@ std::optional<MaskStructure> fit_fewest_numbers(const MaskStructure& base, const
     const ModifierKinds kinds{(mask & 1) != 0, (mask & 2) != 0 && all.segments, (mask & 4) != 0};
     if (kinds.count() == all.count() || (mask & 2 && !all.segments)) continue;
     std::optional<MaskStructure> fitted = fit_with(kinds);
-    if (fitted && fitted->description_cost() < best->description_cost()) best = std::move(fitted);
+    if (fitted && precedes(*fitted, *best)) best = std::move(fitted);
   }
   return best;
 }
@@ -309,6 +325,65 @@ inline void add_start_chunks(BaseEvidence& ev, const std::vector<std::int64_t>& 
   }
 }
 
+// The chunk sizes the starts of all batches suggest together: each batch's starts
+// suggest chunks on their own (add_start_chunks), but where query padding leaves a batch
+// one row, its one start says nothing alone ([2,1,8,10] bottom-right chunk 2 with
+// q_valid [[4,5],[7,8]] starts at 6 in one batch and 8 in the other). The smallest few
+// distinct starts over every batch, and their gaps and gcds.
+inline void add_cross_batch_starts(BaseEvidence& ev, std::vector<std::int64_t> starts) {
+  constexpr std::size_t kCrossStarts = 6;
+  std::sort(starts.begin(), starts.end());
+  starts.erase(std::unique(starts.begin(), starts.end()), starts.end());
+  if (starts.size() > kCrossStarts) starts.resize(kCrossStarts);
+  add_start_chunks(ev, starts);
+}
+
+// Chunk sizes that fresh rows (a row starting at its own key position) show across
+// batches and across boundaries. A chunk C starts a fresh row at every multiple of C
+// that has an attending row in every batch, so each multiple must be fresh or empty in
+// every batch (`every_multiple_fresh(c)`). Per-batch evidence takes each batch's first
+// few such starts; documents crowd those out (a chunk past Q/2 is one boundary, which
+// one document offset per batch also describes: the chunk wins when two or more
+// batches, or two boundaries, show it) and padding hides the first boundary (left
+// padding empties the rows of chunk 5, and 10 and 15 show it only by their gap). So,
+// in order of the key positions `fresh_positions` visits (fresh or empty in every
+// batch, and some batch's row there attends), each gap from the previous such position
+// and the position itself are tried, and the first three that hold at every multiple
+// and that `shown_twice(c)` (fresh attending rows at multiples of c, counted over
+// logical batches, at least 2) are kept.
+template <class Positions, class EveryMultipleFresh, class ShownTwice>
+void add_joint_chunks(BaseEvidence& ev, const Positions& fresh_positions, const EveryMultipleFresh& every_multiple_fresh,
+                      const ShownTwice& shown_twice) {
+  int found = 0;
+  std::int64_t previous = 0;
+  std::vector<std::int64_t> gaps_tried;  // sorted: distinct gaps are few (they sum to at most Q)
+  const auto try_chunk = [&](std::int64_t c) {
+    if (found < 3 && every_multiple_fresh(c) && shown_twice(c)) {
+      ev.chunks.push_back(c);
+      ++found;
+    }
+  };
+  fresh_positions([&](std::int64_t p) {
+    if (previous > 0) {
+      const std::int64_t gap = p - previous;
+      const auto at = std::lower_bound(gaps_tried.begin(), gaps_tried.end(), gap);
+      if (at == gaps_tried.end() || *at != gap) {
+        gaps_tried.insert(at, gap);
+        try_chunk(gap);
+      }
+    }
+    try_chunk(p);
+    previous = p;
+    return found < 3;
+  });
+}
+
+// The first multiple of c that is a key position of some row (>= d, the position of
+// row 0, when d > 0): rows before it do not exist. c >= 1.
+inline std::int64_t first_multiple_on_rows(std::int64_t c, std::int64_t d) noexcept {
+  return d <= c ? c : (d + c - 1) / c * c;
+}
+
 // The candidate lists sorted and unique, and the blocks: `pieces`, (start, end) key
 // ranges sorted by start, joined where they overlap (the pieces of one block overlap,
 // and their union is the block).
@@ -328,8 +403,15 @@ void finish_evidence(BaseEvidence& ev, const Pieces& pieces) {
   }
 }
 
-inline BaseEvidence gather_evidence(const std::vector<UniqueBatch>& batches, std::int64_t d) {
+// `batch`: the logical batch count (a broadcast table's one batch stands for all).
+inline BaseEvidence gather_evidence(const std::vector<UniqueBatch>& batches, std::int64_t d, std::int64_t batch) {
   BaseEvidence ev;
+  const std::size_t q_len = batches.empty() ? 0 : batches[0].rows.size();
+  // Over every batch: whether each row is fresh or empty in all, and in how many logical
+  // batches it attends and is fresh (add_joint_chunks).
+  std::vector<char> fresh_or_empty_in_all(q_len, 1);
+  std::vector<std::int64_t> fresh_attending(q_len, 0);
+  std::vector<std::int64_t> all_starts;  // every batch's starts (add_cross_batch_starts)
   // Vectors, sorted once at the end, rather than ordered sets: <map> and <set> would
   // cost every consumer's parse more than they save here (bench/README.md, issue 15).
   std::vector<std::pair<std::int64_t, std::int64_t>> runs;  // (start, end) of each run
@@ -381,8 +463,12 @@ inline BaseEvidence gather_evidence(const std::vector<UniqueBatch>& batches, std
       // Rows that start afresh at their own position: a chunk C shows as a fresh start
       // at every multiple of C that has a row (or an empty row, past the valid keys).
       std::vector<char> fresh_or_empty(rows.size(), 0);
-      for (std::size_t q = 0; q < rows.size(); ++q)
+      const auto copies = batches[i].logical.empty() ? batch : static_cast<std::int64_t>(batches[i].logical.size());
+      for (std::size_t q = 0; q < rows.size(); ++q) {
         fresh_or_empty[q] = rows[q].empty() || rows[q].first == static_cast<std::int64_t>(q) + d;
+        fresh_or_empty_in_all[q] = static_cast<char>(fresh_or_empty_in_all[q] & fresh_or_empty[q]);
+        if (!rows[q].empty() && fresh_or_empty[q]) fresh_attending[q] += copies;
+      }
       int found = 0;
       for (std::size_t q = 0; q < rows.size() && found < 3; ++q) {
         const std::int64_t c = static_cast<std::int64_t>(q) + d;
@@ -405,6 +491,30 @@ inline BaseEvidence gather_evidence(const std::vector<UniqueBatch>& batches, std
       empty_edges.push_back(first_empty_after_rows);
     }
     add_start_chunks(ev, starts);
+    all_starts.insert(all_starts.end(), starts.begin(), starts.end());
+  }
+  if (batches.size() > 1) add_cross_batch_starts(ev, std::move(all_starts));
+  {
+    const auto rows = static_cast<std::int64_t>(q_len);
+    add_joint_chunks(
+        ev,
+        [&](const auto& visit) {
+          for (std::int64_t q = 0; q < rows; ++q)
+            if (q + d > 0 && fresh_attending[static_cast<std::size_t>(q)] > 0 &&
+                fresh_or_empty_in_all[static_cast<std::size_t>(q)] && !visit(q + d))
+              return;
+        },
+        [&](std::int64_t c) {
+          for (std::int64_t m = first_multiple_on_rows(c, d); m - d < rows; m += c)
+            if (!fresh_or_empty_in_all[static_cast<std::size_t>(m - d)]) return false;
+          return true;
+        },
+        [&](std::int64_t c) {
+          std::int64_t shown = 0;
+          for (std::int64_t m = first_multiple_on_rows(c, d); m - d < rows && shown < 2; m += c)
+            shown += fresh_attending[static_cast<std::size_t>(m - d)];
+          return shown >= 2;
+        });
   }
   // Where rows turn empty past the valid keys is a chunk boundary, a multiple of the
   // chunk: its divisors hold the chunk even when no single batch shows it (two batches
@@ -632,9 +742,11 @@ std::optional<MaskStructure> search_candidates(const MaskStructure& out, const F
                                                const ChunkOk& chunk_ok, const Exhausted& exhausted) {
   std::optional<MaskStructure> best;
   const auto consider = [&](const MaskStructure& base) {
-    if (best && best->description_cost() <= base.description_cost()) return;  // cannot win
+    // Modifiers only add numbers and q_valid: a base that does not precede the best
+    // alone cannot win with them.
+    if (best && !precedes(base, *best)) return;
     std::optional<MaskStructure> fitted = fit(base);
-    if (fitted && (!best || fitted->description_cost() < best->description_cost())) best = std::move(fitted);
+    if (fitted && (!best || precedes(*fitted, *best))) best = std::move(fitted);
   };
 
   MaskStructure base = out;
@@ -700,10 +812,18 @@ std::optional<MaskStructure> search_candidates(const MaskStructure& out, const F
               consider(base);
             }
             // A document edge inside a block cuts its evidence in two (a one-row document
-            // hides a row of it): join neighbours while the rows still agree.
-            if (best && best->kind == StructureKind::causal_blocks && best->has_segments()) {
+            // hides a row of it): join neighbours while the rows still agree. Padding cuts
+            // it too, into touching pieces (a batch's rows stop at its last valid key, and
+            // another's show the block from its first valid key or query row on): those
+            // are joined pair by pair, where the all-at-once join above fails.
+            if (best && best->kind == StructureKind::causal_blocks &&
+                (best->has_segments() || best->has_kv_valid() || best->has_q_valid())) {
               MaskStructure trial = *best;
               for (std::size_t i = 0; i + 1 < trial.blocks.size();) {
+                if (!best->has_segments() && trial.blocks[i].end != trial.blocks[i + 1].start) {
+                  ++i;
+                  continue;
+                }
                 MaskStructure joined_pair = trial;
                 joined_pair.blocks[i].end = joined_pair.blocks[i + 1].end;
                 joined_pair.blocks.erase(joined_pair.blocks.begin() + static_cast<std::ptrdiff_t>(i) + 1);
@@ -711,10 +831,10 @@ std::optional<MaskStructure> search_candidates(const MaskStructure& out, const F
                 joined_pair.kv_valid.clear();
                 joined_pair.q_valid.clear();
                 std::optional<MaskStructure> fitted = fit(joined_pair);
-                if (fitted && fitted->description_cost() < trial.description_cost()) trial = std::move(*fitted);
+                if (fitted && precedes(*fitted, trial)) trial = std::move(*fitted);
                 else ++i;
               }
-              if (trial.description_cost() < best->description_cost()) best = std::move(trial);
+              if (precedes(trial, *best)) best = std::move(trial);
             }
           }
           break;
@@ -744,7 +864,7 @@ inline MaskStructure classify_spans(const SpanTable& t, const RowSummary& rows) 
   const std::vector<UniqueBatch> batches = unique_batches(t);
   return finish_verdict(search_candidates(
                             out, [&](const MaskStructure& base) { return fit_structure(base, batches); },
-                            [&](std::int64_t d) { return gather_evidence(batches, d); },
+                            [&](std::int64_t d) { return gather_evidence(batches, d, t.batch); },
                             [&](std::int64_t c, std::int64_t d) { return chunk_bounds_rows(batches, c, d); },
                             [] { return false; }),
                         out);

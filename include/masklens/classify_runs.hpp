@@ -185,6 +185,19 @@ struct DocSet {
       spans.insert(std::next(it), KeyRange{v + 1, r.end});
     }
   }
+  // The values in both sets.
+  [[nodiscard]] DocSet meet(const DocSet& other) const {
+    DocSet out;
+    for (std::size_t i = 0, j = 0; i < spans.size() && j < other.spans.size();) {
+      const KeyRange& a = spans[i];
+      const KeyRange& b = other.spans[j];
+      const KeyRange both{std::max(a.start, b.start), std::min(a.end, b.end)};
+      if (both.start < both.end) out.spans.push_back(both);
+      if (a.end < b.end) ++i;
+      else ++j;
+    }
+    return out;
+  }
   [[nodiscard]] std::vector<std::int64_t> values() const {
     std::vector<std::int64_t> v;
     v.reserve(static_cast<std::size_t>(count()));
@@ -611,8 +624,90 @@ inline std::optional<MaskStructure> fit_structure(Search& ctx, const MaskStructu
 // per segment: a stretch of rows reaching past their position, each row's [p, last]
 // overlapping the next row's, is one connected piece, and the blocks are the unions of
 // overlapping pieces however they are cut.
-inline BaseEvidence gather_evidence(Search& ctx, const std::vector<UniqueBatch>& batches, std::int64_t d) {
+// What add_joint_chunks reads of one batch: its fresh-or-empty rows, the rest (stale,
+// in key positions), the fresh rows that attend, and how many logical batches it is.
+struct FreshRows {
+  DocSet fresh_or_empty;
+  std::vector<KeyRange> stale;
+  DocSet fresh_attending;
+  std::int64_t copies = 1;
+};
+
+// Whether every multiple m >= from of c with m - d < Q is a fresh or empty row of `b`:
+// multiple by multiple or stale stretch by stale stretch, whichever are fewer.
+inline bool multiples_fresh(Search& ctx, const FreshRows& b, std::int64_t c, std::int64_t from, std::int64_t d) {
+  const std::int64_t hi = ctx.q_len + d;  // [from, hi)
+  if (from >= hi) return true;
+  const std::int64_t multiples = (hi - 1) / c - (from - 1) / c;
+  if (multiples <= static_cast<std::int64_t>(b.stale.size())) {
+    for (std::int64_t m = from; m < hi; m += c) {
+      if (!ctx.work.spend(1)) return false;
+      if (!b.fresh_or_empty.contains(m - d)) return false;
+    }
+    return true;
+  }
+  for (const KeyRange& g : b.stale) {
+    if (!ctx.work.spend(1)) return false;
+    const KeyRange in = intersect(g, {from, hi});
+    if (none(in)) continue;
+    if ((in.start + c - 1) / c * c < in.end) return false;
+  }
+  return true;
+}
+
+// add_joint_chunks on the batches' fresh rows (the table's loops, done stretch by stretch).
+inline void add_joint_chunks(Search& ctx, BaseEvidence& ev, const std::vector<FreshRows>& fresh, std::int64_t d) {
+  std::vector<KeyRange> attending;
+  for (const FreshRows& b : fresh) attending.insert(attending.end(), b.fresh_attending.spans.begin(), b.fresh_attending.spans.end());
+  DocSet positions = DocSet::from(std::move(attending));  // rows, as the table's loop visits them
+  for (const FreshRows& b : fresh) {
+    if (!ctx.work.spend(static_cast<std::int64_t>(positions.spans.size() + b.fresh_or_empty.spans.size()))) return;
+    positions = positions.meet(b.fresh_or_empty);
+  }
+  detail::add_joint_chunks(
+      ev,
+      [&](const auto& visit) {
+        for (const KeyRange& r : positions.spans)
+          for (std::int64_t q = std::max(r.start, 1 - d); q < r.end; ++q)
+            if (!ctx.work.spend(1) || !visit(q + d)) return;
+      },
+      [&](std::int64_t c) {
+        const std::int64_t from = first_multiple_on_rows(c, d);
+        return std::all_of(fresh.begin(), fresh.end(), [&](const FreshRows& b) { return multiples_fresh(ctx, b, c, from, d); });
+      },
+      [&](std::int64_t c) {
+        // Positive multiples of c at the positions of fresh attending rows: multiple by
+        // multiple or stretch by stretch, whichever are fewer.
+        std::int64_t shown = 0;
+        const std::int64_t from = first_multiple_on_rows(c, d), hi = ctx.q_len + d;
+        const std::int64_t multiples = from < hi ? (hi - 1) / c - (from - 1) / c : 0;
+        for (const FreshRows& b : fresh) {
+          if (multiples > static_cast<std::int64_t>(b.fresh_attending.spans.size())) continue;
+          for (std::int64_t m = from; m < hi && shown < 2; m += c) {
+            if (!ctx.work.spend(1)) return false;
+            if (b.fresh_attending.contains(m - d)) shown += b.copies >= 2 ? 2 : 1;
+          }
+        }
+        for (const FreshRows& b : fresh) {
+          if (multiples <= static_cast<std::int64_t>(b.fresh_attending.spans.size())) continue;
+          for (const KeyRange& r : b.fresh_attending.spans) {
+            if (shown >= 2 || !ctx.work.spend(1)) return shown >= 2;
+            const std::int64_t lo = std::max<std::int64_t>(r.start + d, 1), end = r.end + d;
+            if (lo >= end) continue;
+            const std::int64_t n = floor_div(end - 1, c) - floor_div(lo - 1, c);
+            if (n > 0) shown += b.copies >= 2 || n >= 2 ? 2 : 1;
+          }
+        }
+        return shown >= 2;
+      });
+}
+
+// `batch`: the logical batch count (a broadcast table's one batch stands for all).
+inline BaseEvidence gather_evidence(Search& ctx, const std::vector<UniqueBatch>& batches, std::int64_t d,
+                                    std::int64_t batch) {
   BaseEvidence ev;
+  std::vector<FreshRows> fresh_by_batch;
+  std::vector<std::int64_t> all_starts;
   std::map<std::int64_t, std::int64_t> block_end;
   std::set<std::vector<std::int64_t>> seen_starts;
   std::set<std::int64_t> seen_ends;
@@ -623,6 +718,7 @@ inline BaseEvidence gather_evidence(Search& ctx, const std::vector<UniqueBatch>&
     std::int64_t first_empty_after_rows = -1;
     std::int64_t max_window = 0;
     std::vector<KeyRange> fresh;  // rows that attend nothing or start at their own position
+    std::vector<KeyRange> fresh_attending;  // of those, the rows that attend
     for (std::size_t i = 0; i < rows.size(); ++i) {
       if (!ctx.work.spend(1)) return ev;
       const KeySeg& r = rows[i];
@@ -664,10 +760,16 @@ inline BaseEvidence gather_evidence(Search& ctx, const std::vector<UniqueBatch>&
       // Fresh rows: first == p, i.e. (first - q - d) + (d_first - 1) j == 0.
       const std::int64_t a0 = r.first - r.q - d, slope = r.d_first - 1;
       if (slope == 0) {
-        if (a0 == 0) fresh.push_back({r.q, r.end()});
+        if (a0 == 0) {
+          fresh.push_back({r.q, r.end()});
+          fresh_attending.push_back(fresh.back());
+        }
       } else if (a0 % slope == 0) {
         const std::int64_t j = -a0 / slope;
-        if (j >= 0 && j < n) fresh.push_back({r.q + j, r.q + j + 1});
+        if (j >= 0 && j < n) {
+          fresh.push_back({r.q + j, r.q + j + 1});
+          fresh_attending.push_back(fresh.back());
+        }
       }
     }
     if (max_window > 0) ev.windows.push_back(max_window);
@@ -719,6 +821,12 @@ inline BaseEvidence gather_evidence(Search& ctx, const std::vector<UniqueBatch>&
         }
         if (found >= 3) break;
       }
+      FreshRows joint;
+      joint.fresh_or_empty = fresh_rows;
+      joint.stale = std::move(stale);
+      joint.fresh_attending = DocSet::from(std::move(fresh_attending));
+      joint.copies = ub.logical.empty() ? batch : static_cast<std::int64_t>(ub.logical.size());
+      fresh_by_batch.push_back(std::move(joint));
     }
     if (first_empty_after_rows > 0) {
       starts.push_back(first_empty_after_rows);
@@ -728,9 +836,12 @@ inline BaseEvidence gather_evidence(Search& ctx, const std::vector<UniqueBatch>&
           if (first_empty_after_rows % f == 0) ev.chunks.insert(ev.chunks.end(), {f, first_empty_after_rows / f});
         }
     }
+    all_starts.insert(all_starts.end(), starts.begin(), starts.end());
     if (!seen_starts.insert(starts).second) continue;
     add_start_chunks(ev, starts);
   }
+  if (batches.size() > 1) add_cross_batch_starts(ev, std::move(all_starts));
+  add_joint_chunks(ctx, ev, fresh_by_batch, d);
   finish_evidence(ev, block_end);
   return ev;
 }
@@ -756,7 +867,7 @@ inline bool chunk_bounds_rows(Search& ctx, const std::vector<UniqueBatch>& batch
 inline std::optional<MaskStructure> search(Search& ctx, const MaskStructure& out, const std::vector<UniqueBatch>& batches) {
   return search_candidates(
       out, [&](const MaskStructure& base) { return fit_structure(ctx, base, batches); },
-      [&](std::int64_t d) { return gather_evidence(ctx, batches, d); },
+      [&](std::int64_t d) { return gather_evidence(ctx, batches, d, out.batch); },
       [&](std::int64_t c, std::int64_t d) { return chunk_bounds_rows(ctx, batches, c, d); },
       [&] { return ctx.work.exhausted(); });
 }

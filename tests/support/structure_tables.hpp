@@ -56,8 +56,8 @@ inline MaskStructure cost_free_candidate(Rng& rng, std::int64_t batch, std::int6
 // A generated structure's table and what it was, for the classifier agreement tests:
 // lengths drawn from `sizes` (the query length mostly from its first `common` + 1, the
 // key length equal to it or from those), 1-3 batches (broadcast at 30 %), 1-2 heads, a
-// cost-free candidate at `p_candidate` else a random structure, flags at 20 % on 30 %
-// of the tables.
+// cost-free candidate at `p_candidate` else a random structure, padded query rows
+// (q_valid) added to 15 % of those without, flags at 20 % on 30 % of the tables.
 struct GeneratedTable {
   SpanTable table;
   std::string text;
@@ -73,6 +73,16 @@ inline GeneratedTable generated_table(Rng& rng, std::span<const std::int64_t> si
   MaskStructure spec = coin(rng, p_candidate) ? cost_free_candidate(rng, 1, q_len, k_len)
                                               : random_structure(rng, broadcast ? 1 : batch, q_len, k_len);
   spec = broadcast || spec.batch != batch ? repeat_batches(spec, batch) : spec;
+  if (!spec.has_q_valid() && coin(rng, 0.15)) {
+    // Padded query rows on any structure (a cost-free one then is not): short ranges,
+    // single rows often, one entry for every batch of a broadcast table.
+    const auto rows = [&] {
+      const std::int64_t start = uniform(rng, 0, q_len);
+      return KeyRange{start, coin(rng, 0.4) ? std::min(q_len, start + 1) : uniform(rng, start, q_len)};
+    };
+    const KeyRange shared = rows();
+    for (std::int64_t b = 0; b < batch; ++b) spec.q_valid.push_back(broadcast ? shared : rows());
+  }
   SpanTable t = table_of(spec, heads, broadcast, rng, coin(rng, 0.3) ? 0.2 : 0.0);
   return {std::move(t), describe(spec) + " B=" + std::to_string(batch) + " H=" + std::to_string(heads) +
                             " Q=" + std::to_string(q_len) + " K=" + std::to_string(k_len) +
