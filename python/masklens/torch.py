@@ -118,7 +118,8 @@ def _refusal(query, key, value, attn_mask, enable_gqa):
     if Hk != H and not (enable_gqa and H % Hk == 0):
         return f"{H} query heads and {Hk} key heads" + ("" if enable_gqa else " without enable_gqa")
     if attn_mask.dtype not in (torch.bool, torch.float32, query.dtype):
-        return f"an attn_mask of dtype {attn_mask.dtype} with a {query.dtype} query (torch takes bool, float32 or the query's dtype)"
+        return (f"an attn_mask of dtype {attn_mask.dtype} with a {query.dtype} query (torch takes bool, float32 or "
+                "the query's dtype)")
     shape, target = tuple(attn_mask.shape), (B, H, Q, K)
     if not (2 <= len(shape) <= 4 and all(m in (t, 1) for m, t in zip(shape[::-1], target[::-1]))):
         return f"an attn_mask of shape {shape} that does not broadcast to (batch, heads, q_len, k_len) = {target}"

@@ -92,7 +92,8 @@ def test_passthrough_cases_do_not_scan():
 # raises its own exception (or runs); test_dropin_contract.py holds many more such cases.
 @pytest.mark.parametrize("mask", [
     torch.ones(L, L, dtype=torch.int64), torch.ones(L, L, dtype=torch.int32), torch.ones(L, L, dtype=torch.complex64),
-    torch.ones(L, L, dtype=torch.uint8), torch.ones(3, 1, L, L, dtype=torch.bool), torch.ones(L, L + 1, dtype=torch.bool),
+    torch.ones(L, L, dtype=torch.uint8), torch.ones(3, 1, L, L, dtype=torch.bool),
+    torch.ones(L, L + 1, dtype=torch.bool),
 ], ids=["int64", "int32", "complex64", "uint8", "3 batches for 2", "33 keys for 32"])
 def test_masks_torch_refuses_raise_torchs_error(mask):
     q, k, v = qkv(2, 4, L, L)
