@@ -490,6 +490,7 @@ class ContextParallel:
         if structure.q_len != structure.k_len:
             raise _core.MaskError("invalid_argument: CP shards queries and keys alike: the mask must have as many keys "
                                   f"as queries, got Q={structure.q_len}, K={structure.k_len}")
+        self._check_shards(structure.q_len, query)
         if self.uses_ring(structure, query.device):
             return self._ring_causal(query, key, value, scale)
         _check_flex_structure(structure)
@@ -503,6 +504,19 @@ class ContextParallel:
         return _flex(compiled, query.device)(query, whole_key, whole_value, block_mask=block_mask, scale=scale,
                                             **_gqa(query, key))
 
+    def _check_shards(self, q_len: int, query) -> None:
+        """torch's CP gathers and rotates equal shards (all_gather_tensor): Q must divide by
+        W (contiguous) or by 2W (load_balanced: torch's head-tail chunks); the same test on
+        every rank, so every rank raises alike before any collective."""
+        parts = self.world_size * (2 if self.sharding == "load_balanced" else 1)
+        if q_len % parts:
+            raise _core.MaskError(f"invalid_shape: torch's context parallelism runs shards of equal length: Q={q_len} "
+                                  f"does not divide into {parts} {self.sharding} parts (W={self.world_size}); the "
+                                  "verdict (inspect, scan) takes any length")
+        if query.shape[2] * self.world_size != q_len:
+            raise _core.MaskError(f"invalid_shape: this rank's query holds {query.shape[2]} rows; its shard of "
+                                  f"Q={q_len} over {self.world_size} ranks is {q_len // self.world_size}")
+
     def _ring_causal(self, query, key, value, scale):
         from torch.distributed.tensor import DTensor, Shard
         import torch.nn.functional as F
@@ -510,11 +524,32 @@ class ContextParallel:
         if needs_backward and not self._active:
             raise RuntimeError("masklens.distributed: the SDPA ring's backward is dispatched by torch's CP "
                                "dispatcher: run the forward and the backward inside `with cp:`")
+        if key.shape[1] != query.shape[1]:
+            # GQA: CP's ring calls the flash / efficient / cuDNN ops, which take as many key
+            # heads as query heads: repeat them, as SDPA does without enable_gqa.
+            groups = query.shape[1] // key.shape[1]
+            key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
         with self if not self._active else contextlib.nullcontext():
             q, k, v = (DTensor.from_local(t.contiguous(), self.mesh, [Shard(2)], run_check=False)
                        for t in (query, key, value))
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, **_gqa(query, key))
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
             return out.to_local()
+
+    # -- transformers -------------------------------------------------------------------
+    @contextlib.contextmanager
+    def step(self, report, local_mask=None):
+        """A training or inference step of a transformers model whose attn_implementation is
+        "masklens_cp" (register_transformers()): every attention layer runs attention() with
+        this agreed report and this rank's mask rows (transformers builds no mask: from a
+        shard of input_ids it would see only local positions). torch's CP dispatcher is on
+        inside: run the forward and the backward in it."""
+        global _step
+        previous, _step = _step, (self, report, local_mask)
+        try:
+            with self:
+                yield self
+        finally:
+            _step = previous
 
     # -- BlockMask of this rank's rows ----------------------------------------------------
     def block_mask(self, report, local_mask=None, device=None):
@@ -549,6 +584,42 @@ class ContextParallel:
         else:
             mask_mod = _global_rule(structure, device, mine, None if identity else order)
         return _local_block_mask(rows, self.block_size, mask_mod, device)
+
+
+_step = None  # (ContextParallel, report, local mask) of the step inside ContextParallel.step()
+
+TRANSFORMERS_NAME = "masklens_cp"
+
+
+def _transformers_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
+                            **kwargs):
+    """transformers' attention contract (sdpa_attention_forward's): query/key/value [B, H, L,
+    D] of this rank's tokens, returns (out [B, L, H, Dv], None). The step's report decides,
+    not `attention_mask` (None: the mask function below builds none)."""
+    if _step is None:
+        raise RuntimeError(f'attn_implementation="{TRANSFORMERS_NAME}" runs inside ContextParallel.step(report, '
+                           "local_mask), which holds the ranks' agreed verdict")
+    if dropout:
+        raise ValueError(f'"{TRANSFORMERS_NAME}" attention runs without dropout (flex and the SDPA ring under CP)')
+    cp, report, local_mask = _step
+    out = cp.attention(query, key, value, report, local_mask, scale=scaling)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _no_mask(*args, **kwargs):
+    """transformers' mask function for "masklens_cp": none (the step holds the mask)."""
+    return None
+
+
+def register_transformers() -> None:
+    """Registers attn_implementation="masklens_cp" with transformers' AttentionInterface and
+    AttentionMaskInterface: a model run inside ContextParallel.step() on this rank's shard of
+    input_ids (and of position_ids: the global positions) attends as the whole sequence's
+    mask says."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+    AttentionInterface.register(TRANSFORMERS_NAME, _transformers_attention)
+    AttentionMaskInterface.register(TRANSFORMERS_NAME, _no_mask)
 
 
 def _attends(rows, masked_threshold: float = -1000.0):

@@ -143,6 +143,52 @@ def _flex_cp(group, rank, world):
         cp.attention(lq.requires_grad_(), lk, lv, report, None)
 
 
+def _unequal_shards_refused(group, rank, world):
+    """torch's CP runs equal shards: a length that does not divide is refused on every rank
+    before any collective (the verdict itself takes it: _agreement)."""
+    from torch.distributed.device_mesh import DeviceMesh
+    cp = mld.ContextParallel(DeviceMesh.from_group(group, "cpu"), sharding="load_balanced")
+    whole = masks(13)["sliding_window"][None, None]
+    q = cp.shard(torch.randn(1, 2, 13, 8), 2)
+    report = cp.inspect(cp.shard(whole, -2), q)
+    with pytest.raises(masklens.MaskError, match="equal length"):
+        cp.attention(q, q, q, report, cp.shard(whole, -2))
+
+
+def _transformers_cp(group, rank, world):
+    """A tiny Llama with attn_implementation="masklens_cp" on this rank's tokens (left-padded
+    and packed batches) gives the logits of the whole sequence under sdpa with the dense mask."""
+    transformers = pytest.importorskip("transformers")
+    from torch.distributed.device_mesh import DeviceMesh
+    mld.register_transformers()
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    model = transformers.LlamaForCausalLM(config).eval()
+    Q = 24
+    every = masks(Q)
+    pads = torch.tensor([0, 3])
+    padded = {"mask": every["padding"], "ids": torch.randint(0, 64, (2, Q)),
+              "pos": (torch.arange(Q)[None] - pads[:, None]).clamp(min=0), "valid": torch.arange(Q)[None] >= pads[:, None]}
+    starts = torch.tensor([0, Q // 3, Q // 3 + 1])
+    doc = torch.bucketize(torch.arange(Q), starts[1:], right=True)
+    packed = {"mask": every["documents"][None, None], "ids": torch.randint(0, 64, (1, Q)),
+              "pos": (torch.arange(Q) - starts[doc])[None], "valid": torch.ones(1, Q, dtype=torch.bool)}
+    for sharding in mld.SHARDINGS:
+        cp = mld.ContextParallel(DeviceMesh.from_group(group, "cpu"), sharding=sharding, block_size=8)
+        for batch in (padded, packed):
+            model.set_attn_implementation("sdpa")
+            with torch.no_grad():
+                reference = model(batch["ids"], attention_mask=batch["mask"], position_ids=batch["pos"]).logits
+            model.set_attn_implementation(mld.TRANSFORMERS_NAME)
+            local_mask = cp.shard(batch["mask"], -2)
+            report = cp.inspect(local_mask)
+            with torch.no_grad(), cp.step(report, local_mask):
+                logits = model(cp.shard(batch["ids"], 1), position_ids=cp.shard(batch["pos"], 1)).logits
+            valid = cp.shard(batch["valid"], 1)
+            torch.testing.assert_close(logits[valid], cp.shard(reference, 1)[valid], atol=1e-4, rtol=1e-4)
+
+
 def _worker(rank, world, port, result_dir):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -159,6 +205,8 @@ def _worker(rank, world, port, result_dir):
             _many_runs(groups[3], rank, 3)
         if rank < 2:
             _flex_cp(groups[2], rank, 2)
+            _unequal_shards_refused(groups[2], rank, 2)
+            _transformers_cp(groups[2], rank, 2)
         if rank < 3:
             _flex_cp(groups[3], rank, 3)
         open(os.path.join(result_dir, f"rank{rank}.ok"), "w").close()
