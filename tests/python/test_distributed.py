@@ -288,3 +288,60 @@ def test_classify_runs_refuses_runs_that_do_not_tile():
     table, runs = masklens._core.scan_runs(np.tril(np.ones((6, 6), bool)))
     with pytest.raises(masklens.MaskError, match="tile the rows"):
         masklens._core.classify_runs(table, np.ascontiguousarray(runs[:, :] + np.array([1, 0, 0, 0, 0, 0, 0, 0])))
+
+
+# ---------------------------------------------------------------------------------
+# On a GPU: the device scanner's shards and torch's CP engine, forward and backward
+
+def _gpu_worker(rank, world, port, backend, result_dir):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    device = torch.device("cuda", rank % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    dist.init_process_group(backend, rank=rank, world_size=world)
+    try:
+        from torch.distributed.device_mesh import init_device_mesh
+        mesh = init_device_mesh("cuda", (world,))
+        Q = 256
+        for name, whole in masks(Q).items():  # the device scanner's shards agree too
+            whole = whole.to(device)
+            for sharding in mld.SHARDINGS:
+                local = mld.shard(whole, -2, rank=rank, world_size=world, sharding=sharding)
+                got = mld.scan(local, sharding=sharding)
+                assert got.structure.describe() == masklens.scan(whole).structure.describe(), (name, sharding)
+        gen = torch.Generator(device=device).manual_seed(2)
+        q, k, v = (torch.randn(2, 4, Q, 64, generator=gen, device=device) for _ in range(3))
+        # Kinds whose every row attends a key: SDPA's reference gives NaN on a row with
+        # none, and its backward spreads them (the CPU check covers padding's empty rows).
+        for name in ("causal", "sliding_window", "chunked", "documents", "prefix_lm", "arbitrary"):
+            whole = masks(Q)[name].to(device)
+            whole = whole if whole.dim() == 4 else whole[None, None]
+            ref_in = [t.clone().requires_grad_() for t in (q, k, v)]
+            ref = torch.nn.functional.scaled_dot_product_attention(*ref_in, attn_mask=whole)
+            ref.square().sum().backward()
+            for sharding in mld.SHARDINGS:
+                cp = mld.ContextParallel(mesh, sharding=sharding)
+                local = cp.shard(whole, -2)
+                lq, lk, lv = (cp.shard(t, 2).detach().clone().requires_grad_() for t in (q, k, v))
+                with cp:
+                    report = cp.inspect(local, lq, lk, lv)
+                    assert cp.uses_ring(report.structure, device) == (name == "causal")
+                    out = cp.attention(lq, lk, lv, report, local, compiled=False)
+                    out.square().sum().backward()
+                tol = {"atol": 2e-3, "rtol": 2e-3}
+                torch.testing.assert_close(out, cp.shard(ref, 2), **tol)
+                for mine, theirs in zip((lq, lk, lv), ref_in):
+                    torch.testing.assert_close(mine.grad, cp.shard(theirs.grad, 2), **tol)
+        open(os.path.join(result_dir, f"rank{rank}.ok"), "w").close()
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.gpu
+def test_gpu_device_shards_and_cp_forward_backward(tmp_path):
+    """Two ranks (NCCL on two GPUs; gloo sharing one GPU where there is one): CUDA masks
+    scanned on the device agree with the whole mask's verdict, and ContextParallel.attention
+    (the SDPA ring for causal, FlexAttention CP otherwise) gives SDPA's output and
+    gradients on the whole sequence."""
+    backend = "nccl" if torch.cuda.device_count() >= 2 else "gloo"
+    mp.spawn(_gpu_worker, args=(2, _free_port(), backend, str(tmp_path)), nprocs=2, join=True)
+    assert sorted(os.listdir(tmp_path)) == ["rank0.ok", "rank1.ok"]
