@@ -282,7 +282,7 @@ def _to_slices(runs, rows, local_slices, distinct):
         return runs, local_slice
     targets = np.arange(db * dh)
     b, h = targets // dh, targets % dh
-    source = (b if ldb > 1 else 0) * ldh + (h if ldh > 1 else 0)
+    source = (b if ldb > 1 else np.zeros_like(b)) * ldh + (h if ldh > 1 else np.zeros_like(h))
     starts = np.searchsorted(local_slice, source, side="left")
     ends = np.searchsorted(local_slice, source, side="right")
     lengths = ends - starts

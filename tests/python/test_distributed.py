@@ -21,7 +21,7 @@ import masklens  # noqa: E402
 import masklens.distributed as mld  # noqa: E402
 
 WORLDS = (2, 3, 4)
-LENGTHS = (24, 13)  # 24 divides by 2W for every W here; 13 by none of the worlds
+LENGTHS = (24, 13, 5)  # 24 divides by 2W for every W here; 13 by none of the worlds; 5 leaves a rank none
 
 
 # ---------------------------------------------------------------------------------
@@ -262,9 +262,11 @@ def _fake_gather(whole, world, sharding):
 @pytest.mark.parametrize("sharding", mld.SHARDINGS)
 def test_merged_runs_expand_to_the_whole_table(sharding):
     """The merge in one process: the runs of the shards, cut at chunk boundaries and put in
-    global order, classify as the whole mask does (windows cross the boundaries)."""
-    for Q in (13, 24, 31):
-        whole = masks(Q)["sliding_window"]
+    global order, classify as the whole mask does. Chunks of one row (Q=5, 13) make a
+    rank's two local rows one run across its boundary, which the merge must cut."""
+    for Q, name in ((5, "causal"), (13, "sliding_window"), (13, "documents"), (24, "sliding_window"),
+                    (31, "prefix_lm")):
+        whole = masks(Q)[name]
         for world in WORLDS:
             table, merged = mld.merge_runs(*_fake_gather(whole, world, sharding), sharding)
             verdict = masklens._core.classify_runs(table, merged)
@@ -345,3 +347,24 @@ def test_gpu_device_shards_and_cp_forward_backward(tmp_path):
     backend = "nccl" if torch.cuda.device_count() >= 2 else "gloo"
     mp.spawn(_gpu_worker, args=(2, _free_port(), backend, str(tmp_path)), nprocs=2, join=True)
     assert sorted(os.listdir(tmp_path)) == ["rank0.ok", "rank1.ok"]
+
+
+def test_a_broadcast_shard_stands_for_every_batch():
+    """One rank stores its rows once for every batch (stride 0), another stores each batch:
+    the first's slice is replicated, and the verdict is the whole materialised mask's."""
+    Q, B = 12, 3
+    whole = masks(Q)["sliding_window"]
+    headers, runs = [], []
+    for r in range(2):
+        rows = mld.shard(whole, -2, rank=r, world_size=2, sharding="load_balanced")[None, None]
+        rows = rows.expand(B, 2, -1, -1) if r == 0 else rows.expand(B, 2, -1, -1).clone()
+        header, rr, error = mld._scan_shard(rows, -1000.0)
+        assert error is None and tuple(header[5:7]) == ((1, 1) if r == 0 else (B, 2))
+        headers.append(header)
+        runs.append(rr)
+    table, merged = mld.merge_runs(np.stack(headers), runs, "load_balanced")
+    assert table == [B, 2, Q, Q, B, 2]
+    verdict = masklens._core.classify_runs(table, merged)
+    materialised = masklens.scan(whole.expand(B, 2, Q, Q).clone())
+    assert verdict.structure.describe() == materialised.structure.describe()
+    assert np.array_equal(verdict.attending_rows(), materialised.attending_rows())
