@@ -136,6 +136,18 @@ def test_environment_and_call_fields_validate():
         call.validate()
 
 
+def test_call_ranges_are_the_clis():
+    # One validation for the CLI and Python (AttentionCall/Environment::validate): the
+    # ranges the CLI refuses are refused here too, naming the field.
+    with pytest.raises(masklens.MaskError, match="sm"):
+        masklens.inspect(causal(), sm=1000)
+    with pytest.raises(masklens.MaskError, match="sm"):
+        masklens.inspect(causal(), sm=5)
+    with pytest.raises(masklens.MaskError, match="head_dim"):
+        masklens.inspect(causal(), head_dim=2**63 - 1)
+    assert masklens.inspect(causal(), sm=129).policy is not None
+
+
 def test_inspect_fills_the_call_from_tensors():
     q = torch.randn(2, 8, L, 64, dtype=torch.bfloat16, requires_grad=True)
     k = torch.randn(2, 2, L, 64, dtype=torch.bfloat16)
