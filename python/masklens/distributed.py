@@ -116,28 +116,33 @@ def shard(tensor, dim: int, *, rank: int | None = None, world_size: int | None =
 # This rank's runs
 
 def _as_4d(mask):
-    """The mask as [B, H, rows, K] (leading dims of 1 added: stride 0, as a broadcast)."""
-    while mask.dim() < 4:
-        mask = mask.unsqueeze(0)
-    return mask
+    """The mask as [B, H, rows, K] (leading dims of 1 added), a torch tensor or numpy array."""
+    if isinstance(mask, torch.Tensor):
+        while mask.dim() < 4:
+            mask = mask.unsqueeze(0)
+        return mask
+    return mask.reshape((1,) * (4 - mask.ndim) + tuple(mask.shape))
 
 
 def _distinct(view) -> tuple[int, int]:
-    """Distinct batch and heads a scan of `view` stores (stride 0: one)."""
+    """Distinct batch and heads a scan of `view` (a torch tensor) stores: one where the
+    dimension is 1 or of stride 0 (as SpanTable::for_view sizes it)."""
     b, h = view.shape[0], view.shape[1]
     return (1 if view.stride(0) == 0 or b == 1 else b), (1 if view.stride(1) == 0 or h == 1 else h)
 
 
-def _local_runs(view, masked_threshold: float) -> np.ndarray:
-    """int64 [runs, 8] of this rank's rows (local row numbering, slice * rows + q): on the
-    device where masklens._cuda is built and the mask is there, else on the host."""
-    if view.device.type == "cuda" and _cache.cuda_module() is not None:
+def _local_runs(view, masked_threshold: float):
+    """(int64 [runs, 8] of this rank's rows, numbered slice * rows + q; (distinct batch,
+    distinct heads)): on the device where masklens._cuda is built and the mask is there,
+    else on the host (scanned and encoded, not classified)."""
+    if isinstance(view, torch.Tensor) and view.device.type == "cuda" and _cache.cuda_module() is not None:
         verdict = _cache.device_scan(view.detach(), masked_threshold)
         _cache._counted_scan()
-        return np.asarray(verdict.runs, dtype=np.int64).reshape(-1, _RUN_COLUMNS)
-    table, runs = _core.scan_runs(_cache._host_array(view), masked_threshold)
+        return np.asarray(verdict.runs, dtype=np.int64).reshape(-1, _RUN_COLUMNS), _distinct(view)
+    host = _cache._host_array(view) if isinstance(view, torch.Tensor) else view
+    table, runs = _core.scan_runs(host, masked_threshold)
     _cache._counted_scan()
-    return np.asarray(runs)
+    return np.asarray(runs), (table[4], table[5])
 
 
 def _scan_shard(local_mask, masked_threshold: float):
@@ -146,23 +151,19 @@ def _scan_shard(local_mask, masked_threshold: float):
     runs = np.zeros((0, _RUN_COLUMNS), dtype=np.int64)
     try:
         mask = _cache.readable(local_mask)
-        if not isinstance(mask, torch.Tensor):
-            mask = torch.from_numpy(np.asarray(mask))
-        if mask.dim() < 2 or mask.dim() > 4:
+        if len(mask.shape) < 2 or len(mask.shape) > 4:
             raise _core.MaskError(f"invalid_shape: a shard of a mask's rows has 2 to 4 dims ([..., rows, K]), got "
-                                  f"{mask.dim()}")
+                                  f"{len(mask.shape)}")
         view = _as_4d(mask)
-        batch, heads, rows, keys = view.shape
-        db, dh = _distinct(view)
+        batch, heads, rows, keys = (int(n) for n in view.shape)
+        db = dh = 0  # no rows: no say in how many slices are distinct
         if rows > 0:
-            runs = _local_runs(view, masked_threshold)
-        else:
-            db = dh = 0  # no rows: no say in how many slices are distinct
+            runs, (db, dh) = _local_runs(view, masked_threshold)
         header[:] = (_OK, rows, batch, heads, keys, db, dh, len(runs))
         return header, runs, None
-    except (_core.MaskError, RuntimeError, TypeError) as e:
+    except (_core.MaskError, RuntimeError, TypeError, ValueError) as e:
         header[0] = _FAILED
-        return header, runs, f"{type(e).__name__}: {e}" if not isinstance(e, _core.MaskError) else str(e)
+        return header, runs, str(e) if isinstance(e, _core.MaskError) else f"{type(e).__name__}: {e}"
 
 
 # ---------------------------------------------------------------------------------
