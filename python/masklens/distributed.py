@@ -104,11 +104,11 @@ def shard(tensor, dim: int, *, rank: int | None = None, world_size: int | None =
     given."""
     rank = dist.get_rank(group) if rank is None else rank
     world_size = dist.get_world_size(group) if world_size is None else world_size
-    index = torch.as_tensor(positions(tensor.shape[dim], world_size, rank, sharding), device=tensor.device)
     ranges = row_ranges(tensor.shape[dim], world_size, rank, sharding)
     if len(ranges) == 1 or ranges[1][0] == ranges[1][1]:
         a, b = ranges[0]
-        return tensor.narrow(dim, a, b - a)
+        return tensor.narrow(dim, a, b - a)  # a view
+    index = torch.as_tensor(positions(tensor.shape[dim], world_size, rank, sharding), device=tensor.device)
     return tensor.index_select(dim, index)
 
 
@@ -145,11 +145,21 @@ def _local_runs(view, masked_threshold: float):
     return np.asarray(runs), (table[4], table[5])
 
 
+class _ShardError:
+    """A shard that failed before its scan (inspect's broadcast): its message travels in the
+    gather like a scan's error."""
+
+    def __init__(self, message: str):
+        self.message = message
+
+
 def _scan_shard(local_mask, masked_threshold: float):
     """(header int64 [_HEADER], runs int64 [n, 8], error message or None) of this rank."""
     header = np.zeros(_HEADER, dtype=np.int64)
     runs = np.zeros((0, _RUN_COLUMNS), dtype=np.int64)
     try:
+        if isinstance(local_mask, _ShardError):
+            raise _core.MaskError(local_mask.message)
         mask = _cache.readable(local_mask)
         if len(mask.shape) < 2 or len(mask.shape) > 4:
             raise _core.MaskError(f"invalid_shape: a shard of a mask's rows has 2 to 4 dims ([..., rows, K]), got "
@@ -364,12 +374,16 @@ def inspect(local_mask, query=None, key=None, value=None, *, group=None, shardin
     (Q the ranks' rows together, K the mask's keys). Report.to_dict() equals
     masklens.inspect(whole_mask, whole_q, whole_k, whole_v).to_dict()."""
     call_fields, env_fields = masklens._split_fields(dict(fields))
-    mask = _cache.readable(local_mask)
-    view = mask
-    if query is not None:
-        # Broadcast as SDPA reads it, against the local query and the mask's own keys (the
-        # key shard is not the keys the rows attend to).
-        view = masklens._broadcast_to_call(mask, query, None)
+    try:
+        mask = view = _cache.readable(local_mask)
+        if query is not None:
+            # Broadcast as SDPA reads it, against the local query and the mask's own keys
+            # (the key shard is not the keys the rows attend to).
+            view = masklens._broadcast_to_call(mask, query, None)
+    except _core.MaskError as e:
+        # Raised in the collective, on every rank: raising here would leave the others
+        # waiting in it.
+        mask, view = None, _ShardError(str(e))
     verdict = scan(view, group=group, sharding=sharding, masked_threshold=masked_threshold)
     s = verdict.structure
     if query is not None:

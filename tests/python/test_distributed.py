@@ -107,6 +107,10 @@ def _errors(group, rank, world):
     keys = 12 if rank else 11
     with pytest.raises(masklens.MaskError, match="differ in keys"):
         mld.scan(torch.ones(3, keys, dtype=torch.bool), group=group)
+    # A shard that does not broadcast to its query fails in the collective too.
+    rows = 5 if rank == 0 else 3
+    with pytest.raises(masklens.MaskError, match="rank 0: invalid_shape"):
+        mld.inspect(torch.ones(rows, 12, dtype=torch.bool), torch.randn(1, 2, 3, 8), group=group)
 
 
 def _flex_cp(group, rank, world):
