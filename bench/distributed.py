@@ -21,7 +21,8 @@ packed documents and an arbitrary mask on FlexAttention CP, both shardings.
 
 usage: python3 bench/distributed.py [--world 2] [--backend gloo|nccl] [--q-len 65536]
                                     [--kinds causal,sliding_window,documents,arbitrary]
-                                    [--repeat 20] [--json OUT] [--check]
+                                    [--repeat 20] [--json OUT] [--check] [--device cpu]
+(--device cpu: a smoke run of the script itself on the host scanner, no GPU figures.)
 NCCL takes one GPU per rank (it refuses two ranks on one device): on one GPU run
 --world 1 --backend nccl (the collective's own cost, one rank) and --world 2 --backend gloo
 (two ranks sharing the GPU; the runs cross through host memory, the masks stay on the
@@ -62,6 +63,11 @@ def local_rows(kind, q_len, rows, device, seed=0):
     raise ValueError(kind)
 
 
+def synchronize(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def timed(fn, repeat, group, device):
     """Median ms of fn() over `repeat` calls, each after a synchronisation and (group not
     None) a barrier of the group."""
@@ -69,10 +75,10 @@ def timed(fn, repeat, group, device):
     for _ in range(repeat):
         if group is not None:
             dist.barrier(group=group)
-        torch.cuda.synchronize(device)
+        synchronize(device)
         t0 = time.perf_counter()
         fn()
-        torch.cuda.synchronize(device)
+        synchronize(device)
         times.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(times)
 
@@ -160,8 +166,11 @@ def check(rank, world, args, device):
 
 def worker(rank, world, port, args):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    device = torch.device("cuda", rank % torch.cuda.device_count())
-    torch.cuda.set_device(device)
+    if args.device == "cpu":  # a smoke run of the script itself (host scanner, gloo)
+        device = torch.device("cpu")
+    else:
+        device = torch.device("cuda", rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
     dist.init_process_group(args.backend, rank=rank, world_size=world)
     try:
         import masklens
@@ -171,7 +180,8 @@ def worker(rank, world, port, args):
             import platform
             with open(args.json, "w") as f:
                 json.dump({"world": world, "backend": args.backend, "q_len": args.q_len,
-                           "gpus": torch.cuda.device_count(), "gpu": torch.cuda.get_device_name(device),
+                           "gpus": torch.cuda.device_count(),
+                           "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
                            "host": platform.node(), "torch": torch.__version__,
                            "has_cuda_scan": masklens.has_cuda_scan(), "rows": rows}, f, indent=1)
     finally:
@@ -188,8 +198,10 @@ def main():
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--json")
     parser.add_argument("--check", action="store_true")
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
+                        help="cpu: a smoke run of this script on the host scanner (gloo), no figures")
     args = parser.parse_args()
-    if not torch.cuda.is_available():
+    if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("bench/distributed.py measures the device scanner: it needs a CUDA device")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
