@@ -37,6 +37,7 @@ import logging
 import time
 import warnings
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -90,7 +91,7 @@ def _torch_runs_it(query, key, value, attn_mask, dropout_p, is_causal, scale):
         return True
     if attn_mask.requires_grad and torch.is_grad_enabled():
         return True
-    return torch.compiler.is_compiling() or (query.is_cuda and torch.cuda.is_current_stream_capturing())
+    return torch.compiler.is_compiling()
 
 
 def _refusal(query, key, value, attn_mask, enable_gqa):
@@ -150,6 +151,22 @@ def _call_key(query, key, value, attn_mask, dropout_p, training, enable_gqa):
             torch.are_deterministic_algorithms_enabled(), query.device, enable_gqa)
 
 
+def _attention_call(dtype, query_shape, kv_heads, k_len, head_dim_v, training, dropout_p, mask_dtype):
+    """The AttentionCall decide() reads: the query's dtype and [B, H, Q, D] shape, the key's
+    heads and length, the value's head dim, training, dropout, the mask's dtype."""
+    call = _core.AttentionCall()
+    call.dtype = _DTYPES[dtype]
+    call.batch, call.heads, call.q_len, call.head_dim = query_shape
+    call.head_dim_v = head_dim_v
+    call.kv_heads = kv_heads
+    call.k_len = k_len
+    call.training = training
+    call.dropout = float(dropout_p)
+    call.deterministic = torch.are_deterministic_algorithms_enabled()
+    call.mask_dtype = element_name(mask_dtype)
+    return call
+
+
 def _decide(entry, query, key, value, attn_mask, dropout_p, training, enable_gqa):
     """The Prepared policy for this call on the entry's mask, decided once per call key
     (None: torch's own dispatch)."""
@@ -159,19 +176,8 @@ def _decide(entry, query, key, value, attn_mask, dropout_p, training, enable_gqa
         _cache.timing["decide_ms"] = 0.0
         return hit
     t0 = time.perf_counter()
-    call = _core.AttentionCall()
-    call.dtype = _DTYPES[query.dtype]
-    call.head_dim = query.shape[-1]
-    call.head_dim_v = value.shape[-1]
-    call.batch = query.shape[0]
-    call.heads = query.shape[1]
-    call.kv_heads = key.shape[1]
-    call.q_len = query.shape[2]
-    call.k_len = key.shape[2]
-    call.training = training
-    call.dropout = float(dropout_p)
-    call.deterministic = torch.are_deterministic_algorithms_enabled()
-    call.mask_dtype = element_name(attn_mask.dtype)
+    call = _attention_call(query.dtype, tuple(query.shape), key.shape[1], key.shape[2], value.shape[-1], training,
+                           dropout_p, attn_mask.dtype)
     env = _env.environment(query.device if query.device.type == "cuda" else "cpu", runnable_only=True)
     structure = entry.verdict.structure
     try:
@@ -197,6 +203,11 @@ def _decide(entry, query, key, value, attn_mask, dropout_p, training, enable_gqa
     return prepared
 
 
+# entry.derived's mark that a drop-in call ran on the entry's mask, building what its
+# runner memoises: only then is the call replayed under CUDA graph capture.
+_RAN = "ran"
+
+
 def _attending_rows(entry, device):
     key = ("rows", device)
     rows = entry.derived.get(key)
@@ -219,9 +230,17 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     # A mask and call seen before passed _refusal (the entry's key holds the mask's shape,
     # dtype and device, the call key the shapes of q, k, v and the query's device).
     entry = _cache.cached_entry(attn_mask, _view_shape(attn_mask.shape, Q, K))
-    prepared = None
+    prepared = ck = None
     if entry is not None:
-        prepared = entry.policies.get(_call_key(query, key, value, attn_mask, dropout_p, training, enable_gqa))
+        ck = _call_key(query, key, value, attn_mask, dropout_p, training, enable_gqa)
+        prepared = entry.policies.get(ck)
+    if query.is_cuda and torch.cuda.is_current_stream_capturing():
+        # CUDA graph capture: no scan, no decision, no upload can be captured. A call run
+        # before capture on this mask (unchanged since) is replayed: its prepared runner and
+        # every table it built (rows, packing, BlockMask) are at hand. Anything else runs
+        # as torch's call.
+        if prepared is None or (_RAN, ck) not in entry.derived:
+            return _passthrough(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     if prepared is not None:
         _cache.timing["decide_ms"] = 0.0
     else:
@@ -243,6 +262,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     out = _run.run_policy(prepared, t)
     if prepared.zero_rows:  # rows with no key at all: 0
         out = torch.where(_attending_rows(entry, out.device), out, out.new_zeros(()))
+    if view is not None:  # the slow path ran: the call's tables are built (a capture may replay it)
+        entry.derived[(_RAN, ck or _call_key(query, key, value, attn_mask, dropout_p, training, enable_gqa))] = True
     return out
 
 
@@ -366,3 +387,181 @@ def block_mask(mask_or_report, block_size=128, *, mask=None, device=None, masked
     while attends.dim() < 4:
         attends = attends.unsqueeze(0)
     return _run.block_mask_from_tiles(tiles, _run.mask_mod_for(structure, device, attends.to(device)), device)
+
+
+# --- Compiled models -----------------------------------------------------------------
+# Inside torch.compile the drop-in is torch's call: a scan and a decision cannot run in
+# a graph, and a graph break in every attention layer would cost more than it saves. A
+# compiled model's masks are proven instead where the mask is made, once per forward,
+# outside the graph (masklens.transformers' mask function, a torch.compiler.disable'd
+# call): what reaches the attention layers is then what compiles well (prepare_compiled).
+
+
+class CompiledMask:
+    """The mask of a compiled model's attention layers where masklens decided FlexAttention
+    or torch's varlen_attn: the BlockMask, or the packed layout's cumulative lengths, and
+    the dense mask beside it for a call the form does not fit (dropout, other shapes).
+    A plain object: Dynamo reads its tensors as graph inputs and guards its Python values
+    (kind, lengths, window) as constants, so a new padding or new document boundaries (new
+    tensor contents) reuse the compiled graph."""
+
+    def __init__(self, kind, mask, expected, **fields):
+        self.kind = kind            # "flex" or "varlen"
+        self.mask = mask            # the dense mask, as sdpa would have it
+        self.expected = expected    # (heads, kv_heads, head_dim, head_dim_v) the decision was for
+        self.block_mask = fields.get("block_mask")
+        self.cu_seqlens = fields.get("cu_seqlens")  # varlen: int32 [n + 1] over the B * Q packed rows
+        self.max_len = fields.get("max_len", 0)
+        self.window = fields.get("window", (-1, -1))
+        self.rows = fields.get("rows")  # varlen: bool [B, Q, 1, 1], False for rows that attend nothing
+
+    @property
+    def shape(self):
+        return self.mask.shape
+
+    def __repr__(self):
+        return f"<masklens CompiledMask {self.kind} {tuple(self.mask.shape)}>"
+
+
+def _sequences_tile(sequences, batch, length):
+    """Packed rows for varlen_attn over the [batch * length] rows of q (= k) as they lie:
+    the cumulative lengths of the sequences, with the gaps between them (rows that attend
+    nothing) as sequences of their own, whose output is zeroed; None where a sequence's
+    query and key ranges differ (the rows could not be packed in place)."""
+    by_batch = [[] for _ in range(batch)]
+    for b, qs, qe, ks, ke in sequences:
+        if (qs, qe) != (ks, ke):
+            return None
+        by_batch[b].append((qs, qe))
+    cu, gaps = [0], False
+    for b, seqs in enumerate(by_batch):
+        at = 0
+        for qs, qe in sorted(seqs):
+            if qs < at:
+                return None
+            if qs > at:
+                cu.append(b * length + qs)
+                gaps = True
+            cu.append(b * length + qe)
+            at = qe
+        if at < length:
+            cu.append((b + 1) * length)
+            gaps = True
+    return cu, gaps
+
+
+def _varlen_form(policy, structure, view, expected):
+    a = policy.call.args
+    B, _, Q, K = view.shape
+    if Q != K:
+        return None
+    seqs = [tuple(s) for s in _run._broadcast_sequences(a.sequences, structure, B)]
+    tiled = _sequences_tile(seqs, B, Q)
+    if tiled is None:
+        return None
+    cu, gaps = tiled
+    device = view.device
+    rows = None
+    if gaps:
+        attends = torch.zeros(B * Q, dtype=torch.bool)
+        for b, qs, qe, _, _ in seqs:
+            attends[b * Q + qs:b * Q + qe] = True
+        rows = attends.view(B, Q, 1, 1).to(device)
+    cu_seqlens = _cache.to_device(np.asarray(cu, dtype=np.int32), device)
+    # max_len: the length, an upper bound of every sequence's; a Python int Dynamo guards,
+    # so it must not change with the padding.
+    return CompiledMask("varlen", view, expected, cu_seqlens=cu_seqlens, max_len=Q,
+                        window=(a.window_left, a.window_right), rows=rows)
+
+
+def _flex_form(policy, structure, view, expected):
+    a = policy.call.args
+    t = _run.Tensors(None, None, None, view, None, 0.0, structure, {})
+    block_mask = _run.flex_block_mask(t, a, view.device)
+    if block_mask is None:
+        return None
+    return CompiledMask("flex", view, expected, block_mask=block_mask)
+
+
+def _compiled_form(policy, structure, view, expected):
+    """What the compiled attention layers run for a decided policy: None for plain causal
+    (sdpa's is_causal: the policy drops the mask for is_causal with Q = K), a CompiledMask
+    for FlexAttention or varlen_attn, else the dense mask (torch's sdpa with it)."""
+    call = policy.call
+    Q, K = view.shape[-2:]
+    if policy.is_plan:
+        return view
+    if call.backend in _run._KERNELS:
+        a = call.args
+        if call.mask == "drop" and a is not None and a.is_causal and Q == K and structure.empty_rows == 0:
+            return None
+        return view
+    if call.backend == "torch.flex_attention":
+        return _flex_form(policy, structure, view, expected) or view
+    if call.backend == "torch.varlen_attn":
+        return _varlen_form(policy, structure, view, expected) or view
+    return view
+
+
+def prepare_compiled(mask, *, heads, kv_heads, head_dim, head_dim_v=None, dtype=torch.float32, training=None,
+                     dropout_p=0.0):
+    """What a compiled model's attention layers should receive in place of `mask` (a dense
+    [B, 1 or H, Q, K] mask made outside the graph): None where the mask is plain causal
+    (sdpa's is_causal, Q = K), a CompiledMask where masklens decides FlexAttention or
+    varlen_attn for the call (`heads`, `kv_heads`, `head_dim`, `dtype`; training: grad mode
+    by default), else the mask itself. The mask is scanned once (the verdict cache) and the
+    call decided among single calls (no plans: a plan's slices are Python ints that would
+    compile again at every new padding). A mask masklens cannot read, or a dtype it does not
+    decide for, comes back as it is. Call it outside the graph (torch.compiler.disable)."""
+    if not isinstance(mask, torch.Tensor) or mask.dim() != 4 or dtype not in _DTYPES or mask.requires_grad:
+        return mask
+    if mask.device.type not in ("cpu", "cuda"):
+        return mask
+    head_dim_v = head_dim if head_dim_v is None else head_dim_v
+    training = torch.is_grad_enabled() if training is None else training
+    B, _, Q, K = mask.shape
+    try:
+        entry = _cache.entry_for(mask)
+    except _core.MaskError:
+        return mask
+    expected = (heads, kv_heads, head_dim, head_dim_v)
+    key = ("compiled", dtype, expected, training, float(dropout_p), torch.are_deterministic_algorithms_enabled())
+    form = entry.derived.get(key, entry)  # the entry itself: not yet decided
+    if form is not entry:
+        return form
+    call = _attention_call(dtype, (B, heads, Q, head_dim), kv_heads, K, head_dim_v, training, dropout_p, mask.dtype)
+    env = _env.environment(mask.device if mask.device.type == "cuda" else "cpu", runnable_only=True)
+    try:
+        policy = _core.decide(entry.verdict.structure, call, env, 1)
+    except _core.MaskError:
+        form = mask
+    else:
+        form = _compiled_form(policy, entry.verdict.structure, mask, expected)
+    entry.derived[key] = form
+    return form
+
+
+def attend_compiled(cm, query, key, value, dropout_p=0.0, scale=None, enable_gqa=False):
+    """A CompiledMask's attention, [B, H, Q, Dv] (traced into the compiled graph), or None
+    where the call is not the one decided for (dropout, other heads or dims, another
+    length): the caller then runs torch's sdpa with cm.mask."""
+    B, H, Q, D = query.shape
+    Hk, Dv = key.shape[1], value.shape[-1]
+    if dropout_p or (H, Hk, D, Dv) != cm.expected or Q != cm.mask.shape[-2] or key.shape[2] != cm.mask.shape[-1]:
+        return None
+    if H != Hk and not enable_gqa:
+        return None
+    if cm.kind == "flex":
+        from torch.nn.attention.flex_attention import flex_attention
+        kwargs = {"enable_gqa": True} if H != Hk else {}
+        return flex_attention(query, key, value, block_mask=cm.block_mask, scale=scale, **kwargs)
+    varlen_attn, params = _run._varlen_params()
+    kwargs = {"scale": scale} if "scale" in params else {}
+    if "window_size" in params:
+        kwargs["window_size"] = cm.window
+    packed = [t.transpose(1, 2).reshape(B * t.shape[2], t.shape[1], t.shape[3]) for t in (query, key, value)]
+    out = varlen_attn(*packed, cm.cu_seqlens, cm.cu_seqlens, cm.max_len, cm.max_len, **kwargs)
+    out = out.view(B, Q, H, Dv)
+    if cm.rows is not None:  # the gaps' own rows: 0, as rows that attend nothing
+        out = torch.where(cm.rows, out, out.new_zeros(()))
+    return out.transpose(1, 2)

@@ -9,16 +9,26 @@ running masklens.torch.scaled_dot_product_attention) and the mask function
 mask function for, transformers builds no mask at all, and padded batches go wrong.
 
 sdpa_mask hands every layer of a forward the same mask tensor, so a model pays one scan
-per forward (per mask kind: sliding and full layers have one each). One-token decode,
-CUDA graph capture and torch.compile take transformers' sdpa path unchanged: the scan
-would cost more than it saves there, or cannot run at all.
+per forward (per mask kind: sliding and full layers have one each). One-token decode
+takes transformers' sdpa path unchanged (nothing to prove in one row).
+
+torch.compile(model): transformers calls the mask function once per forward (per mask
+kind), and there masklens proves and decides outside the graph (a
+torch.compiler.disable'd call: one graph break per mask kind and forward) and hands the
+layers what compiles well: None for plain causal (sdpa's is_causal), a CompiledMask for
+FlexAttention or varlen_attn, or the dense mask as sdpa would (masklens.torch.
+prepare_compiled). Inside the layers nothing breaks the graph.
+
+CUDA graph capture: a call whose mask the drop-in ran before the capture (the same
+tensor, unchanged: a 4-D mask the caller passes) is replayed; any other runs as torch's.
 
 Importing this module or calling register() does not initialise CUDA (nor load
 masklens' kernels): registration happens at import, often before the program has chosen
 its device. CUDA loads a kernel at its first launch, so the first forward's scan of a
-CUDA mask would also pay for loading masklens' (about a millisecond, once per process);
-a framework that wants it at start-up calls masklens.load_kernels() once its CUDA
-context exists (after the model is on its device, say):
+CUDA mask would also pay for loading masklens'; the mask function, the first time it
+sees a CUDA device, loads them there on a background thread (masklens.load_kernels),
+while transformers builds the mask (preload_kernels = False turns it off). A framework
+that wants them loaded before any forward calls masklens.load_kernels() itself:
 
     import masklens, masklens.transformers
     model = AutoModelForCausalLM.from_pretrained(..., attn_implementation="masklens").to("cuda")
@@ -26,46 +36,137 @@ context exists (after the model is on its device, say):
 """
 from __future__ import annotations
 
+import logging
+import threading
+
 import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from . import _cache
-from .torch import scaled_dot_product_attention
+from .torch import CompiledMask, attend_compiled, prepare_compiled, scaled_dot_product_attention
 
 NAME = "masklens"
+logger = logging.getLogger("masklens")
+
+# Whether the mask function loads masklens' CUDA kernels (on a background thread) the first
+# time it sees a CUDA device.
+preload_kernels = True
+_devices_seen = set()  # the mask functions' `device` arguments seen (as given: no conversion per call)
+_loaders = {}          # CUDA device index -> the thread that loads masklens' kernels there
+
+
+def _load_in_background(device) -> None:
+    """Starts masklens.load_kernels(device) on a thread of its own, once per CUDA device:
+    CUDA loads modules under its own lock, so a scan that starts meanwhile waits at most
+    for the rest of the load, never loads twice."""
+    import masklens
+    device = torch.device(device)
+    if device.type != "cuda" or not masklens.has_cuda_scan():
+        return
+    index = torch.cuda.current_device() if device.index is None else device.index
+    if index in _loaders:
+        return
+
+    def load():
+        try:
+            masklens.load_kernels(index)
+        except Exception as e:  # the first scan loads them itself, and names any failure
+            logger.debug("masklens: loading the kernels on cuda:%d failed: %s", index, e)
+    thread = threading.Thread(target=load, name=f"masklens-load-kernels-{index}", daemon=True)
+    _loaders[index] = thread
+    thread.start()
+
+
+def _begin_forward(device) -> None:
+    _cache.begin_forward()
+    if preload_kernels and device is not None and device not in _devices_seen:
+        _devices_seen.add(device)
+        _load_in_background(device)
 
 
 def masklens_mask(*args, **kwargs):
     """transformers' sdpa_mask; each call starts a new forward for the verdict cache
-    (inference-mode masks are remembered within one forward)."""
-    _cache.begin_forward()
+    (inference-mode masks are remembered within one forward). Inside torch.compile the
+    mask is made, proven and decided outside the graph (_mask_outside_graph)."""
+    if torch.compiler.is_compiling():
+        return _mask_outside_graph(*args, **kwargs)
+    _begin_forward(kwargs.get("device"))
     return sdpa_mask(*args, **kwargs)
+
+
+def _attention_shape(config):
+    """(heads, kv_heads, head_dim) of a model's attention layers, from its config, or None."""
+    heads = getattr(config, "num_attention_heads", None)
+    if not isinstance(heads, int) or heads < 1:
+        return None
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or getattr(config, "hidden_size", 0) // heads
+    if not isinstance(kv_heads, int) or not isinstance(head_dim, int) or head_dim < 1:
+        return None
+    return heads, kv_heads, head_dim
+
+
+def _call_dtype(dtype, device):
+    """The dtype the attention layers compute in: autocast's where it is on."""
+    device_type = torch.device(device).type
+    if torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return dtype
+
+
+@torch.compiler.disable
+def _mask_outside_graph(*args, **kwargs):
+    """sdpa_mask run eagerly inside a compiled model (the one graph break of a forward per
+    mask kind), its mask proven and the call decided: what the layers receive is
+    masklens.torch.prepare_compiled's (None for plain causal, a CompiledMask, or the
+    dense mask). The layers' shape comes from the config transformers passes."""
+    _begin_forward(kwargs.get("device"))
+    mask = sdpa_mask(*args, **kwargs)
+    shape = _attention_shape(kwargs.get("config"))
+    if mask is None or shape is None or not isinstance(mask, torch.Tensor):
+        return mask
+    heads, kv_heads, head_dim = shape
+    dtype = _call_dtype(kwargs.get("dtype", torch.float32), mask.device)
+    return prepare_compiled(mask, heads=heads, kv_heads=kv_heads, head_dim=head_dim, dtype=dtype)
 
 
 def _skip_scan(query, attention_mask) -> bool:
     return (attention_mask is None or query.shape[2] == 1 or torch.compiler.is_compiling()
-            or (query.is_cuda and torch.cuda.is_current_stream_capturing())
             or not isinstance(attention_mask, torch.Tensor))
+
+
+def _gqa(module, query, key, value):
+    """(key, value, enable_gqa): GQA through module.num_key_value_groups, expanded as sdpa
+    does where the heads do not divide as GQA expects."""
+    groups = getattr(module, "num_key_value_groups", 1)
+    if groups > 1 and key.shape[1] * groups != query.shape[1]:
+        return repeat_kv(key, groups), repeat_kv(value, groups), False
+    return key, value, groups > 1
 
 
 def masklens_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
                                **kwargs):
     """sdpa_attention_forward's contract: query/key/value [B, H, L, D], GQA through
     module.num_key_value_groups, returns (out [B, L, H, Dv], None)."""
+    if isinstance(attention_mask, CompiledMask):
+        # A compiled model's mask, decided outside the graph: traced as it is, or the dense
+        # mask where this call is not the one decided for.
+        out = None
+        if kwargs.get("position_bias") is None and kwargs.get("softcap") is None:
+            k, v, enable_gqa = _gqa(module, query, key, value)
+            out = attend_compiled(attention_mask, query, k, v, dropout_p=dropout, scale=scaling, enable_gqa=enable_gqa)
+        if out is not None:
+            return out.transpose(1, 2).contiguous(), None
+        attention_mask = attention_mask.mask
     if _skip_scan(query, attention_mask) or kwargs.get("position_bias") is not None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
     if kwargs.get("softcap") is not None:
         raise ValueError("`masklens` attention does not support `softcap` (as `sdpa`). Try `eager` or "
                          "`flex_attention`")
-    groups = getattr(module, "num_key_value_groups", 1)
-    enable_gqa = groups > 1
-    if enable_gqa and key.shape[1] * groups != query.shape[1]:
-        # Heads that do not divide as GQA expects: expand as sdpa does.
-        key, value = repeat_kv(key, groups), repeat_kv(value, groups)
-        enable_gqa = False
+    key, value, enable_gqa = _gqa(module, query, key, value)
     # sdpa's is_causal rule: only without a mask; with one the mask decides (and masklens
     # drops it again where it is plain causal).
     out = scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling,
@@ -75,7 +176,7 @@ def masklens_attention_forward(module, query, key, value, attention_mask, dropou
 
 def register() -> None:
     """Registers "masklens" with AttentionInterface and AttentionMaskInterface. Touches no
-    CUDA device: masklens.load_kernels() is the framework's to call at start-up."""
+    CUDA device: the kernels load at the first forward on one (preload_kernels)."""
     AttentionInterface.register(NAME, masklens_attention_forward)
     AttentionMaskInterface.register(NAME, masklens_mask)
 
