@@ -150,6 +150,11 @@ def masklens_attention_forward(module, query, key, value, attention_mask, dropou
                                **kwargs):
     """sdpa_attention_forward's contract: query/key/value [B, H, L, D], GQA through
     module.num_key_value_groups, returns (out [B, L, H, Dv], None)."""
+    if kwargs.get("s_aux") is not None:
+        # Attention sinks (GPT-OSS): a logit per head that sdpa's call has no place for;
+        # transformers refuses "sdpa" for such models, so a result without them is wrong.
+        raise ValueError("`masklens` attention does not support attention sinks (`s_aux`, as `sdpa`). Try `eager` "
+                         "or `flex_attention`")
     if isinstance(attention_mask, CompiledMask):
         # A compiled model's mask, decided outside the graph: traced as it is, or the dense
         # mask where this call is not the one decided for.
