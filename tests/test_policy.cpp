@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <string>
 
 #include "support/calls.hpp"
@@ -640,6 +641,79 @@ TEST_CASE("a slower rejection's estimates never read alike: digits enough to tel
   CHECK(r.reason() == "correct natively but slower (estimated 5.040 ms vs 5.000 ms)");
   r.cost_ms = 5.0 + 1e-12;  // alike to 9 digits: a tie
   CHECK(r.reason() == "correct natively and no faster (estimated 5.0 ms, as the chosen call)");
+}
+
+}  // TEST_SUITE
+
+TEST_SUITE("policy") {
+
+TEST_CASE("a cold FlexAttention compile is a cost: never chosen where a compile-free call costs less than it") {
+  AttentionCall c = seed_call();
+  c.head_dim = 128;
+  c.training = true;
+  Environment env = h200();
+  env.available |= kFamilyFlex;
+  DecideOptions cold;
+  cold.flex_compile_ms = kFlexColdCompileMs;
+  const auto flex_rejection = [](const Policy& p) {
+    return *std::find_if(p.rejected.begin(), p.rejected.end(),
+                         [](const Rejection& r) { return r.backend == Backend::flex_attention; });
+  };
+
+  // The 4096 window at 69632 tokens: flex warm (5.5 ms) beats varlen_attn (7.1 ms); cold,
+  // varlen_attn runs it without a compile, and flex's rejection carries the compile.
+  auto window = make_structure(StructureKind::sliding_window, 1, 69632, 69632);
+  window.window = 4096;
+  auto warm = decide(window, c, env);
+  auto fresh = decide(window, c, env, cold);
+  REQUIRE(warm.ok());
+  REQUIRE(fresh.ok());
+  CHECK(warm->backend() == Backend::flex_attention);
+  CHECK(fresh->backend() == Backend::torch_varlen);
+  const Rejection flex = flex_rejection(*fresh);
+  CHECK(flex.kind == RejectionKind::slower);
+  CHECK(flex.compile_ms == kFlexColdCompileMs);
+  CHECK(flex.cost_ms == doctest::Approx(warm->cost_ms + kFlexColdCompileMs));  // its tiles counted
+  CHECK(flex.reason().find("a cold compile of 3500 ms included") != std::string::npos);
+
+  // Structures torch runs only with the dense mask or a plan: at 69632 tokens those cost
+  // less than the compile, so a cold flex loses to them too.
+  auto prefix_lm = make_structure(StructureKind::prefix_lm, 1, 69632, 69632);
+  prefix_lm.prefix = 4096;
+  auto torch_only = decide(prefix_lm, c);
+  auto cold_prefix = decide(prefix_lm, c, env, cold);
+  REQUIRE(torch_only.ok());
+  REQUIRE(cold_prefix.ok());
+  CHECK(decide(prefix_lm, c, env)->backend() == Backend::flex_attention);
+  CHECK(cold_prefix->backend() == torch_only->backend());
+  CHECK(cold_prefix->cost_ms == doctest::Approx(torch_only->cost_ms));
+
+  // Where every compile-free call costs more than the compile and flex's run together (VLM
+  // blocks too many for a plan, the dense mask over 64 heads x 131072^2: 7 s), a cold flex
+  // is chosen and its estimate includes the compile.
+  auto blocks = make_structure(StructureKind::causal_blocks, 1, 131072, 131072);
+  for (std::int64_t at = 100; at + 300 < 131072; at += 400) blocks.blocks.push_back({at, at + 300});
+  AttentionCall big = c;
+  big.heads = 64;
+  auto dense_only = decide(blocks, big);
+  auto cold_blocks = decide(blocks, big, env, cold);
+  REQUIRE(dense_only.ok());
+  REQUIRE(cold_blocks.ok());
+  CHECK(dense_only->cost_ms > kFlexColdCompileMs);
+  CHECK(cold_blocks->backend() == Backend::flex_attention);
+  CHECK(cold_blocks->cost_ms > kFlexColdCompileMs);
+  CHECK(cold_blocks->cost_ms < dense_only->cost_ms);
+
+  // +inf: flex is never chosen where anything else runs; a compile cost that is no
+  // number, or negative, is an invalid option.
+  DecideOptions never;
+  never.flex_compile_ms = std::numeric_limits<double>::infinity();
+  CHECK(decide(blocks, big, env, never)->backend() != Backend::flex_attention);
+  for (double bad : {-1.0, std::numeric_limits<double>::quiet_NaN()}) {
+    DecideOptions o;
+    o.flex_compile_ms = bad;
+    CHECK(decide(window, c, env, o).status().code() == ErrorCode::invalid_argument);
+  }
 }
 
 }  // TEST_SUITE

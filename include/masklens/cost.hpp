@@ -159,6 +159,16 @@ inline double flex_pairs(const MaskStructure& s, const TileFractions& tiles, boo
          (tiles.full + factor * tiles.partial);
 }
 
+// What a FlexAttention call costs before its first run where no compiled kernel for its
+// shape bucket is warm: Dynamo's trace and Inductor's Triton kernels, forward and
+// backward. Measured on an H200 (torch 2.11, a 4096 window, 1 x 4 x L x 128 bf16, 14 new
+// lengths from 16384 to 28069, train and eval steps alternating; issue 31): 0.4 to 17.7 s
+// a compile, 48.8 s for the 14, 3.5 s on average. decide() charges it only where the
+// caller says the kernel is cold (DecideOptions::flex_compile_ms, which may carry the
+// caller's own estimate instead); masklens.torch passes it for a bucket it has not
+// compiled (docs/python.md, "Lengths that change").
+inline constexpr double kFlexColdCompileMs = 3500;
+
 // Work units of `pairs` (query, key) pairs for the call: heads and head_dim / 128 scale them.
 inline double work_units(double pairs, const AttentionCall& call) noexcept {
   // Summed as doubles: two head dims of up to 2^62 (AttentionCall::validate) overflow int64.

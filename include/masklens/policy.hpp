@@ -79,6 +79,7 @@ struct Rejection {
   const Defect* defect = nullptr;   // defect
   Usage usage = Usage::native;      // slower: the way it would have run
   double cost_ms = 0, chosen_cost_ms = 0;  // slower: estimated milliseconds (cost.hpp)
+  double compile_ms = 0;            // slower: the part of cost_ms a cold FlexAttention compile is
   std::int64_t plan_calls = 0;      // slower, usage plan_step
   StructureKind structure = StructureKind::arbitrary;  // inexpressible
   bool segments = false, kv_valid = false;              // inexpressible: the structure's modifiers
@@ -110,9 +111,10 @@ struct Rejection {
           mine = format_ms(cost_ms, digits);
           chosen = format_ms(chosen_cost_ms, digits);
         }
+        const std::string cold = compile_ms > 0 ? ", a cold compile of " + format_ms(compile_ms) + " included" : "";
         if (mine == chosen || !(cost_ms > chosen_cost_ms))
-          return text + " and no faster (estimated " + format_ms(cost_ms) + ", as the chosen call)";
-        return text + " but slower (estimated " + mine + " vs " + chosen + ")";
+          return text + " and no faster (estimated " + format_ms(cost_ms) + cold + ", as the chosen call)";
+        return text + " but slower (estimated " + mine + cold + " vs " + chosen + ")";
       }
     }
     return {};
@@ -152,6 +154,21 @@ struct Policy {
 struct DecideOptions {
   // A plan is considered only while it stays this short (calls over all batches).
   std::int64_t max_plan_calls = 64;
+  // Milliseconds a FlexAttention call spends compiling before it runs: 0 (the default)
+  // where a compiled kernel for the call's shape bucket is warm, or where the caller
+  // runs flex without compiling; kFlexColdCompileMs (cost.hpp), or the caller's own
+  // estimate, where it would compile now; +inf where flex must not run at all. A cold
+  // flex pays it on top of its run: it is never chosen where a warm or compile-free call
+  // (varlen_attn, cuDNN with the mask, a plan of is_causal slices) costs less than the
+  // compile (docs/policy.md, "A cold compile").
+  double flex_compile_ms = 0;
+
+  [[nodiscard]] Status validate() const {
+    if (!(flex_compile_ms >= 0))  // written so that NaN fails too
+      return Status(ErrorCode::invalid_argument,
+                    "options.flex_compile_ms must be >= 0 (or +inf), got " + short_number(flex_compile_ms));
+    return {};
+  }
 };
 
 namespace detail {
@@ -165,6 +182,7 @@ struct Candidate {
   // FlexAttention on an exact structure: cost_ms is the attended-pairs estimate every
   // native kernel gets, until refine_flex() counts the structure's tiles.
   bool flex_untiled = false;
+  double compile_ms = 0;  // FlexAttention: the cold compile cost_ms includes (charge_flex_compile)
 };
 
 // The mask must stay whenever dropping it would change the result.
@@ -214,6 +232,19 @@ inline void refine_flex(const MaskStructure& s, const CallContext& c, Candidate*
     flex.cost_ms = call_cost(Backend::flex_attention, flex.usage,
                              flex_pairs(s, tiles, flex.usage == Usage::dense_mask), c);
     flex.flex_untiled = false;
+  }
+}
+
+// Step 2, last: a cold FlexAttention pays its compile on top of its run (DecideOptions::
+// flex_compile_ms). Charged after refine_flex, which compares warm costs: a flex call
+// that would win warm has its tiles counted, so its rejection says what it would cost
+// once compiled (masklens.torch reads that to know what the cold rule gives up).
+inline void charge_flex_compile(Candidate* candidates, std::size_t n, double compile_ms) noexcept {
+  if (compile_ms <= 0) return;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (candidates[i].backend != Backend::flex_attention) continue;
+    candidates[i].cost_ms += compile_ms;
+    candidates[i].compile_ms = compile_ms;
   }
 }
 
@@ -429,6 +460,7 @@ inline Status check_inputs(const MaskStructure& structure, const AttentionCall& 
 inline Result<Policy> decide(const MaskStructure& structure, const AttentionCall& call, const Environment& env = {},
                              const DecideOptions& options = {}) {
   if (Status s = check_inputs(structure, call, env); !s.ok()) return s;
+  if (Status s = options.validate(); !s.ok()) return s;
   // Judge what the structure implies (its empty rows, one modifier entry per batch),
   // never a count it was handed; a copy only when the given form differs.
   if (!spelled_out(structure)) {
@@ -456,6 +488,7 @@ inline Result<Policy> decide(const MaskStructure& structure, const AttentionCall
     }
 
     detail::refine_flex(s, context, candidates.data(), n_candidates);
+    detail::charge_flex_compile(candidates.data(), n_candidates, options.flex_compile_ms);
 
     // Step 3.
     Policy policy;
@@ -497,6 +530,7 @@ inline Result<Policy> decide(const MaskStructure& structure, const AttentionCall
                      : "bench/README.md (cost rates estimated, not measured)";
       r.usage = c.usage;
       r.cost_ms = c.cost_ms;
+      r.compile_ms = c.compile_ms;
       r.chosen_cost_ms = best->cost_ms;
       r.plan_calls = plan_calls;
       policy.rejected.push_back(std::move(r));

@@ -859,7 +859,10 @@ NB_MODULE(_core, m) {
                    })
       .def_prop_ro("cost_ms", [](const Rejection& r) {
         return r.kind == RejectionKind::slower ? std::optional<double>(r.cost_ms) : std::nullopt;
-      });
+      })
+      .def_prop_ro("compile_ms", [](const Rejection& r) {
+        return r.kind == RejectionKind::slower ? std::optional<double>(r.compile_ms) : std::nullopt;
+      }, "slower: the part of cost_ms a cold FlexAttention compile is (DecideOptions::flex_compile_ms)");
 
   nb::class_<Hazard>(m, "Hazard")
       .def_prop_ro("kind", [](const Hazard& h) { return std::string(to_string(h.kind)); })
@@ -876,13 +879,17 @@ NB_MODULE(_core, m) {
 
   m.def(
       "decide",
-      [](const MaskStructure& s, const AttentionCall& call, const Environment& env, std::int64_t max_plan_calls) {
+      [](const MaskStructure& s, const AttentionCall& call, const Environment& env, std::int64_t max_plan_calls,
+         double flex_compile_ms) {
         DecideOptions options;
         options.max_plan_calls = max_plan_calls;
+        options.flex_compile_ms = flex_compile_ms;
         return take(decide(s, call, env, options));
       },
-      "structure"_a, "call"_a, "environment"_a, "max_plan_calls"_a = 64,
-      "The backend and typed call that compute the structure correctly and fastest (docs/policy.md).");
+      "structure"_a, "call"_a, "environment"_a, "max_plan_calls"_a = 64, "flex_compile_ms"_a = 0.0,
+      "The backend and typed call that compute the structure correctly and fastest (docs/policy.md); "
+      "flex_compile_ms: what a FlexAttention call would spend compiling first (0: warm).");
+  m.attr("FLEX_COLD_COMPILE_MS") = kFlexColdCompileMs;
   // --- Context parallelism: a table's runs from row shards (masklens.distributed) -------
   // Spans are a monoid over row shards, so each rank scans its own rows into runs
   // (O(runs), tiny for the masks frameworks pass), the ranks all_gather them, and every
