@@ -500,7 +500,7 @@ TEST_CASE("decide and render refuse a malformed structure with the field and the
   MaskStructure short_segments = make_structure(StructureKind::causal, 4, 16, 16);
   short_segments.segments = {{0, 8, 16}, {0, 16}};
   cases.push_back({"segments shorter than batch (read past the heap)", short_segments, ErrorCode::invalid_argument,
-                   "structure.segments must list one entry per batch (4) or one for every batch, got 2"});
+                   "structure.segments must list one entry per batch (4) or a single one for all batches, got 2"});
   MaskStructure short_kv = make_structure(StructureKind::full, 3, 1, 16);
   short_kv.kv_valid = {{0, 16}, {0, 8}};
   cases.push_back({"kv_valid shorter than batch", short_kv, ErrorCode::invalid_argument,

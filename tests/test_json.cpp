@@ -130,7 +130,7 @@ TEST_CASE("malformed structures are errors naming the field") {
       {R"({"kind": "causal_blocks", "blocks": []})", ErrorCode::invalid_argument, "at least one block"},
       {R"({"kind": "causal_blocks", "blocks": [[0, "4"]]})", ErrorCode::parse_error, "structure.blocks[0] must be [start, end]"},
       {R"({"kind": "causal", "kv_valid": [[0, 8], [0, 8], [0, 8]]})", ErrorCode::invalid_argument,
-       "structure.kv_valid must list one entry per batch (2) or one for every batch, got 3"},
+       "structure.kv_valid must list one entry per batch (2) or a single one for all batches, got 3"},
       {R"({"kind": "causal", "kv_valid": [[0, 99], [0, 8]]})", ErrorCode::invalid_argument,
        "structure.kv_valid[0] must satisfy 0 <= start <= end <= K (16), got [0, 99]"},
       {R"({"kind": "causal", "kv_valid": [[-1, 4], [0, 8]]})", ErrorCode::invalid_argument, "structure.kv_valid[0]"},
@@ -163,7 +163,7 @@ TEST_CASE("malformed structures are errors naming the field") {
       {R"({"structure": {"kind": "causal", "Kind": "full"}})", ErrorCode::parse_error, "structure.Kind is not a structure field"},
       // An empty per-batch list is neither one entry nor one per batch.
       {R"({"kind": "causal", "kv_valid": []})", ErrorCode::invalid_argument,
-       "structure.kv_valid must list one entry per batch (2) or one for every batch, got 0"},
+       "structure.kv_valid must list one entry per batch (2) or a single one for all batches, got 0"},
       {R"({"kind": "causal", "q_valid": []})", ErrorCode::invalid_argument, "structure.q_valid must list one entry per batch (2)"},
       {R"({"kind": "causal", "segments": []})", ErrorCode::invalid_argument, "structure.segments must list one entry per batch (2)"},
       // Integers from 2^63 to 2^64 read as unsigned: reported as written, not wrapped.

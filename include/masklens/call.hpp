@@ -111,8 +111,8 @@ struct AttentionCall {
   // Every field inside its domain; the first violation, named. The one check of a call
   // for every entry point: the C++ API (decide()), the CLI (which names its options for
   // the fields) and the Python package. Counts and lengths stop at 2^62 as a structure's
-  // do (kMaxCallExtent), so the head dims' sum and the cost model's products stay finite
-  // and exact in 64 bits.
+  // do (kMaxCallExtent); the cost model takes its sums and products of them in double
+  // (work_units), where two such counts would overflow 64 bits.
   [[nodiscard]] Status validate() const {
     const auto bad = [](std::string what) { return Status(ErrorCode::invalid_argument, std::move(what)); };
     const auto text = [](std::int64_t v) { return std::to_string(v); };

@@ -216,7 +216,7 @@ inline Result<KeyRange> range_from_json(const nlohmann::json& j, const std::stri
 inline Status non_empty_list(const nlohmann::json& j, const std::string& where, std::int64_t batch) {
   if (j.is_array() && j.empty())
     return error(ErrorCode::invalid_argument, where + " must list one entry per batch (" + std::to_string(batch) +
-                                                  ") or one for every batch, got 0 (null or no key: none)");
+                                                  ") or a single one for all batches, got 0 (null or no key: none)");
   return {};
 }
 

@@ -304,7 +304,7 @@ struct MaskStructure {
     const auto entries = [&](const char* name, std::size_t n) -> Status {
       if (n > 1 && n != static_cast<std::size_t>(batch))
         return bad(std::string("structure.") + name + " must list one entry per batch (" + text(batch) +
-                   ") or one for every batch, got " + text(static_cast<std::int64_t>(n)));
+                   ") or a single one for all batches, got " + text(static_cast<std::int64_t>(n)));
       return {};
     };
     if (tile_fractions) {

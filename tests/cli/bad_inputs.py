@@ -162,8 +162,10 @@ def bad_npy_cases():
         ("shape string", npy(header(shape="('4', 4)"), GOOD_DATA), [], "other than integers"),
         ("shape negative", npy(header(shape="(-4, -4)"), GOOD_DATA), [], "must be >= 1, got -4"),
         ("shape zero", npy(header(shape="(0, 4)"), b""), [], "must be >= 1, got 0"),
-        ("shape empty (a scalar)", npy(header(shape="()"), b"\1"), [], "1 to 4 dims, the file has 0"),
-        ("shape of five dims", npy(header(shape="(1, 1, 1, 4, 4)"), GOOD_DATA), [], "1 to 4 dims"),
+        ("shape empty (a scalar)", npy(header(shape="()"), b"\1"), [], "2 to 4 dims ([Q, K], [H, Q, K] or [B, H, Q, K]) as SDPA takes it, the file has 0"),
+        ("shape of five dims", npy(header(shape="(1, 1, 1, 4, 4)"), GOOD_DATA), [], "2 to 4 dims"),
+        # One dim: torch refuses a 1-D attn_mask; [K] read as one query row would advise on it.
+        ("shape of one dim", npy(header(shape="(16,)"), GOOD_DATA), [], "2 to 4 dims"),
         ("shape dim past 2^63", npy(header(shape="(99999999999999999999, 1)"), GOOD_DATA), [], "overflows 64 bits"),
         ("shape product past 2^63", npy(header(shape="(4294967296, 4294967296)"), GOOD_DATA), [], "overflows 64 bits"),
         ("shape needs more data", npy(header(shape="(8, 8)"), GOOD_DATA), [], "header lies about size"),

@@ -384,11 +384,11 @@ with tempfile.TemporaryDirectory() as tmp:
         ("u2 without --mask-dtype", "{'descr': '<u2', 'fortran_order': False, 'shape': (2, 2), }", b"\0" * 8, "needs --mask-dtype"),
         ("truncated data", "{'descr': '|b1', 'fortran_order': False, 'shape': (100, 100), }", b"\1" * 50, "header lies about size"),
         ("huge shape", "{'descr': '|b1', 'fortran_order': False, 'shape': (99999999999, 99999999999), }", b"", "overflows"),
-        ("five dims", "{'descr': '|b1', 'fortran_order': False, 'shape': (1, 1, 1, 2, 2), }", b"\1" * 4, "1 to 4 dims"),
+        ("five dims", "{'descr': '|b1', 'fortran_order': False, 'shape': (1, 1, 1, 2, 2), }", b"\1" * 4, "2 to 4 dims"),
         ("zero dim", "{'descr': '|b1', 'fortran_order': False, 'shape': (0, 4), }", b"", ">= 1"),
         ("no shape", "{'descr': '|b1', 'fortran_order': False, }", b"", "no 'shape'"),
         ("fortran junk", "{'descr': '|b1', 'fortran_order': Maybe, 'shape': (2, 2), }", b"\1" * 4, "neither True nor False"),
-        # A key twice: numpy refuses it; reading the first or the last reads another mask.
+        # A key twice: numpy keeps the last silently; reading either one reads another mask.
         ("duplicate shape", "{'descr': '|b1', 'fortran_order': False, 'shape': (2, 2), 'shape': (1, 4), }", b"\1" * 4,
          "'shape' twice"),
         ("duplicate descr", "{'descr': '<f4', 'descr': '|b1', 'fortran_order': False, 'shape': (2, 2), }", b"\1" * 4,
@@ -460,7 +460,8 @@ with tempfile.TemporaryDirectory() as tmp:
         (["--head-dim-v", "0"], "--head-dim-v"),
         (["--heads", "0"], "--heads"),
         (["--kv-heads", "0"], "--kv-heads"),
-        (["--kv-heads", "3"], "--kv-heads"),  # 3 does not divide the 16 heads
+        (["--kv-heads", "3"], "--kv-heads"),  # 3 does not divide the 16 heads (the masks here have one head)
+        (["--heads", "16", "--kv-heads", "3"], "--kv-heads"),
         (["--heads", "6", "--kv-heads", "4"], "--kv-heads"),
         (["--sm", "-5"], "--sm"),
         (["--sm", "9"], "--sm"),
@@ -516,6 +517,8 @@ with tempfile.TemporaryDirectory() as tmp:
         check(f"got {value}" in p.stderr and "cannot open" not in p.stderr, f"--masked-threshold {value}: {p.stderr!r}")
     check(run("inspect", small_mask, "--masked-threshold", "-1e-40").returncode == 0, "a subnormal float32 threshold")
     for extra, option in bad_calls:
+        if extra == ["--kv-heads", "3"]:
+            continue  # without --heads, inspect's heads are the mask's: known only once it is read
         p = bad_argument(["inspect", missing_mask, *extra], option, f"inspect of a missing mask {extra}")
         check("cannot open" not in p.stderr, f"inspect {extra} read the mask before checking: {p.stderr!r}")
     # Integers exactly as written: nothing saturates to 2^63 - 1 or passes as a float.
@@ -540,10 +543,19 @@ with tempfile.TemporaryDirectory() as tmp:
     heads3 = os.path.join(tmp, "heads3.npy")
     run("make", "causal", "--shape", "2,3,16,16", "-o", heads3)
     inspected = json.loads(run("inspect", heads3, "--json").stdout)["policy"]
-    policies = {h: json.loads(run("policy", "--structure", '{"kind": "causal"}', "--shape", "2,3,16,16", "--heads", h,
-                                  "--json").stdout)["policy"] for h in ("3", "16")}
+    policies = {h: json.loads(run("policy", "--structure", '{"kind": "causal"}', "--shape", f"2,{mh},16,16", "--heads",
+                                  h, "--json").stdout)["policy"] for h, mh in (("3", "3"), ("16", "1"))}
     check(inspected == policies["3"], f"inspect of a 3-head mask is not the 3-head call: {inspected['cost_ms']}")
     check(policies["3"]["cost_ms"] != policies["16"]["cost_ms"], "3 and 16 heads cost the same: the check is blind")
+    # policy's --shape is the mask's: its heads are the call's too (without --heads they follow).
+    follows = json.loads(run("policy", "--structure", '{"kind": "causal"}', "--shape", "2,3,16,16", "--json").stdout)
+    check(follows["policy"] == policies["3"], "policy of a 3-head --shape without --heads is not the 3-head call")
+    p = bad_argument(["policy", "--structure", '{"kind": "causal", "bias": true}', "--shape", "2,3,16,16", "--heads",
+                      "16"], "--heads", "policy --heads 16 for a 3-head --shape")
+    check("3 heads" in p.stderr and "--shape 2,3,16,16" in p.stderr, f"policy --heads 16, 3-head shape: {p.stderr!r}")
+    # --kv-heads is checked against the mask's heads where --heads follows them, not the default 16.
+    check(run("inspect", heads3, "--kv-heads", "3").returncode == 0, "--kv-heads 3 for a 3-head mask")
+    check(run("inspect", heads3, "--kv-heads", "1").returncode == 0, "--kv-heads 1 for a 3-head mask")
     check(run("inspect", heads3, "--heads", "3").returncode == 0, "--heads 3 for a 3-head mask")
     p = bad_argument(["inspect", heads3, "--heads", "16"], "--heads", "--heads 16 for a 3-head mask")
     check("3 heads" in p.stderr and heads3 in p.stderr, f"--heads 16 for a 3-head mask: {p.stderr!r}")

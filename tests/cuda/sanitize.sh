@@ -55,6 +55,9 @@ done
 # The calls that fail on purpose: one reported API error a test, nothing else.
 for p in "${programs[@]}"; do
   count=$("$p" -ts="$on_purpose" -ltc 2>/dev/null | grep -oE 'passing the current filters: [0-9]+' | grep -oE '[0-9]+$')
+  if [ -z "$count" ] || [ "$count" -eq 0 ]; then
+    echo "memcheck $(basename "$p") ($on_purpose): no such test listed (the program did not run?)"; bad=1; continue
+  fi
   run "memcheck $(basename "$p") ($on_purpose)" "$count" --tool memcheck -- "$p" -ts="$on_purpose" --duration=true
 done
 rm -rf "$logs"

@@ -49,7 +49,10 @@ struct CallOptions {
   std::string dtype = "bf16";
   std::string head_dim = "128", heads = "16", sm = "90";
   std::optional<std::string> head_dim_v, kv_heads;  // unset: the head dim, the heads
-  bool heads_given = false;                          // inspect: unset, the heads follow the mask
+  bool heads_given = false;                          // inspect, policy: unset, the heads follow the mask
+  // Set by inspect and policy until the mask's heads are known (match_mask_heads): the
+  // default heads are no call yet, so --kv-heads is checked against the mask's instead.
+  bool heads_follow_mask = false;
   bool training = false, deterministic = false;
   double dropout = 0;
   std::string torch = "2.11", cudnn = "9.19";
@@ -127,6 +130,9 @@ Result<CallContext> make_call(const CallOptions& o, std::optional<ElementType> m
     if (*v < 1) return bad(std::string(option) + " must be >= 1, got " + *text);
     *into = *v;
   }
+  // Heads that will follow the mask are no call yet: the kv heads are checked against the
+  // mask's (match_mask_heads), so stand them in for the heads until then.
+  if (o.heads_follow_mask && !o.heads_given && o.kv_heads) c.heads = c.kv_heads;
   if (o.kv_heads && c.heads % c.kv_heads != 0)
     return bad("--kv-heads must divide --heads (" + std::to_string(c.heads) + "), got " + *o.kv_heads);
   auto sm = parse_integer("--sm", o.sm);
@@ -314,6 +320,7 @@ Status validate_inspect_options(const std::string& mask_dtype, const std::string
 // heads: without --heads the call takes the mask's; a --heads that differs, or a
 // --kv-heads that does not divide the mask's heads, is refused naming both.
 Status match_mask_heads(CallOptions& o, std::int64_t mask_heads, const std::string& path) {
+  o.heads_follow_mask = false;  // the call's heads are settled here
   if (mask_heads == 1) return {};
   // The options were checked before the mask was read: these parse.
   const auto number = [](const std::string& text) {
@@ -735,6 +742,7 @@ int run_command(int argc, char** argv) {
     return usage_error(app, e, argc, argv);
   }
 
+  if (*inspect_cmd || *policy_cmd) call_options.heads_follow_mask = true;
   if (*inspect_cmd) {
     if (Status s = validate_call_options(call_options); !s.ok()) return fail(s);
     if (Status s = validate_inspect_options(mask_dtype, device, threshold); !s.ok()) return fail(s);
@@ -780,6 +788,8 @@ int run_command(int argc, char** argv) {
     if (!j) return bad_structure(j.status());
     auto s = structure_from_json(*j, (*shape)[0], (*shape)[1], (*shape)[2], (*shape)[3]);
     if (!s) return bad_structure(s.status());
+    // --shape is the mask's: a mask kept in the call is [B, H, Q, K], so its heads are the call's.
+    if (Status st = match_mask_heads(call_options, (*shape)[1], "--shape " + shape_text); !st.ok()) return fail(st);
     auto call = make_call(call_options, dense_dtype);
     if (!call) return fail(call.status());
     call->call.batch = s->batch;

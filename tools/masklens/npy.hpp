@@ -139,9 +139,9 @@ struct HeaderFields {
 
 // Reads a header's dict literal as numpy does (ast.literal_eval, then exactly the keys
 // descr, fortran_order and shape): quoted keys, a string descr, True or False, a tuple
-// of integers, commas, optional trailing commas and white space. A key given twice or
-// one numpy does not write is an error (numpy refuses them; a first-or-last-wins reader
-// would read a mask other than the one numpy sees).
+// of integers, commas, optional trailing commas and white space. A key numpy does not
+// write is an error, as numpy makes it; so is a key given twice, which numpy reads as its
+// last value: a header that says two things is refused rather than guessed at.
 class HeaderParser {
  public:
   explicit HeaderParser(std::string_view text) : text_(text) {}
@@ -299,8 +299,11 @@ inline Result<Header> parse_header(const std::uint8_t* bytes, std::size_t size, 
   const bool fortran = *fields->fortran_order;
   if (!fields->shape) return error(ErrorCode::parse_error, "header has no 'shape'");
   h.shape = std::move(*fields->shape);
-  if (h.shape.empty() || h.shape.size() > 4)
-    return error(ErrorCode::invalid_shape, "a mask has 1 to 4 dims, the file has " + std::to_string(h.shape.size()));
+  // SDPA takes masks of 2 to 4 dims ([Q, K] at least) and refuses a 1-D one: so does the CLI,
+  // rather than advise on a call torch would not run.
+  if (h.shape.size() < 2 || h.shape.size() > 4)
+    return error(ErrorCode::invalid_shape, "a mask has 2 to 4 dims ([Q, K], [H, Q, K] or [B, H, Q, K]) as SDPA takes it, the file has " +
+                                               std::to_string(h.shape.size()));
 
   const std::int64_t esize = element_size(h.dtype);
   std::int64_t count = 1;
