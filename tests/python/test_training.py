@@ -330,3 +330,88 @@ def test_trainer_matches_sdpa(case, tmp_path):
     assert len(loss) == 20 and scans >= 20, "masklens did not see the masks: the comparison would prove nothing"
     np.testing.assert_allclose(loss, ref_loss, rtol=1e-4)
     np.testing.assert_allclose(norm, ref_norm, rtol=1e-3)
+
+
+# --- on a GPU: CUDA graphs, decode, compiled forms with Inductor, the first forward ------
+
+def window_mask(L, W, device, dtype=torch.bool):
+    i = torch.arange(L, device=device)
+    allowed = (i[None, :] <= i[:, None]) & (i[:, None] - i[None, :] < W)
+    return allowed[None, None] if dtype == torch.bool else torch.where(allowed, 0.0, -torch.inf).to(dtype)[None, None]
+
+
+@pytest.mark.gpu
+def test_cuda_graph_replays_a_call_decided_before_capture():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 512, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    mask = window_mask(512, 64, "cuda")
+    eager = mt.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # scanned and decided here
+    unseen = window_mask(512, 32, "cuda")
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    before = masklens.scan_count()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        # warm the unseen mask's passthrough as torch's own call would be
+        F.scaled_dot_product_attention(q, k, v, attn_mask=unseen)
+    torch.cuda.current_stream().wait_stream(stream)
+    with torch.cuda.graph(graph):
+        out = mt.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        out_unseen = mt.scaled_dot_product_attention(q, k, v, attn_mask=unseen)  # torch's call: no scan
+    assert masklens.scan_count() == before, "a scan ran during capture"
+    q.copy_(torch.randn_like(q))
+    graph.replay()
+    torch.cuda.synchronize()
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    torch.testing.assert_close(out, expected, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(out_unseen, F.scaled_dot_product_attention(q, k, v, attn_mask=unseen),
+                               atol=2e-2, rtol=2e-2)
+    assert eager.shape == out.shape
+
+
+@pytest.mark.gpu
+def test_one_token_decode_keeps_sdpa_and_scans_nothing():
+    ref, ours = pair(LlamaConfig(**SMALL))
+    ref, ours = ref.cuda(), ours.cuda()
+    ids, attention = left_padded((0, 4, 9))
+    ids, attention = ids.cuda(), attention.cuda()
+    out_ref = ref.generate(input_ids=ids, attention_mask=attention, max_new_tokens=8, do_sample=False)
+    before = masklens.scan_count()
+    out = ours.generate(input_ids=ids, attention_mask=attention, max_new_tokens=8, do_sample=False)
+    assert masklens.scan_count() - before == 1, "only the prefill's mask is scanned"
+    assert torch.equal(out, out_ref)
+
+
+@pytest.mark.gpu
+def test_compiled_model_on_a_gpu_equals_compiled_sdpa():
+    torch._dynamo.reset()
+    cfg = LlamaConfig(**{**SMALL, "num_attention_heads": 8, "num_key_value_heads": 8, "hidden_size": 512,
+                         "head_dim": 64, "max_position_embeddings": 4096})
+    ref, ours = pair(cfg)
+    ref, ours = ref.cuda().bfloat16(), ours.cuda().bfloat16()
+    compiled_ref, compiled = torch.compile(ref), torch.compile(ours)
+    for step, pads in enumerate([(0, 300, 900, 1500), (100, 0, 1200, 40)]):
+        ids, attention = left_padded(pads, L=2048, seed=step)
+        ids, attention = ids.cuda(), attention.cuda()
+        a = forward_backward(compiled_ref, ids, attention).float()
+        b = forward_backward(compiled, ids, attention).float()
+        keep = attention.bool()
+        assert (a - b).abs()[keep].max().item() < 0.1
+        assert max_grad_difference(ref, ours) < 0.1
+        ref.zero_grad()
+        ours.zero_grad()
+
+
+@pytest.mark.gpu
+def test_first_cuda_forward_loads_the_kernels_in_the_background():
+    if not masklens.has_cuda_scan():
+        pytest.skip(masklens.cuda_scan_unavailable())
+    _, ours = pair(LlamaConfig(**SMALL))
+    ours = ours.cuda()
+    ids, attention = left_padded((0, 4, 9))
+    ours(input_ids=ids.cuda(), attention_mask=attention.cuda())
+    loader = masklens.transformers._loaders.get(torch.cuda.current_device())
+    assert loader is not None
+    loader.join(timeout=30)
+    assert not loader.is_alive()
