@@ -70,8 +70,9 @@ def load_kernels(device=None) -> bool:
     """Loads masklens' CUDA kernels on a device now, so that the process's first scan of a
     CUDA mask does not also pay for loading them (CUDA loads a kernel at its first launch:
     0.7-1.0 ms once per process on an H200, bench/README.md's device_step). A framework
-    calls it at start-up, once its CUDA context exists (masklens.transformers does not
-    call it, nor initialise CUDA itself). `device`: a torch.device, "cuda:N", an index, or
+    calls it at start-up, once its CUDA context exists (masklens.transformers' mask
+    function calls it on a background thread the first time it sees a CUDA device;
+    importing masklens.transformers initialises no CUDA). `device`: a torch.device, "cuda:N", an index, or
     None for torch's current CUDA device. Returns True once every kernel of the device
     scanner (scan, run reduction, tile scan, BlockMask writer) is loaded there (a second
     call finds them loaded); False, with no error and nothing done, where there is no

@@ -9,7 +9,8 @@ flash-attn where installed, or the mask kept on a kernel that is correct for it.
 
 Torch's own call runs unchanged, with the arguments given, where there is nothing to
 prove or no time to prove it (no mask, is_causal=True, inside torch.compile, during CUDA
-graph capture) and wherever masklens does not positively understand the call, so that
+graph capture unless the call was run before it on the same, unchanged mask: then the
+prepared call is replayed) and wherever masklens does not positively understand the call, so that
 torch gives its result or raises its exception exactly as without masklens: tensors
 that are not plain, 4-D, strided, of one dtype masklens decides for (float16, bfloat16,
 float32) on one CPU or CUDA device; shapes, heads or a mask dtype torch refuses, a mask
