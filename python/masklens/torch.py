@@ -181,15 +181,17 @@ def _decide(entry, query, key, value, attn_mask, dropout_p, training, enable_gqa
                            dropout_p, attn_mask.dtype)
     env = _env.environment(query.device if query.device.type == "cuda" else "cpu", runnable_only=True)
     structure = entry.verdict.structure
+    # A cold FlexAttention compile is a cost; what the rule forgoes counts toward it (_run).
+    compile_ms, flex_bucket = _run.flex_compile_charge(structure, query, key, value, env)
     try:
-        policy = _core.decide(structure, call, env)
+        policy = _core.decide(structure, call, env, 64, compile_ms)
     except _core.MaskError as e:
         if _is_strict():
             raise RuntimeError(f"masklens (strict): no available backend computes this mask correctly: "
                                f"{structure.describe()}: {e}") from e
         logger.warning("masklens: %s: %s; running torch's own dispatch with the mask", structure.describe(), e)
         policy = None
-    prepared = _run.Prepared(policy, structure) if policy is not None else None
+    prepared = _run.Prepared(policy, structure, flex_bucket) if policy is not None else None
     _cache.timing["decide_ms"] = (time.perf_counter() - t0) * 1e3  # environment() included: cached per device
     entry.policies[ck] = prepared
     if policy is not None:
