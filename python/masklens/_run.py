@@ -620,23 +620,28 @@ def _compiled_in_bucket(bucket: FlexBucket, q, k, v, block_mask, scale, enable_g
     if bucket.fn is None:
         bucket.fn = _bucket_function(bucket)
     wants_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    if q.is_cuda:
+    # Inference mode cannot record a backward: it runs the form without grad (a graph of
+    # its own in the bucket, compiled once).
+    training_form = q.is_cuda and not torch.is_inference_mode_enabled()
+    if training_form:
         q, k, v = (x if x.requires_grad and wants_grad else x.detach().requires_grad_() for x in (q, k, v))
+    else:  # flex refuses CPU inputs that require grad, whatever the grad mode
+        q, k, v = q.detach(), k.detach(), v.detach()
     if cold:
         _mark_static_dims(q, k, v, block_mask)
         from torch.fx.experimental import _config as shape_config
         # Lengths of equal value would share a symbol (duck sizing): a later call where
         # they differ (Q != K, a table's length) would compile again.
         with shape_config.patch(use_duck_shape=False):
-            out = _call_in_grad_form(bucket.fn, q, k, v, block_mask, scale, enable_gqa)
+            out = _call_in_form(training_form, bucket.fn, q, k, v, block_mask, scale, enable_gqa)
     else:
-        out = _call_in_grad_form(bucket.fn, q, k, v, block_mask, scale, enable_gqa)
+        out = _call_in_form(training_form, bucket.fn, q, k, v, block_mask, scale, enable_gqa)
     bucket.warm = True
-    return out if wants_grad or not q.is_cuda else out.detach()
+    return out if wants_grad or not training_form else out.detach()
 
 
-def _call_in_grad_form(fn, q, k, v, block_mask, scale, enable_gqa):
-    with torch.enable_grad() if q.is_cuda else torch.no_grad():
+def _call_in_form(training_form, fn, q, k, v, block_mask, scale, enable_gqa):
+    with torch.enable_grad() if training_form else torch.no_grad():
         return fn(q, k, v, block_mask, scale, enable_gqa)
 
 

@@ -88,8 +88,11 @@ def run_lengths(lengths, alternate_grad=True, heads=2, dim=16):
     against torch's dense-mask SDPA."""
     for step, n in enumerate(lengths):
         mask = window_mask(n)
-        q, k, v = qkv(1, heads, n, n, D=dim, grad=False, seed=step)  # flex has no CPU backward
-        with torch.no_grad() if alternate_grad and step % 2 else torch.enable_grad():
+        # Eval steps take leaves that require grad (parameters' views do): flex refuses
+        # those on the CPU whatever the grad mode, so the runner detaches them there.
+        evaluating = alternate_grad and step % 2
+        q, k, v = qkv(1, heads, n, n, D=dim, grad=bool(evaluating), seed=step)
+        with torch.no_grad() if evaluating else torch.enable_grad():
             out = sdpa(q, k, v, attn_mask=mask)
         assert_close(out, reference(q, k, v, mask), 1e-5)
         masklens.forget(mask)
@@ -126,14 +129,13 @@ def test_recompile_limit_takes_torchs_dense_call_not_the_unfused_path(monkeypatc
     """Where Dynamo would run a bucket's flex uncompiled (its recompile limit hit), the
     bucket's function raises before flex's unfused path: torch's call with the dense mask
     runs that call, the bucket is broken, and decide() never charges it less than +inf."""
-    import torch._dynamo.config as dynamo_config
-    monkeypatch.setattr(dynamo_config, "recompile_limit", 1)
     decide_as_h100(monkeypatch, {"flex"})
     mask = window_mask(300)
     q, k, v = qkv(1, 2, 300, 300, grad=False)
-    out = sdpa(q, k, v, attn_mask=mask)  # compiles the bucket
-    assert_close(out, reference(q, k, v, mask), 1e-5)
-    out = sdpa(q, k, v, attn_mask=mask, scale=0.25)  # a scale after None would recompile: over the limit
+    with torch._dynamo.config.patch(recompile_limit=1):
+        out = sdpa(q, k, v, attn_mask=mask)  # compiles the bucket
+        assert_close(out, reference(q, k, v, mask), 1e-5)
+        out = sdpa(q, k, v, attn_mask=mask, scale=0.25)  # a scale after None would recompile: over the limit
     assert_close(out, reference(q, k, v, mask, scale=0.25), 1e-5)
     assert not unfused
     (bucket,) = _run._flex_buckets.values()
