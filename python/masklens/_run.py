@@ -505,8 +505,8 @@ def _rule_signature(structure, reads_mask: bool):
 
 def flex_bucket_key(structure, query, key, value, reads_mask=None):
     """The bucket a flex call on these tensors (or shapes) compiles in."""
-    if reads_mask is None:
-        reads_mask = structure.kind == "arbitrary"
+    if reads_mask is None:  # as decide() builds FlexArgs: the native form takes no q_valid
+        reads_mask = structure.kind == "arbitrary" or structure.q_valid is not None
     B, H, Q, D = query.shape
     device = query.device
     return (device.type, device.index, query.dtype, B, H, key.shape[1], D, value.shape[-1],
@@ -686,6 +686,16 @@ def _flex_block_mask_for(t: Tensors, a, q, k):
     return block_mask
 
 
+def _call_bucket(t: Tensors, a, q, k, v) -> FlexBucket:
+    """The call's bucket, memoised with the verdict per shape: a cached call reads no
+    property of the structure (each read converts a list or a string)."""
+    memo = ("flex bucket", q.device, q.dtype, q.shape, k.shape, v.shape[-1], a.mask_mod_reads_mask)
+    bucket = t.derived.get(memo)
+    if bucket is None or _flex_buckets.get(bucket.key) is not bucket:  # new, or the buckets were forgotten
+        bucket = t.derived[memo] = flex_bucket(flex_bucket_key(t.structure, q, k, v, a.mask_mod_reads_mask))
+    return bucket
+
+
 def run_flex(call, t: Tensors, q, k, v, compiled=True, args=None):
     """FlexAttention on masklens' BlockMask: compiled in the call's bucket (above), never
     flex's unfused path (compiled=False runs that path: tests, small shapes). Where the
@@ -706,7 +716,7 @@ def run_flex(call, t: Tensors, q, k, v, compiled=True, args=None):
         kwargs = {"enable_gqa": True} if gqa else {}
         return fn(q, k, v, block_mask=block_mask, scale=t.scale, **kwargs)
     import torch._dynamo as dynamo  # its exceptions, and mark_static for a compile
-    bucket = flex_bucket(flex_bucket_key(t.structure, q, k, v, a.mask_mod_reads_mask))
+    bucket = _call_bucket(t, a, q, k, v)
     if bucket.broken:
         return _dense_fallback(t, q, k, v)
     bucket.calls += 1

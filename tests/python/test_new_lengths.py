@@ -125,6 +125,36 @@ def test_twenty_new_lengths_compile_once_per_bucket_with_inductor(monkeypatch, f
     assert not unfused
 
 
+def structure_masks(n):
+    """Masks of each form a flex call takes: the structure's rule, its tables (documents,
+    padding), the dense mask read (query padding, an arbitrary mask)."""
+    i, j = rows_cols(n, n)
+    causal = j <= i
+    docs = torch.bucketize(torch.arange(n), torch.tensor([n // 3, n // 2]), right=True)
+    arbitrary = causal & ((i // 16 + j // 16) % 3 != 0)
+    arbitrary[:, 0] = True
+    return {"window": window_mask(n), "packed documents": causal & (docs[:, None] == docs[None, :]),
+            "left padding": causal & (j >= 7), "query padding": causal & (i < n - 9) & (j < n - 9),
+            "arbitrary": arbitrary}
+
+
+@pytest.mark.parametrize("name", list(structure_masks(64)))
+def test_decision_and_run_charge_the_same_bucket(name, monkeypatch, fresh_flex, dynamo_eager):
+    """The bucket decide() was told about is the one the call compiles in: after a call
+    its bucket is warm, and a new length in it is decided warm."""
+    decide_as_h100(monkeypatch, {"flex"})
+    for n in (200, 230):
+        mask = structure_masks(n)[name]
+        q, k, v = qkv(1, 2, n, n, grad=False)
+        charge, bucket = _run.flex_compile_charge(policy_structure(mask), q, k, v)
+        assert charge == (_core.FLEX_COLD_COMPILE_MS if n == 200 else 0)
+        out = sdpa(q, k, v, attn_mask=mask)
+        assert_close(out, reference(q, k, v, mask), 1e-5)
+        assert list(_run._flex_buckets.values()) == [bucket] and bucket.warm
+        masklens.forget(mask)
+    assert counters["frames"]["ok"] == 1
+
+
 def test_recompile_limit_takes_torchs_dense_call_not_the_unfused_path(monkeypatch, fresh_flex, dynamo_eager, unfused):
     """Where Dynamo would run a bucket's flex uncompiled (its recompile limit hit), the
     bucket's function raises before flex's unfused path: torch's call with the dense mask
