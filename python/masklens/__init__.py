@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 
-from . import _cache, _core
+from . import _cache, _core, _env
 from ._cache import forget, forward, scan_count
 from ._core import (AttentionCall, BlockMaskTensors, Call, Environment, FlexArgs, Hazard, KernelArgs, MaskError,
                     MaskStructure, PlanStep, Policy, Rejection, SdpaArgs, TileFractions, TileSummary, VarlenArgs,
@@ -156,7 +156,7 @@ def make_call(mask, query=None, key=None, value=None, **fields) -> AttentionCall
         call.training = _is_training(query, key, value)
         call.deterministic = torch.are_deterministic_algorithms_enabled()
     for name, value_ in fields.items():
-        setattr(call, name, value_)
+        _env.set_field(call, "call", name, value_)
     call.validate()
     return call
 

@@ -493,6 +493,21 @@ def device_tile_summary(mask, size, masked_threshold: float = -1000.0):
     return verdict, summary
 
 
+def _plain_tensor(mask):
+    """A tensor subclass as the dense mask it stands for, or a MaskError: torch's CausalBias
+    (an empty tensor whose meaning is its variant and lengths; its storage is never
+    written) as its boolean [Q, K]; any other subclass (a DTensor, a FakeTensor) has no
+    dense mask masklens could read as it is."""
+    import torch
+    from torch.nn.attention import bias
+    if isinstance(mask, bias.CausalBias):
+        q_len, k_len = mask.seq_len_q, mask.seq_len_kv
+        diagonal = 0 if mask.variant == bias.CausalVariant.UPPER_LEFT else k_len - q_len
+        return torch.ones(q_len, k_len, dtype=torch.bool, device=mask.device).tril_(diagonal)
+    raise _core.MaskError(f"invalid_argument: a mask of type {type(mask).__name__} (a tensor subclass) cannot be "
+                          "scanned: masklens reads plain tensors (for a sharded sequence, masklens.distributed)")
+
+
 def readable(mask, is_tensor=None):
     """`mask` as the scanners read it, or a MaskError naming what they cannot read: a torch
     tensor of a mask dtype and the strided layout; a numpy array of a mask dtype (one of
@@ -507,6 +522,8 @@ def readable(mask, is_tensor=None):
             is_tensor = False
     if is_tensor:
         import torch
+        if type(mask) not in (torch.Tensor, torch.nn.Parameter):
+            mask = _plain_tensor(mask)
         if mask.layout != torch.strided:
             raise _core.MaskError(f"invalid_argument: a mask of layout {mask.layout} cannot be scanned: masklens reads "
                                   "dense (strided) tensors; pass mask.to_dense()")
@@ -610,7 +627,7 @@ def entry_for(mask, masked_threshold: float = -1000.0, view=None) -> Entry:
     to the call's shape) when it is new or changed."""
     global _cache
 
-    readable(mask, True)  # a sparse tensor has no data pointer for the key
+    mask = readable(mask, True)  # a sparse tensor has no data pointer for the key; a CausalBias is read dense
     key = _tensor_key(mask, masked_threshold)
     target = mask if view is None else view
     if key is None:

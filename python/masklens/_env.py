@@ -6,7 +6,19 @@ import functools
 import importlib.metadata
 import importlib.util
 
-from ._core import Environment
+from ._core import Environment, MaskError
+
+
+def set_field(target, where: str, name: str, value) -> None:
+    """target.name = value for an AttentionCall or Environment field given by keyword; a
+    value the binding cannot hold (an integer past 64 bits, a wrong type) is a MaskError
+    naming the field, as validate() names one out of range, where nanobind would list
+    the setter's signatures."""
+    try:
+        setattr(target, name, value)
+    except TypeError:
+        raise MaskError(f"invalid_argument: {where}.{name} cannot be {value!r} ({type(value).__name__}); "
+                        f"validate() gives each field's range") from None
 
 # The families the CLI's --available names, with the module that must import and the
 # distributions whose metadata carry the version (the first one installed wins).
@@ -115,6 +127,6 @@ def environment(device=None, runnable_only: bool = False, **overrides) -> Enviro
     for key, value in overrides.items():
         if key == "available" and isinstance(value, str):
             value = set(value.split(","))
-        setattr(env, key, value)
+        set_field(env, "environment", key, value)
     env.validate()
     return env

@@ -60,39 +60,52 @@ def _passthrough(query, key, value, attn_mask, dropout_p, is_causal, scale, enab
 # Types the drop-in reads as they are: a subclass (a DTensor, a FakeTensor, a tensor with
 # its own __torch_function__) goes to torch, which knows what it means.
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
-_INF = float("inf")
+# The scales the kernels take as a positive, finite float32 (they compute in float32): a
+# float64 scale below the smallest normal float32 or above its largest becomes 0 or inf
+# there, where a mask dropped for is_causal is not torch's dense result.
+_SCALE_MIN = float(torch.finfo(torch.float32).tiny)
+# The additive value at or below which the drop-in takes a key as masked (masklens.inspect's
+# default, -1000, describes masks; the drop-in must compute torch's result). A dropped mask
+# is exact where no logit of a row exceeds the row's best attended one by |value| - 104
+# (exp underflows to 0 in float32 below -104): at -1e8 and below (finfo.min, -1e9, -inf)
+# that holds for any logits of a finite result; -1e4 or -1000 stay additive values, the
+# mask kept, since logit spreads in the thousands occur (large activations, scale=1e4).
+DROPIN_MASKED_THRESHOLD = -1e8
+_SCALE_MAX = float(torch.finfo(torch.float32).max)
 
 
 def _torch_runs_it(query, key, value, attn_mask, dropout_p, is_causal, scale):
-    """Whether this call goes to torch as it is, checked on every call (a few attribute
-    reads): nothing to prove (no mask, is_causal), no time to prove it (inside
-    torch.compile, during CUDA graph capture), or arguments masklens does not positively
-    understand, where torch raises or runs as it would without masklens:
+    """Why this call goes to torch as it is (a short reason; None: masklens may take it),
+    checked on every call (a few attribute reads): nothing to prove (no mask, is_causal),
+    no time to prove it (inside torch.compile; CUDA graph capture is decided by the
+    caller), or arguments masklens does not positively understand, where torch raises or
+    runs as it would without masklens:
     - tensors that are not plain [B, H, L, D] tensors of one dtype masklens decides for
       (float16, bfloat16, float32; float64 runs only torch's math kernel anyway);
-    - a scale that is not None or a finite positive number: with scale 0 or below, a
-      mask dropped for is_causal is not torch's dense result (torch's CPU kernel gives
-      NaN for is_causal there; the dense mask gives none);
+    - a scale that is not None or a positive number the kernels hold as a normal
+      float32: with scale 0 or below (or one that is 0 or inf in float32), a mask dropped
+      for is_causal is not torch's dense result (torch's CPU kernel gives NaN for
+      is_causal there; the dense mask gives none);
     - a mask whose gradient autograd wants (it requires grad and grad mode is on): a
       learnable bias reaches torch's kernels, which compute its gradient; dropping it
       (even when its values are proven causal) would lose the gradient."""
     if attn_mask is None or is_causal:
-        return True
+        return "no mask to prove" if attn_mask is None else "is_causal=True"
     if (type(attn_mask) not in _PLAIN or type(query) not in _PLAIN or type(key) not in _PLAIN
             or type(value) not in _PLAIN):
-        return True
+        return "a tensor subclass (torch knows what it means)"
     if query.dim() != 4 or key.dim() != 4 or value.dim() != 4 or attn_mask.is_nested or query.is_nested:
-        return True
+        return "tensors that are not [B, H, L, D]"
     dtype = query.dtype
     if dtype not in _DTYPES or key.dtype is not dtype or value.dtype is not dtype:
-        return True
-    if scale is not None and not (type(scale) in (float, int) and 0 < scale < _INF):
-        return True
+        return f"query/key/value dtypes {query.dtype}/{key.dtype}/{value.dtype} (masklens decides for fp16, bf16, fp32)"
+    if scale is not None and not (type(scale) in (float, int) and _SCALE_MIN <= scale <= _SCALE_MAX):
+        return f"scale {scale} (masklens takes a positive, normal float32 scale)"
     if type(dropout_p) not in (float, int) or not 0 <= dropout_p < 1:
-        return True
+        return f"dropout_p {dropout_p}"
     if attn_mask.requires_grad and torch.is_grad_enabled():
-        return True
-    return torch.compiler.is_compiling()
+        return "a mask that requires grad in grad mode (its gradient comes from torch's kernels)"
+    return "inside torch.compile" if torch.compiler.is_compiling() else None
 
 
 def _refusal(query, key, value, attn_mask, enable_gqa):
@@ -232,7 +245,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     view = None
     # A mask and call seen before passed _refusal (the entry's key holds the mask's shape,
     # dtype and device, the call key the shapes of q, k, v and the query's device).
-    entry = _cache.cached_entry(attn_mask, _view_shape(attn_mask.shape, Q, K))
+    entry = _cache.cached_entry(attn_mask, _view_shape(attn_mask.shape, Q, K), DROPIN_MASKED_THRESHOLD)
     prepared = ck = None
     if entry is not None:
         ck = _call_key(query, key, value, attn_mask, dropout_p, training, enable_gqa)
@@ -251,7 +264,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
             return _passthrough(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
         view = _view4(attn_mask, Q, K)
         try:
-            entry = _cache.entry_for(attn_mask, view=view)
+            entry = _cache.entry_for(attn_mask, DROPIN_MASKED_THRESHOLD, view=view)
         except _core.MaskError as e:
             # A mask masklens cannot prove (NaN or +inf in it): torch runs it as it is.
             warnings.warn(f"masklens: attn_mask: {e}; running torch's own call", RuntimeWarning, stacklevel=2)
@@ -273,12 +286,14 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 def inspect(query, key, value, attn_mask, dropout_p=0.0, enable_gqa=False):
     """The policy scaled_dot_product_attention runs for these arguments (None: torch's own
     dispatch), and the verdict it is based on. A call the drop-in hands to torch as it is
-    (a shape, dtype or device it does not take) is a MaskError saying why."""
-    why = _refusal(query, key, value, attn_mask, enable_gqa)
+    (a shape, dtype or device it does not take, a mask that requires grad) is a MaskError
+    saying why."""
+    why = _torch_runs_it(query, key, value, attn_mask, dropout_p, False, None) or _refusal(
+        query, key, value, attn_mask, enable_gqa)
     if why is not None:
         raise _core.MaskError(f"invalid_argument: the drop-in runs torch's own call for {why}")
     view = _view4(attn_mask, query.shape[2], key.shape[2])
-    entry = _cache.entry_for(attn_mask, view=view)
+    entry = _cache.entry_for(attn_mask, DROPIN_MASKED_THRESHOLD, view=view)
     training = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
     prepared = _decide(entry, query, key, value, attn_mask, dropout_p, training, enable_gqa)
     return (prepared.policy if prepared is not None else None), entry.verdict
@@ -360,6 +375,8 @@ def block_mask(mask_or_report, block_size=128, *, mask=None, device=None, masked
         mask, structure = mask_or_report, None
     if mask is not None and not isinstance(mask, torch.Tensor):
         mask = torch.as_tensor(mask)
+    if mask is not None:
+        mask = _cache.readable(mask, True)  # a layout, dtype or subclass it cannot read: a MaskError
     if device is None:
         device = mask.device if mask is not None else torch.device("cpu")
     if structure is None:
@@ -524,7 +541,7 @@ def prepare_compiled(mask, *, heads, kv_heads, head_dim, head_dim_v=None, dtype=
     training = torch.is_grad_enabled() if training is None else training
     B, _, Q, K = mask.shape
     try:
-        entry = _cache.entry_for(mask)
+        entry = _cache.entry_for(mask, DROPIN_MASKED_THRESHOLD)
     except _core.MaskError:
         return mask
     expected = (heads, kv_heads, head_dim, head_dim_v)

@@ -113,7 +113,8 @@ def test_a_data_write_is_not_seen_until_forget():
 
 # --- 4. every scale -------------------------------------------------------------------
 
-@pytest.mark.parametrize("scale", [0.0, -1.0, -0.125, float("inf"), float("nan"), 0.5, None])
+# 5e-324 and 1e300 are positive in float64 but 0 and inf in the kernels' float32.
+@pytest.mark.parametrize("scale", [0.0, -1.0, -0.125, float("inf"), float("nan"), 0.5, None, 5e-324, 1e300])
 @pytest.mark.parametrize("form", ["bool", "additive"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
@@ -128,6 +129,20 @@ def test_every_scale_gives_torchs_result(scale, form, dtype, device):
     torch.testing.assert_close(out, ref, equal_nan=True, **tol)
     torch.testing.assert_close(torch.autograd.grad(out.sum(), q), torch.autograd.grad(ref.sum(), q), equal_nan=True,
                                **tol)
+
+
+@pytest.mark.parametrize("masked", [-1000.0, -1e4, -1e9, float("-inf")])
+@pytest.mark.parametrize("spread", [1.0, 300.0])
+def test_finite_masked_values_give_torchs_result_at_any_logit_spread(masked, spread):
+    # A key masked by -1000 weighs in torch's result once logits of its row differ by
+    # about 900: the drop-in keeps such a mask (a bias) and drops only -1e8 and below.
+    q, k, v = qkv(1, 2, L, L, seed=11)
+    q = q * spread
+    i, j = rows_cols(L, L)
+    mask = torch.zeros(L, L).masked_fill_(j > i, masked)
+    torch.testing.assert_close(sdpa(q, k, v, attn_mask=mask), F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+    policy, _ = masklens.torch.inspect(q, k, v, mask)
+    assert policy.call.mask == ("drop" if masked <= masklens.torch.DROPIN_MASKED_THRESHOLD else "keep")
 
 
 # --- 5. torch's exceptions where torch raises, a result where torch runs ---------------
@@ -281,6 +296,39 @@ def test_a_mask_that_is_no_array_names_its_type(value, named):
 def test_a_float8_mask_names_its_dtype():
     with pytest.raises(masklens.MaskError, match="unsupported_dtype: mask dtype torch.float8_e4m3fn"):
         masklens.inspect(torch.ones(4, 4).to(torch.float8_e4m3fn))
+
+
+@pytest.mark.parametrize("variant", ["upper_left", "lower_right"])
+def test_torchs_causal_bias_is_read_as_the_mask_it_stands_for(variant):
+    # A CausalBias is an empty tensor whose meaning is its variant and lengths: scanning
+    # its storage read uninitialised memory.
+    from torch.nn.attention import bias
+    make = bias.causal_upper_left if variant == "upper_left" else bias.causal_lower_right
+    q, k, v = qkv(2, 4, 8, 12)
+    for _ in range(3):
+        want = "causal top_left" if variant == "upper_left" else "causal bottom_right"
+        assert masklens.inspect(make(8, 12), q, k, v).structure.describe() == want
+        assert masklens.scan(make(8, 12)).structure.describe() == want
+    with pytest.raises(masklens.MaskError, match="tensor subclass"):
+        masklens.torch.inspect(q, k, v, make(8, 12))  # the drop-in runs torch's own call for it
+
+
+def test_torch_inspect_says_why_the_drop_in_runs_torchs_call():
+    q, k, v = qkv(1, 2, L, L)
+    learnable = torch.zeros(L, L, requires_grad=True)
+    with pytest.raises(masklens.MaskError, match="requires grad"):
+        masklens.torch.inspect(q, k, v, learnable)
+    with pytest.raises(masklens.MaskError, match="float64"):
+        masklens.torch.inspect(q.double(), k.double(), v.double(), causal_bool())
+    with pytest.raises(masklens.MaskError, match=r"\[B, H, L, D\]"):
+        masklens.torch.inspect(q[0], k[0], v[0], causal_bool())
+
+
+@pytest.mark.parametrize("field, value", [("head_dim", 2**63), ("sm", "ninety"), ("torch", 5)])
+def test_a_keyword_the_binding_cannot_hold_names_the_field(field, value):
+    q, k, v = qkv(1, 2, L, L)
+    with pytest.raises(masklens.MaskError, match=field):
+        masklens.inspect(causal_bool(), q, k, v, **{field: value})
 
 
 def test_a_sparse_mask_names_its_layout():
