@@ -153,7 +153,8 @@ def main():
         dense_ms, ref = step(F.scaled_dot_product_attention, *fresh((q, k, v)), mask, train)
         ours = fresh((q, k, v))
         ours_ms, out = step(dropin, *ours, mask, train)
-        policy, _ = inspect(*ours, mask)  # the decision the step ran (cached: no scan)
+        with torch.enable_grad() if train else torch.no_grad():
+            policy, _ = inspect(*ours, mask)  # the decision the step ran (cached: no scan)
         backend = policy.backend + (" (plan)" if policy.is_plan else "") if policy is not None else "torch"
         err = (out.float() - ref.float()).abs().max().item()
         rows.append({"step": i, "L": n, "train": train, "dense_ms": dense_ms, "masklens_ms": ours_ms,

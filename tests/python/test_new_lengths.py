@@ -249,27 +249,35 @@ def test_compile_cost_is_data_and_overridable(monkeypatch, fresh_flex):
 
 
 @pytest.mark.gpu
-def test_cuda_train_and_eval_share_one_graph_per_bucket(monkeypatch, fresh_flex, no_dense_fallback):
+def test_cuda_train_and_eval_share_one_graph_per_bucket(monkeypatch, fresh_flex, no_dense_fallback, unfused):
     """On a GPU (flex has a backward there): training steps and torch.no_grad() steps at
     new lengths alternate, and each bucket compiles one graph (the training form; the
-    evaluation steps run it and detach); outputs and gradients equal the dense call's."""
-    decide_as_h100(monkeypatch, {"flex"})
+    evaluation steps run it and detach). Outputs and gradients are as close to a float32
+    reference as torch's own bf16 call with the dense mask."""
     real = _env.environment
     monkeypatch.setattr(_env, "environment", lambda *a, **kw: real(*a, **{**kw, "available": {"flex"}}))
     lengths = [600, 700, 900, 1000, 1024, 1100, 1500, 2000]
+
+    def error(a, b):
+        return (a.float() - b.float()).abs().max().item()
     for step, n in enumerate(lengths):
         mask = window_mask(n).cuda()
         q, k, v = (t.cuda().bfloat16().detach().requires_grad_() for t in qkv(1, 4, n, n, D=64, seed=step))
         train = step % 2 == 0
-        with torch.enable_grad() if train else torch.no_grad():
-            out = sdpa(q, k, v, attn_mask=mask)
-            ref_in = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-            ref = torch.nn.functional.scaled_dot_product_attention(*ref_in, attn_mask=mask)
-        assert_close(out, ref, 2e-2)
+        runs = {}
+        for name, attention, dtype in (("masklens", sdpa, torch.bfloat16),
+                                       ("torch", torch.nn.functional.scaled_dot_product_attention, torch.bfloat16),
+                                       ("fp32", torch.nn.functional.scaled_dot_product_attention, torch.float32)):
+            inputs = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+            with torch.enable_grad() if train else torch.no_grad():
+                out = attention(*inputs, attn_mask=mask)
+            runs[name] = (out, grads(out, inputs) if train else ())
+        out = runs["masklens"][0]
         assert out.requires_grad == train
-        if train:
-            for a, b in zip(grads(out, (q, k, v)), grads(ref, ref_in)):
-                assert_close(a, b, 5e-2)
+        assert error(out, runs["fp32"][0]) <= 2 * error(runs["torch"][0], runs["fp32"][0]) + 1e-2
+        for ours, theirs, exact in zip(runs["masklens"][1], runs["torch"][1], runs["fp32"][1]):
+            assert error(ours, exact) <= 2 * error(theirs, exact) + 1e-2
         masklens.forget(mask)
+    assert not unfused
     assert set(_run.flex_compiles().values()) == {1}
     assert len(_run.flex_compiles()) == len({_run.length_bucket(n) for n in lengths})
