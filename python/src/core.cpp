@@ -153,6 +153,21 @@ struct Verdict {
   std::optional<SpanRuns> runs;  // a device scan's runs (then `spans` is empty)
 };
 
+// The structure of a Verdict whose runs are in host memory (a device scan's, or row
+// shards' put in order): a NaN / +inf row named as gpu::scan_runs() names it (the first
+// flagged run's first row), then classify() in O(runs), without the GIL.
+void classify_verdict_runs(Verdict& v) {
+  const SpanRuns& runs = *v.runs;
+  for (const SpanRun& r : runs.runs)
+    if (r.flags & kRowInvalid) raise(masklens::detail::invalid_row_error(runs, r.row));
+  Result<MaskStructure> s = [&] {
+    nb::gil_scoped_release unlocked;
+    return classify(runs);
+  }();
+  if (!s) raise(s.status());
+  v.structure = std::move(s).value();
+}
+
 // A row attends (1) when it has a key, or is masked only by finite values: those attend
 // uniformly in torch's dense softmax (only rows with no key at all come out 0).
 inline bool attends(const RowSpan& r) noexcept { return !r.empty() || (r.flags & kRowFiniteMasked); }
@@ -485,19 +500,7 @@ NB_MODULE(_core, m) {
             std::memcpy(runs.runs.data(), d.head.get() + d.block.runs_at,
                         static_cast<std::size_t>(first) * sizeof(SpanRun));
             std::copy(d.rest.begin(), d.rest.end(), runs.runs.begin() + first);
-            // As gpu::scan_runs() words it: the mask is on the device, so the row is named
-            // (the first flagged run's first row).
-            for (const SpanRun& r : runs.runs)
-              if (r.flags & kRowInvalid) raise(masklens::detail::invalid_row_error(runs, r.row));
-            {
-              nb::gil_scoped_release unlocked;
-              Result<MaskStructure> s = classify(runs);
-              if (!s) {
-                nb::gil_scoped_acquire locked;
-                raise(s.status());
-              }
-              v.structure = std::move(s).value();
-            }
+            classify_verdict_runs(v);  // the mask is on the device: a NaN row is named, not an element
             return v;
           },
           "The Verdict of the runs now in host memory, classified in O(runs) (MaskError naming a NaN / +inf row).");
@@ -959,18 +962,7 @@ NB_MODULE(_core, m) {
           run.flags = static_cast<std::uint32_t>(r[7]);
         }
         if (Status st = runs.validate(); !st.ok()) raise(st);
-        // As a device scan's finish() words it: the first flagged run's first row.
-        for (const SpanRun& r : runs.runs)
-          if (r.flags & kRowInvalid) raise(masklens::detail::invalid_row_error(runs, r.row));
-        {
-          nb::gil_scoped_release unlocked;
-          Result<MaskStructure> s = classify(runs);
-          if (!s) {
-            nb::gil_scoped_acquire locked;
-            raise(s.status());
-          }
-          v.structure = std::move(s).value();
-        }
+        classify_verdict_runs(v);  // as a device scan's finish() words a NaN row
         return v;
       },
       "table"_a, "runs"_a,
