@@ -35,8 +35,11 @@ from . import _cache, _core, _run
 SHARDINGS = ("contiguous", "load_balanced")
 
 # A rank's header in the gather: status (0 ok, 1 its scan failed), its rows, the mask's
-# batch, heads and keys, its distinct batch and heads (0: no rows, no opinion), its runs.
-_HEADER = 8
+# batch, heads and keys, its distinct batch and heads (0: no rows, no opinion), its runs;
+# then what every rank must have asked alike: the sharding and the masked threshold (its
+# float64 bits). Ranks that read their rows differently would merge into verdicts that
+# differ by rank, and then run different collectives.
+_HEADER = 10
 _OK, _FAILED = 0, 1
 # Runs that travel in the first all_gather: a structured shard has a handful, so one
 # collective settles it; more (an arbitrary mask) take a second, sized by the largest.
@@ -153,9 +156,11 @@ class _ShardError:
         self.message = message
 
 
-def _scan_shard(local_mask, masked_threshold: float):
+def _scan_shard(local_mask, masked_threshold: float, sharding: str = "contiguous"):
     """(header int64 [_HEADER], runs int64 [n, 8], error message or None) of this rank."""
     header = np.zeros(_HEADER, dtype=np.int64)
+    header[8] = SHARDINGS.index(sharding)
+    header[9] = np.array([masked_threshold], dtype=np.float64).view(np.int64)[0]
     runs = np.zeros((0, _RUN_COLUMNS), dtype=np.int64)
     try:
         if isinstance(local_mask, _ShardError):
@@ -169,7 +174,7 @@ def _scan_shard(local_mask, masked_threshold: float):
         db = dh = 0  # no rows: no say in how many slices are distinct
         if rows > 0:
             runs, (db, dh) = _local_runs(view, masked_threshold)
-        header[:] = (_OK, rows, batch, heads, keys, db, dh, len(runs))
+        header[:8] = (_OK, rows, batch, heads, keys, db, dh, len(runs))
         return header, runs, None
     except (_core.MaskError, RuntimeError, TypeError, ValueError) as e:
         header[0] = _FAILED
@@ -197,6 +202,16 @@ def _all_gather(array: np.ndarray, group, device) -> np.ndarray:
     return torch.stack(out).cpu().numpy()
 
 
+def _check_asked_alike(headers) -> None:
+    """A MaskError on every rank where the ranks scanned with different shardings or
+    thresholds (every rank sees the same headers, so every rank raises)."""
+    shardings = [SHARDINGS[int(c)] for c in headers[:, 8]]
+    thresholds = headers[:, 9].astype(np.int64).view(np.float64).tolist()
+    if len(set(shardings)) > 1 or len(set(headers[:, 9].tolist())) > 1:
+        raise _core.MaskError(f"invalid_argument: the ranks scanned their rows differently: sharding {shardings}, "
+                              f"masked_threshold {thresholds} by rank; every rank of the group must pass the same")
+
+
 def _gather(header, runs, error, group, device):
     """Every rank's header and runs (a list of int64 [n_r, 8]), identical on every rank; a
     MaskError on every rank naming each rank whose scan failed."""
@@ -211,6 +226,7 @@ def _gather(header, runs, error, group, device):
         dist.all_gather_object(messages, error, group=group)
         failed = "; ".join(f"rank {r}: {m}" for r, m in enumerate(messages) if m is not None)
         raise _core.MaskError(f"{failed} (rows numbered within the rank's shard)")
+    _check_asked_alike(headers)
     counts = headers[:, 7]
     gathered_runs = [gathered[r, _HEADER:].reshape(EAGER_RUNS, _RUN_COLUMNS)[:min(n, EAGER_RUNS)]
                      for r, n in enumerate(counts)]
@@ -360,7 +376,7 @@ def scan(local_mask, *, group=None, sharding: str = "contiguous", masked_thresho
     every rank raise the same MaskError, naming it."""
     _check_sharding(sharding)
     group = _group_of(group, None)
-    header, runs, error = _scan_shard(local_mask, masked_threshold)
+    header, runs, error = _scan_shard(local_mask, masked_threshold, sharding)
     headers, gathered = _gather(header, runs, error, group, _collective_device(group, local_mask))
     table, merged = merge_runs(headers, gathered, sharding)
     return _core.classify_runs(table, merged)
@@ -578,7 +594,9 @@ class ContextParallel:
         structure = report.structure
         device = torch.device(device) if device is not None else (
             local_mask.device if local_mask is not None else torch.device("cpu"))
-        key = (id(report), id(local_mask), str(device))
+        # The mask's version too: a buffer refilled in place (same object) is another mask.
+        version = None if local_mask is None else _cache._tensor_key(local_mask, None)
+        key = (id(report), id(local_mask), version, str(device))
         if key not in self._block_masks:
             if len(self._block_masks) >= _KEPT_BLOCK_MASKS:
                 self._block_masks.pop(next(iter(self._block_masks)))
@@ -616,6 +634,12 @@ def _transformers_attention(module, query, key, value, attention_mask, dropout=0
                            "local_mask), which holds the ranks' agreed verdict")
     if dropout:
         raise ValueError(f'"{TRANSFORMERS_NAME}" attention runs without dropout (flex and the SDPA ring under CP)')
+    # One step holds one report: a model whose layers attend through different masks
+    # (sliding and full layers) would run every layer on it.
+    layer_types = getattr(getattr(module, "config", None), "layer_types", None)
+    if kwargs.get("sliding_window") is not None or len(set(layer_types or ())) > 1:
+        raise ValueError(f'"{TRANSFORMERS_NAME}" runs models whose layers share one mask; this one has layer types '
+                         f"{sorted(set(layer_types or ()))} (sliding_window={kwargs.get('sliding_window')})")
     cp, report, local_mask = _step
     out = cp.attention(query, key, value, report, local_mask, scale=scaling)
     return out.transpose(1, 2).contiguous(), None
@@ -690,7 +714,10 @@ _compiled_flex = None
 
 
 def _flex(compiled, device):
-    """flex_attention, torch.compile'd on CUDA by default (eager flex materialises the scores)."""
+    """flex_attention, torch.compile'd on CUDA by default (eager flex materialises the scores),
+    with dynamic lengths: a new sequence length (dynamic padding) reuses the compiled
+    kernel where a static compile would compile again, and past Dynamo's recompile limit
+    fall back to the unfused path."""
     global _compiled_flex
     from torch.nn.attention.flex_attention import flex_attention
     if compiled is None:
@@ -698,5 +725,5 @@ def _flex(compiled, device):
     if not compiled:
         return flex_attention
     if _compiled_flex is None:
-        _compiled_flex = torch.compile(flex_attention, dynamic=False)
+        _compiled_flex = torch.compile(flex_attention, dynamic=True)
     return _compiled_flex

@@ -45,6 +45,7 @@ import torch.nn.functional as F
 from . import _cache, _env, _run
 from . import _core
 from . import element_name, load_kernels, strict as _is_strict  # load_kernels: re-exported, see above
+from ._run import set_flex_compile_ms  # noqa: F401  (the cold compile's cost: docs/python.md)
 
 logger = logging.getLogger("masklens")
 
@@ -564,19 +565,29 @@ def prepare_compiled(mask, *, heads, kv_heads, head_dim, head_dim_v=None, dtype=
 def attend_compiled(cm, query, key, value, dropout_p=0.0, scale=None, enable_gqa=False):
     """A CompiledMask's attention, [B, H, Q, Dv] (traced into the compiled graph), or None
     where the call is not the one decided for (dropout, other heads or dims, another
-    length): the caller then runs torch's sdpa with cm.mask."""
+    length or batch, a varlen_attn without the window or scale asked for): the caller
+    then runs torch's sdpa with cm.mask."""
     B, H, Q, D = query.shape
     Hk, Dv = key.shape[1], value.shape[-1]
     if dropout_p or (H, Hk, D, Dv) != cm.expected or Q != cm.mask.shape[-2] or key.shape[2] != cm.mask.shape[-1]:
         return None
     if H != Hk and not enable_gqa:
         return None
+    # The varlen form's sequences are laid over the mask's own B x Q rows; a BlockMask of
+    # one batch broadcasts, as flex takes it.
+    mask_batch = cm.mask.shape[0] if cm.mask.dim() == 4 else 1
+    if mask_batch != B and (cm.kind != "flex" or mask_batch != 1):
+        return None
     if cm.kind == "flex":
         from torch.nn.attention.flex_attention import flex_attention
         kwargs = {"enable_gqa": True} if H != Hk else {}
         return flex_attention(query, key, value, block_mask=cm.block_mask, scale=scale, **kwargs)
     varlen_attn, params = _run._varlen_params()
-    kwargs = {"scale": scale} if "scale" in params else {}
+    # A torch whose varlen_attn lacks the keyword would run without it: bidirectional where
+    # the window is causal, the default scale for the caller's (run_varlen refuses alike).
+    if (scale is not None and "scale" not in params) or ("window_size" not in params and cm.window != (-1, -1)):
+        return None
+    kwargs = {"scale": scale} if scale is not None else {}
     if "window_size" in params:
         kwargs["window_size"] = cm.window
     packed = [t.transpose(1, 2).reshape(B * t.shape[2], t.shape[1], t.shape[3]) for t in (query, key, value)]

@@ -97,7 +97,8 @@ def _many_runs(group, rank, world):
 
 def _errors(group, rank, world):
     """One rank's NaN: every rank raises the same MaskError naming it (none left waiting);
-    shards of different masks are refused on every rank."""
+    shards of different masks, and ranks that scan with different shardings or thresholds
+    (their merged verdicts would differ by rank), are refused on every rank."""
     whole = torch.zeros(12, 12)
     local = mld.shard(whole, -2, rank=rank, world_size=world).clone()
     if rank == world - 1:
@@ -107,6 +108,14 @@ def _errors(group, rank, world):
     keys = 12 if rank else 11
     with pytest.raises(masklens.MaskError, match="differ in keys"):
         mld.scan(torch.ones(3, keys, dtype=torch.bool), group=group)
+    causal = torch.ones(12, 12, dtype=torch.bool).tril()
+    sharding = "load_balanced" if rank == 0 else "contiguous"
+    mine = mld.shard(causal, -2, rank=rank, world_size=world, sharding=sharding)
+    with pytest.raises(masklens.MaskError, match="scanned their rows differently"):
+        mld.scan(mine, group=group, sharding=sharding)
+    with pytest.raises(masklens.MaskError, match="scanned their rows differently"):
+        mld.scan(mld.shard(causal, -2, rank=rank, world_size=world), group=group,
+                 masked_threshold=-1000.0 if rank else -1e4)
     # A shard that does not broadcast to its query fails in the collective too.
     rows = 5 if rank == 0 else 3
     with pytest.raises(masklens.MaskError, match="rank 0: invalid_shape"):

@@ -156,6 +156,27 @@ def reference_varlen(q, k, v, cu_q, cu_k, max_q, max_k, scale=None, window_size=
     return out[0].transpose(0, 1)
 
 
+def test_attend_compiled_refuses_a_call_its_form_was_not_made_for(gpu_environment, monkeypatch):
+    """The varlen form's sequences lie over the mask's own rows: a query of another batch,
+    or a varlen_attn without the window_size a causal form needs, gets None (the layer then
+    runs sdpa with the dense mask) rather than rows of another sequence or no causality."""
+    gpu_environment({"torch"})
+    monkeypatch.setattr(mt._run, "_varlen_params", lambda: (reference_varlen, frozenset({"scale", "window_size"})))
+    Q = 32
+    i, j = torch.arange(Q)[:, None], torch.arange(Q)[None]
+    document = (torch.arange(Q) >= 12).long()
+    mask = ((j <= i) & (document[:, None] == document[None]))[None, None]
+    cm = mt.prepare_compiled(mask, heads=2, kv_heads=2, head_dim=16, dtype=torch.bfloat16, training=False)
+    assert isinstance(cm, mt.CompiledMask) and cm.kind == "varlen"
+    q, k, v = (torch.randn(1, 2, Q, 16) for _ in range(3))
+    out = mt.attend_compiled(cm, q, k, v)
+    assert out is not None
+    assert (out - F.scaled_dot_product_attention(q, k, v, attn_mask=mask)).abs().max().item() < 1e-5
+    assert mt.attend_compiled(cm, *(torch.randn(2, 2, Q, 16) for _ in range(3))) is None
+    monkeypatch.setattr(mt._run, "_varlen_params", lambda: (reference_varlen, frozenset({"scale"})))
+    assert mt.attend_compiled(cm, q, k, v) is None
+
+
 def test_compiled_varlen_form_packs_in_place_and_equals_sdpa(gpu_environment, monkeypatch):
     """Padding-free packing (position_ids): the compiled layers run varlen_attn on the rows
     as they lie (cumulative lengths a tensor, the maximum length the sequence's: new
