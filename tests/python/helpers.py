@@ -35,7 +35,7 @@ def qkv(B, H, Q, K, D=16, Hk=None, dtype=torch.float32, grad=True, seed=0):
 
 def grads(out, tensors, seed=1):
     g = torch.Generator().manual_seed(seed)
-    w = torch.randn(out.shape, generator=g, dtype=torch.float32).to(out.dtype)
+    w = torch.randn(out.shape, generator=g, dtype=torch.float32).to(out.device, out.dtype)
     return torch.autograd.grad((out * w).sum(), tensors)
 
 
