@@ -563,6 +563,28 @@ with tempfile.TemporaryDirectory() as tmp:
     # One head broadcasts to any --heads.
     check(run("inspect", small_mask, "--heads", "12").returncode == 0, "a 1-head mask with --heads 12")
 
+    # --- Masks render back to their shortest description (docs/structures.md): each
+    # structure written by make is inspected as itself, not a longer exact one. ---
+    shortest = [
+        ("chunked", "2,1,13,13", ["--chunk", "12", "--segments", "[[0,5,6,7,11,13],[0,4,5,8,9,13]]"],
+         {"kind": "chunked", "chunk": 12}),
+        ("chunked", "1,1,16,16", ["--chunk", "5", "--kv-valid", "[[6,16]]", "--segments", "[[0,8,9,16]]"],
+         {"kind": "chunked", "chunk": 5}),
+        ("chunked", "2,1,8,10", ["--alignment", "bottom_right", "--chunk", "2", "--q-valid", "[[4,5],[7,8]]"],
+         {"kind": "chunked", "chunk": 2}),
+        ("causal_blocks", "2,1,6,6", ["--blocks", "[[0,2],[2,6]]", "--kv-valid", "[[0,4],[5,6]]",
+                                      "--q-valid", "[[0,4],[4,5]]"], {"kind": "causal_blocks", "blocks": [[0, 2], [2, 6]]}),
+        # A tie at equal cost goes to the description without q_valid.
+        ("chunked", "1,1,3,6", ["--alignment", "bottom_right", "--chunk", "5", "--kv-valid", "[[3,5]]"],
+         {"kind": "chunked", "chunk": 5, "q_valid": None}),
+    ]
+    for n, (kind, shape, extra, want) in enumerate(shortest):
+        path = os.path.join(tmp, f"shortest{n}.npy")
+        run("make", kind, "--shape", shape, *extra, "-o", path)
+        got = json.loads(run("inspect", path, "--json").stdout)["structure"]
+        for field, value in want.items():
+            check(got.get(field) == value, f"make {kind} {extra}: {field} {got.get(field)!r}, want {value!r} ({got})")
+
     # --- Errors about a mask's contents name the file, as the reader's do. ---
     nan_mask = os.path.join(tmp, "nan.npy")
     write_npy(nan_mask, "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 2), }",

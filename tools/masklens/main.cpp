@@ -509,7 +509,7 @@ Result<nlohmann::json> parse_structure_json(const std::string& text) {
 
 // Shape and parameters of `make`.
 struct MakeOptions {
-  std::string kind, shape = "1,1,256,256", output, dtype = "bool", segments, kv_valid, blocks;
+  std::string kind, shape = "1,1,256,256", output, dtype = "bool", segments, kv_valid, q_valid, blocks;
   std::string alignment;  // empty: not given (top_left for the causal kinds; full takes none)
   std::optional<std::string> window, chunk, prefix;  // as written: parse_integer reads them
 };
@@ -520,7 +520,7 @@ std::string with_make_option_names(const std::string& message) {
   static const std::pair<std::string_view, std::string_view> names[] = {
       {"structure.kind", "KIND"},          {"structure.alignment", "--alignment"}, {"structure.window", "--window"},
       {"structure.chunk", "--chunk"},      {"structure.prefix", "--prefix"},       {"structure.blocks", "--blocks"},
-      {"structure.kv_valid", "--kv-valid"}, {"structure.segments", "--segments"}};
+      {"structure.kv_valid", "--kv-valid"}, {"structure.q_valid", "--q-valid"}, {"structure.segments", "--segments"}};
   for (const auto& [field, option] : names)
     if (message.starts_with(field)) return std::string(option) + message.substr(field.size());
   // Shape rules name the structure's dimensions: for make they are --shape.
@@ -545,7 +545,8 @@ Result<MaskStructure> structure_from(const MakeOptions& m) {
   }
   for (const auto& [option, text, key] : {std::tuple{"--blocks", &m.blocks, "blocks"},
                                           {"--segments", &m.segments, "segments"},
-                                          {"--kv-valid", &m.kv_valid, "kv_valid"}}) {
+                                          {"--kv-valid", &m.kv_valid, "kv_valid"},
+                                          {"--q-valid", &m.q_valid, "q_valid"}}) {
     if (text->empty()) continue;
     j[key] = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
     if (j[key].is_discarded()) return error(ErrorCode::invalid_argument, std::string(option) + " wants JSON, got '" + *text + "'");
@@ -719,6 +720,7 @@ int run_command(int argc, char** argv) {
   make_cmd->add_option("--blocks", make.blocks, "JSON [[start, end], ...]");
   make_cmd->add_option("--segments", make.segments, "JSON per batch [[0, e1, ..., Q], ...]");
   make_cmd->add_option("--kv-valid", make.kv_valid, "JSON per batch [[start, end], ...]");
+  make_cmd->add_option("--q-valid", make.q_valid, "JSON per batch [[start, end], ...]: the query rows that attend");
 
   std::string samples_dir;
   auto* samples_cmd = app.add_subcommand("samples", "write a sample mask of every structure into DIR and inspect each");
