@@ -118,12 +118,18 @@ def gpu_environment(monkeypatch):
     return use
 
 
-def test_compiled_flex_form_is_traced_and_equals_sdpa(gpu_environment, monkeypatch):
-    gpu_environment({"flex"})
+def captured_forms(monkeypatch):
+    """The list each form the mask function prepares for the compiled layers is appended to."""
     forms = []
     prepare = mt.prepare_compiled
     monkeypatch.setattr(masklens.transformers, "prepare_compiled",
                         lambda *a, **k: forms.append(prepare(*a, **k)) or forms[-1])
+    return forms
+
+
+def test_compiled_flex_form_is_traced_and_equals_sdpa(gpu_environment, monkeypatch):
+    gpu_environment({"flex"})
+    forms = captured_forms(monkeypatch)
     torch._dynamo.reset()
     ref, ours = pair(LlamaConfig(**SMALL))
     compiled = torch.compile(ours, backend="aot_eager")
@@ -185,10 +191,7 @@ def test_compiled_varlen_form_packs_in_place_and_equals_sdpa(gpu_environment, mo
     # Decided as for a bf16 model (varlen_attn takes no fp32), run in fp32 by the stand-in.
     monkeypatch.setattr(masklens.transformers, "_call_dtype", lambda dtype, device: torch.bfloat16)
     monkeypatch.setattr(mt._run, "_varlen_params", lambda: (reference_varlen, frozenset({"scale", "window_size"})))
-    forms = []
-    prepare = mt.prepare_compiled
-    monkeypatch.setattr(masklens.transformers, "prepare_compiled",
-                        lambda *a, **k: forms.append(prepare(*a, **k)) or forms[-1])
+    forms = captured_forms(monkeypatch)
     torch._dynamo.reset()
     ref, ours = pair(LlamaConfig(**SMALL))
     compiled = torch.compile(ours, backend="aot_eager")
