@@ -563,6 +563,27 @@ with tempfile.TemporaryDirectory() as tmp:
     # One head broadcasts to any --heads.
     check(run("inspect", small_mask, "--heads", "12").returncode == 0, "a 1-head mask with --heads 12")
 
+    # --- Every spelling numpy reads of a mask type is read as that type (numpy writes
+    # |b1 <f4 ..., other writers '?', 'f4', '=f4'); a big-endian one is refused, naming it. ---
+    causal4 = bytes(1 if k <= q else 0 for q in range(4) for k in range(4))
+    spellings = {"?": causal4, "b1": causal4, "<b1": causal4, "u1": causal4, "<u1": causal4, "B": causal4,
+                 "i1": causal4, "b": causal4,
+                 "f4": struct.pack("<16f", *(0.0 if k <= q else float("-inf") for q in range(4) for k in range(4))),
+                 "=f4": struct.pack("<16f", *(0.0 if k <= q else float("-inf") for q in range(4) for k in range(4))),
+                 "e": struct.pack("<16e", *(0.0 if k <= q else float("-inf") for q in range(4) for k in range(4)))}
+    for descr, data in spellings.items():
+        path = os.path.join(tmp, "spelling.npy")
+        write_npy(path, f"{{'descr': '{descr}', 'fortran_order': False, 'shape': (4, 4), }}", data)
+        got = json.loads(run("inspect", path, "--json").stdout)["structure"]
+        check(got["kind"] == "causal", f"descr {descr!r}: {got}")
+    big = os.path.join(tmp, "big.npy")
+    write_npy(big, "{'descr': '>f4', 'fortran_order': False, 'shape': (4, 4), }", b"\0" * 64)
+    p = run("inspect", big, ok=False)
+    check(p.returncode == 1 and "big-endian" in p.stderr, f"a big-endian descr: {p.stderr!r}")
+    # --mask-dtype says how to read raw 2-byte elements: on a typed file it is refused.
+    p = run("inspect", small_mask, "--mask-dtype", "bf16", ok=False)
+    check(p.returncode != 0 and "--mask-dtype applies to raw 2-byte elements" in p.stderr, f"--mask-dtype on |b1: {p.stderr!r}")
+
     # --- Masks render back to their shortest description (docs/structures.md): each
     # structure written by make is inspected as itself, not a longer exact one. ---
     shortest = [

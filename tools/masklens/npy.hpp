@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
@@ -136,6 +137,39 @@ struct HeaderFields {
   std::optional<bool> fortran_order;
   std::optional<std::vector<std::int64_t>> shape;
 };
+
+// A descr the reader takes, in each spelling numpy reads on a little-endian host ('?',
+// 'b1', '<u1', 'f4', '=f4', 'e', ...: numpy writes |b1 |u1 |i1 <f2 <f4, others write
+// these); raw_two_bytes: <u2 / V2, whose type --mask-dtype says (bf16 has no descr).
+struct MaskDescr {
+  ElementType type;
+  bool raw_two_bytes = false;
+};
+
+inline std::optional<MaskDescr> mask_descr(std::string_view descr) {
+  // One-byte elements have no byte order: any prefix, or none.
+  const auto one_byte = [&](std::string_view code, std::string_view letter) {
+    if (descr == letter) return true;
+    if (!descr.empty() && (descr[0] == '|' || descr[0] == '<' || descr[0] == '>' || descr[0] == '='))
+      return descr.substr(1) == code;
+    return descr == code;
+  };
+  // Multi-byte elements: little-endian, or native ('=' or none) where the host is.
+  constexpr bool little_host = std::endian::native == std::endian::little;
+  const auto little = [&](std::string_view code, std::string_view letter) {
+    if (descr.empty()) return false;
+    if (descr[0] == '<') return descr.substr(1) == code || descr.substr(1) == letter;
+    if (descr[0] == '=') return little_host && (descr.substr(1) == code || descr.substr(1) == letter);
+    return little_host && (descr == code || descr == letter);
+  };
+  if (one_byte("b1", "?")) return MaskDescr{ElementType::boolean};
+  if (one_byte("u1", "B")) return MaskDescr{ElementType::uint8};
+  if (one_byte("i1", "b")) return MaskDescr{ElementType::int8};
+  if (little("f2", "e")) return MaskDescr{ElementType::float16};
+  if (little("f4", "f")) return MaskDescr{ElementType::float32};
+  if (little("u2", "H") || descr == "|V2" || descr == "V2" || descr == "<V2") return MaskDescr{ElementType::float16, true};
+  return std::nullopt;
+}
 
 // Reads a header's dict literal as numpy does (ast.literal_eval, then exactly the keys
 // descr, fortran_order and shape): quoted keys, a string descr, True or False, a tuple
@@ -283,17 +317,24 @@ inline Result<Header> parse_header(const std::uint8_t* bytes, std::size_t size, 
   if (!fields->descr) return error(ErrorCode::parse_error, "header has no 'descr'");
   h.descr = *fields->descr;
   const std::string& descr = h.descr;
-  if (descr == "|b1") h.dtype = ElementType::boolean;
-  else if (descr == "|u1") h.dtype = ElementType::uint8;
-  else if (descr == "|i1") h.dtype = ElementType::int8;
-  else if (descr == "<f2") h.dtype = ElementType::float16;
-  else if (descr == "<f4") h.dtype = ElementType::float32;
-  else if (descr == "<u2" || descr == "<V2" || descr == "|V2") {
+  const std::optional<detail::MaskDescr> read = detail::mask_descr(descr);
+  if (!read) {
+    const bool big_endian = descr.size() > 1 && descr[0] == '>' && descr != ">b1" && descr != ">u1" && descr != ">i1";
+    return error(ErrorCode::unsupported_dtype,
+                 "descr '" + detail::printable(descr) + "' is not a mask type (|b1 |u1 |i1 <f2 <f4, bf16 as <u2)" +
+                     (big_endian ? ": a big-endian array; save it as little-endian (a.astype(a.dtype.newbyteorder('<')))"
+                                 : ""));
+  }
+  if (read->raw_two_bytes) {
     if (!two_byte_as) return error(ErrorCode::unsupported_dtype, "2-byte descr '" + descr + "' needs --mask-dtype bf16");
     h.dtype = *two_byte_as;
+  } else if (two_byte_as && !(read->type == ElementType::float16 && *two_byte_as == ElementType::float16)) {
+    // --mask-dtype says how to read raw 2-byte elements; a file whose descr names its type
+    // would be read as that type, the option silently dropped.
+    return error(ErrorCode::invalid_argument, "--mask-dtype applies to raw 2-byte elements (<u2, <V2); the file's descr '" +
+                                                  descr + "' already names its type");
   } else {
-    return error(ErrorCode::unsupported_dtype, "descr '" + detail::printable(descr) +
-                                                   "' is not a mask type (|b1 |u1 |i1 <f2 <f4, bf16 as <u2)");
+    h.dtype = read->type;
   }
   if (!fields->fortran_order) return error(ErrorCode::parse_error, "header has no 'fortran_order'");
   const bool fortran = *fields->fortran_order;
