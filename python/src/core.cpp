@@ -276,6 +276,10 @@ void version_property(nb::class_<Environment>& c, const char* name) {
 
 NB_MODULE(_core, m) {
   m.doc() = "masklens C++ core: scan, classify and decide on typed values";
+  // A BlockMask's tensors share a BlockMaskTensors' memory, and torch keeps BlockMasks
+  // until the interpreter ends (compiled graphs' constants, Dynamo's caches): nanobind
+  // would report them as leaked at every exit of a training program.
+  nb::set_leak_warnings(false);
   m.attr("__version__") = "0.1.0";
   m.attr("JSON_SCHEMA") = 2;
   nb::exception<StatusError>(m, "MaskError", PyExc_RuntimeError);
