@@ -518,14 +518,13 @@ class FlexBucket:
     it as Python (it is then never chosen again); forgone_ms, what calls that ran without
     it while it was cold would have saved."""
 
-    __slots__ = ("key", "fn", "warm", "broken", "forgone_ms", "calls")
+    __slots__ = ("key", "fn", "warm", "broken", "forgone_ms")
 
     def __init__(self, key):
         self.key = key
         self.fn = None
         self.warm = self.broken = False
         self.forgone_ms = 0.0
-        self.calls = 0
 
     def compile_charge(self) -> float:
         """What decide() charges a flex call in this bucket before it runs, ms."""
@@ -592,18 +591,15 @@ def _bucket_function(bucket: FlexBucket):
     return torch.compile(fn, dynamic=True)
 
 
-_BLOCK_MASK_TENSORS = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices", "q_num_blocks",
-                       "q_indices", "full_q_num_blocks", "full_q_indices")
-
-
 def _mark_static_dims(q, k, v, block_mask):
     """Before a bucket's compile: batch, heads and head dims static (only the lengths and
     tile counts are symbolic), so no small dim shares a symbol with a tile count."""
+    from ._cache import BLOCK_MASK_FIELDS
     mark = torch._dynamo.mark_static
     for t in (q, k, v):
         for dim in (0, 1, 3):
             mark(t, dim)
-    for name in _BLOCK_MASK_TENSORS:
+    for name in BLOCK_MASK_FIELDS:
         t = getattr(block_mask, name, None)
         if t is not None:
             mark(t, 0)
@@ -719,7 +715,6 @@ def run_flex(call, t: Tensors, q, k, v, compiled=True, args=None):
     bucket = _call_bucket(t, a, q, k, v)
     if bucket.broken:
         return _dense_fallback(t, q, k, v)
-    bucket.calls += 1
     try:
         return _compiled_in_bucket(bucket, q, k, v, block_mask, t.scale, gqa)
     except FlexRanEager:
