@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_baselines import median_ms  # noqa: E402  (one timing loop for every bench script)
+from torch_baselines import event_ms as cuda_event_ms, median_ms  # noqa: E402  (one timing loop for every bench script)
 from backend_costs import flex_runner, varlen  # noqa: E402
 
 import masklens  # noqa: E402
@@ -208,12 +208,7 @@ def event_ms(fn):
         t0 = time.perf_counter()
         fn()
         return (time.perf_counter() - t0) * 1e3
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    fn()
-    b.record()
-    b.synchronize()
-    return a.elapsed_time(b)
+    return cuda_event_ms(fn)
 
 
 def ab(report):
@@ -247,9 +242,9 @@ def ab(report):
               "ratio_min": min(ratios), "ratio_max": max(ratios), "scans_in_pairs": scans}
     report["ab"] = result
     print(f"\nab: 1 x 4 x {L} x {D} bf16, forward + backward, {ARGS.ab_pairs} interleaved pairs")
-    print(f"  F.sdpa is_causal=True (no mask) {result['bare_ms']:9.2f} ms   drop-in, cached {result['dropin_ms']:9.2f} ms"
-          f"   ratio median {result['ratio_median']:.4f}x (min {result['ratio_min']:.4f}, max {result['ratio_max']:.4f});"
-          f" scans in the pairs: {scans}")
+    print(f"  F.sdpa is_causal=True (no mask) {result['bare_ms']:9.2f} ms   "
+          f"drop-in, cached {result['dropin_ms']:9.2f} ms   ratio median {result['ratio_median']:.4f}x "
+          f"(min {result['ratio_min']:.4f}, max {result['ratio_max']:.4f}); scans in the pairs: {scans}")
     assert scans == 0, "the cached drop-in scanned the mask again"
     del mask
     empty_cache()

@@ -8,18 +8,20 @@ import sys
 import torch
 
 
+def event_ms(fn):
+    """One call of fn, timed between CUDA events on the current stream."""
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    fn()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b)
+
+
 def median_ms(fn, reps=10):
     fn()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    times.sort()
+    times = sorted(event_ms(fn) for _ in range(reps))
     return times[len(times) // 2]
 
 
