@@ -85,7 +85,7 @@ def timed(fn, repeat, group, device):
 
 def measure(rank, world, args, device):
     import masklens
-    from masklens import _cache
+    from masklens import _scan
     import masklens.distributed as mld
     group = dist.group.WORLD
     rows_out = []
@@ -110,8 +110,8 @@ def measure(rank, world, args, device):
             whole_ms = None
             if rank == 0:
                 whole = local_rows(kind, args.q_len, torch.arange(args.q_len), device)
-                assert _cache.scan(whole).structure.describe() == verdict.structure.describe()
-                whole_ms = timed(lambda: _cache.scan(whole), args.repeat, None, device)
+                assert _scan.scan(whole).structure.describe() == verdict.structure.describe()
+                whole_ms = timed(lambda: _scan.scan(whole), args.repeat, None, device)
                 del whole
             dist.barrier()
             rows_out.append({"kind": kind, "sharding": sharding, "structure": verdict.structure.describe(),

@@ -50,7 +50,7 @@ from torch_baselines import event_ms as cuda_event_ms, median_ms  # noqa: E402  
 from backend_costs import flex_runner, varlen  # noqa: E402
 
 import masklens  # noqa: E402
-from masklens import _run  # noqa: E402
+from masklens import _block_mask, _run  # noqa: E402
 from masklens.torch import scaled_dot_product_attention as dropin  # noqa: E402
 
 # Without CUDA the script runs its logic on the CPU at the sizes given (a smoke test of
@@ -169,13 +169,13 @@ def seed(report):
     cached_scans = masklens.scan_count() - before
     policy, verdict = masklens.torch.inspect(q, k, v, mask)
     same_kernel = None
-    if policy.backend in _run._KERNELS and DEV == "cuda":
+    if policy.backend in _run.SDPA_KERNELS and DEV == "cuda":
         # The bare call on the kernel the drop-in runs: what is left over it is the
         # drop-in's host work, not a kernel choice (the default dispatch may pick another).
         same_kernel = f"F.sdpa is_causal=True forced to the drop-in's kernel ({policy.backend})"
 
         def forced():
-            with sdpa_kernel(_run._KERNELS[policy.backend]):
+            with sdpa_kernel(_run.SDPA_KERNELS[policy.backend]):
                 return F.scaled_dot_product_attention(q, k, v, is_causal=True)
         measure(same_kernel, grads_of(forced, (q, k, v), go))
     base = rows["F.sdpa is_causal=True (no mask)"]["ms"]
@@ -444,7 +444,7 @@ def flex_part(part):
         # Only flex offered (sm 90 claimed on a CPU smoke run, where flex is otherwise refused).
         only_flex = {"available": {"flex"}, **({} if DEV == "cuda" else {"sm": 90})}
         _env.environment = timing("environment", lambda *a, **kw: real_environment(*a, **{**kw, **only_flex}))
-        _run.flex_block_mask = timing("BlockMask (masklens tiles)", _run.flex_block_mask)
+        _block_mask.flex_block_mask = timing("BlockMask (masklens tiles)", _block_mask.flex_block_mask)
         result["first_fwd_ms"], result["first_bwd_ms"] = first(lambda: dropin(q, k, v, attn_mask=mask))
         result["fwd_frame_compile_ms"] = frame_compile_ms()
         step = masklens.last_timing()

@@ -127,7 +127,7 @@ def main():
 
     if not hasattr(_run, "_sdpa_on_kernels"):  # a masklens from before the switches (a "before" run)
         return finish(report)
-    kernels, flags = [SDPBackend.CUDNN_ATTENTION], _run._KERNEL_FLAGS["torch.sdpa.cudnn"]
+    kernels, flags = [SDPBackend.CUDNN_ATTENTION], _run.SDPA_KERNEL_FLAGS["torch.sdpa.cudnn"]
 
     def context():
         with sdpa_kernel(kernels):

@@ -16,7 +16,7 @@ than the dense default, and the whole loop at least 5x faster at 32768+ tokens.
 
 --available flex decides as if FlexAttention were the only backend (the worst case for
 compiles: every step runs flex); --compile-ms sets the compile cost decide() charges a
-cold bucket (masklens._run.set_flex_compile_ms).
+cold bucket (masklens._flex.set_flex_compile_ms).
 
 usage: python3 bench/new_lengths.py [--device cuda|cpu] [--quick] [--steps N] [--min-len N] [--max-len N]
                                     [--window N] [--heads N] [--dim N] [--available torch,flex] [--compile-ms MS]
@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 import masklens
-from masklens import _env, _run
+from masklens import _env, _flex
 from masklens.torch import inspect
 from masklens.torch import scaled_dot_product_attention as dropin
 
@@ -139,7 +139,7 @@ def main():
     if args.available:
         decide_with(args.available)
     if args.compile_ms is not None:
-        _run.set_flex_compile_ms(args.compile_ms)
+        _flex.set_flex_compile_ms(args.compile_ms)
     print(f"new lengths: {STEPS} steps, {MIN_LEN}..{MAX_LEN} tokens, window {WINDOW}, 1 x {HEADS} x L x {DIM} "
           f"{str(DTYPE).replace('torch.', '')} on {DEV}; train and eval steps alternate; torch {torch.__version__}"
           + (f"; decided as if only {args.available} were installed" if args.available else ""))
@@ -167,7 +167,7 @@ def main():
     ours_total = sum(r["masklens_ms"] for r in rows)
     slower = [r["step"] for r in rows if r["masklens_ms"] > r["dense_ms"]]
     long = [r for r in rows if r["L"] > 32768]
-    compiles = {f"{k[-1]}": n for k, n in _run.flex_compiles().items()}
+    compiles = {f"{k[-1]}": n for k, n in _flex.flex_compiles().items()}
     print(f"total: dense {dense_total:.0f} ms, masklens {ours_total:.0f} ms, {dense_total / ours_total:.2f}x "
           f"(goal >= 5x at 32768+ tokens)")
     if long:
@@ -175,7 +175,7 @@ def main():
         print(f"steps past 32768 tokens: dense {d:.0f} ms, masklens {o:.0f} ms, {d / o:.2f}x")
     print(f"steps where masklens was slower than the dense default: {slower or 'none'} (goal: none)")
     print(f"flex compiles per length bucket: {compiles or 'none'}; broken buckets: "
-          f"{[b.key[-1] for b in _run._flex_buckets.values() if b.broken] or 'none'}")
+          f"{[b.key[-1] for b in _flex._flex_buckets.values() if b.broken] or 'none'}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"config": {"steps": STEPS, "min_len": MIN_LEN, "max_len": MAX_LEN, "window": WINDOW,

@@ -160,7 +160,7 @@ def same(bm, tensors):
 def bench_block_masks(L, device, reps, check_create):
     import masklens
     import masklens.torch as mt
-    from masklens import _cache, _core, _run
+    from masklens import _block_mask, _core, _scan
     # masklens' ways on a GPU take a fraction of a millisecond: a median of 3 is at the
     # mercy of one slow host step, and more calls cost little. (Not the host scans: they
     # read the whole mask.)
@@ -175,21 +175,21 @@ def bench_block_masks(L, device, reps, check_create):
         structure = masklens.scan(m).structure
         exact = structure.kind != "arbitrary"
         if exact:
-            ms, bm = timed(lambda: _run.block_mask_from_structure(structure, (128, 128),
-                                                                  _run.mask_mod_for(structure, device), device),
+            ms, bm = timed(lambda: _block_mask.block_mask_from_structure(structure, (128, 128),
+                                                                  _block_mask.mask_mod_for(structure, device), device),
                            fast, device)
             rows.append(("masklens, from structure", ms, same(bm, ref)))
-            ms, bm = timed(lambda: _run.block_mask_from_tiles(_core.tiles_from_structure(structure, 128, 128),
-                                                              _run.mask_mod_for(structure, device), device),
+            ms, bm = timed(lambda: _block_mask.block_mask_from_tiles(_core.tiles_from_structure(structure, 128, 128),
+                                                              _block_mask.mask_mod_for(structure, device), device),
                            fast, device)
             rows.append(("masklens, tile states", ms, same(bm, ref)))
             ms, bm = timed(lambda: mt.block_mask(m, 128), fast, device, before=masklens.forget)
             rows.append(("masklens, scan + structure", ms, same(bm, ref)))
-        if device == "cuda" and not exact and _cache.has_device_tiles():
+        if device == "cuda" and not exact and _scan.has_device_tiles():
             ms, bm = timed(lambda: mt.block_mask(m, 128), fast, device, before=masklens.forget)
             rows.append(("masklens, device scan", ms, same(bm, ref)))
         if device == "cpu" or not exact:
-            ms, bm = timed(lambda: _run.block_mask_from_tiles(_cache.scan_with_tiles(m, (128, 128))[1], None, device),
+            ms, bm = timed(lambda: _block_mask.block_mask_from_tiles(_scan.scan_with_tiles(m, (128, 128))[1], None, device),
                            reps, device)
             rows.append(("masklens, host scan" + (" (copy)" if device == "cuda" else ""), ms, same(bm, ref)))
         rows.append(("torch pad+sum", ref_ms, True))
@@ -295,37 +295,37 @@ def bench_split(L, device, reps):
     BlockMask); and the whole call beside the sum of its steps."""
     import masklens
     import masklens.torch as mt
-    from masklens import _cache, _core, _run
+    from masklens import _block_mask, _core, _scan
     print(f"\nsplit, bool [1, 1, {L}, {L}], BLOCK_SIZE 128, ms (median of {reps}, each step synchronised):")
     for name, m, _ in masks(L, device):
         structure = masklens.scan(m).structure
         line = [f"  {name:18s}"]
         if structure.kind != "arbitrary":
             t_ranges, _ = timed(lambda: _core.structure_tile_ranges(structure, 128, 128), reps, device)
-            t_mod, mod = timed(lambda: _run.mask_mod_for(structure, device), reps, device)
-            if device == "cuda" and _cache.has_structure_writer():
+            t_mod, mod = timed(lambda: _block_mask.mask_mod_for(structure, device), reps, device)
+            if device == "cuda" and _scan.has_structure_writer():
                 t_tensors, (arrays, _) = timed(
-                    lambda: _cache.device_block_mask_from_structure(structure, (128, 128), device), reps, device)
+                    lambda: _block_mask.device_block_mask_from_structure(structure, (128, 128), device), reps, device)
             else:  # as block_mask_from_structure off CUDA: the host writer once, its arrays shared
                 def host_tensors():
                     written = _core.tiles_from_structure(structure, 128, 128).block_mask()
                     return {f: torch.from_numpy(getattr(written, f)).to(device) for f in FIELDS}
                 t_tensors, arrays = timed(host_tensors, reps, device)
-            t_bm, _ = timed(lambda: _run.block_mask_from_arrays(arrays, (L, L), (128, 128), mod), reps, device)
-            t_all, _ = timed(lambda: _run.block_mask_from_structure(structure, (128, 128),
-                                                                    _run.mask_mod_for(structure, device), device),
+            t_bm, _ = timed(lambda: _block_mask.block_mask_from_arrays(arrays, (L, L), (128, 128), mod), reps, device)
+            t_all, _ = timed(lambda: _block_mask.block_mask_from_structure(structure, (128, 128),
+                                                                    _block_mask.mask_mod_for(structure, device), device),
                              reps, device)
             line.append(f"from structure {t_all:.3f} = mask_mod {t_mod:.3f} + tensors {t_tensors:.3f} (of which "
                         f"the ranges {t_ranges:.3f}) + BlockMask {t_bm:.3f};")
-        if device == "cuda" and _cache.has_device_tiles():
+        if device == "cuda" and _scan.has_device_tiles():
             t_read, (verdict, arrays) = timed(
-                lambda: _cache.device_scan_tiles(m, (128, 128), classify_many_runs=False), reps, device)
-            scan_ms, classify_ms = _cache.timing.get("scan_ms", 0.0), _cache.timing.get("classify_ms", 0.0)
-            prepare_ms = _cache.timing.get("prepare_ms", 0.0)
+                lambda: _block_mask.device_scan_tiles(m, (128, 128), classify_many_runs=False), reps, device)
+            scan_ms, classify_ms = _scan.timing.get("scan_ms", 0.0), _scan.timing.get("classify_ms", 0.0)
+            prepare_ms = _scan.timing.get("prepare_ms", 0.0)
             reads = verdict is not None and verdict.structure.kind == "arbitrary" or verdict is None
             kept = verdict.structure if verdict is not None else None
-            t_mod, mod = timed(lambda: _run.mask_mod_for(kept, device, m if reads else None), reps, device)
-            t_bm, _ = timed(lambda: _run.block_mask_from_arrays(arrays, (L, L), (128, 128), mod), reps, device)
+            t_mod, mod = timed(lambda: _block_mask.mask_mod_for(kept, device, m if reads else None), reps, device)
+            t_bm, _ = timed(lambda: _block_mask.block_mask_from_arrays(arrays, (L, L), (128, 128), mod), reps, device)
             t_all, _ = timed(lambda: mt.block_mask(m, 128), reps, device, before=masklens.forget)
             line.append(f"one device read {t_all:.3f} = read + tiles + verdict {t_read:.3f} (last call: prepare "
                         f"{prepare_ms:.3f}, device part {scan_ms:.3f}, classify {classify_ms:.3f}) + mask_mod "
@@ -344,7 +344,7 @@ def profile_device_read(L, device):
     it and of the BlockMask from the structure."""
     import masklens
     import masklens.torch as mt
-    from masklens import _core, _run
+    from masklens import _block_mask, _core
     it = masks(L, device)
     next(it)
     name, m, _ = next(it)  # the documents: the slowest from the structure (bench/README.md)
@@ -364,8 +364,8 @@ def profile_device_read(L, device):
     import cProfile
     import pstats
     for label, fn in (("one device read", lambda: mt.block_mask(m, 128)),
-                      ("from structure", lambda: _run.block_mask_from_structure(
-                          structure, (128, 128), _run.mask_mod_for(structure, device),
+                      ("from structure", lambda: _block_mask.block_mask_from_structure(
+                          structure, (128, 128), _block_mask.mask_mod_for(structure, device),
                           device))):
         fn()
         torch.cuda.synchronize()
@@ -391,8 +391,8 @@ def bench_stalls(L, device, calls):
     import threading
     import masklens
     import masklens.torch as mt
-    from masklens import _cache, _run
-    if device != "cuda" or not _cache.has_device_tiles():
+    from masklens import _block_mask, _scan
+    if device != "cuda" or not _scan.has_device_tiles():
         raise SystemExit("--stalls times the CUDA ways: it needs a GPU and masklens._cuda")
     it = masks(L, device)
     name, m, _ = next(it)
@@ -425,17 +425,17 @@ def bench_stalls(L, device, calls):
             t = time.perf_counter()
             start.record()
             if label == "from structure":
-                mod = _run.mask_mod_for(structure, device)
+                mod = _block_mask.mask_mod_for(structure, device)
                 r["mask_mod"], t = (time.perf_counter() - t) * 1e3, time.perf_counter()
-                arrays, lengths = _cache.device_block_mask_from_structure(structure, (128, 128), device)
+                arrays, lengths = _block_mask.device_block_mask_from_structure(structure, (128, 128), device)
                 r["ranges + tensors"], t = (time.perf_counter() - t) * 1e3, time.perf_counter()
-                _run.block_mask_from_arrays(arrays, lengths, (128, 128), mod)
+                _block_mask.block_mask_from_arrays(arrays, lengths, (128, 128), mod)
                 r["BlockMask"], t = (time.perf_counter() - t) * 1e3, time.perf_counter()
             else:
                 mt.block_mask(m, 128)
                 whole = (time.perf_counter() - t) * 1e3
                 for k in ("prepare_ms", "kernels_ms", "scan_ms", "classify_ms"):
-                    r[k[:-3]] = _cache.timing.get(k, 0.0)
+                    r[k[:-3]] = _scan.timing.get(k, 0.0)
                 r["scan"] -= r["kernels"]  # the block's allocation and the layout around the C++ call
                 r["rest"] = whole - sum(r.values())  # the mask_mod, the BlockMask, block_mask()'s own code
                 t = time.perf_counter()
@@ -457,8 +457,8 @@ def bench_steps(L, device, calls):
     over `calls` calls, after three untimed ones. The wrappers add about a microsecond each."""
     import masklens
     import masklens.torch as mt
-    from masklens import _cache, _core, _run
-    if device != "cuda" or _cache.cuda_module() is None:
+    from masklens import _block_mask, _core, _scan
+    if device != "cuda" or _scan.cuda_module() is None:
         print("--steps times the device read: it needs CUDA and masklens._cuda")
         return
     log = []
@@ -480,15 +480,15 @@ def bench_steps(L, device, calls):
 
         def __getattr__(self, name):
             return getattr(self._module, name)
-    targets = [(mt, "block_mask"), (mt, "_device_block_mask"), (mt, "_structure_slices"),
-               (_cache, "device_scan_tiles"), (_cache, "_device_runs"), (_cache, "_block_mask_storage"),
-               (_cache, "_stream_of"), (_cache, "_counted_scan"), (_core, "DeviceRuns"),
-               (_run, "rule_reads_tables"), (_run, "span_mask_mod"), (_run, "mask_mod_for"),
-               (_run, "block_mask_from_arrays")]
-    saved = [(obj, name, getattr(obj, name)) for obj, name in targets] + [(_cache, "_cuda", _cache._cuda)]
+    targets = [(mt, "block_mask"), (_block_mask, "_device_block_mask"), (_block_mask, "_structure_slices"),
+               (_block_mask, "device_scan_tiles"), (_scan, "device_runs"), (_block_mask, "_block_mask_storage"),
+               (_scan, "stream_of"), (_scan, "counted_scan"), (_core, "DeviceRuns"),
+               (_block_mask, "rule_reads_tables"), (_block_mask, "span_mask_mod"), (_block_mask, "mask_mod_for"),
+               (_block_mask, "block_mask_from_arrays")]
+    saved = [(obj, name, getattr(obj, name)) for obj, name in targets] + [(_scan, "_cuda", _scan._cuda)]
     index = torch.cuda.current_device()
     try:
-        _cache._cuda = Module(_cache._cuda)
+        _scan._cuda = Module(_scan._cuda)
         for obj, name in targets:
             setattr(obj, name, wrapped(getattr(obj, name), name))
         for name, m, _ in masks(L, device):
@@ -506,7 +506,7 @@ def bench_steps(L, device, calls):
                 totals.append((time.perf_counter() - t0) * 1e6)
                 for label, a, b in log:
                     per.setdefault(label, []).append(((a - t0) * 1e6, (b - a) * 1e6))
-                per.setdefault("(verdict: classify, from timing)", []).append((0.0, _cache.timing["classify_ms"] * 1e3))
+                per.setdefault("(verdict: classify, from timing)", []).append((0.0, _scan.timing["classify_ms"] * 1e3))
             totals.sort()
             print(f"\none device read of the {name} mask at {L}: {totals[0]:.0f} us at least, "
                   f"{totals[len(totals) // 2]:.0f} us median (to the device's end), step by step in us:")
@@ -529,9 +529,9 @@ def bench_timeline(L, device, calls):
     first device operation, its last one's end and the device's idle time between them."""
     import masklens
     import masklens.torch as mt
-    from masklens import _cache
+    from masklens import _scan
     from torch.autograd import DeviceType
-    if device != "cuda" or _cache.cuda_module() is None:
+    if device != "cuda" or _scan.cuda_module() is None:
         print("--timeline times the device read: it needs CUDA and masklens._cuda")
         return
     index = torch.cuda.current_device()

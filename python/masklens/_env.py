@@ -130,3 +130,17 @@ def environment(device=None, runnable_only: bool = False, **overrides) -> Enviro
         set_field(env, "environment", key, value)
     env.validate()
     return env
+
+
+_strict = False
+
+
+def set_strict(on: bool = True) -> None:
+    """strict: raise where only a kernel with a known defect would run the mask, instead
+    of falling back to torch's own dispatch (masklens.torch, masklens.transformers)."""
+    global _strict
+    _strict = bool(on)
+
+
+def strict() -> bool:
+    return _strict

@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 import masklens
-from . import _cache, _core, _run
+from . import _block_mask, _core, _inspect, _scan, _verdicts
 
 SHARDINGS = ("contiguous", "load_balanced")
 
@@ -138,13 +138,13 @@ def _local_runs(view, masked_threshold: float):
     """(int64 [runs, 8] of this rank's rows, numbered slice * rows + q; (distinct batch,
     distinct heads)): on the device where masklens._cuda is built and the mask is there,
     else on the host (scanned and encoded, not classified)."""
-    if isinstance(view, torch.Tensor) and view.device.type == "cuda" and _cache.cuda_module() is not None:
-        verdict = _cache.device_scan(view.detach(), masked_threshold)
-        _cache._counted_scan()
+    if isinstance(view, torch.Tensor) and view.device.type == "cuda" and _scan.cuda_module() is not None:
+        verdict = _scan.device_scan(view.detach(), masked_threshold)
+        _scan.counted_scan()
         return np.asarray(verdict.runs, dtype=np.int64).reshape(-1, _RUN_COLUMNS), _distinct(view)
-    host = _cache._host_array(view) if isinstance(view, torch.Tensor) else view
+    host = _scan.host_array(view) if isinstance(view, torch.Tensor) else view
     table, runs = _core.scan_runs(host, masked_threshold)
-    _cache._counted_scan()
+    _scan.counted_scan()
     return np.asarray(runs), (table[4], table[5])
 
 
@@ -165,7 +165,7 @@ def _scan_shard(local_mask, masked_threshold: float, sharding: str = "contiguous
     try:
         if isinstance(local_mask, _ShardError):
             raise _core.MaskError(local_mask.message)
-        mask = _cache.readable(local_mask)
+        mask = _scan.readable(local_mask)
         if len(mask.shape) < 2 or len(mask.shape) > 4:
             raise _core.MaskError(f"invalid_shape: a shard of a mask's rows has 2 to 4 dims ([..., rows, K]), got "
                                   f"{len(mask.shape)}")
@@ -389,13 +389,13 @@ def inspect(local_mask, query=None, key=None, value=None, *, group=None, shardin
     are this rank's shards ([B, H, rows, D]); the call's lengths are the whole sequence's
     (Q the ranks' rows together, K the mask's keys). Report.to_dict() equals
     masklens.inspect(whole_mask, whole_q, whole_k, whole_v).to_dict()."""
-    call_fields, env_fields = masklens._split_fields(dict(fields))
+    call_fields, env_fields = _inspect.split_fields(dict(fields))
     try:
-        mask = view = _cache.readable(local_mask)
+        mask = view = _scan.readable(local_mask)
         if query is not None:
             # Broadcast as SDPA reads it, against the local query and the mask's own keys
             # (the key shard is not the keys the rows attend to).
-            view = masklens._broadcast_to_call(mask, query, None)
+            view = _inspect.broadcast_to_call(mask, query, None)
     except _core.MaskError as e:
         # Raised in the collective, on every rank: raising here would leave the others
         # waiting in it.
@@ -453,7 +453,7 @@ class ContextParallel:
         self.mesh = mesh
         self.group = mesh.get_group()
         self.sharding = sharding
-        self.block_size = _cache.tile_size(block_size)
+        self.block_size = _scan.tile_size(block_size)
         self.rank = dist.get_rank(self.group)
         self.world_size = dist.get_world_size(self.group)
         self._active = 0
@@ -595,7 +595,7 @@ class ContextParallel:
         device = torch.device(device) if device is not None else (
             local_mask.device if local_mask is not None else torch.device("cpu"))
         # The mask's version too: a buffer refilled in place (same object) is another mask.
-        version = None if local_mask is None else _cache._tensor_key(local_mask, None)
+        version = None if local_mask is None else _verdicts.tensor_key(local_mask, None)
         key = (id(report), id(local_mask), version, str(device))
         if key not in self._block_masks:
             if len(self._block_masks) >= _KEPT_BLOCK_MASKS:
@@ -613,7 +613,7 @@ class ContextParallel:
         if not identity:
             rows = rows.index_select(3, torch.as_tensor(order, device=device))
         if structure.kind == "arbitrary":
-            mask_mod = _run.mask_mod_for(structure, device, _attends(rows))
+            mask_mod = _block_mask.mask_mod_for(structure, device, _attends(rows))
         else:
             mask_mod = _global_rule(structure, device, mine, None if identity else order)
         return _local_block_mask(rows, self.block_size, mask_mod, device)
@@ -684,7 +684,7 @@ def _structure_rows(structure, mine, device):
 def _global_rule(structure, device, mine, order):
     """The structure's mask_mod (its rule from its fields) at global positions: local query
     row qi is global mine[qi]; gathered key ki is global order[ki] (None: the identity)."""
-    rule = _run.mask_mod_for(structure, device)
+    rule = _block_mask.mask_mod_for(structure, device)
     rows, keys = len(mine), structure.k_len
     contiguous_from = int(mine[0]) if np.array_equal(mine, np.arange(mine[0], mine[0] + rows)) else None
     q_table = None if contiguous_from is not None else torch.as_tensor(mine, device=device)
@@ -703,11 +703,11 @@ def _local_block_mask(rows, size, mask_mod, device):
     """BlockMask over the tiles of `rows` ([B, H, rows, K] in flex CP's coordinates): written
     on the device from one device read where masklens._cuda writes tiles, else from a host
     read (masklens' tile summary, the tensors moved to `device`)."""
-    if rows.device.type == "cuda" and _cache.has_device_tiles():
-        _, arrays = _cache.device_scan_tiles(rows.detach(), size, classify_many_runs=False)
-        return _run.block_mask_from_arrays(arrays, rows.shape[-2:], size, mask_mod)
-    _, tiles = _cache.scan_with_tiles(rows.detach(), size)
-    return _run.block_mask_from_tiles(tiles, mask_mod, device)
+    if rows.device.type == "cuda" and _scan.has_device_tiles():
+        _, arrays = _block_mask.device_scan_tiles(rows.detach(), size, classify_many_runs=False)
+        return _block_mask.block_mask_from_arrays(arrays, rows.shape[-2:], size, mask_mod)
+    _, tiles = _scan.scan_with_tiles(rows.detach(), size)
+    return _block_mask.block_mask_from_tiles(tiles, mask_mod, device)
 
 
 _compiled_flex = None

@@ -2,7 +2,7 @@
 
 Same signature and result as torch.nn.functional.scaled_dot_product_attention (rows
 that attend to nothing come out 0, as torch's math kernel gives them). With a dense
-attn_mask it scans the mask once per tensor (cached, see masklens._cache), decides the
+attn_mask it scans the mask once per tensor (cached, see masklens._verdicts), decides the
 backend for the call (masklens.decide) and runs it: the mask dropped for is_causal or
 causal_lower_right, a plan of slices, torch's varlen_attn, compiled FlexAttention,
 flash-attn where installed, or the mask kept on a kernel that is correct for it.
@@ -38,18 +38,19 @@ import logging
 import time
 import warnings
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
-from . import _cache, _env, _run
-from . import _core
-from . import element_name, load_kernels, strict as _is_strict  # load_kernels: re-exported, see above
-from ._run import set_flex_compile_ms  # noqa: F401  (the cold compile's cost: docs/python.md)
+from . import _core, _env, _flex, _run, _scan, _verdicts
+from ._block_mask import block_mask  # noqa: F401  (re-exported: docs/python.md)
+from ._compiled import CompiledMask, attend_compiled, prepare_compiled  # noqa: F401  (compiled models)
+from ._env import strict as _is_strict
+from ._flex import set_flex_compile_ms  # noqa: F401  (the cold compile's cost: docs/python.md)
+from ._scan import load_kernels  # noqa: F401  (re-exported, see above)
+from ._verdicts import DROPIN_MASKED_THRESHOLD
+
 
 logger = logging.getLogger("masklens")
-
-_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
 _logged = set()
 
 
@@ -61,17 +62,11 @@ def _passthrough(query, key, value, attn_mask, dropout_p, is_causal, scale, enab
 # Types the drop-in reads as they are: a subclass (a DTensor, a FakeTensor, a tensor with
 # its own __torch_function__) goes to torch, which knows what it means.
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
+
 # The scales the kernels take as a positive, finite float32 (they compute in float32): a
 # float64 scale below the smallest normal float32 or above its largest becomes 0 or inf
 # there, where a mask dropped for is_causal is not torch's dense result.
 _SCALE_MIN = float(torch.finfo(torch.float32).tiny)
-# The additive value at or below which the drop-in takes a key as masked (masklens.inspect's
-# default, -1000, describes masks; the drop-in must compute torch's result). A dropped mask
-# is exact where no logit of a row exceeds the row's best attended one by |value| - 104
-# (exp underflows to 0 in float32 below -104): at -1e8 and below (finfo.min, -1e9, -inf)
-# that holds for any logits of a finite result; -1e4 or -1000 stay additive values, the
-# mask kept, since logit spreads in the thousands occur (large activations, scale=1e4).
-DROPIN_MASKED_THRESHOLD = -1e8
 _SCALE_MAX = float(torch.finfo(torch.float32).max)
 
 
@@ -98,7 +93,7 @@ def _torch_runs_it(query, key, value, attn_mask, dropout_p, is_causal, scale):
     if query.dim() != 4 or key.dim() != 4 or value.dim() != 4 or attn_mask.is_nested or query.is_nested:
         return "tensors that are not [B, H, L, D]"
     dtype = query.dtype
-    if dtype not in _DTYPES or key.dtype is not dtype or value.dtype is not dtype:
+    if dtype not in _run.DTYPES or key.dtype is not dtype or value.dtype is not dtype:
         return f"query/key/value dtypes {query.dtype}/{key.dtype}/{value.dtype} (masklens decides for fp16, bf16, fp32)"
     if scale is not None and not (type(scale) in (float, int) and _SCALE_MIN <= scale <= _SCALE_MAX):
         return f"scale {scale} (masklens takes a positive, normal float32 scale)"
@@ -166,37 +161,21 @@ def _call_key(query, key, value, attn_mask, dropout_p, training, enable_gqa):
             torch.are_deterministic_algorithms_enabled(), query.device, enable_gqa)
 
 
-def _attention_call(dtype, query_shape, kv_heads, k_len, head_dim_v, training, dropout_p, mask_dtype):
-    """The AttentionCall decide() reads: the query's dtype and [B, H, Q, D] shape, the key's
-    heads and length, the value's head dim, training, dropout, the mask's dtype."""
-    call = _core.AttentionCall()
-    call.dtype = _DTYPES[dtype]
-    call.batch, call.heads, call.q_len, call.head_dim = query_shape
-    call.head_dim_v = head_dim_v
-    call.kv_heads = kv_heads
-    call.k_len = k_len
-    call.training = training
-    call.dropout = float(dropout_p)
-    call.deterministic = torch.are_deterministic_algorithms_enabled()
-    call.mask_dtype = element_name(mask_dtype)
-    return call
-
-
 def _decide(entry, query, key, value, attn_mask, dropout_p, training, enable_gqa):
     """The Prepared policy for this call on the entry's mask, decided once per call key
     (None: torch's own dispatch)."""
     ck = _call_key(query, key, value, attn_mask, dropout_p, training, enable_gqa)
     hit = entry.policies.get(ck)
     if hit is not None:  # a None (fallback) is decided again: strictness may have changed
-        _cache.timing["decide_ms"] = 0.0
+        _scan.timing["decide_ms"] = 0.0
         return hit
     t0 = time.perf_counter()
-    call = _attention_call(query.dtype, tuple(query.shape), key.shape[1], key.shape[2], value.shape[-1], training,
+    call = _run.attention_call(query.dtype, tuple(query.shape), key.shape[1], key.shape[2], value.shape[-1], training,
                            dropout_p, attn_mask.dtype)
     env = _env.environment(query.device if query.device.type == "cuda" else "cpu", runnable_only=True)
     structure = entry.verdict.structure
     # A cold FlexAttention compile is a cost; what the rule forgoes counts toward it (_run).
-    compile_ms, flex_bucket = _run.flex_compile_charge(structure, query, key, value, env)
+    compile_ms, flex_bucket = _flex.flex_compile_charge(structure, query, key, value, env)
     try:
         policy = _core.decide(structure, call, env, 64, compile_ms)
     except _core.MaskError as e:
@@ -206,7 +185,7 @@ def _decide(entry, query, key, value, attn_mask, dropout_p, training, enable_gqa
         logger.warning("masklens: %s: %s; running torch's own dispatch with the mask", structure.describe(), e)
         policy = None
     prepared = _run.Prepared(policy, structure, flex_bucket) if policy is not None else None
-    _cache.timing["decide_ms"] = (time.perf_counter() - t0) * 1e3  # environment() included: cached per device
+    _scan.timing["decide_ms"] = (time.perf_counter() - t0) * 1e3  # environment() included: cached per device
     entry.policies[ck] = prepared
     if policy is not None:
         what = (structure.describe(), policy.backend, policy.call.mask, policy.is_plan, query.device.type)
@@ -229,7 +208,7 @@ def _attending_rows(entry, device):
     key = ("rows", device)
     rows = entry.derived.get(key)
     if rows is None:
-        rows = _cache.to_device(entry.verdict.attending_rows(), device).unsqueeze(-1)  # [b, h, Q, 1]
+        rows = _scan.to_device(entry.verdict.attending_rows(), device).unsqueeze(-1)  # [b, h, Q, 1]
         entry.derived[key] = rows
     return rows
 
@@ -246,7 +225,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     view = None
     # A mask and call seen before passed _refusal (the entry's key holds the mask's shape,
     # dtype and device, the call key the shapes of q, k, v and the query's device).
-    entry = _cache.cached_entry(attn_mask, _view_shape(attn_mask.shape, Q, K), DROPIN_MASKED_THRESHOLD)
+    entry = _verdicts.cached_entry(attn_mask, _view_shape(attn_mask.shape, Q, K), DROPIN_MASKED_THRESHOLD)
     prepared = ck = None
     if entry is not None:
         ck = _call_key(query, key, value, attn_mask, dropout_p, training, enable_gqa)
@@ -259,13 +238,13 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         if prepared is None or (_RAN, ck) not in entry.derived:
             return _passthrough(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     if prepared is not None:
-        _cache.timing["decide_ms"] = 0.0
+        _scan.timing["decide_ms"] = 0.0
     else:
         if _refusal(query, key, value, attn_mask, enable_gqa) is not None:
             return _passthrough(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
         view = _view4(attn_mask, Q, K)
         try:
-            entry = _cache.entry_for(attn_mask, DROPIN_MASKED_THRESHOLD, view=view)
+            entry = _verdicts.entry_for(attn_mask, DROPIN_MASKED_THRESHOLD, view=view)
         except _core.MaskError as e:
             # A mask masklens cannot prove (NaN or +inf in it): torch runs it as it is.
             warnings.warn(f"masklens: attn_mask: {e}; running torch's own call", RuntimeWarning, stacklevel=2)
@@ -294,305 +273,7 @@ def inspect(query, key, value, attn_mask, dropout_p=0.0, enable_gqa=False):
     if why is not None:
         raise _core.MaskError(f"invalid_argument: the drop-in runs torch's own call for {why}")
     view = _view4(attn_mask, query.shape[2], key.shape[2])
-    entry = _cache.entry_for(attn_mask, DROPIN_MASKED_THRESHOLD, view=view)
+    entry = _verdicts.entry_for(attn_mask, DROPIN_MASKED_THRESHOLD, view=view)
     training = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
     prepared = _decide(entry, query, key, value, attn_mask, dropout_p, training, enable_gqa)
     return (prepared.policy if prepared is not None else None), entry.verdict
-
-
-def _attends(mask, masked_threshold):
-    return mask if mask.dtype == torch.bool else (mask > masked_threshold if mask.is_floating_point() else mask != 0)
-
-
-def _tiles_on_device(mask, device):
-    """Whether a mask's tiles are written on its device (masklens._cuda's tile scan) for a
-    BlockMask wanted there."""
-    return mask.device.type == "cuda" and torch.device(device) == mask.device and _cache.has_device_tiles()
-
-
-def _structure_slices(structure):
-    """(distinct batch, distinct heads) of an exact structure's own tiles, as
-    structure_tile_grid (structure_tiles.hpp) tiles it: one slice per batch where its
-    modifiers differ by batch, else one; the heads are alike."""
-    differ = any(len(f or ()) > 1 for f in (structure.segments, structure.kv_valid, structure.q_valid))
-    return (structure.batch if differ else 1, 1)
-
-
-def _device_block_mask(mask, size, masked_threshold):
-    """(structure, BlockMask over the tensors one device read wrote, or None). Its mask_mod
-    is the structure's rule where the structure is exact (nothing holds the mask), else a
-    lookup into the mask. The tensors are the mask's tiles either way: for an exact
-    structure the very tiles tiles_from_structure would give (the CUDA suite holds the two
-    equal), so nothing is tiled again, where they have the structure's own slices; a mask
-    that stores more ([B, H, Q, K] materialised, every head alike) gets None: its fields
-    give the BlockMask, B x H times smaller. The structure is None where the spans reduce
-    to more than one run in 8 rows (block-sparse masks: about one run per row): the
-    lookup is exact for any mask, and the runs are never brought to the host. A structure
-    whose rule reads device tables (documents, VLM blocks, padding) takes the read's own
-    spans' bounds instead (_run.span_mask_mod): no table is built after the read."""
-    view = mask
-    while view.dim() < 4:
-        view = view.unsqueeze(0)
-    spans = []
-    verdict, arrays = _cache.device_scan_tiles(view.detach(), size, masked_threshold, classify_many_runs=False,
-                                               spans_out=spans)
-    structure = None if verdict is None else verdict.structure
-    if structure is not None and structure.kind != "arbitrary":
-        slices = tuple(arrays["kv_num_blocks"].shape[:2])
-        if slices != _structure_slices(structure):
-            return structure, None
-        if _run.rule_reads_tables(structure):
-            mask_mod = _run.span_mask_mod(spans[0](), *slices)
-        else:
-            mask_mod = _run.mask_mod_for(structure, view.device)
-    else:
-        mask_mod = _run.mask_mod_for(structure, view.device, _attends(view, masked_threshold))
-    return structure, _run.block_mask_from_arrays(arrays, view.shape[-2:], size, mask_mod)
-
-
-def block_mask(mask_or_report, block_size=128, *, mask=None, device=None, masked_threshold: float = -1000.0):
-    """A torch FlexAttention BlockMask from masklens' tiles (BlockMask.from_kv_blocks' layout,
-    with the q side masklens writes too), at block_size = N or (q, k).
-
-    `mask_or_report` is a mask (torch tensor or numpy array, 1-4 dims) or a masklens.Report.
-    A CUDA mask (with `device` its own) is read once on the device by masklens._cuda,
-    which proves the structure and writes the BlockMask's tensors there in that read.
-    Otherwise an exact structure's tiles come from its fields (no read of the mask past
-    the scan), an arbitrary mask's from a host scan (a CUDA mask without masklens._cuda
-    is copied to the host for them). An exact structure's mask_mod comes from its fields
-    (from one device read, a rule that needs tables takes the read's row bounds instead);
-    an arbitrary mask's reads the mask (`mask[b, h, q, kv]`): a Report of an arbitrary
-    mask needs `mask=` (its tiles are reused when inspect(tiles=...) counted them at this
-    size). The tensors are on `device` (default: the mask's, else the CPU)."""
-    import masklens
-    size = _cache.tile_size(block_size)
-    tiles = None
-    if isinstance(mask_or_report, masklens.Report):
-        structure = mask_or_report.structure
-        have = mask_or_report.tiles
-        if have is not None and tuple(have.block_size) == size:
-            tiles = have
-    else:
-        mask, structure = mask_or_report, None
-    if mask is not None and not isinstance(mask, torch.Tensor):
-        mask = torch.as_tensor(mask)
-    if mask is not None:
-        mask = _cache.readable(mask, True)  # a layout, dtype or subclass it cannot read: a MaskError
-    if device is None:
-        device = mask.device if mask is not None else torch.device("cpu")
-    if structure is None:
-        if _tiles_on_device(mask, device):
-            # One read on the device: the verdict, and the tiles written as the BlockMask's
-            # tensors there (None: an exact structure stored B x H times over, tiled from
-            # its fields below).
-            structure, bm = _device_block_mask(mask, size, masked_threshold)
-            if bm is not None:
-                return bm
-        elif mask.device.type == "cuda":
-            structure = masklens.scan(mask, masked_threshold).structure
-        if structure is None or structure.kind == "arbitrary":
-            verdict, tiles = _cache.scan_with_tiles(mask, size, masked_threshold)
-            structure = verdict.structure
-    if structure.kind != "arbitrary":
-        mask_mod = _run.mask_mod_for(structure, device)
-        if tiles is None:
-            return _run.block_mask_from_structure(structure, size, mask_mod, device)
-        return _run.block_mask_from_tiles(tiles, mask_mod, device)
-    if mask is None:
-        raise _core.MaskError("invalid_argument: the BlockMask of an arbitrary mask reads the mask: pass mask=")
-    if tiles is None and _tiles_on_device(mask, device):
-        return _device_block_mask(mask, size, masked_threshold)[1]
-    if tiles is None:
-        _, tiles = _cache.scan_with_tiles(mask, size, masked_threshold)
-    attends = _attends(mask, masked_threshold)
-    while attends.dim() < 4:
-        attends = attends.unsqueeze(0)
-    return _run.block_mask_from_tiles(tiles, _run.mask_mod_for(structure, device, attends.to(device)), device)
-
-
-# --- Compiled models -----------------------------------------------------------------
-# Inside torch.compile the drop-in is torch's call: a scan and a decision cannot run in
-# a graph, and a graph break in every attention layer would cost more than it saves. A
-# compiled model's masks are proven instead where the mask is made, once per forward,
-# outside the graph (masklens.transformers' mask function, a torch.compiler.disable'd
-# call): what reaches the attention layers is then what compiles well (prepare_compiled).
-
-
-class CompiledMask:
-    """The mask of a compiled model's attention layers where masklens decided FlexAttention
-    or torch's varlen_attn: the BlockMask, or the packed layout's cumulative lengths, and
-    the dense mask beside it for a call the form does not fit (dropout, other shapes).
-    A plain object: Dynamo reads its tensors as graph inputs and guards its Python values
-    (kind, lengths, window) as constants, so a new padding or new document boundaries (new
-    tensor contents) reuse the compiled graph."""
-
-    def __init__(self, kind, mask, expected, **fields):
-        self.kind = kind            # "flex" or "varlen"
-        self.mask = mask            # the dense mask, as sdpa would have it
-        self.expected = expected    # (heads, kv_heads, head_dim, head_dim_v) the decision was for
-        self.block_mask = fields.get("block_mask")
-        self.cu_seqlens = fields.get("cu_seqlens")  # varlen: int32 [n + 1] over the B * Q packed rows
-        self.max_len = fields.get("max_len", 0)
-        self.window = fields.get("window", (-1, -1))
-        self.rows = fields.get("rows")  # varlen: bool [B, Q, 1, 1], False for rows that attend nothing
-
-    @property
-    def shape(self):
-        return self.mask.shape
-
-    def __repr__(self):
-        return f"<masklens CompiledMask {self.kind} {tuple(self.mask.shape)}>"
-
-
-def _sequences_tile(sequences, batch, length):
-    """Packed rows for varlen_attn over the [batch * length] rows of q (= k) as they lie:
-    the cumulative lengths of the sequences, with the gaps between them (rows that attend
-    nothing) as sequences of their own, whose output is zeroed; None where a sequence's
-    query and key ranges differ (the rows could not be packed in place)."""
-    by_batch = [[] for _ in range(batch)]
-    for b, qs, qe, ks, ke in sequences:
-        if (qs, qe) != (ks, ke):
-            return None
-        by_batch[b].append((qs, qe))
-    cu, gaps = [0], False
-    for b, seqs in enumerate(by_batch):
-        at = 0
-        for qs, qe in sorted(seqs):
-            if qs < at:
-                return None
-            if qs > at:
-                cu.append(b * length + qs)
-                gaps = True
-            cu.append(b * length + qe)
-            at = qe
-        if at < length:
-            cu.append((b + 1) * length)
-            gaps = True
-    return cu, gaps
-
-
-def _varlen_form(policy, structure, view, expected):
-    a = policy.call.args
-    B, _, Q, K = view.shape
-    if Q != K:
-        return None
-    seqs = [tuple(s) for s in _run._broadcast_sequences(a.sequences, structure, B)]
-    tiled = _sequences_tile(seqs, B, Q)
-    if tiled is None:
-        return None
-    cu, gaps = tiled
-    device = view.device
-    rows = None
-    if gaps:
-        attends = torch.zeros(B * Q, dtype=torch.bool)
-        for b, qs, qe, _, _ in seqs:
-            attends[b * Q + qs:b * Q + qe] = True
-        rows = attends.view(B, Q, 1, 1).to(device)
-    cu_seqlens = _cache.to_device(np.asarray(cu, dtype=np.int32), device)
-    # max_len: the length, an upper bound of every sequence's; a Python int Dynamo guards,
-    # so it must not change with the padding.
-    return CompiledMask("varlen", view, expected, cu_seqlens=cu_seqlens, max_len=Q,
-                        window=(a.window_left, a.window_right), rows=rows)
-
-
-def _flex_form(policy, structure, view, expected):
-    a = policy.call.args
-    t = _run.Tensors(None, None, None, view, None, 0.0, structure, {})
-    block_mask = _run.flex_block_mask(t, a, view.device)
-    if block_mask is None:
-        return None
-    return CompiledMask("flex", view, expected, block_mask=block_mask)
-
-
-def _compiled_form(policy, structure, view, expected):
-    """What the compiled attention layers run for a decided policy: None for plain causal
-    (sdpa's is_causal: the policy drops the mask for is_causal with Q = K), a CompiledMask
-    for FlexAttention or varlen_attn, else the dense mask (torch's sdpa with it)."""
-    call = policy.call
-    Q, K = view.shape[-2:]
-    if policy.is_plan:
-        return view
-    if call.backend in _run._KERNELS:
-        a = call.args
-        if call.mask == "drop" and a is not None and a.is_causal and Q == K and structure.empty_rows == 0:
-            return None
-        return view
-    if call.backend == "torch.flex_attention":
-        return _flex_form(policy, structure, view, expected) or view
-    if call.backend == "torch.varlen_attn":
-        return _varlen_form(policy, structure, view, expected) or view
-    return view
-
-
-def prepare_compiled(mask, *, heads, kv_heads, head_dim, head_dim_v=None, dtype=torch.float32, training=None,
-                     dropout_p=0.0):
-    """What a compiled model's attention layers should receive in place of `mask` (a dense
-    [B, 1 or H, Q, K] mask made outside the graph): None where the mask is plain causal
-    (sdpa's is_causal, Q = K), a CompiledMask where masklens decides FlexAttention or
-    varlen_attn for the call (`heads`, `kv_heads`, `head_dim`, `dtype`; training: grad mode
-    by default), else the mask itself. The mask is scanned once (the verdict cache) and the
-    call decided among single calls (no plans: a plan's slices are Python ints that would
-    compile again at every new padding). A mask masklens cannot read, or a dtype it does not
-    decide for, comes back as it is. Call it outside the graph (torch.compiler.disable)."""
-    if not isinstance(mask, torch.Tensor) or mask.dim() != 4 or dtype not in _DTYPES or mask.requires_grad:
-        return mask
-    if mask.device.type not in ("cpu", "cuda"):
-        return mask
-    head_dim_v = head_dim if head_dim_v is None else head_dim_v
-    training = torch.is_grad_enabled() if training is None else training
-    B, _, Q, K = mask.shape
-    try:
-        entry = _cache.entry_for(mask, DROPIN_MASKED_THRESHOLD)
-    except _core.MaskError:
-        return mask
-    expected = (heads, kv_heads, head_dim, head_dim_v)
-    key = ("compiled", dtype, expected, training, float(dropout_p), torch.are_deterministic_algorithms_enabled())
-    form = entry.derived.get(key, entry)  # the entry itself: not yet decided
-    if form is not entry:
-        return form
-    call = _attention_call(dtype, (B, heads, Q, head_dim), kv_heads, K, head_dim_v, training, dropout_p, mask.dtype)
-    env = _env.environment(mask.device if mask.device.type == "cuda" else "cpu", runnable_only=True)
-    try:
-        policy = _core.decide(entry.verdict.structure, call, env, 1)
-    except _core.MaskError:
-        form = mask
-    else:
-        form = _compiled_form(policy, entry.verdict.structure, mask, expected)
-    entry.derived[key] = form
-    return form
-
-
-def attend_compiled(cm, query, key, value, dropout_p=0.0, scale=None, enable_gqa=False):
-    """A CompiledMask's attention, [B, H, Q, Dv] (traced into the compiled graph), or None
-    where the call is not the one decided for (dropout, other heads or dims, another
-    length or batch, a varlen_attn without the window or scale asked for): the caller
-    then runs torch's sdpa with cm.mask."""
-    B, H, Q, D = query.shape
-    Hk, Dv = key.shape[1], value.shape[-1]
-    if dropout_p or (H, Hk, D, Dv) != cm.expected or Q != cm.mask.shape[-2] or key.shape[2] != cm.mask.shape[-1]:
-        return None
-    if H != Hk and not enable_gqa:
-        return None
-    # The varlen form's sequences are laid over the mask's own B x Q rows; a BlockMask of
-    # one batch broadcasts, as flex takes it.
-    mask_batch = cm.mask.shape[0] if cm.mask.dim() == 4 else 1
-    if mask_batch != B and (cm.kind != "flex" or mask_batch != 1):
-        return None
-    if cm.kind == "flex":
-        from torch.nn.attention.flex_attention import flex_attention
-        kwargs = {"enable_gqa": True} if H != Hk else {}
-        return flex_attention(query, key, value, block_mask=cm.block_mask, scale=scale, **kwargs)
-    varlen_attn, params = _run._varlen_params()
-    # A torch whose varlen_attn lacks the keyword would run without it: bidirectional where
-    # the window is causal, the default scale for the caller's (run_varlen refuses alike).
-    if (scale is not None and "scale" not in params) or ("window_size" not in params and cm.window != (-1, -1)):
-        return None
-    kwargs = {"scale": scale} if scale is not None else {}
-    if "window_size" in params:
-        kwargs["window_size"] = cm.window
-    packed = [t.transpose(1, 2).reshape(B * t.shape[2], t.shape[1], t.shape[3]) for t in (query, key, value)]
-    out = varlen_attn(*packed, cm.cu_seqlens, cm.cu_seqlens, cm.max_len, cm.max_len, **kwargs)
-    out = out.view(B, Q, H, Dv)
-    if cm.rows is not None:  # the gaps' own rows: 0, as rows that attend nothing
-        out = torch.where(cm.rows, out, out.new_zeros(()))
-    return out.transpose(1, 2)

@@ -44,7 +44,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from . import _cache
+from . import _scan, _verdicts
 from .torch import CompiledMask, attend_compiled, prepare_compiled, scaled_dot_product_attention
 
 NAME = "masklens"
@@ -61,9 +61,8 @@ def _load_in_background(device) -> None:
     """Starts masklens.load_kernels(device) on a thread of its own, once per CUDA device:
     CUDA loads modules under its own lock, so a scan that starts meanwhile waits at most
     for the rest of the load, never loads twice."""
-    import masklens
     device = torch.device(device)
-    if device.type != "cuda" or not masklens.has_cuda_scan():
+    if device.type != "cuda" or not _scan.has_cuda_scan():
         return
     index = torch.cuda.current_device() if device.index is None else device.index
     if index in _loaders:
@@ -71,7 +70,7 @@ def _load_in_background(device) -> None:
 
     def load():
         try:
-            masklens.load_kernels(index)
+            _scan.load_kernels(index)
         except Exception as e:  # the first scan loads them itself, and names any failure
             logger.debug("masklens: loading the kernels on cuda:%d failed: %s", index, e)
     thread = threading.Thread(target=load, name=f"masklens-load-kernels-{index}", daemon=True)
@@ -80,7 +79,7 @@ def _load_in_background(device) -> None:
 
 
 def _begin_forward(device) -> None:
-    _cache.begin_forward()
+    _verdicts.begin_forward()
     if preload_kernels and device is not None and device not in _devices_seen:
         _devices_seen.add(device)
         _load_in_background(device)

@@ -63,7 +63,7 @@ def test_writes_torch_cannot_see_need_forget():
 def test_inference_mode_masks_are_kept_for_one_forward():
     # A transformers forward marks its start and nothing marks its end (the next forward's
     # start does): close any a test before this one left open.
-    masklens._cache.end_forward()
+    masklens._verdicts.end_forward()
     q, k, v = qkv(2, 4, L, L, grad=False)
     with torch.inference_mode():
         mask = causal_mask().clone()
@@ -224,13 +224,13 @@ def test_the_last_mask_memo_lets_the_entry_die_with_its_mask():
     device) is freed when the mask is, although the drop-in remembers the last mask."""
     import gc
     import weakref
-    from masklens import _cache
+    from masklens import _verdicts
     i, j = rows_cols(L, L)
     mask = ((j <= i) & (j >= 4)).expand(2, 1, L, L).clone()
     q, k, v = qkv(2, 4, L, L, grad=False)
     sdpa(q, k, v, attn_mask=mask)
     sdpa(q, k, v, attn_mask=mask)
-    derived = [t for t in _cache.cached_entry(mask, (2, 1, L, L), masklens.torch.DROPIN_MASKED_THRESHOLD).derived.values() if isinstance(t, torch.Tensor)]
+    derived = [t for t in _verdicts.cached_entry(mask, (2, 1, L, L), masklens.torch.DROPIN_MASKED_THRESHOLD).derived.values() if isinstance(t, torch.Tensor)]
     assert derived
     refs = [weakref.ref(t) for t in derived]
     del derived, mask

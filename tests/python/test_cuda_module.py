@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import masklens
-from masklens import _cache, _core, _run
+from masklens import _block_mask, _core, _scan
 from helpers import rows_cols, tensors_held
 
 try:
@@ -233,8 +233,8 @@ def masks():
 
 def fake_scan(m, monkeypatch, flags_row=None, stream=12345):
     fake = FakeCuda(spans_of(m), m.shape[-2], flags_row)
-    monkeypatch.setattr(_cache, "_cuda", fake)
-    monkeypatch.setattr(_cache, "_stream_of", lambda device: stream)
+    monkeypatch.setattr(_scan, "_cuda", fake)
+    monkeypatch.setattr(_scan, "stream_of", lambda device: stream)
     return fake
 
 
@@ -242,10 +242,10 @@ def fake_scan(m, monkeypatch, flags_row=None, stream=12345):
 def test_device_scan_host_half_matches_the_host_scan(name, monkeypatch):
     m = masks()[name]
     fake = fake_scan(m, monkeypatch)
-    verdict = _cache.device_scan(m)
+    verdict = _scan.device_scan(m)
     t = masklens.last_timing()
     assert t["device"] == "cuda" and t["scan_ms"] >= 0 and t["classify_ms"] >= 0
-    host = _cache.scan(m)
+    host = _scan.scan(m)
     assert verdict.structure.describe() == host.structure.describe()
     assert np.array_equal(verdict.attending_rows(), host.attending_rows())
     assert verdict.run_count == len(fake.runs) and host.run_count is None
@@ -277,13 +277,13 @@ def test_device_scan_brings_runs_past_the_first_copy(q, monkeypatch):
     m = ((j % 2 == 0) & (i % 5 != 0))[None, None]
     fake = fake_scan(m, monkeypatch)
     assert len(fake.runs) == q
-    verdict = _cache.device_scan(m)
+    verdict = _scan.device_scan(m)
     assert [c["call"] for c in fake.calls] == ["scan_runs", "copy_rest"]
     rest = fake.calls[1]
     assert rest["count"] == q and rest["rest_bytes"] == (q - 256) * 64
     assert (rest["d_more"] != 0) == (q > 4096)
     assert verdict.run_count == q
-    host = _cache.scan(m)
+    host = _scan.scan(m)
     assert verdict.structure.describe() == host.structure.describe() == f"arbitrary, {q // 5} empty rows"
     assert np.array_equal(verdict.attending_rows(), host.attending_rows())
     assert [r[0] for r in verdict.runs] == list(range(q))
@@ -294,7 +294,7 @@ def test_device_scan_names_an_invalid_row(monkeypatch):
     # Slice 4 of 6 is (batch 1, head 1); row 17 of it.
     fake_scan(m, monkeypatch, flags_row=4 * 40 + 17, stream=0)
     with pytest.raises(masklens.MaskError, match=r"^invalid_value: mask row \[1, 1, 17\] holds NaN or \+inf"):
-        _cache.device_scan(m)
+        _scan.device_scan(m)
 
 
 def test_device_runs_are_classified_once_and_checked():
@@ -343,7 +343,7 @@ def test_runs_past_the_head_must_be_brought_before_finish():
 
 # --- The scan that writes torch BlockMask's tensors on the device (scan_runs_tiles) -------
 
-TILE_FIELDS = list(_cache.BLOCK_MASK_FIELDS)
+TILE_FIELDS = list(_block_mask.BLOCK_MASK_FIELDS)
 TILES_TEMP = 4096  # what FakeTileCuda's size query answers for the scan with tile counts
 
 
@@ -400,8 +400,8 @@ class FakeTileCuda(FakeCuda):
 
 def fake_tile_scan(m, size, monkeypatch, flags_row=None):
     fake = FakeTileCuda(m, size, flags_row)
-    monkeypatch.setattr(_cache, "_cuda", fake)
-    monkeypatch.setattr(_cache, "_stream_of", lambda device: 777)
+    monkeypatch.setattr(_scan, "_cuda", fake)
+    monkeypatch.setattr(_scan, "stream_of", lambda device: 777)
     return fake
 
 
@@ -424,10 +424,10 @@ def test_device_tile_scan_host_half(name, size, monkeypatch):
     the device wrote with the verdict of the same read."""
     m = tile_masks()[name]
     fake = fake_tile_scan(m, size, monkeypatch)
-    before = _cache.scan_count()
-    verdict, arrays = _cache.device_scan_tiles(m, size)
-    assert _cache.scan_count() == before + 1 and masklens.last_timing()["device"] == "cuda"
-    assert verdict.structure.describe() == _cache.scan(m).structure.describe()
+    before = _scan.scan_count()
+    verdict, arrays = _block_mask.device_scan_tiles(m, size)
+    assert _scan.scan_count() == before + 1 and masklens.last_timing()["device"] == "cuda"
+    assert verdict.structure.describe() == _scan.scan(m).structure.describe()
     assert [c["call"] for c in fake.calls] == ["scan_runs_tiles", "scan_runs", "wait_runs"]
     call = fake.calls[0]
     assert call["tiles"] == size and call["stream"] == 777
@@ -458,8 +458,8 @@ def test_device_block_mask_equals_create_block_mask(name, monkeypatch):
     m = tile_masks()[name]
     size = (16, 16)
     fake_tile_scan(m, size, monkeypatch)
-    mask_mod = _run.mask_mod_for(None, "cpu", m)
-    verdict, ours = _run.device_block_mask(m, size, mask_mod)
+    mask_mod = _block_mask.mask_mod_for(None, "cpu", m)
+    verdict, ours = _block_mask.device_block_mask(m, size, mask_mod)
     assert verdict.structure.kind == "arbitrary"
     B, H, Q, K = m.shape
     theirs = fa.create_block_mask(mask_mod, B, H, Q, K, device="cpu", BLOCK_SIZE=size)
@@ -504,10 +504,10 @@ def test_block_mask_tensors_written_on_the_device_from_host_tiles(name, size, mo
     m = tile_masks()[name]
     _, tiles = _core.scan_with_tiles(m, size[0], size[1], -1000.0)
     fake = FakeWriterCuda(tiles)
-    monkeypatch.setattr(_cache, "_cuda", fake)
-    monkeypatch.setattr(_cache, "_stream_of", lambda device: 777)
-    assert _cache.has_device_writer()
-    arrays = _cache.device_block_mask_tensors(tiles, "cpu")
+    monkeypatch.setattr(_scan, "_cuda", fake)
+    monkeypatch.setattr(_scan, "stream_of", lambda device: 777)
+    assert _scan.has_device_writer()
+    arrays = _block_mask.device_block_mask_tensors(tiles, "cpu")
     B, H, Q, K = m.shape
     db, dh = tiles.shape[:2]
     assert fake.calls == [dict(grid=[B, H, Q, K, size[0], size[1], db, dh], stream=777, device=0)]
@@ -551,11 +551,11 @@ def test_block_mask_tensors_of_a_structure_written_from_its_ranges(name, size, m
     s = masklens.scan(m).structure
     assert s.kind != "arbitrary"
     fake = FakeRangesCuda(s, size)
-    monkeypatch.setattr(_cache, "_cuda", fake)
-    monkeypatch.setattr(_cache, "_stream_of", lambda device: 777)
-    monkeypatch.setattr(_cache, "_cuda_device", lambda device: torch.device("cpu"))  # host memory stands in
-    assert _cache.has_structure_writer()
-    arrays, lengths = _cache.device_block_mask_from_structure(s, size, "cpu")
+    monkeypatch.setattr(_scan, "_cuda", fake)
+    monkeypatch.setattr(_scan, "stream_of", lambda device: 777)
+    monkeypatch.setattr(_scan, "cuda_device", lambda device: torch.device("cpu"))  # host memory stands in
+    assert _scan.has_structure_writer()
+    arrays, lengths = _block_mask.device_block_mask_from_structure(s, size, "cpu")
     assert fake.calls == [dict(grid=fake.grid, stream=777, device=None)]
     assert lengths == (s.q_len, s.k_len) and list(arrays) == TILE_FIELDS
     for field in TILE_FIELDS:
@@ -577,7 +577,7 @@ def test_device_tile_summary_is_the_host_summary(name, size, monkeypatch):
     carries the same tile fractions (what decide() charges flex on)."""
     m = tile_masks()[name]
     fake = fake_tile_scan(m, size, monkeypatch)
-    verdict, summary = _cache.device_tile_summary(m, size)
+    verdict, summary = _block_mask.device_tile_summary(m, size)
     assert fake.calls[0]["states"]  # the writer stores the states in the same pass
     host_verdict, host = _core.scan_with_tiles(m, size[0], size[1], -1000.0)
     assert np.array_equal(summary.states, host.states)
@@ -616,7 +616,7 @@ def test_device_tile_scan_brings_runs_past_the_first_copy(monkeypatch):
     i, j = rows_cols(300, 16)
     m = ((j % 2 == 0) & (i % 5 != 0))[None, None]
     fake = fake_tile_scan(m, (32, 8), monkeypatch)
-    verdict, arrays = _cache.device_scan_tiles(m, (32, 8))
+    verdict, arrays = _block_mask.device_scan_tiles(m, (32, 8))
     assert [c["call"] for c in fake.calls] == ["scan_runs_tiles", "scan_runs", "wait_runs", "copy_rest"]
     assert verdict.run_count == 300 and verdict.structure.describe() == "arbitrary, 60 empty rows"
     assert arrays["kv_indices"].shape == (1, 1, 10, 2)
@@ -632,12 +632,12 @@ def test_a_block_mask_brings_no_runs_past_the_first_copy(monkeypatch):
     i, j = rows_cols(300, 16)
     m = ((j % 2 == 0) & (i % 5 != 0))[None, None]
     fake = fake_tile_scan(m, (32, 8), monkeypatch)
-    before = _cache.scan_count()
-    verdict, arrays = _cache.device_scan_tiles(m, (32, 8), classify_many_runs=False)
-    assert verdict is None and _cache.scan_count() == before + 1
+    before = _scan.scan_count()
+    verdict, arrays = _block_mask.device_scan_tiles(m, (32, 8), classify_many_runs=False)
+    assert verdict is None and _scan.scan_count() == before + 1
     assert [c["call"] for c in fake.calls] == ["scan_runs_tiles", "scan_runs", "wait_runs"]
     fake.calls.clear()
-    structure, ours = mt._device_block_mask(m, (32, 8), -1000.0)
+    structure, ours = masklens._block_mask._device_block_mask(m, (32, 8), -1000.0)
     assert structure is None and [c["call"] for c in fake.calls] == ["scan_runs_tiles", "scan_runs", "wait_runs"]
     theirs = fa.create_block_mask(lambda b, h, q, kv: m[0, 0, q.clamp(max=299), kv.clamp(max=15)], 1, 1, 300, 16,
                                   device="cpu", BLOCK_SIZE=(32, 8))
@@ -647,7 +647,7 @@ def test_a_block_mask_brings_no_runs_past_the_first_copy(monkeypatch):
     # Few runs: the verdict comes as before.
     few = torch.ones(1, 1, 64, 64, dtype=torch.bool).tril()
     fake_tile_scan(few, (32, 8), monkeypatch)
-    verdict, _ = _cache.device_scan_tiles(few, (32, 8), classify_many_runs=False)
+    verdict, _ = _block_mask.device_scan_tiles(few, (32, 8), classify_many_runs=False)
     assert verdict.structure.kind == "causal"
     # Many runs of an exact structure (one a document, 300 documents of 4 rows): under one
     # run in 8 rows? No: 300 runs for 1200 rows is one in 4, left unclassified; 150
@@ -659,7 +659,7 @@ def test_a_block_mask_brings_no_runs_past_the_first_copy(monkeypatch):
         i, j = rows_cols(L, L)
         packed = ((j <= i) & (docs[:, None] == docs[None, :]))[None, None]
         fake_tile_scan(packed, (32, 8), monkeypatch)
-        structure, bm = mt._device_block_mask(packed, (32, 8), -1000.0)
+        structure, bm = masklens._block_mask._device_block_mask(packed, (32, 8), -1000.0)
         assert (structure is not None) == exact, n
         held = tensors_held(bm.mask_mod)
         assert any(t is packed or t.data_ptr() == packed.data_ptr() for t in held) == (not exact), n
@@ -672,11 +672,11 @@ def test_a_block_mask_brings_no_runs_past_the_first_copy(monkeypatch):
     # which came back in the head with the count (no second synchronisation).
     fake_tile_scan(m, (32, 8), monkeypatch, flags_row=123)
     with pytest.raises(masklens.MaskError, match=r"^invalid_value: mask row \[0, 0, 123\] holds NaN or \+inf"):
-        _cache.device_scan_tiles(m, (32, 8), classify_many_runs=False)
+        _block_mask.device_scan_tiles(m, (32, 8), classify_many_runs=False)
     fake = fake_tile_scan(m, (32, 8), monkeypatch)
     fake.first_invalid = 300  # past the rows: the head is not believed
     with pytest.raises(masklens.MaskError, match=r"^device_error: the run reduction named row 300 .* 300 rows"):
-        _cache.device_scan_tiles(m, (32, 8), classify_many_runs=False)
+        _block_mask.device_scan_tiles(m, (32, 8), classify_many_runs=False)
 
 
 def test_device_block_mask_of_an_exact_structure_keeps_the_structures_slices(monkeypatch):
@@ -696,11 +696,11 @@ def test_device_block_mask_of_an_exact_structure_keeps_the_structures_slices(mon
     }
     for name, (m, keeps) in cases.items():
         fake_tile_scan(m, (16, 16), monkeypatch)
-        structure, bm = mt._device_block_mask(m, (16, 16), -1000.0)
+        structure, bm = masklens._block_mask._device_block_mask(m, (16, 16), -1000.0)
         assert structure.kind != "arbitrary", name
         assert (bm is not None) == keeps, name
         if bm is not None:
-            assert tuple(bm.kv_num_blocks.shape[:2]) == mt._structure_slices(structure), name
+            assert tuple(bm.kv_num_blocks.shape[:2]) == masklens._block_mask._structure_slices(structure), name
             assert torch.equal(fa.create_mask(bm.mask_mod, m.shape[0], 1, 64, 64, device="cpu"), m[:, :1]), name
 
 
@@ -718,8 +718,8 @@ def test_device_block_mask_of_a_structure_with_tables_takes_the_reads_row_bounds
     B, _, Q, K = m.shape
     for mask in (m, torch.zeros(m.shape).masked_fill(~m, -1e4)):  # bool, and finite-masked additive
         fake_tile_scan(m, (16, 16), monkeypatch)
-        structure, bm = mt._device_block_mask(mask, (16, 16), -1000.0)
-        assert structure is not None and _run.rule_reads_tables(structure), name
+        structure, bm = masklens._block_mask._device_block_mask(mask, (16, 16), -1000.0)
+        assert structure is not None and _block_mask.rule_reads_tables(structure), name
         held = tensors_held(bm.mask_mod)
         assert len(held) == 1 and held[0].shape[-1] == 2 and held[0].is_contiguous(), name
         assert torch.equal(fa.create_mask(bm.mask_mod, B, 1, Q, K, device="cpu"), m), name
@@ -729,14 +729,14 @@ def test_device_tile_scan_names_an_invalid_row(monkeypatch):
     m = torch.ones(2, 3, 40, 40, dtype=torch.bool)
     fake_tile_scan(m, (16, 16), monkeypatch, flags_row=4 * 40 + 17)
     with pytest.raises(masklens.MaskError, match=r"^invalid_value: mask row \[1, 1, 17\] holds NaN or \+inf"):
-        _cache.device_scan_tiles(m, (16, 16))
+        _block_mask.device_scan_tiles(m, (16, 16))
 
 
 def test_device_tiles_are_used_only_where_the_module_has_them(monkeypatch):
-    monkeypatch.setattr(_cache, "_cuda", FakeCuda(spans_of(torch.ones(1, 1, 4, 4, dtype=torch.bool)), 4))
-    assert not _cache.has_device_tiles()  # an older _cuda: block_mask() and flex keep today's paths
-    monkeypatch.setattr(_cache, "_cuda", FakeTileCuda(torch.ones(1, 1, 4, 4, dtype=torch.bool), (4, 4)))
-    assert _cache.has_device_tiles()
+    monkeypatch.setattr(_scan, "_cuda", FakeCuda(spans_of(torch.ones(1, 1, 4, 4, dtype=torch.bool)), 4))
+    assert not _scan.has_device_tiles()  # an older _cuda: block_mask() and flex keep today's paths
+    monkeypatch.setattr(_scan, "_cuda", FakeTileCuda(torch.ones(1, 1, 4, 4, dtype=torch.bool), (4, 4)))
+    assert _scan.has_device_tiles()
 
 
 @needs_module

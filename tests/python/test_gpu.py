@@ -184,15 +184,15 @@ STRUCTURES = ["full", "causal top-left", "causal bottom-right, stride-0 batch an
 @needs_cuda_scan
 @pytest.mark.parametrize("name", STRUCTURES)
 def test_device_and_host_verdicts_agree(name):
-    from masklens import _cache
+    from masklens import _scan
     built = structures()
     assert sorted(built) == sorted(STRUCTURES)
     mask = built[name]
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the device scan copies nothing to the host: no warning
-        device = _cache.scan(mask)
+        device = _scan.scan(mask)
     assert masklens.last_timing()["device"] == "cuda"
-    host = _cache.scan(mask, device=False)
+    host = _scan.scan(mask, device=False)
     same_verdict(device, host)
 
 
@@ -202,34 +202,34 @@ def test_device_runs_past_the_first_copy_and_the_room(rows):
     """Rows with holes are a run each: 200 come with the count (one synchronisation),
     300 need a second copy, 5000 exceed the block's room and are reduced again. The
     verdict, its rows that attend nothing and its runs equal the host's."""
-    from masklens import _cache
+    from masklens import _scan
     i, j = rows_cols(rows, 64)
     mask = ((j % 3 != 1) & (i % 7 != 0)).to(DEV)[None, None]  # holes in every row, every 7th row empty
-    device = _cache.scan(mask)
+    device = _scan.scan(mask)
     assert masklens.last_timing()["device"] == "cuda"
     assert device.run_count == rows
-    host = _cache.scan(mask, device=False)
+    host = _scan.scan(mask, device=False)
     same_verdict(device, host)
     assert [r[0] for r in device.runs] == list(range(rows))
 
 
 @needs_cuda_scan
 def test_device_runs_of_structured_masks_are_few():
-    from masklens import _cache
+    from masklens import _scan
     L = 8192
     i, j = (t.to(DEV) for t in rows_cols(L, L))
     c = j <= i
-    assert _cache.scan(c[None, None].expand(2, 4, L, L)).run_count == 1  # broadcast: one slice, one run
-    assert _cache.scan((c & (i - j < 4096))[None, None]).run_count == 2
+    assert _scan.scan(c[None, None].expand(2, 4, L, L)).run_count == 1  # broadcast: one slice, one run
+    assert _scan.scan((c & (i - j < 4096))[None, None]).run_count == 2
 
 
 @needs_cuda_scan
 def test_device_scan_names_a_nan_row():
     mask = torch.zeros(2, 1, 64, 64, device=DEV)
     mask[1, 0, 9, 2] = float("nan")
-    from masklens import _cache
+    from masklens import _scan
     with pytest.raises(masklens.MaskError, match=r"mask row \[1, 0, 9\] holds NaN"):
-        _cache.scan(mask)
+        _scan.scan(mask)
     q = torch.randn(2, 2, 64, 16, device=DEV)
     # The drop-in runs a mask it cannot prove as torch runs it, warning with the row.
     with pytest.warns(RuntimeWarning, match=r"mask row \[1, 0, 9\]"):
@@ -242,7 +242,7 @@ def test_device_scan_names_a_nan_row():
 def test_device_scan_on_the_current_stream_with_torch_memory():
     """A mask written on a side stream is scanned on that stream (ordered after the write,
     no device-wide synchronisation), in one block of torch's caching allocator."""
-    from masklens import _cache
+    from masklens import _scan
     L = 4096
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):
@@ -250,7 +250,7 @@ def test_device_scan_on_the_current_stream_with_torch_memory():
         torch.cuda._sleep(50_000_000)  # keeps the stream busy, so an unordered scan would read the ones
         mask.tril_()
         before = torch.cuda.memory_stats()["allocation.all.allocated"]
-        verdict = _cache.scan(mask)
+        verdict = _scan.scan(mask)
         after = torch.cuda.memory_stats()["allocation.all.allocated"]
     assert verdict.structure.kind == "causal"
     assert after - before == 1
@@ -275,18 +275,18 @@ def test_drop_in_scans_on_the_device_once():
 
 
 def test_without_the_cuda_module_a_cuda_mask_is_copied_once_with_a_warning(monkeypatch):
-    from masklens import _cache
-    monkeypatch.setattr(_cache, "_cuda", None)
-    monkeypatch.setattr(_cache, "_cuda_reason", "masklens._cuda could not be loaded: (test)")
-    monkeypatch.setattr(_cache, "_warned_cuda", False)
+    from masklens import _scan
+    monkeypatch.setattr(_scan, "_cuda", None)
+    monkeypatch.setattr(_scan, "_cuda_reason", "masklens._cuda could not be loaded: (test)")
+    monkeypatch.setattr(_scan, "_warned_cuda", False)
     mask = torch.ones(300, 300, dtype=torch.bool, device=DEV).tril()[None, None].expand(2, 3, 300, 300)
     with pytest.warns(RuntimeWarning, match=r"could not be loaded: \(test\): CUDA masks are copied to the host"):
-        verdict = _cache.scan(mask)
+        verdict = _scan.scan(mask)
     assert masklens.last_timing()["device"] == "host"
     assert verdict.structure.kind == "causal"
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # once only
-        _cache.scan(mask)
+        _scan.scan(mask)
 
 
 needs_device_tiles = pytest.mark.skipif(not masklens.has_cuda_scan(), reason="masklens was built without _cuda")
@@ -373,17 +373,17 @@ def test_block_mask_of_a_structure_from_its_ranges_equals_the_states_writer_and_
     (_cuda.write_block_mask_from_ranges: 32 bytes a q tile cross) equals the one written
     from its tile states and torch's create_block_mask of the dense mask, every field."""
     import masklens.torch as mt
-    from masklens import _cache, _core, _run
+    from masklens import _block_mask, _core, _scan
     from torch.nn.attention.flex_attention import create_block_mask
     mask = structure_masks()[name]
     B, H, Q, K = mask.shape
     bq, bk = (size, size) if isinstance(size, int) else size
     report = masklens.inspect(mask)
     assert report.structure.kind != "arbitrary", name
-    assert _cache.has_structure_writer()
+    assert _scan.has_structure_writer()
     ours = mt.block_mask(report, size, device=DEV)  # no tiles counted: from the ranges
-    mod = _run.mask_mod_for(report.structure, DEV)
-    from_states = _run.block_mask_from_tiles(_core.tiles_from_structure(report.structure, bq, bk), mod, DEV)
+    mod = _block_mask.mask_mod_for(report.structure, DEV)
+    from_states = _block_mask.block_mask_from_tiles(_core.tiles_from_structure(report.structure, bq, bk), mod, DEV)
     theirs = create_block_mask(lambda b, h, q, kv: mask[b, h, q.clamp(max=Q - 1), kv.clamp(max=K - 1)], B, H, Q, K,
                                device=DEV, BLOCK_SIZE=(bq, bk))
     assert tuple(ours.BLOCK_SIZE) == (bq, bk) and tuple(ours.seq_lengths) == (Q, K)
@@ -447,11 +447,11 @@ def test_device_block_mask_equals_create_block_mask_and_host_tiles(name):
     device scanner's timing) and its eight tensors, on the device, equal torch's
     create_block_mask over every batch and head and masklens' host tiles of the same mask."""
     import masklens.torch as mt
-    from masklens import _cache, _core
+    from masklens import _core, _scan
     from torch.nn.attention.flex_attention import create_block_mask
     build, size = DEVICE_TILE_CASES[name]
     mask = build()
-    assert _cache.has_device_tiles()
+    assert _scan.has_device_tiles()
     m4 = mask
     while m4.dim() < 4:
         m4 = m4.unsqueeze(0)
@@ -464,7 +464,7 @@ def test_device_block_mask_equals_create_block_mask_and_host_tiles(name):
     theirs = create_block_mask(lambda b, h, q, kv: attends[b, h, q.clamp(max=Q - 1), kv.clamp(max=K - 1)], B, H, Q, K,
                                device=DEV, BLOCK_SIZE=(bq, bk))
     assert tuple(ours.BLOCK_SIZE) == (bq, bk) and tuple(ours.seq_lengths) == (Q, K)
-    _, host = _core.scan_with_tiles(_cache._host_array(m4, warn=False), bq, bk, -1000.0)  # broadcast dims kept
+    _, host = _core.scan_with_tiles(_scan.host_array(m4, warn=False), bq, bk, -1000.0)  # broadcast dims kept
     host = host.block_mask()
     distinct = (1 if m4.stride(0) == 0 else B, 1 if m4.stride(1) == 0 else H)
     for f in BM_FIELDS:
@@ -487,7 +487,7 @@ def test_a_tile_scan_enqueued_without_waiting_is_waited_for_once():
     """scan_runs_tiles(wait=False) returns before the synchronisation; wait_runs() then
     gives the run count, and the head and the tensors, of a scan with wait=True; another
     scan on the thread before it, or a second wait_runs(), is refused by name."""
-    from masklens import _cache, _core, _cuda
+    from masklens import _block_mask, _core, _cuda
     i, j = (t.to(DEV) for t in rows_cols(1000, 1000))
     mask = ((j <= i) & (i - j < 300)).expand(2, 1, 1000, 1000).contiguous()  # a window: few runs, all in the head
     args = (mask.data_ptr(), "bool", list(mask.shape), list(mask.stride()), -1000.0)
@@ -497,7 +497,7 @@ def test_a_tile_scan_enqueued_without_waiting_is_waited_for_once():
     def scan(wait):
         runs = _core.DeviceRuns(*args, *sizes)
         block = torch.empty(runs.block_bytes, dtype=torch.uint8, device=DEV)
-        arrays, pointers, nbytes = _cache._block_mask_tensors(mask.device, db, dh, nq, nk)
+        arrays, pointers, nbytes = _block_mask._block_mask_tensors(mask.device, db, dh, nq, nk)
         count = _cuda.scan_runs_tiles(*args, 128, 128, block.data_ptr(), runs.block_bytes, runs.head_address,
                                       runs.head_bytes, pointers, nbytes, stream, 0, wait=wait)
         return runs, block, arrays, pointers, nbytes, count
@@ -531,7 +531,7 @@ def test_block_mask_written_on_the_device_from_host_tiles_equals_the_host_writer
     """A host tile summary's BlockMask tensors written on the GPU (its states copied over,
     masklens._cuda.write_block_mask) equal the host writer's, every field, broadcast dims
     and ragged tiles included, and lines longer than a warp's chunk (over 256 tiles)."""
-    from masklens import _cache, _core
+    from masklens import _block_mask, _core
     g = torch.Generator().manual_seed(seed)
     B, H = (1, 1) if seed % 2 else (2, 3)
     Q, K = [(300, 9000), (9000, 257), (513, 513), (40, 40000), (1000, 1000), (129, 4097)][seed]
@@ -543,7 +543,7 @@ def test_block_mask_written_on_the_device_from_host_tiles_equals_the_host_writer
     mask = mask & ~(holed[:, :, :Q, :K] & (torch.rand(mask.shape, generator=g) < 0.01))  # half the tiles partial
     mask = mask.expand(B, H, Q, K)
     _, tiles = _core.scan_with_tiles(mask, bq, bk, -1000.0)
-    ours = _cache.device_block_mask_tensors(tiles, DEV)
+    ours = _block_mask.device_block_mask_tensors(tiles, DEV)
     host = tiles.block_mask()
     for f in BM_FIELDS:
         assert ours[f].device.type == "cuda" and ours[f].dtype == torch.int32, f
@@ -556,13 +556,13 @@ def test_inspect_tiles_of_a_cuda_mask_come_from_one_device_read(name):
     """inspect(cuda_mask, tiles=) reads the mask once on its device (scan_count + 1, the
     device's timing) and reports what the host reports for the same mask: the tiles (the
     JSON's "tiles"), the structure with its tile fractions."""
-    from masklens import _cache
+    from masklens import _scan
     build, size = DEVICE_TILE_CASES[name]
     mask = build()
     before = masklens.scan_count()
     ours = masklens.inspect(mask, tiles=size)
     assert masklens.scan_count() == before + 1 and masklens.last_timing()["device"] == "cuda"
-    host = masklens.inspect(_cache._host_array(mask, warn=False), tiles=size)  # stride-0 dims kept
+    host = masklens.inspect(_scan.host_array(mask, warn=False), tiles=size)  # stride-0 dims kept
     assert ours.to_dict()["tiles"] == host.to_dict()["tiles"]
     assert ours.structure.describe() == host.structure.describe()
     f, g = ours.structure.tile_fractions, host.structure.tile_fractions
@@ -574,9 +574,9 @@ def test_device_block_mask_of_a_float_mask_names_a_nan_row():
     """A block-sparse mask's BlockMask takes no verdict (its runs are many), yet a float
     mask's NaN row is an error that names the row, found by the run reduction on the device."""
     import masklens.torch as mt
-    from masklens import _cache
+    from masklens import _block_mask
     mask = random_block_sparse(2, 1, 512, 512, 64, 64, 0.4, 7, torch.float32)
-    assert _cache.device_scan_tiles(mask, (64, 64), classify_many_runs=False)[0] is None  # many runs: no verdict
+    assert _block_mask.device_scan_tiles(mask, (64, 64), classify_many_runs=False)[0] is None  # many runs: no verdict
     mask[1, 0, 300, 5] = float("nan")
     masklens.forget()
     with pytest.raises(masklens.MaskError, match=r"^invalid_value: mask row \[1, 0, 300\] holds NaN or \+inf"):
@@ -615,11 +615,11 @@ def test_device_block_mask_of_an_exact_structure_takes_its_rule_and_the_tensors_
     (nothing tiled again from the fields), and the mask_mod is the structure's rule,
     holding no reference to the mask."""
     import masklens.torch as mt
-    from masklens import _cache, _core
+    from masklens import _block_mask, _core
     from torch.nn.attention.flex_attention import create_block_mask
     scans, from_fields = [], []
-    real_scan, real_fields = _cache.device_scan_tiles, _core.tiles_from_structure
-    monkeypatch.setattr(_cache, "device_scan_tiles", lambda *a, **kw: scans.append(a) or real_scan(*a, **kw))
+    real_scan, real_fields = _block_mask.device_scan_tiles, _core.tiles_from_structure
+    monkeypatch.setattr(_block_mask, "device_scan_tiles", lambda *a, **kw: scans.append(a) or real_scan(*a, **kw))
     monkeypatch.setattr(_core, "tiles_from_structure", lambda *a, **kw: from_fields.append(a) or real_fields(*a, **kw))
     L = 1000
     mask = torch.ones(L, L, dtype=torch.bool, device=DEV).tril()
@@ -638,13 +638,13 @@ def test_drop_in_flex_on_a_block_sparse_cuda_mask_uses_device_tiles(shape, monke
     BlockMask masklens wrote on the device (no create_block_mask call, one tile scan,
     memoised with the verdict), matching the dense reference forward and backward."""
     import torch.nn.attention.flex_attention as fa
-    from masklens import _cache, _env
+    from masklens import _block_mask, _env
     real = _env.environment
     monkeypatch.setattr(_env, "environment", lambda *a, **kw: real(*a, **{**kw, "available": {"flex"}}))
     created, tile_scans = [], []
     monkeypatch.setattr(fa, "create_block_mask", lambda *a, **kw: created.append(a) or pytest.fail("create_block_mask"))
-    real_tiles = _cache.device_scan_tiles
-    monkeypatch.setattr(_cache, "device_scan_tiles", lambda *a, **kw: tile_scans.append(a) or real_tiles(*a, **kw))
+    real_tiles = _block_mask.device_scan_tiles
+    monkeypatch.setattr(_block_mask, "device_scan_tiles", lambda *a, **kw: tile_scans.append(a) or real_tiles(*a, **kw))
     B, H, Q, K = shape
     mask = random_block_sparse(B, H, Q, K, 128, 128, 0.4, 11)
     masklens.forget()
@@ -696,13 +696,13 @@ def test_drop_in_compiles_flex_once_forward_and_backward(monkeypatch):
 
 
 def test_host_tables_cross_through_the_pinned_staging_intact():
-    """masklens._cache.to_device (masklens._cuda.upload): every dtype a BlockMask's tables
+    """masklens._scan.to_device (masklens._cuda.upload): every dtype a BlockMask's tables
     take, sizes past a slot's first capacity (it grows), more copies than the four slots
     reserve_uploads() allocates (the ring grows while their copies are queued), on a side
     stream too; each tensor equals its source after the copies finish, though each source
     is overwritten right after its call (the staging took a copy)."""
     import numpy as np
-    from masklens import _cache
+    from masklens import _scan
     rng = np.random.default_rng(7)
     sources, copies = [], []
     side = torch.cuda.Stream()
@@ -713,7 +713,7 @@ def test_host_tables_cross_through_the_pinned_staging_intact():
         if i % 5 == 0:
             a = a[: n - n % 2].reshape(2, -1) if n >= 2 else a
         with torch.cuda.stream(side if i % 2 else torch.cuda.current_stream()):
-            copies.append(_cache.to_device(a, DEV))
+            copies.append(_scan.to_device(a, DEV))
         sources.append(a.copy())
         a[...] = 0  # the caller may reuse its array at once
     torch.cuda.synchronize()

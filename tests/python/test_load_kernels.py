@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import masklens
-from masklens import _cache
+from masklens import _scan
 from helpers import rows_cols
 
 try:
@@ -58,7 +58,7 @@ def test_real_answer_is_whether_a_cuda_device_scans_here():
 
 
 def test_false_without_the_cuda_module(monkeypatch):
-    monkeypatch.setattr(_cache, "cuda_module", lambda: None)
+    monkeypatch.setattr(_scan, "cuda_module", lambda: None)
 
     def no_probe():
         raise AssertionError("asked torch for CUDA without masklens._cuda")
@@ -69,7 +69,7 @@ def test_false_without_the_cuda_module(monkeypatch):
 
 def test_false_without_a_cuda_device(monkeypatch):
     fake = FakeCuda()
-    monkeypatch.setattr(_cache, "cuda_module", lambda: fake)
+    monkeypatch.setattr(_scan, "cuda_module", lambda: fake)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     for device in (None, 0, "cuda", "cuda:1", torch.device("cuda", 0)):
         assert masklens.load_kernels(device) is False
@@ -78,11 +78,11 @@ def test_false_without_a_cuda_device(monkeypatch):
 
 def test_loads_on_the_device_it_resolves(monkeypatch):
     fake = FakeCuda()
-    monkeypatch.setattr(_cache, "cuda_module", lambda: fake)
+    monkeypatch.setattr(_scan, "cuda_module", lambda: fake)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
     reserved = []  # the pinned staging of each device it loads on
-    monkeypatch.setattr(_cache, "reserve_staging", lambda device: reserved.append(str(device)))
+    monkeypatch.setattr(_scan, "reserve_staging", lambda device: reserved.append(str(device)))
     assert masklens.load_kernels() is True              # torch's current device
     assert masklens.load_kernels("cuda") is True        # no index: the current one too
     assert masklens.load_kernels("cuda:1") is True
@@ -97,7 +97,7 @@ def test_loads_on_the_device_it_resolves(monkeypatch):
 
 def test_a_failure_on_a_cuda_device_is_raised(monkeypatch):
     fake = FakeCuda(fail="device_error: cudaSetDevice: cudaErrorInvalidDevice: invalid device ordinal")
-    monkeypatch.setattr(_cache, "cuda_module", lambda: fake)
+    monkeypatch.setattr(_scan, "cuda_module", lambda: fake)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     with pytest.raises(masklens.MaskError, match="^device_error: cudaSetDevice"):
         masklens.load_kernels(7)
@@ -153,7 +153,7 @@ def test_on_a_gpu_it_loads_and_scans_after_it_are_right():
         # Broadcast on the device as on the host (.cuda() of an expanded tensor would copy
         # every batch and head: another mask's verdict, one entry per batch).
         m, on_device = base.expand(2, 3, L, L), base.cuda().expand(2, 3, L, L)
-        host = _cache.scan(m)
+        host = _scan.scan(m)
         device = masklens.scan(on_device)
         assert masklens.last_timing()["device"] == "cuda", name
         assert device.structure.describe() == host.structure.describe(), name

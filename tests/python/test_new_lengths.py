@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import masklens
-from masklens import _core, _env, _run
+from masklens import _core, _env, _flex
 from masklens.torch import inspect
 from masklens.torch import scaled_dot_product_attention as sdpa
 
@@ -20,7 +20,7 @@ from torch._dynamo.utils import counters  # noqa: E402
 WINDOW = 96
 # 20 new lengths between 256 and 1200 (buckets of 128 * 2^k: 256, 512, 1024, 2048).
 LENGTHS = [256 + 47 * i + (i * i) % 13 for i in range(20)]
-BUCKETS = {_run.length_bucket(n) for n in LENGTHS}
+BUCKETS = {_flex.length_bucket(n) for n in LENGTHS}
 
 
 def window_mask(n, window=WINDOW):
@@ -43,12 +43,12 @@ def decide_as_h100(monkeypatch, available):
 def fresh_flex():
     """No compiled flex and no bucket state before or after the test."""
     torch._dynamo.reset()
-    _run.forget_flex_buckets()
+    _flex.forget_flex_buckets()
     counters.clear()
     yield
     torch._dynamo.reset()
-    _run.forget_flex_buckets()
-    _run.set_flex_compile_ms(None)
+    _flex.forget_flex_buckets()
+    _flex.set_flex_compile_ms(None)
 
 
 @pytest.fixture
@@ -69,7 +69,7 @@ def dynamo_eager(monkeypatch):
 def no_dense_fallback(monkeypatch):
     def fail(*a, **kw):
         raise AssertionError("the compiled flex fell back to torch's dense call")
-    monkeypatch.setattr(_run, "_dense_fallback", fail)
+    monkeypatch.setattr(_flex, "_dense_fallback", fail)
 
 
 @pytest.fixture
@@ -105,10 +105,10 @@ def test_twenty_new_lengths_trace_once_per_bucket(monkeypatch, fresh_flex, dynam
     run_lengths(LENGTHS)
     assert dynamo_eager == [{"dynamic": True}] * len(BUCKETS)
     assert counters["frames"]["ok"] == len(BUCKETS), dict(counters["frames"])
-    compiles = _run.flex_compiles()
+    compiles = _flex.flex_compiles()
     assert sorted(key[-1] for key in compiles) == sorted(BUCKETS)
     assert set(compiles.values()) == {1}, compiles
-    assert not any(b.broken for b in _run._flex_buckets.values())
+    assert not any(b.broken for b in _flex._flex_buckets.values())
     # The same lengths again, and a grad-mode change on each: nothing compiles.
     run_lengths(LENGTHS[::-1], alternate_grad=True)
     assert counters["frames"]["ok"] == len(BUCKETS)
@@ -121,7 +121,7 @@ def test_twenty_new_lengths_compile_once_per_bucket_with_inductor(monkeypatch, f
     decide_as_h100(monkeypatch, {"flex"})
     run_lengths(LENGTHS)
     assert counters["stats"]["unique_graphs"] == len(BUCKETS), dict(counters["stats"])
-    assert set(_run.flex_compiles().values()) == {1}
+    assert set(_flex.flex_compiles().values()) == {1}
     assert not unfused
 
 
@@ -146,11 +146,11 @@ def test_decision_and_run_charge_the_same_bucket(name, monkeypatch, fresh_flex, 
     for n in (200, 230):
         mask = structure_masks(n)[name]
         q, k, v = qkv(1, 2, n, n, grad=False)
-        charge, bucket = _run.flex_compile_charge(policy_structure(mask), q, k, v)
+        charge, bucket = _flex.flex_compile_charge(policy_structure(mask), q, k, v)
         assert charge == (_core.FLEX_COLD_COMPILE_MS if n == 200 else 0)
         out = sdpa(q, k, v, attn_mask=mask)
         assert_close(out, reference(q, k, v, mask), 1e-5)
-        assert list(_run._flex_buckets.values()) == [bucket] and bucket.warm
+        assert list(_flex._flex_buckets.values()) == [bucket] and bucket.warm
         masklens.forget(mask)
     assert counters["frames"]["ok"] == 1
 
@@ -168,7 +168,7 @@ def test_recompile_limit_takes_torchs_dense_call_not_the_unfused_path(monkeypatc
         out = sdpa(q, k, v, attn_mask=mask, scale=0.25)  # a scale after None would recompile: over the limit
     assert_close(out, reference(q, k, v, mask, scale=0.25), 1e-5)
     assert not unfused
-    (bucket,) = _run._flex_buckets.values()
+    (bucket,) = _flex._flex_buckets.values()
     assert bucket.broken and bucket.compile_charge() == float("inf")
     assert counters["frames"]["ok"] == 1
 
@@ -189,7 +189,7 @@ def test_cpu_backward_runs_torchs_dense_call_without_a_compile(monkeypatch, fres
 
 
 def test_buckets_are_powers_of_two_from_128():
-    assert [_run.length_bucket(n) for n in (1, 128, 129, 256, 257, 16384, 16385, 28069, 32768, 32769)] == \
+    assert [_flex.length_bucket(n) for n in (1, 128, 129, 256, 257, 16384, 16385, 28069, 32768, 32769)] == \
         [128, 128, 256, 256, 512, 16384, 32768, 32768, 32768, 65536]
 
 
@@ -206,7 +206,7 @@ def test_a_cold_flex_loses_to_a_compile_free_call(monkeypatch, fresh_flex):
     assert flex.kind == "slower" and flex.compile_ms == _core.FLEX_COLD_COMPILE_MS
     assert "a cold compile of 3500 ms included" in flex.reason
     assert flex.cost_ms - flex.compile_ms < policy.cost_ms  # warm, flex would win
-    _, bucket = _run.flex_compile_charge(policy_structure(mask), q, k, v)
+    _, bucket = _flex.flex_compile_charge(policy_structure(mask), q, k, v)
     bucket.warm = True
     fresh = mask.clone()
     assert inspect(q, k, v, fresh)[0].backend == "torch.flex_attention"
@@ -225,27 +225,27 @@ def test_calls_that_forgo_a_cold_flex_pay_for_its_compile(monkeypatch, fresh_fle
     mask = prefix_lm_mask(512, 128)
     q, k, v = qkv(1, 2, 512, 512, grad=False)
     policy, _ = inspect(q, k, v, mask)
-    saving = _run.forgone_saving_ms(policy)
+    saving = _flex.forgone_saving_ms(policy)
     assert saving > 0
-    _run.set_flex_compile_ms(3.5 * saving)
+    _flex.set_flex_compile_ms(3.5 * saving)
     masklens.forget()
     for _ in range(4):
         out = sdpa(q, k, v, attn_mask=mask)  # torch's kernel, counting
     assert_close(out, reference(q, k, v, mask), 1e-5)
-    (bucket,) = _run._flex_buckets.values()
+    (bucket,) = _flex._flex_buckets.values()
     assert bucket.forgone_ms == pytest.approx(4 * saving) and bucket.compile_charge() == 0
     assert inspect(q, k, v, mask.clone())[0].backend == "torch.flex_attention"
     masklens.forget()
 
 
 def test_compile_cost_is_data_and_overridable(monkeypatch, fresh_flex):
-    assert _run.flex_compile_ms() == _core.FLEX_COLD_COMPILE_MS == 3500
+    assert _flex.flex_compile_ms() == _core.FLEX_COLD_COMPILE_MS == 3500
     monkeypatch.setenv("MASKLENS_FLEX_COMPILE_MS", "120")
-    assert _run.flex_compile_ms() == 120
-    _run.set_flex_compile_ms(7)
-    assert _run.flex_compile_ms() == 7
+    assert _flex.flex_compile_ms() == 120
+    _flex.set_flex_compile_ms(7)
+    assert _flex.flex_compile_ms() == 7
     with pytest.raises(ValueError):
-        _run.set_flex_compile_ms(-1)
+        _flex.set_flex_compile_ms(-1)
 
 
 @pytest.mark.gpu
@@ -279,5 +279,5 @@ def test_cuda_train_and_eval_share_one_graph_per_bucket(monkeypatch, fresh_flex,
             assert error(ours, exact) <= 2 * error(theirs, exact) + 1e-2
         masklens.forget(mask)
     assert not unfused
-    assert set(_run.flex_compiles().values()) == {1}
-    assert len(_run.flex_compiles()) == len({_run.length_bucket(n) for n in lengths})
+    assert set(_flex.flex_compiles().values()) == {1}
+    assert len(_flex.flex_compiles()) == len({_flex.length_bucket(n) for n in lengths})

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import masklens
-from masklens import _cache, _run
+from masklens import _block_mask, _flex, _run
 from helpers import assert_close, grads, qkv, reference, rows_cols
 
 L = 64
@@ -191,7 +191,7 @@ def test_flex_takes_gqa_without_expanding(name, monkeypatch):
     # dense reference flex is tested against upstream) computes it all the same.
     if hasattr(fa, "_validate_device"):
         monkeypatch.setattr(fa, "_validate_device", lambda *a: None)
-    out = _run.run_flex(policy.call, tensors(policy, s, q, k, v, mask), q, k, v, compiled=False)
+    out = _flex.run_flex(policy.call, tensors(policy, s, q, k, v, mask), q, k, v, compiled=False)
     assert seen == [(8, 2, True)]
     ref = reference(q, k, v, mask)
     assert_close(out, ref, 1e-5)
@@ -208,7 +208,7 @@ def test_flex_mask_mod_from_structure(name):
     mask = MASKS[name]
     s = masklens.scan(mask).structure
     B, Q, K = 2, mask.shape[-2], mask.shape[-1]
-    mod = _run.mask_mod_for(s, "cpu")
+    mod = _block_mask.mask_mod_for(s, "cpu")
     dense = create_mask(mod, B, 1, Q, K, device="cpu")
     assert torch.equal(dense, mask.expand(B, 1, Q, K))
 
@@ -222,7 +222,7 @@ def test_document_table_numbers_each_batch_documents_apart(segments):
     """The mask_mod's document table: positions of one batch share an id exactly when they
     lie in one document (ids need not start at 0 per batch)."""
     Q = 40
-    table = _run.document_table(segments, Q, "cpu")
+    table = _block_mask.document_table(segments, Q, "cpu")
     assert table.dtype == torch.int32 and table.shape == (len(segments), Q)
     for b, seg in enumerate(segments):
         doc = np.searchsorted(np.asarray(seg[1:-1]), np.arange(Q), side="right")  # the reference: the doc index
@@ -247,7 +247,7 @@ def test_flex_runs_eager_on_cpu():
     policy = masklens.decide(s, call, env)
     assert policy.backend == "torch.flex_attention" and policy.call.args.type == "flex"
     t = tensors(policy, s, q, k, v, mask)
-    out = _run.run_flex(policy.call, t, q, k, v, compiled=False)
+    out = _flex.run_flex(policy.call, t, q, k, v, compiled=False)
     assert_close(out, reference(q, k, v, mask), 1e-5)
 
 
@@ -278,7 +278,7 @@ def test_flex_mask_mod_reads_in_bounds_past_the_last_row_and_key(name):
     past_k = torch.arange(K, K + 130)[None, :]
     zero = torch.zeros((), dtype=torch.long)
     mask4 = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))  # the drop-in hands the 4-D view
-    for mod in (_run.mask_mod_for(s, "cpu"), _run.mask_mod_for(s, "cpu", mask4)):
+    for mod in (_block_mask.mask_mod_for(s, "cpu"), _block_mask.mask_mod_for(s, "cpu", mask4)):
         mod(zero, zero, past_q, torch.arange(K)[None, :])  # raises IndexError on an out-of-bounds read
         mod(zero, zero, torch.arange(Q)[:, None], past_k)
         mod(zero + 1, zero, past_q, past_k)  # batch 1 of a structure broadcast over the batch
@@ -314,14 +314,14 @@ def set_sdp_flags(state):
         enable(on)
 
 
-@pytest.mark.parametrize("backend", list(_run._KERNELS))
+@pytest.mark.parametrize("backend", list(_run.SDPA_KERNELS))
 def test_kernel_switches_are_sdpa_kernels(backend, monkeypatch):
     """The drop-in selects a CUDA kernel with torch.backends.cuda's public switches
     instead of the sdpa_kernel context (20 µs a call): during the call they read as
     sdpa_kernel sets them, from any starting state, and are restored after it, also
     when the call raises. (The switches are process state: this runs on the CPU.)"""
     from torch.nn.attention import sdpa_kernel
-    with sdpa_kernel(_run._KERNELS[backend]):
+    with sdpa_kernel(_run.SDPA_KERNELS[backend]):
         want = sdp_flags()
     seen = []
 
@@ -335,10 +335,10 @@ def test_kernel_switches_are_sdpa_kernels(backend, monkeypatch):
     try:
         for state in [(True, True, True, True), want, (False, True, False, True)]:
             set_sdp_flags(state)
-            assert _run._sdpa_on_kernels(_run._KERNEL_FLAGS[backend], 0, 0, 0, None, 0.0, False, None, False) == "out"
+            assert _run._sdpa_on_kernels(_run.SDPA_KERNEL_FLAGS[backend], 0, 0, 0, None, 0.0, False, None, False) == "out"
             assert seen[-1] == want and sdp_flags() == state
             with pytest.raises(RuntimeError, match="kernel failed"):
-                _run._sdpa_on_kernels(_run._KERNEL_FLAGS[backend], 0, 0, 0, None, 0.0, False, -1.0, False)
+                _run._sdpa_on_kernels(_run.SDPA_KERNEL_FLAGS[backend], 0, 0, 0, None, 0.0, False, -1.0, False)
             assert seen[-1] == want and sdp_flags() == state
     finally:
         set_sdp_flags(start)
@@ -371,8 +371,8 @@ def flex_frames(masks, q, k, v, monkeypatch):
         made.append(kwargs)
         return real_compile(fn, **{**kwargs, "backend": "eager"})
     monkeypatch.setattr(torch, "compile", compile_eager)
-    monkeypatch.setattr(_run, "_compiled_flex", None)  # restored after the test
-    _run.forget_flex_buckets()  # each test compiles its own buckets
+    monkeypatch.setattr(_flex, "_compiled_flex", None)  # restored after the test
+    _flex.forget_flex_buckets()  # each test compiles its own buckets
     torch._dynamo.reset()
     counters.clear()
     try:
@@ -380,7 +380,7 @@ def flex_frames(masks, q, k, v, monkeypatch):
         frames, graphs = counters["frames"]["ok"], counters["stats"]["unique_graphs"]
     finally:
         torch._dynamo.reset()
-        _run.forget_flex_buckets()
+        _flex.forget_flex_buckets()
         for m in masks:
             masklens.forget(m)  # a mask's entry holds its BlockMask
     return frames, graphs, made, outs

@@ -9,7 +9,7 @@ import torch
 
 import masklens
 import masklens.torch
-from masklens import _core, _env, _run
+from masklens import _block_mask, _core, _env, _flex
 from helpers import assert_close, qkv, reference, rows_cols
 
 fa = pytest.importorskip("torch.nn.attention.flex_attention")
@@ -209,8 +209,8 @@ def test_from_kv_blocks_over_masklens_tiles_equals_create_block_mask(mask_kind, 
     """BlockMask.from_kv_blocks on masklens' kv side (the path a torch whose BlockMask
     constructor takes no q side uses, and what a caller holding the four kv tensors
     writes): the q side torch derives, and every tensor, equal create_block_mask's."""
-    from masklens import _run
-    monkeypatch.setattr(_run, "_BLOCK_MASK_TAKES_Q_SIDE", False)
+    from masklens import _block_mask
+    monkeypatch.setattr(_block_mask, "_BLOCK_MASK_TAKES_Q_SIDE", False)
     built = []
     real = fa.BlockMask.from_kv_blocks
     monkeypatch.setattr(fa.BlockMask, "from_kv_blocks", lambda *a, **kw: built.append(1) or real(*a, **kw))
@@ -242,7 +242,7 @@ def test_a_structure_tiled_from_its_fields_is_laid_out_as_the_scan_of_its_mask(l
     mask, size = masks[layout], (16, 32)
     verdict = masklens.scan(mask)
     assert verdict.structure.kind != "arbitrary"
-    ours = masklens._structure_tiles_as_stored(verdict.structure, size, mask)
+    ours = masklens._block_mask.structure_tiles_as_stored(verdict.structure, size, mask)
     scanned = masklens.inspect(mask, tiles=size).tiles
     assert ours.shape == scanned.shape
     assert np.array_equal(ours.states, scanned.states)
@@ -351,14 +351,14 @@ def flex_only(monkeypatch):
     real = _env.environment
     monkeypatch.setattr(_env, "environment",
                         lambda *a, **kw: real(*a, **{**kw, "sm": 90, "available": {"flex"}}))
-    monkeypatch.setattr(_run, "_compiled_flex", fa.flex_attention)
+    monkeypatch.setattr(_flex, "_compiled_flex", fa.flex_attention)
     built = []
-    real_from_tiles = _run.block_mask_from_tiles
+    real_from_tiles = _block_mask.block_mask_from_tiles
 
     def from_tiles(*a, **kw):
         built.append(real_from_tiles(*a, **kw))
         return built[-1]
-    monkeypatch.setattr(_run, "block_mask_from_tiles", from_tiles)
+    monkeypatch.setattr(_block_mask, "block_mask_from_tiles", from_tiles)
     created = []
     real_create = fa.create_block_mask
     monkeypatch.setattr(fa, "create_block_mask", lambda *a, **kw: created.append(a) or real_create(*a, **kw))

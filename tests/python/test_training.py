@@ -167,7 +167,7 @@ def test_attend_compiled_refuses_a_call_its_form_was_not_made_for(gpu_environmen
     or a varlen_attn without the window_size a causal form needs, gets None (the layer then
     runs sdpa with the dense mask) rather than rows of another sequence or no causality."""
     gpu_environment({"torch"})
-    monkeypatch.setattr(mt._run, "_varlen_params", lambda: (reference_varlen, frozenset({"scale", "window_size"})))
+    monkeypatch.setattr(mt._run, "varlen_params", lambda: (reference_varlen, frozenset({"scale", "window_size"})))
     Q = 32
     i, j = torch.arange(Q)[:, None], torch.arange(Q)[None]
     document = (torch.arange(Q) >= 12).long()
@@ -179,7 +179,7 @@ def test_attend_compiled_refuses_a_call_its_form_was_not_made_for(gpu_environmen
     assert out is not None
     assert (out - F.scaled_dot_product_attention(q, k, v, attn_mask=mask)).abs().max().item() < 1e-5
     assert mt.attend_compiled(cm, *(torch.randn(2, 2, Q, 16) for _ in range(3))) is None
-    monkeypatch.setattr(mt._run, "_varlen_params", lambda: (reference_varlen, frozenset({"scale"})))
+    monkeypatch.setattr(mt._run, "varlen_params", lambda: (reference_varlen, frozenset({"scale"})))
     assert mt.attend_compiled(cm, q, k, v) is None
 
 
@@ -190,7 +190,7 @@ def test_compiled_varlen_form_packs_in_place_and_equals_sdpa(gpu_environment, mo
     gpu_environment({"torch"})
     # Decided as for a bf16 model (varlen_attn takes no fp32), run in fp32 by the stand-in.
     monkeypatch.setattr(masklens.transformers, "_call_dtype", lambda dtype, device: torch.bfloat16)
-    monkeypatch.setattr(mt._run, "_varlen_params", lambda: (reference_varlen, frozenset({"scale", "window_size"})))
+    monkeypatch.setattr(mt._run, "varlen_params", lambda: (reference_varlen, frozenset({"scale", "window_size"})))
     forms = captured_forms(monkeypatch)
     torch._dynamo.reset()
     ref, ours = pair(LlamaConfig(**SMALL))
@@ -217,10 +217,10 @@ def test_compiled_varlen_form_packs_in_place_and_equals_sdpa(gpu_environment, mo
 
 def test_varlen_form_fills_the_gaps_and_zeroes_them():
     # Two batches of 8 rows: sequences [1, 5) and [5, 8) in batch 0, [3, 8) in batch 1.
-    tiled = mt._sequences_tile([(0, 1, 5, 1, 5), (0, 5, 8, 5, 8), (1, 3, 8, 3, 8)], 2, 8)
+    tiled = masklens._compiled._sequences_tile([(0, 1, 5, 1, 5), (0, 5, 8, 5, 8), (1, 3, 8, 3, 8)], 2, 8)
     assert tiled == ([0, 1, 5, 8, 11, 16], True)
-    assert mt._sequences_tile([(0, 0, 8, 0, 8), (1, 0, 8, 0, 8)], 2, 8) == ([0, 8, 16], False)
-    assert mt._sequences_tile([(0, 2, 8, 0, 8)], 1, 8) is None  # query and key ranges differ
+    assert masklens._compiled._sequences_tile([(0, 0, 8, 0, 8), (1, 0, 8, 0, 8)], 2, 8) == ([0, 8, 16], False)
+    assert masklens._compiled._sequences_tile([(0, 2, 8, 0, 8)], 1, 8) is None  # query and key ranges differ
 
 
 # --- gradient checkpointing ------------------------------------------------------------
