@@ -1,25 +1,22 @@
-// classify() on the host: spans to structure for the masks frameworks pass, beside the
-// classifier before the fast path (bench/classify_before.hpp) run on the same tables in
-// the same process. The tables are built from structures directly (no scan): this
-// measures the classifier alone. Median of many calls per case; the verdicts of the two
-// must be identical, or the program says so and fails.
+// classify() on the host: spans to structure for the masks frameworks pass. The tables
+// are built from structures directly (no scan): this measures the classifier alone.
+// Median of many calls per case. Built by bench/classify_against.sh REF, the classifier
+// of REF runs beside this one on the same tables in the same process, calls alternating
+// case by case, and the program fails if a verdict differs in any field.
 #include <masklens/masklens.hpp>
 
-#include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
+#include "../tests/support/structure_fields.hpp"
 #include "bench_support.hpp"
-
-namespace masklens::before {
-Result<MaskStructure> classify_baseline(const SpanTable& table);
-}
+#ifdef MASKLENS_BASELINE
+#include "classify_baseline.hpp"
+#endif
 
 using namespace masklens;
 using bench::median_us;
-using bench::table_of;
 
 namespace {
 
@@ -30,28 +27,36 @@ constexpr bench::TimeBudget kBudget{400, 2001, 0.1};
 // Usage: classify [substring]: only the cases whose name holds it (for a profiler).
 int main(int argc, char** argv) {
   const std::string only = argc > 1 ? argv[1] : "";
-  const std::vector<bench::TableCase> cases = bench::classify_cases();
-
   bool same = true;
-  std::printf("%-40s %12s %12s %8s  %s\n", "case", "before", "classify", "speedup", "verdict");
-  for (const bench::TableCase& c : cases) {
+#ifdef MASKLENS_BASELINE
+  std::printf("%-40s %12s %12s %8s  %s\n", "case", "baseline", "classify", "speedup", "verdict");
+#else
+  std::printf("%-40s %12s  %s\n", "case", "classify", "verdict");
+#endif
+  for (const bench::TableCase& c : bench::classify_cases()) {
     if (c.name.find(only) == std::string::npos) continue;
-    const Result<MaskStructure> old_verdict = before::classify_baseline(c.table);
-    const Result<MaskStructure> new_verdict = classify(c.table);
-    if (!old_verdict.ok() || !new_verdict.ok()) {
+    const Result<MaskStructure> verdict = classify(c.table);
+    if (!verdict.ok()) {
       std::printf("%-40s classify failed\n", c.name.c_str());
       return 1;
     }
-    const std::string text = describe(*new_verdict);
-    if (describe(*old_verdict) != text) {
-      std::printf("%-40s verdicts differ:\n  before %s\n  now    %s\n", c.name.c_str(), describe(*old_verdict).c_str(),
-                  text.c_str());
+    volatile std::size_t sink = 0;
+#ifdef MASKLENS_BASELINE
+    const auto old_table = classify_baseline::load(c.table);
+    const std::string old_fields = classify_baseline::verdict(*old_table);
+    if (old_fields != testing::structure_fields(*verdict)) {
+      std::printf("%-40s verdicts differ:\n  baseline %s\n  now      %s\n", c.name.c_str(), old_fields.c_str(),
+                  testing::structure_fields(*verdict).c_str());
       same = false;
     }
-    volatile std::size_t sink = 0;
-    const double t_old = median_us(kBudget, [&] { sink = sink + before::classify_baseline(c.table)->kv_valid.size(); });
+    const double t_old = median_us(kBudget, [&] { sink = sink + classify_baseline::classify_rows(*old_table); });
     const double t_new = median_us(kBudget, [&] { sink = sink + classify(c.table)->kv_valid.size(); });
-    std::printf("%-40s %9.1f us %9.1f us %7.1fx  %.60s\n", c.name.c_str(), t_old, t_new, t_old / t_new, text.c_str());
+    std::printf("%-40s %9.1f us %9.1f us %7.2fx  %.60s\n", c.name.c_str(), t_old, t_new, t_old / t_new,
+                describe(*verdict).c_str());
+#else
+    const double t_new = median_us(kBudget, [&] { sink = sink + classify(c.table)->kv_valid.size(); });
+    std::printf("%-40s %9.1f us  %.60s\n", c.name.c_str(), t_new, describe(*verdict).c_str());
+#endif
   }
   return same ? 0 : 1;
 }

@@ -2,7 +2,9 @@
 // classify(SpanRuns) on the same masks in the same process, and encode() (the host's
 // way to the runs; on the GPU they are reduced on the device). Tables are built from
 // structures directly (no scan). Median of many calls per case; the verdicts must be
-// identical, field for field, or the program says so and fails.
+// identical, field for field, or the program says so and fails. Built by
+// bench/classify_against.sh REF, REF's classify(SpanRuns) is timed beside this tree's on
+// the same runs ("baseline"), and its verdicts must be identical too.
 #include <masklens/classify_runs.hpp>
 #include <masklens/masklens.hpp>
 #include <masklens/span_runs.hpp>
@@ -14,6 +16,9 @@
 
 #include "../tests/support/structure_fields.hpp"
 #include "bench_support.hpp"
+#ifdef MASKLENS_BASELINE
+#include "classify_baseline.hpp"
+#endif
 
 using namespace masklens;
 using bench::median_us;
@@ -64,11 +69,25 @@ int main(int argc, char** argv) {
       same = false;
     }
     volatile std::size_t sink = 0;
+    double t_old = -1;  // the baseline's from runs (built with one)
+#ifdef MASKLENS_BASELINE
+    const auto old_table = classify_baseline::load(c.table);
+    if (classify_baseline::has_runs()) {
+      const std::string old_fields = classify_baseline::verdict_from_runs(*old_table);
+      if (old_fields != testing::structure_fields(*by_runs)) {
+        std::printf("%-40s verdicts differ:\n  baseline %s\n  now      %s\n", c.name.c_str(), old_fields.c_str(),
+                    testing::structure_fields(*by_runs).c_str());
+        same = false;
+      }
+      t_old = median_us(kBudget, [&] { sink = sink + classify_baseline::classify_runs(*old_table); });
+    }
+#endif
     const double t_rows = median_us(kBudget, [&] { sink = sink + classify(c.table)->kv_valid.size(); });
     const double t_encode = median_us(kBudget, [&] { sink = sink + SpanRuns::encode(c.table)->runs.size(); });
     const double t_runs = median_us(kBudget, [&] { sink = sink + classify(*runs)->kv_valid.size(); });
     std::printf("%-40s %6zu %9.1f us %9.1f us %11.2f us %7.0fx  %.50s%s\n", c.name.c_str(), runs->runs.size(), t_rows,
                 t_encode, t_runs, t_rows / t_runs, describe(*by_runs).c_str(), stats.expanded ? " (expanded)" : "");
+    if (t_old >= 0) std::printf("%-40s %6s %12s %12s %11.2f us  (baseline, from runs)\n", "", "", "", "", t_old);
   }
   return same ? 0 : 1;
 }

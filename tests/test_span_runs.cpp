@@ -196,15 +196,15 @@ void check_same_verdict(const SpanTable& t, Agreement& seen, const std::string& 
 }
 
 // The canonical segments of rows given one by one.
-detail::runs::KeyRows key_rows_of(const std::vector<RowSpan>& rows) {
-  detail::runs::KeyRows out;
-  auto collect = [&out](const detail::runs::KeySeg& s) {
+detail::KeyRows key_rows_of(const std::vector<RowSpan>& rows) {
+  detail::KeyRows out;
+  auto collect = [&out](const detail::KeySeg& s) {
     out.push_back(s);
     return true;
   };
-  detail::runs::KeyRowsBuilder<decltype(collect)> builder(collect);
+  detail::KeyRowsBuilder<decltype(collect)> builder(collect);
   for (std::size_t q = 0; q < rows.size(); ++q) {
-    detail::runs::KeySeg s;
+    detail::KeySeg s;
     s.q = static_cast<std::int64_t>(q);
     s.n = 1;
     s.empty = rows[q].empty();
@@ -455,7 +455,7 @@ TEST_CASE("span runs: a structure's rows as segments equal its rows one by one")
     const std::int64_t q_len = uniform(rng, 1, 50), k_len = coin(rng, 0.6) ? q_len : uniform(rng, 1, 50);
     MaskStructure s = random_structure(rng, 1, q_len, k_len);
     s.segments.clear();
-    detail::runs::DocSet docs;
+    detail::DocSet docs;
     const bool use_docs = q_len == k_len && coin(rng, 0.5);
     if (use_docs) {
       // Bounds 0 and Q, scattered points and stretches of consecutive bounds.
@@ -464,7 +464,7 @@ TEST_CASE("span runs: a structure's rows as segments equal its rows one by one")
         const std::int64_t a = uniform(rng, 0, q_len);
         ranges.push_back({a, std::min(q_len + 1, a + (coin(rng) ? 1 : uniform(rng, 2, 8)))});
       }
-      docs = detail::runs::DocSet::from(ranges);
+      docs = detail::DocSet::from(ranges);
       s.segments = {docs.values()};
       ++with_docs;
       for (const KeyRange& r : docs.spans) unit_stretches += r.end - r.start > 2;
@@ -473,9 +473,9 @@ TEST_CASE("span runs: a structure's rows as segments equal its rows one by one")
     for (std::int64_t q = 0; q < q_len; ++q) rows.push_back(s.row(0, q));
     MaskStructure probe = s;
     probe.segments.clear();
-    detail::runs::Work work{0, 1 << 20};
-    detail::runs::KeyRows got;
-    REQUIRE(detail::runs::structure_rows(probe, use_docs ? &docs : nullptr, work, got));
+    detail::Work work{0, 1 << 20};
+    detail::KeyRows got;
+    REQUIRE(detail::structure_rows(probe, use_docs ? &docs : nullptr, work, got));
     INFO(describe(s));
     CHECK(got == key_rows_of(rows));
   }
@@ -485,7 +485,8 @@ TEST_CASE("span runs: a structure's rows as segments equal its rows one by one")
 
 TEST_CASE("the search's steps on segments: the reference's evidence, document bounds and chunk checks") {
   // A verdict can hide a step that differs (an extra candidate that fails its fit), so
-  // each step is compared with classify.hpp's on the same rows.
+  // each step is compared on the same rows read by the two readers: one row at a time
+  // (the table's, the row rules) and as canonical segments (the runs', closed forms).
   Rng rng(test_seed(20261308));
   int bounds_found = 0, chunks_found = 0, blocks_found = 0;
   for (int i = 0; i < 3000; ++i) {
@@ -497,20 +498,18 @@ TEST_CASE("the search's steps on segments: the reference's evidence, document bo
       const std::int64_t a = uniform(rng, 0, k_len - 1), b = uniform(rng, 0, k_len - 1);
       r = coin(rng, 0.2) ? RowSpan{} : RowSpan::interval(std::min(a, b), std::max(a, b));
     }
-    const std::vector<detail::UniqueBatch> reference = detail::unique_batches(t);
-    std::vector<detail::runs::KeyRows> key_rows;
-    for (const detail::UniqueBatch& ub : reference)
-      key_rows.push_back(key_rows_of(std::vector<RowSpan>(ub.rows.begin(), ub.rows.end())));
-    std::vector<detail::runs::UniqueBatch> batches;
-    for (std::size_t b = 0; b < reference.size(); ++b) batches.push_back({&key_rows[b], reference[b].logical});
-    detail::runs::Search ctx;
-    ctx.q_len = q_len;
-    ctx.k_len = k_len;
-    ctx.work.limit = 1 << 24;
+    const std::vector<detail::UniqueBatch<detail::TableRows>> reference = detail::unique_batches(t);
+    std::vector<detail::KeyRows> key_rows;
+    for (const auto& ub : reference)
+      key_rows.push_back(key_rows_of(std::vector<RowSpan>(ub.rows.rows.begin(), ub.rows.rows.end())));
+    detail::Work work{0, 1 << 24};
+    std::vector<detail::UniqueBatch<detail::runs::SegmentRows>> batches;
+    for (std::size_t b = 0; b < reference.size(); ++b)
+      batches.push_back({{&key_rows[b], q_len, &work}, reference[b].logical});
     INFO("Q=" << q_len << " K=" << k_len << " B=" << batch);
     for (std::int64_t d : {std::int64_t{0}, k_len - q_len}) {
       const detail::BaseEvidence want = detail::gather_evidence(reference, d, batch);
-      const detail::BaseEvidence got = detail::runs::gather_evidence(ctx, batches, d, batch);
+      const detail::BaseEvidence got = detail::gather_evidence(batches, d, batch);
       CHECK(got.windows == want.windows);
       CHECK(got.prefix == want.prefix);
       CHECK(got.chunks == want.chunks);
@@ -519,7 +518,7 @@ TEST_CASE("the search's steps on segments: the reference's evidence, document bo
       blocks_found += !want.blocks.empty();
       for (int k = 0; k < 4; ++k) {
         const std::int64_t c = uniform(rng, 1, k_len + 1);
-        CHECK(detail::runs::chunk_bounds_rows(ctx, batches, c, d) == detail::chunk_bounds_rows(reference, c, d));
+        CHECK(detail::chunk_bounds_rows(batches, c, d) == detail::chunk_bounds_rows(reference, c, d));
       }
     }
     // Document bounds under random bases, q_valid set or not, key ranges and both passes.
@@ -528,16 +527,16 @@ TEST_CASE("the search's steps on segments: the reference's evidence, document bo
     probe.segments.clear();
     probe.kv_valid.clear();
     if (probe.kind == StructureKind::sliding_window) probe.window = uniform(rng, 1, std::max<std::int64_t>(1, max_p + 1));
-    for (const detail::UniqueBatch& ub : reference) {
-      const detail::runs::KeyRows rows = key_rows_of(std::vector<RowSpan>(ub.rows.begin(), ub.rows.end()));
+    for (std::size_t b = 0; b < reference.size(); ++b) {
+      const auto& ub = reference[b];
       const std::int64_t s = coin(rng) ? 0 : uniform(rng, 0, k_len - 1), e = coin(rng) ? k_len : uniform(rng, s + 1, k_len);
       for (bool at_empty_edges : {false, true}) {
-        const std::vector<std::int64_t> want = detail::detect_documents(probe, ub.rows, s, e, at_empty_edges);
-        const std::optional<detail::runs::DocSet> got = detail::runs::detect_documents(ctx, probe, rows, s, e, at_empty_edges);
+        const std::optional<detail::DocSet> want = detail::detect_documents(probe, ub.rows, s, e, at_empty_edges);
+        const std::optional<detail::DocSet> got = detail::detect_documents(probe, batches[b].rows, s, e, at_empty_edges);
         INFO(describe(probe) << " s=" << s << " e=" << e << " edges " << at_empty_edges);
-        CHECK(got.has_value() == !want.empty());
-        if (got) CHECK(got->values() == want);
-        bounds_found += !want.empty();
+        CHECK(got.has_value() == want.has_value());
+        if (got && want) CHECK(got->values() == want->values());
+        bounds_found += want.has_value();
       }
     }
   }
