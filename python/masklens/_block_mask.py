@@ -183,7 +183,11 @@ def mask_mod_for(structure, device, mask=None):
     W, C, P = s.window, max(s.chunk, 1), s.prefix
     # The closure holds Python ints, and a tensor only for a rule or modifier that reads
     # one: torch.compile traces exactly the terms the structure has (no dead clamp, no
-    # `+ 0`), the graph a hand-written mask_mod of the same rule gives.
+    # `+ 0`), the graph a hand-written mask_mod of the same rule gives. The window, chunk
+    # and prefix are a model's constants; the bottom-right offset K - Q changes with the
+    # lengths (prefill over a cache), so it is a 0-d tensor: a compiled flex of dynamic
+    # lengths then serves every offset in its bucket without compiling again.
+    offset = _scan.to_device(np.asarray([d], dtype=np.int64), device).view(()) if d else None
     blocks = None
     if kind == "causal_blocks":
         table = np.full((max(K, Q + d, 1),), -1, dtype=np.int32)
@@ -206,7 +210,7 @@ def mask_mod_for(structure, device, mask=None):
         # those positions itself); comparisons use the real ones. The branches test
         # Python values: a trace keeps only the structure's own terms. Clamps read the
         # tables' sizes, not Q or K: a compiled flex of dynamic lengths is not guarded on them.
-        p = qi + d if d else qi
+        p = qi + offset if offset is not None else qi
         if kind == "full":
             ok = ki >= 0
         elif kind == "causal":

@@ -66,11 +66,12 @@ def _rule_signature(structure, reads_mask: bool):
     if reads_mask:
         tf = s.tile_fractions
         return ("mask", s.batch > 1, s.heads > 1, (tf.block_q, tf.block_k) if tf is not None else (128, 128))
-    d = s.k_len - s.q_len if s.alignment == "bottom_right" else 0
+    # The bottom-right offset is a tensor the mask_mod reads: only whether there is one.
+    offset = s.alignment == "bottom_right" and s.k_len != s.q_len
 
     def modifier(table):
         return None if table is None else len(table) > 1
-    return (s.kind, d, s.window, s.chunk, s.prefix, modifier(s.segments), modifier(s.kv_valid),
+    return (s.kind, offset, s.window, s.chunk, s.prefix, modifier(s.segments), modifier(s.kv_valid),
             modifier(s.q_valid), (128, 128))
 
 

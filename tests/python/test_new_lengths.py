@@ -125,6 +125,38 @@ def test_twenty_new_lengths_compile_once_per_bucket_with_inductor(monkeypatch, f
     assert not unfused
 
 
+def bottom_right_window_mask(q_len, k_len, window=WINDOW):
+    """A sliding window aligned bottom-right: the last q_len rows of a k_len-long causal
+    window (prefill of q_len new tokens over a cache)."""
+    i, j = rows_cols(q_len, k_len)
+    p = i + (k_len - q_len)
+    return (j <= p) & (p - j < window)
+
+
+def test_prefill_over_a_cache_traces_once_for_every_offset(monkeypatch, fresh_flex, dynamo_eager, no_dense_fallback,
+                                                           unfused):
+    """Bottom-right windows whose offset K - Q changes every step (prefill over a growing
+    cache), all in one bucket: one Dynamo frame; the offset is a tensor the mask_mod reads,
+    not a constant the graph is specialised on. (Every step has two query tiles or more:
+    Dynamo specialises a size of 1, so a bucket's first call with one tile and a later one
+    with more would compile twice.)"""
+    decide_as_h100(monkeypatch, {"flex"})
+    steps = [(150, 300), (140, 333), (200, 420), (131, 500), (250, 511)]
+    assert len({_flex.length_bucket(k) for _, k in steps}) == 1
+    for q_len, k_len in steps:
+        mask = bottom_right_window_mask(q_len, k_len)
+        structure = masklens.scan(mask).structure
+        assert (structure.kind, structure.alignment) == ("sliding_window", "bottom_right")
+        q, k, v = qkv(1, 2, q_len, k_len, grad=False, seed=k_len)
+        out = sdpa(q, k, v, attn_mask=mask)
+        assert_close(out, reference(q, k, v, mask), 1e-5)
+        assert inspect(q, k, v, mask)[0].backend == "torch.flex_attention"
+        masklens.forget(mask)
+    assert counters["frames"]["ok"] == 1, dict(counters["frames"])
+    assert list(_flex.flex_compiles().values()) == [1]
+    assert not unfused
+
+
 def structure_masks(n):
     """Masks of each form a flex call takes: the structure's rule, its tables (documents,
     padding), the dense mask read (query padding, an arbitrary mask)."""
