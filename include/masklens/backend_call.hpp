@@ -32,7 +32,9 @@ enum class Backend : std::uint8_t {
   transformer_engine,
   flashinfer,
   cudnn_frontend,
-  zeros,  // a plan step that writes zeros: rows that attend to nothing
+  // Each id is its row's index in the registry (backends/registry.hpp); a row a test
+  // adds takes the next one (tests/fake_backend/hook.hpp). zeros is no row.
+  zeros = 0xff,  // a plan step that writes zeros: rows that attend to nothing
 };
 
 // What the call does with the dense mask the framework passed.

@@ -5,12 +5,12 @@
 // the math kernel, computes every pair; FlexAttention computes the pairs of its full and
 // partial tiles (flex_pairs).
 //
-// Rates are milliseconds per unit, forward and backward, bf16, measured on an H200
-// (sm90) with torch 2.11 / cuDNN 9.19 by bench/backend_costs.py on 2026-12-03 (1 x 4 x
-// 16384 x 128; the windowed and varlen rates from its 69632-token runs, where they
-// matter; bench/README.md). Libraries that machine lacks carry estimates, marked as
-// such. Other architectures use the sm90 ratios until measured there: only the ranking
-// matters.
+// Rates are milliseconds per unit, forward and backward, bf16, each backend's in its
+// registry row (backends/registry.hpp), measured on an H200 (sm90) with torch 2.11 /
+// cuDNN 9.19 by bench/backend_costs.py on 2026-12-03 (1 x 4 x 16384 x 128; the windowed
+// and varlen rates from its 69632-token runs, where they matter; bench/README.md).
+// Libraries that machine lacks carry estimates, marked as such. Other architectures use
+// the sm90 ratios until measured there: only the ranking matters.
 #pragma once
 
 #include <algorithm>
@@ -32,33 +32,12 @@ struct CostRates {
 // Milliseconds a call costs before any work: launch, slicing, packing.
 inline constexpr double kCallOverheadMs = 0.03;
 
-// The rates of `b` on architecture `sm` (see the header comment for their source).
-constexpr CostRates cost_rates(Backend b, int /*sm*/) noexcept {
-  switch (b) {
-    case Backend::sdpa_cudnn: return {3.6, 6.4, true};
-    case Backend::sdpa_flash: return {6.8, 0, true};
-    case Backend::sdpa_efficient: return {15.2, 15.4, true};
-    case Backend::sdpa_math: return {51.7, 51.6, true};  // computes every pair either way
-    case Backend::sdpa_causal_lower_right: return {6.8, 0, true};  // flash inside (efficient where flash refuses)
-    case Backend::torch_varlen: return {6.6, 0, true};
-    // Compiled flex computes whole tiles of its BlockMask: both rates are per pair of
-    // the tiles it computes (flex_pairs below), native with the structure's mask_mod
-    // (the 69632-token 4096 window: 5.53 ms for 16368 full and 1056 partial tiles),
-    // dense with a mask_mod that reads the mask (the 16384 causal mask: 3.04 ms for 8128
-    // full and 128 partial tiles), partial tiles weighted as flex_pairs weighs them.
-    case Backend::flex_attention: return {4.84, 5.6, true};
-    case Backend::flash_attn:
-    case Backend::flash_attn_varlen: return {6.8, 0, false};  // flash-attn 2: as torch's flash kernel
-    case Backend::flash_attn3:
-    case Backend::flash_attn3_varlen: return {3.3, 0, false};
-    case Backend::transformer_engine:
-    case Backend::cudnn_frontend: return {3.6, 6.4, false};  // cuDNN's fused attention inside
-    case Backend::flashinfer: return {6.8, 6.8, false};
-    case Backend::xformers: return {6.8, 15.4, false};
-    case Backend::zeros: return {0, 0, true};
-  }
-  return {};
-}
+// What a backend computes, and so what its rate multiplies (each registry row says
+// which): the attended pairs where it skips masked tiles natively and every pair with a
+// dense mask; every pair either way (torch's math kernel); or the pairs of the BlockMask
+// tiles it computes, a compiled kernel that may first have to compile (FlexAttention:
+// flex_pairs, kFlexColdCompileMs).
+enum class WorkModel : std::uint8_t { attended, every_pair, flex_tiles };
 
 namespace detail {
 
@@ -135,6 +114,17 @@ inline double attended_pairs(const MaskStructure& s) noexcept {
     total += pairs;
   }
   return total;
+}
+
+// Every (query, key) pair of the structure over its batch, per head.
+inline double every_pair(const MaskStructure& s) noexcept {
+  return static_cast<double>(s.batch) * static_cast<double>(s.q_len) * static_cast<double>(s.k_len);
+}
+
+// The pairs a backend of work model `w` (not flex_tiles: flex_pairs) computes: the
+// attended ones where it runs natively and skips masked tiles, every pair otherwise.
+inline double computed_pairs(WorkModel w, bool dense_mask, const MaskStructure& s) noexcept {
+  return w == WorkModel::attended && !dense_mask ? attended_pairs(s) : every_pair(s);
 }
 
 // FlexAttention skips empty tiles and computes every pair of the others; on a partial

@@ -195,16 +195,20 @@ inline double call_cost(Backend b, Usage usage, double pairs, const CallContext&
   return kCallOverheadMs + (usage == Usage::dense_mask ? r.dense : r.native) * work_units(pairs, c.call);
 }
 
-// FlexAttention's candidate: an arbitrary mask is charged on the tiles its scan counted
-// (every tile partial when it gave none); an exact structure first gets the estimate of
-// any native kernel, its attended pairs, and refine_flex() counts its tiles when it may win.
-inline Candidate flex_candidate(const MaskStructure& s, Usage usage, const CallContext& c) noexcept {
-  Candidate out{Backend::flex_attention, usage, 0, std::nullopt, false};
-  if (s.kind == StructureKind::arbitrary) {
-    const double pairs = flex_pairs(s, s.tile_fractions.value_or(kEveryTilePartial), usage == Usage::dense_mask);
-    out.cost_ms = call_cost(Backend::flex_attention, usage, pairs, c);
+// A backend's candidate, costed by its work model (cost.hpp). A flex_tiles backend:
+// an arbitrary mask is charged on the tiles its scan counted (every tile partial when it
+// gave none); an exact structure first gets the estimate of any native kernel, its
+// attended pairs, and refine_flex() counts its tiles when it may win.
+inline Candidate candidate(const BackendInfo& b, const MaskStructure& s, Usage usage,
+                           std::optional<ElementType> cast, const CallContext& c) noexcept {
+  const bool dense_mask = usage == Usage::dense_mask;
+  Candidate out{b.id, usage, 0, cast, false};
+  if (b.work != WorkModel::flex_tiles) {
+    out.cost_ms = call_cost(b.id, usage, computed_pairs(b.work, dense_mask, s), c);
+  } else if (s.kind == StructureKind::arbitrary) {
+    out.cost_ms = call_cost(b.id, usage, flex_pairs(s, s.tile_fractions.value_or(kEveryTilePartial), dense_mask), c);
   } else {
-    out.cost_ms = call_cost(Backend::flex_attention, usage, attended_pairs(s), c);
+    out.cost_ms = call_cost(b.id, usage, attended_pairs(s), c);
     out.flex_untiled = true;
   }
   return out;
@@ -229,20 +233,20 @@ inline void refine_flex(const MaskStructure& s, const CallContext& c, Candidate*
       if (j != i && candidates[j].cost_ms < flex.cost_ms) may_win = false;
     if (!may_win) continue;
     const TileFractions tiles = structure_tile_fractions(s, TileSize{});  // FlexArgs' default 128 x 128
-    flex.cost_ms = call_cost(Backend::flex_attention, flex.usage,
+    flex.cost_ms = call_cost(flex.backend, flex.usage,
                              flex_pairs(s, tiles, flex.usage == Usage::dense_mask), c);
     flex.flex_untiled = false;
   }
 }
 
-// Step 2, last: a cold FlexAttention pays its compile on top of its run (DecideOptions::
-// flex_compile_ms). Charged after refine_flex, which compares warm costs: a flex call
+// Step 2, last: a cold FlexAttention (a flex_tiles backend) pays its compile on top of
+// its run (DecideOptions::flex_compile_ms). Charged after refine_flex, which compares warm costs: a flex call
 // that would win warm has its tiles counted, so its rejection says what it would cost
 // once compiled (masklens.torch reads that to know what the cold rule gives up).
 inline void charge_flex_compile(Candidate* candidates, std::size_t n, double compile_ms) noexcept {
   if (compile_ms <= 0) return;
   for (std::size_t i = 0; i < n; ++i) {
-    if (candidates[i].backend != Backend::flex_attention) continue;
+    if (info(candidates[i].backend).work != WorkModel::flex_tiles) continue;
     candidates[i].cost_ms += compile_ms;
     candidates[i].compile_ms = compile_ms;
   }
@@ -280,14 +284,7 @@ inline std::optional<Candidate> judge(const BackendInfo& b, const MaskStructure&
   const Defect* lost = nullptr;
   if (!must_keep_mask(s) && b.native && b.native(s, c, nullptr)) {
     lost = first_defect({b.id, Usage::native, c.call, c.env, s, std::nullopt});
-    if (!lost && b.id == Backend::flex_attention) return flex_candidate(s, Usage::native, c);
-    if (!lost) {
-      // The math kernel computes every pair whatever the mask.
-      const double pairs = b.id == Backend::sdpa_math ? static_cast<double>(s.batch) * static_cast<double>(s.q_len) *
-                                                            static_cast<double>(s.k_len)
-                                                      : attended_pairs(s);
-      return Candidate{b.id, Usage::native, call_cost(b.id, Usage::native, pairs, c), std::nullopt, false};
-    }
+    if (!lost) return candidate(b, s, Usage::native, std::nullopt, c);
   }
   if (b.dense && b.dense(s, c, nullptr)) {
     std::optional<ElementType> cast;
@@ -302,16 +299,8 @@ inline std::optional<Candidate> judge(const BackendInfo& b, const MaskStructure&
       }
     } else {
       const std::optional<ElementType> passed = cast ? cast : c.call.mask_dtype;
-      if (const Defect* d = first_defect({b.id, Usage::dense_mask, c.call, c.env, s, passed})) {
-        lost = lost ? lost : d;
-      } else if (b.id == Backend::flex_attention) {
-        Candidate flex = flex_candidate(s, Usage::dense_mask, c);
-        flex.mask_cast = cast;
-        return flex;
-      } else {
-        const double full = static_cast<double>(s.batch) * static_cast<double>(s.q_len) * static_cast<double>(s.k_len);
-        return Candidate{b.id, Usage::dense_mask, call_cost(b.id, Usage::dense_mask, full, c), cast, false};
-      }
+      if (const Defect* d = first_defect({b.id, Usage::dense_mask, c.call, c.env, s, passed})) lost = lost ? lost : d;
+      else return candidate(b, s, Usage::dense_mask, cast, c);
     }
   }
   if (lost) {
@@ -327,10 +316,6 @@ inline std::optional<Candidate> judge(const BackendInfo& b, const MaskStructure&
   }
   return std::nullopt;
 }
-
-// The torch kernels a plan step may use, in the order ties are broken.
-inline constexpr Backend kPlanKernels[] = {Backend::sdpa_cudnn, Backend::sdpa_flash, Backend::sdpa_causal_lower_right,
-                                           Backend::sdpa_efficient, Backend::sdpa_math};
 
 // The cheapest unmasked torch call for one run of a plan, with its cost.
 inline std::optional<PlanStep> plan_step(const RowRun& run, const CallContext& c, const MaskStructure& s,
@@ -357,9 +342,7 @@ inline std::optional<PlanStep> plan_step(const RowRun& run, const CallContext& c
     if (refusals(b, sub).any() || !i.native(slice, sub, nullptr) ||
         first_defect({b, Usage::plan_step, sub.call, sub.env, s, std::nullopt}))
       continue;
-    const double pairs = b == Backend::sdpa_math ? static_cast<double>(sub.call.q_len) * static_cast<double>(sub.call.k_len)
-                                                 : attended_pairs(slice);
-    const double cost = call_cost(b, Usage::native, pairs, sub);
+    const double cost = call_cost(b, Usage::native, computed_pairs(i.work, false, slice), sub);
     if (!best || cost < best_cost) best = b, best_cost = cost;
   }
   if (!best) return std::nullopt;

@@ -248,11 +248,6 @@ nb::ndarray<nb::numpy, std::int32_t> tensor_array(nb::pointer_and_handle<BlockMa
   return field_array(self, kField);
 }
 
-constexpr std::pair<const char*, BackendFamily> kFamilies[] = {
-    {"torch", kFamilyTorch}, {"flash_attn", kFamilyFlashAttn},   {"flash_attn3", kFamilyFlashAttn3},
-    {"flex", kFamilyFlex},   {"xformers", kFamilyXformers},     {"te", kFamilyTransformerEngine},
-    {"flashinfer", kFamilyFlashInfer}, {"cudnn_frontend", kFamilyCudnnFrontend}};
-
 std::optional<std::string> version_text(const Version& v) {
   return v.known() ? std::optional<std::string>(v.to_string()) : std::nullopt;
 }
@@ -264,27 +259,15 @@ Version parse_version(const std::optional<std::string>& text, const char* field)
 }
 
 // A version field of Environment as an optional string property ("2.11", None = not installed).
-template <Version Environment::*F>
-void version_property(nb::class_<Environment>& c, const char* name) {
+void version_property(nb::class_<Environment>& c, const char* name, Version Environment::*field) {
   c.def_prop_rw(
-      name, [](const Environment& e) { return version_text(e.*F); },
-      [name](Environment& e, const std::optional<std::string>& v) { e.*F = parse_version(v, name); },
+      name, [field](const Environment& e) { return version_text(e.*field); },
+      [name, field](Environment& e, const std::optional<std::string>& v) { e.*field = parse_version(v, name); },
       nb::arg("value").none());
 }
 
-}  // namespace
-
-NB_MODULE(_core, m) {
-  m.doc() = "masklens C++ core: scan, classify and decide on typed values";
-  // A BlockMask's tensors share a BlockMaskTensors' memory, and torch keeps BlockMasks
-  // until the interpreter ends (compiled graphs' constants, Dynamo's caches): nanobind
-  // would report them as leaked at every exit of a training program.
-  nb::set_leak_warnings(false);
-  m.attr("__version__") = "0.1.0";
-  m.attr("JSON_SCHEMA") = 2;
-  nb::exception<StatusError>(m, "MaskError", PyExc_RuntimeError);
-
-  // --- MaskStructure -------------------------------------------------------------------
+// MaskStructure and its one-line description (structure.hpp, describe.hpp).
+void bind_structure(nb::module_& m) {
   nb::class_<MaskStructure>(m, "MaskStructure", "The canonical description of a mask (docs/structures.md).")
       .def(nb::init<>())
       .def_rw("batch", &MaskStructure::batch)
@@ -343,6 +326,12 @@ NB_MODULE(_core, m) {
                std::to_string(s.q_len) + ", " + std::to_string(s.k_len) + "] " + describe(s) + ">";
       });
 
+
+  m.def("describe", [](const MaskStructure& s) { return describe(s); });
+}
+
+// The host scan and the host half of a device scan: Verdict, scan(), DeviceRuns.
+void bind_scan(nb::module_& m) {
   nb::class_<Verdict>(m, "Verdict", "A scanned mask: its structure and which rows attend to any key.")
       .def_ro("structure", &Verdict::structure)
       .def(
@@ -509,7 +498,10 @@ NB_MODULE(_core, m) {
           },
           "The Verdict of the runs now in host memory, classified in O(runs) (MaskError naming a NaN / +inf row).");
 
-  // --- Tiles (tiles.hpp, docs/tiles.md) -----------------------------------------------
+}
+
+// Tiles (tiles.hpp, docs/tiles.md): fractions, summaries, torch BlockMask's tensors.
+void bind_tiles(nb::module_& m) {
   nb::class_<TileFractions>(m, "TileFractions",
                             "Shares of a mask's block_q x block_k tiles that are partial and full (the rest empty).")
       .def(nb::init<>())
@@ -696,11 +688,11 @@ NB_MODULE(_core, m) {
       "Scan a host mask and count its tiles in the same read: (Verdict, TileSummary). An arbitrary verdict's "
       "structure carries the tiles' fractions.");
 
-  m.def("describe", [](const MaskStructure& s) { return describe(s); });
-  m.def("format_ms", [](double ms) { return format_ms(ms); }, "ms"_a,
-        "Milliseconds as the rejections' reasons and the CLI print them ('69.9 ms', '0.037 ms').");
+}
 
-  // --- The call and where it runs ---------------------------------------------------
+// The call and where it runs (call.hpp): AttentionCall, and Environment with a version
+// property per family that has one (kFamilies).
+void bind_call_and_environment(nb::module_& m) {
   nb::class_<AttentionCall>(m, "AttentionCall", "The attention call at hand (include/masklens/call.hpp).")
       .def(nb::init<>())
       .def_prop_rw(
@@ -736,37 +728,32 @@ NB_MODULE(_core, m) {
                      "available",
                      [](const Environment& e) {
                        std::set<std::string> out;
-                       for (const auto& [name, f] : kFamilies)
-                         if (e.has(f)) out.insert(name);
+                       for (const FamilyInfo& f : kFamilies)
+                         if (e.has(f.bit)) out.insert(std::string(f.name));
                        return out;
                      },
                      [](Environment& e, const std::set<std::string>& names) {
                        std::uint32_t bits = 0;
                        for (const std::string& n : names) {
-                         bool known = false;
-                         for (const auto& [name, f] : kFamilies)
-                           if (n == name) bits |= f, known = true;
-                         if (!known)
+                         const FamilyInfo* f = family_named(n);
+                         if (!f)
                            raise(error(ErrorCode::invalid_argument,
-                                       "environment.available: unknown family '" + n +
-                                           "' (torch, flash_attn, flash_attn3, flex, xformers, te, flashinfer, "
-                                           "cudnn_frontend)"));
+                                       "environment.available: unknown family '" + n + "' (" + family_names() + ")"));
+                         bits |= f->bit;
                        }
                        e.available = bits;
                      })
                  .def("validate", [](const Environment& e) {
                    if (Status s = e.validate(); !s.ok()) raise(s);
                  });
-  version_property<&Environment::torch>(env, "torch");
-  version_property<&Environment::cudnn>(env, "cudnn");
-  version_property<&Environment::flash_attn>(env, "flash_attn");
-  version_property<&Environment::flash_attn3>(env, "flash_attn3");
-  version_property<&Environment::xformers>(env, "xformers");
-  version_property<&Environment::transformer_engine>(env, "transformer_engine");
-  version_property<&Environment::flashinfer>(env, "flashinfer");
-  version_property<&Environment::cudnn_frontend>(env, "cudnn_frontend");
+  version_property(env, "torch", &Environment::torch);
+  version_property(env, "cudnn", &Environment::cudnn);
+  for (const FamilyInfo& f : kFamilies)
+    if (f.version) version_property(env, f.version_field.data(), f.version);
+}
 
-  // --- The typed call ---------------------------------------------------------------
+// The typed call decide() returns (backend_call.hpp) and its rendered arguments (call_args.hpp).
+void bind_typed_call(nb::module_& m) {
   nb::class_<SdpaArgs>(m, "SdpaArgs", "F.scaled_dot_product_attention's arguments and the kernel to force.")
       .def_prop_ro("type", [](const SdpaArgs&) { return "sdpa"; })
       .def_prop_ro("kernel", [](const SdpaArgs& a) { return std::string(to_string(a.kernel)); })
@@ -841,6 +828,10 @@ NB_MODULE(_core, m) {
           "batch"_a, "q_len"_a, "k_len"_a,
           "(keyword arguments under the library's own names, mask object {name, args} or None).");
 
+}
+
+// decide() and its answer (policy.hpp).
+void bind_policy(nb::module_& m) {
   nb::class_<PlanStep>(m, "PlanStep", "One call of a plan on q[batch, :, q_range] and k/v[batch, :, k_range].")
       .def_ro("call", &PlanStep::call)
       .def_ro("batch", &PlanStep::batch)
@@ -897,12 +888,65 @@ NB_MODULE(_core, m) {
       "The backend and typed call that compute the structure correctly and fastest (docs/policy.md); "
       "flex_compile_ms: what a FlexAttention call would spend compiling first (0: warm).");
   m.attr("FLEX_COLD_COMPILE_MS") = kFlexColdCompileMs;
-  // --- Context parallelism: a table's runs from row shards (masklens.distributed) -------
-  // Spans are a monoid over row shards, so each rank scans its own rows into runs
-  // (O(runs), tiny for the masks frameworks pass), the ranks all_gather them, and every
-  // rank classifies the same merged runs (docs/distributed.md). Runs cross as int64
-  // [n, 8] arrays of (row, length, first, last, d_first, d_last, count, flags), the
-  // columns and order of Verdict.runs.
+  m.def("format_ms", [](double ms) { return format_ms(ms); }, "ms"_a,
+        "Milliseconds as the rejections' reasons and the CLI print them ('69.9 ms', '0.037 ms').");
+}
+
+// The families and backends tables (call.hpp kFamilies, backends/registry.hpp) as plain
+// read-only lists: what the Python package builds its own tables from.
+void bind_tables(nb::module_& m) {
+  m.def(
+      "families",
+      [] {
+        nb::list out;
+        for (const FamilyInfo& f : kFamilies) {
+          nb::dict d;
+          d["name"] = std::string(f.name);
+          d["bit"] = static_cast<std::uint32_t>(f.bit);
+          d["version_field"] = f.version ? nb::cast(std::string(f.version_field)) : nb::none();
+          d["default_version"] = f.version ? nb::cast(f.default_version.to_string()) : nb::none();
+          out.append(d);
+        }
+        return out;
+      },
+      "Every backend family, in table order: {name (as Environment.available spells it), bit, version_field (the "
+      "Environment property holding its library's version; None: it has none of its own), default_version (the "
+      "CLI's; None without a version_field)}.");
+  m.def(
+      "backends",
+      [] {
+        static constexpr const char* kWork[] = {"attended", "every_pair", "flex_tiles"};
+        nb::list out;
+        for (const BackendInfo& b : backends::kRegistry) {
+          nb::dict d;
+          d["name"] = std::string(b.name);
+          d["family"] = std::string(family_info(b.id).name);
+          d["takes_dense_mask"] = b.dense != nullptr;
+          d["native_rate"] = b.rates.native;
+          d["dense_rate"] = b.rates.dense;
+          d["rates_measured"] = b.rates.measured;
+          d["work"] = kWork[static_cast<std::size_t>(b.work)];
+          d["plan_step"] = b.plan_rank > 0;
+          std::vector<std::string> rules;
+          for (const Rule& r : b.rules) rules.emplace_back(r.name);
+          d["rules"] = rules;
+          out.append(d);
+        }
+        return out;
+      },
+      "Every backend decide() judges, in registry order: {name (as Call.backend spells it), family (a families() "
+      "name), takes_dense_mask, native_rate and dense_rate (ms per unit of work, cost.hpp; dense_rate 0: takes "
+      "none), rates_measured, work ('attended', 'every_pair' or 'flex_tiles'), plan_step (a torch kernel a plan's "
+      "steps may use), rules (its capability rules' names, in order)}.");
+}
+
+// Context parallelism: a table's runs from row shards (masklens.distributed). Spans are
+// a monoid over row shards, so each rank scans its own rows into runs (O(runs), tiny for
+// the masks frameworks pass), the ranks all_gather them, and every rank classifies the
+// same merged runs (docs/distributed.md). Runs cross as int64 [n, 8] arrays of (row,
+// length, first, last, d_first, d_last, count, flags), the columns and order of
+// Verdict.runs.
+void bind_context_parallelism(nb::module_& m) {
   m.def(
       "scan_runs",
       [](nb::ndarray<nb::ro, nb::device::cpu> mask, float masked_threshold, int threads) {
@@ -973,5 +1017,26 @@ NB_MODULE(_core, m) {
       "The Verdict of span runs that tile a whole table (any cutting: the runs of row shards put in row order), "
       "classified in O(runs); the Verdict keeps them (Verdict.runs). MaskError for runs that do not tile the rows "
       "in order, or a row flagged NaN / +inf.");
-  // --- end of context parallelism ---------------------------------------------------------
+}
+
+}  // namespace
+
+NB_MODULE(_core, m) {
+  m.doc() = "masklens C++ core: scan, classify and decide on typed values";
+  // A BlockMask's tensors share a BlockMaskTensors' memory, and torch keeps BlockMasks
+  // until the interpreter ends (compiled graphs' constants, Dynamo's caches): nanobind
+  // would report them as leaked at every exit of a training program.
+  nb::set_leak_warnings(false);
+  m.attr("__version__") = "0.1.0";
+  m.attr("JSON_SCHEMA") = 2;
+  nb::exception<StatusError>(m, "MaskError", PyExc_RuntimeError);
+
+  bind_structure(m);
+  bind_scan(m);
+  bind_tiles(m);
+  bind_call_and_environment(m);
+  bind_typed_call(m);
+  bind_policy(m);
+  bind_tables(m);
+  bind_context_parallelism(m);
 }

@@ -386,21 +386,12 @@ std::optional<std::int64_t> scan_reduce_copy(const python::RunsBlock& b, std::ui
   return wait_runs(h_head);
 }
 
-NB_MODULE(_cuda, m) {
-  m.doc() = "masklens device scanner for CUDA tensors, on the caller's stream and memory";
-  // Errors are masklens._core.MaskError, whichever module raises them.
-  nb::object mask_error = nb::module_::import_("masklens._core").attr("MaskError");
-  nb::register_exception_translator(
-      [](const std::exception_ptr& p, void* payload) {
-        try {
-          std::rethrow_exception(p);
-        } catch (const StatusError& e) {
-          PyErr_SetString(static_cast<PyObject*>(payload), e.what());
-        }
-      },
-      mask_error.release().ptr());  // kept for the interpreter's lifetime, as the module is
+namespace {
 
+// The device: whether CUDA was built, the devices, the kernels loaded ahead of their first launch.
+void bind_device(nb::module_& m) {
   m.def("built_with_cuda", &gpu::built_with_cuda);
+
   m.def(
       "device_count", [] { return take(gpu::device_count()); },
       "CUDA devices this process can use; MaskError (device_error) naming the call when none.");
@@ -416,7 +407,12 @@ NB_MODULE(_cuda, m) {
       "(CUDA's lazy loading), with that device current and the previous one restored. Creates the device's primary "
       "context if there is none; nothing is enqueued or allocated. MaskError (device_error) naming what failed; "
       "again, it finds them loaded.");
+}
 
+// The device scan in two phases on the caller's block (masklens._core.DeviceRuns lays it
+// out): the size queries, the scans (with tiles or not), the wait and the runs past the
+// first copy.
+void bind_scans(nb::module_& m) {
   // The size queries of both phases (no CUDA call): (scan temporary bytes, run
   // reduction temporary bytes), for masklens._core.DeviceRuns to lay out the block.
   m.def(
@@ -509,89 +505,6 @@ NB_MODULE(_cuda, m) {
         "MaskError (invalid_argument) where none is pending or h_head is another buffer; after a CUDA error (raised "
         "here) none is pending.");
 
-  // torch BlockMask's eight arrays from tile states already on the device (a host tile
-  // summary's states copied over: masklens._run.block_mask_from_tiles), no host writer.
-  m.def(
-      "write_block_mask",
-      [](std::uintptr_t d_states, std::size_t states_bytes, const std::vector<std::int64_t>& grid,
-         const std::vector<std::uintptr_t>& arrays, const std::vector<std::size_t>& array_bytes, std::uintptr_t stream,
-         int device) {
-        const TileGrid g = grid_of(grid);
-        if (d_states == 0) raise(error(ErrorCode::invalid_argument, "states is null"));
-        check_states(g, states_bytes);
-        const BlockMaskArrays out = block_mask_arrays(g, arrays, array_bytes);
-        const cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
-        Status st = on_device(device, [&] {
-          return gpu::write_block_mask(g, reinterpret_cast<const TileState*>(d_states), out, s);
-        });
-        if (!st.ok()) raise(st);
-      },
-      "states"_a, "states_bytes"_a, "grid"_a, "arrays"_a, "array_bytes"_a, "stream"_a, "device"_a,
-      "Writes torch BlockMask's eight int32 arrays (device addresses and sizes in bytes, in scan_runs_tiles()' order) "
-      "from one uint8 TileState per tile of the grid [batch, heads, q_len, k_len, block_q, block_k, distinct_batch, "
-      "distinct_heads] at `states` (device memory), on `stream`: one kernel, no synchronisation. Every argument is "
-      "checked before any CUDA call.");
-
-  m.def(
-      "upload",
-      [](std::uintptr_t h_data, std::size_t bytes, std::uintptr_t d_dst, std::uintptr_t stream, int device) {
-        if (bytes != 0 && (h_data == 0 || d_dst == 0))
-          raise(error(ErrorCode::invalid_argument, h_data == 0 ? "host data is null" : "device destination is null"));
-        Status st = on_device(device, [&] {
-          return uploads().upload(device, reinterpret_cast<const void*>(h_data), bytes,
-                                  reinterpret_cast<void*>(d_dst), reinterpret_cast<cudaStream_t>(stream));
-        });
-        if (!st.ok()) raise(st);
-      },
-      "h_data"_a, "bytes"_a, "d_dst"_a, "stream"_a, "device"_a,
-      "Copies `bytes` of host memory at h_data to device memory at d_dst on `stream` of CUDA device `device`, "
-      "through this module's pinned staging (a few slots a device, each reused once its last copy has finished): "
-      "h_data may be reused at once; nothing is waited for. A copy from pageable memory is staged by the driver and "
-      "can wait for earlier copies.");
-  m.def(
-      "reserve_uploads",
-      [](int device, std::size_t bytes) {
-        if (Status st = on_device(device, [&] { return uploads().reserve(device, bytes); }); !st.ok()) raise(st);
-      },
-      "device"_a, "bytes"_a = UploadStaging::kMinBytes,
-      "Allocates every upload() slot of CUDA device `device` at `bytes` now (masklens.load_kernels does), so that a "
-      "first BlockMask allocates no pinned memory.");
-
-  // torch BlockMask's eight arrays of an exact structure from its tile ranges
-  // (masklens._core.structure_tile_ranges), copied over by this module: no host writer,
-  // no tile states.
-  m.def(
-      "write_block_mask_from_ranges",
-      [](std::uintptr_t h_ranges, std::size_t ranges_bytes, std::uintptr_t d_ranges, const std::vector<std::int64_t>& grid,
-         const std::vector<std::uintptr_t>& arrays, const std::vector<std::size_t>& array_bytes, std::uintptr_t stream,
-         int device) {
-        const TileGrid g = grid_of(grid);
-        if (h_ranges == 0) raise(error(ErrorCode::invalid_argument, "host ranges are null"));
-        if (d_ranges == 0) raise(error(ErrorCode::invalid_argument, "device ranges are null"));
-        if (d_ranges % alignof(TileRowRanges) != 0)
-          raise(error(ErrorCode::misaligned_pointer, "device ranges are not aligned to 8 bytes"));
-        const auto want = static_cast<std::size_t>(g.slices() * g.q_tiles()) * sizeof(TileRowRanges);
-        if (ranges_bytes != want)
-          raise(error(ErrorCode::invalid_argument, "ranges hold " + std::to_string(ranges_bytes) + " bytes; this grid has " +
-                                                       std::to_string(g.slices() * g.q_tiles()) + " q tiles (" +
-                                                       std::to_string(want) + " bytes)"));
-        const BlockMaskArrays out = block_mask_arrays(g, arrays, array_bytes);
-        const cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
-        auto* ranges = reinterpret_cast<TileRowRanges*>(d_ranges);
-        Status st = on_device(device, [&] {
-          Status r = uploads().upload(device, reinterpret_cast<const void*>(h_ranges), ranges_bytes, ranges, s);
-          if (r.ok()) r = gpu::write_block_mask_from_ranges(g, ranges, out, s);
-          return r;
-        });
-        if (!st.ok()) raise(st);
-      },
-      "h_ranges"_a, "ranges_bytes"_a, "d_ranges"_a, "grid"_a, "arrays"_a, "array_bytes"_a, "stream"_a, "device"_a,
-      "Writes torch BlockMask's eight int32 arrays (device addresses and sizes in bytes, in scan_runs_tiles()' order) "
-      "of an exact structure from its tile ranges: h_ranges (host memory, int64 [distinct slices x q tiles, 4] as "
-      "masklens._core.structure_tile_ranges() gives them for this grid) is copied to d_ranges (device memory the "
-      "caller keeps until the kernel has run) through pinned staging, then one kernel writes the arrays on `stream`: "
-      "no synchronisation. Every argument is checked before any CUDA call.");
-
   m.def(
       "copy_rest",
       [](std::uintptr_t data, const std::string& dtype, const std::vector<std::int64_t>& shape,
@@ -639,4 +552,117 @@ NB_MODULE(_cuda, m) {
       "(reducing again into d_more, device room for `count` runs, where they exceed the block's room) and "
       "synchronises the stream: the second synchronisation. After scan_runs_tiles(), pass its block_q and block_k "
       "(its block's layout).");
+}
+
+// torch BlockMask's eight arrays written on the device from what is already known: tile
+// states, or an exact structure's tile ranges.
+void bind_block_masks(nb::module_& m) {
+  // torch BlockMask's eight arrays from tile states already on the device (a host tile
+  // summary's states copied over: masklens._run.block_mask_from_tiles), no host writer.
+  m.def(
+      "write_block_mask",
+      [](std::uintptr_t d_states, std::size_t states_bytes, const std::vector<std::int64_t>& grid,
+         const std::vector<std::uintptr_t>& arrays, const std::vector<std::size_t>& array_bytes, std::uintptr_t stream,
+         int device) {
+        const TileGrid g = grid_of(grid);
+        if (d_states == 0) raise(error(ErrorCode::invalid_argument, "states is null"));
+        check_states(g, states_bytes);
+        const BlockMaskArrays out = block_mask_arrays(g, arrays, array_bytes);
+        const cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
+        Status st = on_device(device, [&] {
+          return gpu::write_block_mask(g, reinterpret_cast<const TileState*>(d_states), out, s);
+        });
+        if (!st.ok()) raise(st);
+      },
+      "states"_a, "states_bytes"_a, "grid"_a, "arrays"_a, "array_bytes"_a, "stream"_a, "device"_a,
+      "Writes torch BlockMask's eight int32 arrays (device addresses and sizes in bytes, in scan_runs_tiles()' order) "
+      "from one uint8 TileState per tile of the grid [batch, heads, q_len, k_len, block_q, block_k, distinct_batch, "
+      "distinct_heads] at `states` (device memory), on `stream`: one kernel, no synchronisation. Every argument is "
+      "checked before any CUDA call.");
+
+  // torch BlockMask's eight arrays of an exact structure from its tile ranges
+  // (masklens._core.structure_tile_ranges), copied over by this module: no host writer,
+  // no tile states.
+  m.def(
+      "write_block_mask_from_ranges",
+      [](std::uintptr_t h_ranges, std::size_t ranges_bytes, std::uintptr_t d_ranges, const std::vector<std::int64_t>& grid,
+         const std::vector<std::uintptr_t>& arrays, const std::vector<std::size_t>& array_bytes, std::uintptr_t stream,
+         int device) {
+        const TileGrid g = grid_of(grid);
+        if (h_ranges == 0) raise(error(ErrorCode::invalid_argument, "host ranges are null"));
+        if (d_ranges == 0) raise(error(ErrorCode::invalid_argument, "device ranges are null"));
+        if (d_ranges % alignof(TileRowRanges) != 0)
+          raise(error(ErrorCode::misaligned_pointer, "device ranges are not aligned to 8 bytes"));
+        const auto want = static_cast<std::size_t>(g.slices() * g.q_tiles()) * sizeof(TileRowRanges);
+        if (ranges_bytes != want)
+          raise(error(ErrorCode::invalid_argument, "ranges hold " + std::to_string(ranges_bytes) + " bytes; this grid has " +
+                                                       std::to_string(g.slices() * g.q_tiles()) + " q tiles (" +
+                                                       std::to_string(want) + " bytes)"));
+        const BlockMaskArrays out = block_mask_arrays(g, arrays, array_bytes);
+        const cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
+        auto* ranges = reinterpret_cast<TileRowRanges*>(d_ranges);
+        Status st = on_device(device, [&] {
+          Status r = uploads().upload(device, reinterpret_cast<const void*>(h_ranges), ranges_bytes, ranges, s);
+          if (r.ok()) r = gpu::write_block_mask_from_ranges(g, ranges, out, s);
+          return r;
+        });
+        if (!st.ok()) raise(st);
+      },
+      "h_ranges"_a, "ranges_bytes"_a, "d_ranges"_a, "grid"_a, "arrays"_a, "array_bytes"_a, "stream"_a, "device"_a,
+      "Writes torch BlockMask's eight int32 arrays (device addresses and sizes in bytes, in scan_runs_tiles()' order) "
+      "of an exact structure from its tile ranges: h_ranges (host memory, int64 [distinct slices x q tiles, 4] as "
+      "masklens._core.structure_tile_ranges() gives them for this grid) is copied to d_ranges (device memory the "
+      "caller keeps until the kernel has run) through pinned staging, then one kernel writes the arrays on `stream`: "
+      "no synchronisation. Every argument is checked before any CUDA call.");
+}
+
+// Host to device copies through this module's pinned staging.
+void bind_uploads(nb::module_& m) {
+  m.def(
+      "upload",
+      [](std::uintptr_t h_data, std::size_t bytes, std::uintptr_t d_dst, std::uintptr_t stream, int device) {
+        if (bytes != 0 && (h_data == 0 || d_dst == 0))
+          raise(error(ErrorCode::invalid_argument, h_data == 0 ? "host data is null" : "device destination is null"));
+        Status st = on_device(device, [&] {
+          return uploads().upload(device, reinterpret_cast<const void*>(h_data), bytes,
+                                  reinterpret_cast<void*>(d_dst), reinterpret_cast<cudaStream_t>(stream));
+        });
+        if (!st.ok()) raise(st);
+      },
+      "h_data"_a, "bytes"_a, "d_dst"_a, "stream"_a, "device"_a,
+      "Copies `bytes` of host memory at h_data to device memory at d_dst on `stream` of CUDA device `device`, "
+      "through this module's pinned staging (a few slots a device, each reused once its last copy has finished): "
+      "h_data may be reused at once; nothing is waited for. A copy from pageable memory is staged by the driver and "
+      "can wait for earlier copies.");
+
+  m.def(
+      "reserve_uploads",
+      [](int device, std::size_t bytes) {
+        if (Status st = on_device(device, [&] { return uploads().reserve(device, bytes); }); !st.ok()) raise(st);
+      },
+      "device"_a, "bytes"_a = UploadStaging::kMinBytes,
+      "Allocates every upload() slot of CUDA device `device` at `bytes` now (masklens.load_kernels does), so that a "
+      "first BlockMask allocates no pinned memory.");
+}
+
+}  // namespace
+
+NB_MODULE(_cuda, m) {
+  m.doc() = "masklens device scanner for CUDA tensors, on the caller's stream and memory";
+  // Errors are masklens._core.MaskError, whichever module raises them.
+  nb::object mask_error = nb::module_::import_("masklens._core").attr("MaskError");
+  nb::register_exception_translator(
+      [](const std::exception_ptr& p, void* payload) {
+        try {
+          std::rethrow_exception(p);
+        } catch (const StatusError& e) {
+          PyErr_SetString(static_cast<PyObject*>(payload), e.what());
+        }
+      },
+      mask_error.release().ptr());  // kept for the interpreter's lifetime, as the module is
+
+  bind_device(m);
+  bind_scans(m);
+  bind_block_masks(m);
+  bind_uploads(m);
 }

@@ -16,10 +16,12 @@
 #include <CLI/CLI.hpp>
 #include <masklens/cuda/scan.hpp>
 #include <masklens/cuda/tiles.hpp>
+#include <masklens/call_args.hpp>
 #include <masklens/json.hpp>
 #include <masklens/masklens.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -34,7 +36,6 @@
 #include <tuple>
 #include <vector>
 
-#include "call_code.hpp"
 #include "npy.hpp"
 #include "png.hpp"
 
@@ -57,8 +58,14 @@ struct CallOptions {
   double dropout = 0;
   std::string torch = "2.11", cudnn = "9.19";
   std::string available = "torch";
-  std::string flash_attn = "2.8.3", flash_attn3 = "3.0", xformers = "0.0.33", te = "2.8", flashinfer = "0.5",
-              cudnn_frontend = "1.16";
+  // Each family's library version as written, in kFamilies' order: its default until
+  // given (families without a version of their own keep an empty, unused one).
+  std::array<std::string, std::size(kFamilies)> versions = [] {
+    std::array<std::string, std::size(kFamilies)> v;
+    for (std::size_t i = 0; i < v.size(); ++i)
+      if (kFamilies[i].version) v[i] = kFamilies[i].default_version.to_string();
+    return v;
+  }();
 };
 
 // An integer option exactly as written: decimal digits after an optional sign. CLI11
@@ -85,22 +92,19 @@ std::string with_option_names(std::string message) {
   return message;
 }
 
-// --available: known family names, none empty (split by hand: getline would drop the
-// trailing empty name of "torch,").
-Result<std::vector<std::string>> available_families(const std::string& list) {
-  static constexpr std::string_view kFamilies[] = {"torch", "flash_attn", "flash_attn3", "flex", "xformers",
-                                                   "te", "flashinfer", "cudnn_frontend"};
-  std::vector<std::string> out;
+// --available: the bits of known family names (kFamilies), none empty (split by hand:
+// getline would drop the trailing empty name of "torch,").
+Result<std::uint32_t> available_families(const std::string& list) {
+  std::uint32_t bits = 0;
   for (std::size_t start = 0;;) {
     const std::size_t comma = std::min(list.find(',', start), list.size());
-    std::string item = list.substr(start, comma - start);
+    const std::string item = list.substr(start, comma - start);
     if (item.empty()) return error(ErrorCode::invalid_argument, "--available: empty family name in '" + list + "'");
-    if (std::find(std::begin(kFamilies), std::end(kFamilies), item) == std::end(kFamilies))
-      return error(ErrorCode::invalid_argument,
-                   "--available: unknown family '" + item +
-                       "' (torch, flash_attn, flash_attn3, flex, xformers, te, flashinfer, cudnn_frontend)");
-    out.push_back(std::move(item));
-    if (comma == list.size()) return out;
+    const FamilyInfo* family = family_named(item);
+    if (!family)
+      return error(ErrorCode::invalid_argument, "--available: unknown family '" + item + "' (" + family_names() + ")");
+    bits |= family->bit;
+    if (comma == list.size()) return bits;
     start = comma + 1;
   }
 }
@@ -143,41 +147,21 @@ Result<CallContext> make_call(const CallOptions& o, std::optional<ElementType> m
   c.deterministic = o.deterministic;
   c.dropout = o.dropout;
   c.mask_dtype = mask_dtype;
-  const std::tuple<const char*, const std::string*, Version*> versions[] = {
-      {"--torch", &o.torch, &e.torch},
-      {"--cudnn", &o.cudnn, &e.cudnn},
-      {"--flash-attn-version", &o.flash_attn, &e.flash_attn},
-      {"--flash-attn3-version", &o.flash_attn3, &e.flash_attn3},
-      {"--xformers-version", &o.xformers, &e.xformers},
-      {"--te-version", &o.te, &e.transformer_engine},
-      {"--flashinfer-version", &o.flashinfer, &e.flashinfer},
-      {"--cudnn-frontend-version", &o.cudnn_frontend, &e.cudnn_frontend}};
+  std::vector<std::tuple<std::string_view, const std::string*, Version*>> versions = {{"--torch", &o.torch, &e.torch},
+                                                                                     {"--cudnn", &o.cudnn, &e.cudnn}};
+  for (std::size_t i = 0; i < std::size(kFamilies); ++i)
+    if (kFamilies[i].version) versions.emplace_back(kFamilies[i].version_option, &o.versions[i], &(e.*kFamilies[i].version));
   for (const auto& [option, text, into] : versions) {
     auto v = Version::parse(*text);
     if (!v) return bad(std::string(option) + ": " + v.status().message());
     *into = *v;
   }
-  auto families = available_families(o.available);
-  if (!families) return families.status();
+  auto available = available_families(o.available);
+  if (!available) return available.status();
+  e.available = *available;
   // A library's version counts only where it is installed: the rest stay unknown.
-  struct Family {
-    const char* name;
-    BackendFamily family;
-    Version* version;
-  };
-  const Family known[] = {{"torch", kFamilyTorch, nullptr},
-                          {"flash_attn", kFamilyFlashAttn, &e.flash_attn},
-                          {"flash_attn3", kFamilyFlashAttn3, &e.flash_attn3},
-                          {"flex", kFamilyFlex, nullptr},
-                          {"xformers", kFamilyXformers, &e.xformers},
-                          {"te", kFamilyTransformerEngine, &e.transformer_engine},
-                          {"flashinfer", kFamilyFlashInfer, &e.flashinfer},
-                          {"cudnn_frontend", kFamilyCudnnFrontend, &e.cudnn_frontend}};
-  e.available = 0;
-  for (const Family& f : known) {
-    if (std::find(families->begin(), families->end(), f.name) != families->end()) e.available |= f.family;
-    else if (f.version) *f.version = Version{};
-  }
+  for (const FamilyInfo& f : kFamilies)
+    if (f.version && !e.has(f.bit)) e.*f.version = Version{};
   if (Status s = c.validate(); !s.ok()) return bad(with_option_names(s.message()));
   if (Status s = e.validate(); !s.ok()) return bad(with_option_names(s.message()));
   return context;
@@ -200,15 +184,12 @@ void add_call_options(CLI::App& app, CallOptions& o) {
   app.add_option("--sm", o.sm, "GPU compute capability, major*10+minor")->capture_default_str()->group("Call");
   app.add_option("--torch", o.torch, "torch version")->capture_default_str()->group("Call");
   app.add_option("--cudnn", o.cudnn, "cuDNN version")->capture_default_str()->group("Call");
-  app.add_option("--available", o.available,
-                 "backend families installed: torch, flash_attn, flash_attn3, flex, xformers, te, flashinfer, cudnn_frontend")
+  app.add_option("--available", o.available, "backend families installed: " + family_names())
       ->capture_default_str()->group("Call");
-  app.add_option("--flash-attn-version", o.flash_attn, "flash_attn version")->capture_default_str()->group("Versions");
-  app.add_option("--flash-attn3-version", o.flash_attn3, "flash_attn3 version")->capture_default_str()->group("Versions");
-  app.add_option("--xformers-version", o.xformers, "xformers version")->capture_default_str()->group("Versions");
-  app.add_option("--te-version", o.te, "TransformerEngine version")->capture_default_str()->group("Versions");
-  app.add_option("--flashinfer-version", o.flashinfer, "FlashInfer version")->capture_default_str()->group("Versions");
-  app.add_option("--cudnn-frontend-version", o.cudnn_frontend, "cudnn_frontend version")->capture_default_str()->group("Versions");
+  for (std::size_t i = 0; i < std::size(kFamilies); ++i)
+    if (const FamilyInfo& f = kFamilies[i]; f.version)
+      app.add_option(std::string(f.version_option), o.versions[i], std::string(f.library) + " version")
+          ->capture_default_str()->group("Versions");
 }
 
 // Indents every line of a snippet under the "call" column.
@@ -227,12 +208,7 @@ void print_policy(const Policy& p, const MaskStructure& s, std::optional<Element
               p.call.mask_cast ? (", cast to " + std::string(to_string(*p.call.mask_cast))).c_str() : "",
               format_ms(p.cost_ms).c_str());
   if (p.plan.empty()) {
-    if (p.backend() == Backend::flex_attention) {
-      // The mask_mod indexes its tensors per batch: one modifier entry per batch.
-      const Result<MaskStructure> spelled = spell_out(s);
-      std::printf("%s\n", indented(cli::python_mask_mod(spelled ? *spelled : s, p.call, mask_dtype)).c_str());
-    }
-    std::printf("%s\n", indented(cli::python_call(p.call, s.batch, s.q_len, s.k_len, mask_dtype)).c_str());
+    std::printf("%s\n", indented(python_call(p.call, s.batch, s.q_len, s.k_len, mask_dtype, &s)).c_str());
   } else {
     std::printf("          a plan of %zu calls, each on q[b:b+1, :, q_range] and k/v[b:b+1, :, k_range]:\n", p.plan.size());
     for (std::size_t i = 0; i < p.plan.size() && i < 8; ++i) {
@@ -240,7 +216,7 @@ void print_policy(const Policy& p, const MaskStructure& s, std::optional<Element
       std::printf("          # b=%lld q[%lld:%lld] k[%lld:%lld]\n%s\n", static_cast<long long>(st.batch),
                   static_cast<long long>(st.q_range.start), static_cast<long long>(st.q_range.end),
                   static_cast<long long>(st.k_range.start), static_cast<long long>(st.k_range.end),
-                  indented(cli::python_call(st.call, 1, st.q_range.end - st.q_range.start,
+                  indented(python_call(st.call, 1, st.q_range.end - st.q_range.start,
                                             st.k_range.end - st.k_range.start, mask_dtype)).c_str());
     }
     if (p.plan.size() > 8) std::printf("          # ... %zu more\n", p.plan.size() - 8);
@@ -675,59 +651,201 @@ int usage_error(const CLI::App& app, const CLI::ParseError& e, int argc, char** 
   return bad_argument(message + " (see " + command + " --help)");
 }
 
-int run_command(int argc, char** argv) {
-  CLI::App app{"masklens: prove what an attention mask is and name the backend that computes it"};
-  app.require_subcommand(1);
-  app.set_version_flag("--version", "masklens " MASKLENS_VERSION_STRING);
-  CallOptions call_options;
+// One setup / run pair per command: setup_X adds the command and its options to the
+// app, writing into X's options; run_X runs it once the command line has parsed.
 
-  std::string path, mask_dtype, png, device = "cpu";
-  std::string threshold = "-1000";
+struct InspectCommand {
+  std::string path, mask_dtype, png, device = "cpu", threshold = "-1000", tiles;
   bool json = false;
-  auto* inspect_cmd = app.add_subcommand("inspect", "the structure of a .npy mask and the call to make");
-  inspect_cmd->add_option("mask", path, "mask .npy file (1-4 dims; 2-D is [Q, K])")->required();
-  inspect_cmd->add_flag("--json", json, "the JSON contract (docs/json.md)");
-  inspect_cmd->add_option("--mask-dtype", mask_dtype, "how to read a 2-byte mask stored as <u2/<V2: bf16 or fp16");
-  inspect_cmd->add_option("--png", png, "write a picture of slice [0, 0]");
-  inspect_cmd->add_option("--device", device, "scan on cpu or cuda")->capture_default_str();
-  inspect_cmd->add_option("--masked-threshold", threshold, "additive values <= this are masked")->capture_default_str();
-  std::string tiles_text;
-  inspect_cmd->add_option("--tiles", tiles_text,
-                          "tile summary at N x N or QxK tiles (torch BlockMask tensors in the JSON; shaded in the PNG)");
-  add_call_options(*inspect_cmd, call_options);
+  CallOptions call;
+};
 
-  std::string structure_text, shape_text;
-  auto* policy_cmd = app.add_subcommand("policy", "the policy for a known structure, without a mask");
-  policy_cmd->add_option("--structure", structure_text,
-                         "structure JSON, or @FILE (a structure or a whole inspect output; @- reads stdin)")->required();
-  policy_cmd->add_option("--shape", shape_text, "B,H,Q,K")->required();
-  policy_cmd->add_flag("--json", json, "the JSON contract (docs/json.md)");
-  std::string policy_mask_dtype;
-  policy_cmd->add_option("--mask-dtype", policy_mask_dtype,
-                         "element type of the dense mask a kept mask would pass: bool, uint8, int8, fp16, bf16, fp32");
-  add_call_options(*policy_cmd, call_options);
+CLI::App* setup_inspect(CLI::App& app, InspectCommand& o) {
+  CLI::App* cmd = app.add_subcommand("inspect", "the structure of a .npy mask and the call to make");
+  cmd->add_option("mask", o.path, "mask .npy file (1-4 dims; 2-D is [Q, K])")->required();
+  cmd->add_flag("--json", o.json, "the JSON contract (docs/json.md)");
+  cmd->add_option("--mask-dtype", o.mask_dtype, "how to read a 2-byte mask stored as <u2/<V2: bf16 or fp16");
+  cmd->add_option("--png", o.png, "write a picture of slice [0, 0]");
+  cmd->add_option("--device", o.device, "scan on cpu or cuda")->capture_default_str();
+  cmd->add_option("--masked-threshold", o.threshold, "additive values <= this are masked")->capture_default_str();
+  cmd->add_option("--tiles", o.tiles,
+                  "tile summary at N x N or QxK tiles (torch BlockMask tensors in the JSON; shaded in the PNG)");
+  add_call_options(*cmd, o.call);
+  return cmd;
+}
 
-  MakeOptions make;
-  auto* make_cmd = app.add_subcommand("make", "write a sample mask of a structure as .npy");
-  make_cmd->add_option("kind", make.kind, "full, causal, sliding_window, chunked, prefix_lm, causal_blocks")->required();
-  make_cmd->add_option("--shape", make.shape, "B,H,Q,K")->capture_default_str();
-  make_cmd->add_option("-o,--output", make.output, "output .npy")->required();
-  make_cmd->add_option("--mask-dtype", make.dtype, "bool, bf16 (additive, stored as <u2) or fp32 (additive)")->capture_default_str();
-  make_cmd->add_option("--alignment", make.alignment, "top_left (the default) or bottom_right; the causal kinds only");
-  make_cmd->add_option_function<std::string>("--window", [&make](const std::string& v) { make.window = v; }, "sliding window W");
-  make_cmd->add_option_function<std::string>("--chunk", [&make](const std::string& v) { make.chunk = v; }, "chunk C");
-  make_cmd->add_option_function<std::string>("--prefix", [&make](const std::string& v) { make.prefix = v; }, "prefix P");
-  make_cmd->add_option("--blocks", make.blocks, "JSON [[start, end], ...]");
-  make_cmd->add_option("--segments", make.segments, "JSON per batch [[0, e1, ..., Q], ...]");
-  make_cmd->add_option("--kv-valid", make.kv_valid, "JSON per batch [[start, end], ...]");
-  make_cmd->add_option("--q-valid", make.q_valid, "JSON per batch [[start, end], ...]: the query rows that attend");
+int run_inspect(const CLI::App& cmd, InspectCommand& o) {
+  o.call.heads_follow_mask = true;
+  if (Status s = validate_call_options(o.call); !s.ok()) return fail(s);
+  if (Status s = validate_inspect_options(o.mask_dtype, o.device, o.threshold); !s.ok()) return fail(s);
+  InspectTiles tiles;
+  if (!o.tiles.empty() || cmd.count("--tiles") > 0) {
+    auto size = parse_tiles(o.tiles);
+    if (!size) return fail(size.status());
+    tiles.requested = *size;
+  }
+  return inspect_file(o.path, o.mask_dtype, o.png, o.device, o.threshold, o.json, o.call, tiles);
+}
 
-  std::string samples_dir;
-  auto* samples_cmd = app.add_subcommand("samples", "write a sample mask of every structure into DIR and inspect each");
-  samples_cmd->add_option("dir", samples_dir, "output folder")->required();
-  add_call_options(*samples_cmd, call_options);
+struct PolicyCommand {
+  std::string structure, shape, mask_dtype;
+  bool json = false;
+  CallOptions call;
+};
 
-  // CLI11 answers a missing or unknown command with "A subcommand is required".
+CLI::App* setup_policy(CLI::App& app, PolicyCommand& o) {
+  CLI::App* cmd = app.add_subcommand("policy", "the policy for a known structure, without a mask");
+  cmd->add_option("--structure", o.structure,
+                  "structure JSON, or @FILE (a structure or a whole inspect output; @- reads stdin)")->required();
+  cmd->add_option("--shape", o.shape, "B,H,Q,K")->required();
+  cmd->add_flag("--json", o.json, "the JSON contract (docs/json.md)");
+  cmd->add_option("--mask-dtype", o.mask_dtype,
+                  "element type of the dense mask a kept mask would pass: bool, uint8, int8, fp16, bf16, fp32");
+  add_call_options(*cmd, o.call);
+  return cmd;
+}
+
+// policy's --mask-dtype: none, or one of the mask element types.
+Result<std::optional<ElementType>> dense_mask_dtype(const std::string& text) {
+  if (text.empty()) return std::optional<ElementType>{};
+  const std::pair<const char*, ElementType> names[] = {
+      {"bool", ElementType::boolean}, {"uint8", ElementType::uint8},   {"int8", ElementType::int8},
+      {"fp16", ElementType::float16}, {"bf16", ElementType::bfloat16}, {"fp32", ElementType::float32}};
+  for (const auto& [name, type] : names)
+    if (text == name) return std::optional<ElementType>(type);
+  return error(ErrorCode::invalid_argument, "--mask-dtype must be bool, uint8, int8, fp16, bf16 or fp32, got " + text);
+}
+
+int run_policy(PolicyCommand& o) {
+  o.call.heads_follow_mask = true;
+  if (Status s = validate_call_options(o.call); !s.ok()) return fail(s);
+  auto shape = parse_shape(o.shape);
+  if (!shape) return fail(shape.status());
+  auto dense_dtype = dense_mask_dtype(o.mask_dtype);
+  if (!dense_dtype) return fail(dense_dtype.status());
+  // An inline structure is part of the command line (exit 2 naming --structure); one
+  // read from @FILE is an input file (exit 1 naming the file).
+  const bool from_file = o.structure.starts_with("@");
+  const std::string source = from_file ? o.structure.substr(1) : "--structure";
+  const auto bad_structure = [&](const Status& s) {
+    if (from_file) return fail_input(error(s.code(), source + ": " + s.message()));
+    return fail(error(ErrorCode::invalid_argument, source + ": " + s.message()));
+  };
+  std::string text = o.structure;
+  if (from_file) {
+    auto read = read_structure_file(source);
+    if (!read) return fail(read.status());
+    text = std::move(*read);
+  }
+  auto j = parse_structure_json(text);
+  if (!j) return bad_structure(j.status());
+  auto s = structure_from_json(*j, (*shape)[0], (*shape)[1], (*shape)[2], (*shape)[3]);
+  if (!s) return bad_structure(s.status());
+  // --shape is the mask's: a mask kept in the call is [B, H, Q, K], so its heads are the call's.
+  if (Status st = match_mask_heads(o.call, (*shape)[1], "--shape " + o.shape); !st.ok()) return fail(st);
+  auto call = make_call(o.call, *dense_dtype);
+  if (!call) return fail(call.status());
+  call->call.batch = s->batch;
+  auto p = decide(*s, call->call, call->env);
+  if (!p) return fail(p.status());
+  if (o.json) {
+    std::cout << to_json(*s, &*p).dump(2) << "\n";
+  } else {
+    std::printf("structure %s\n", describe(*s).c_str());
+    print_policy(*p, *s, *dense_dtype);
+  }
+  return 0;
+}
+
+CLI::App* setup_make(CLI::App& app, MakeOptions& make) {
+  CLI::App* cmd = app.add_subcommand("make", "write a sample mask of a structure as .npy");
+  cmd->add_option("kind", make.kind, "full, causal, sliding_window, chunked, prefix_lm, causal_blocks")->required();
+  cmd->add_option("--shape", make.shape, "B,H,Q,K")->capture_default_str();
+  cmd->add_option("-o,--output", make.output, "output .npy")->required();
+  cmd->add_option("--mask-dtype", make.dtype, "bool, bf16 (additive, stored as <u2) or fp32 (additive)")->capture_default_str();
+  cmd->add_option("--alignment", make.alignment, "top_left (the default) or bottom_right; the causal kinds only");
+  cmd->add_option_function<std::string>("--window", [&make](const std::string& v) { make.window = v; }, "sliding window W");
+  cmd->add_option_function<std::string>("--chunk", [&make](const std::string& v) { make.chunk = v; }, "chunk C");
+  cmd->add_option_function<std::string>("--prefix", [&make](const std::string& v) { make.prefix = v; }, "prefix P");
+  cmd->add_option("--blocks", make.blocks, "JSON [[start, end], ...]");
+  cmd->add_option("--segments", make.segments, "JSON per batch [[0, e1, ..., Q], ...]");
+  cmd->add_option("--kv-valid", make.kv_valid, "JSON per batch [[start, end], ...]");
+  cmd->add_option("--q-valid", make.q_valid, "JSON per batch [[start, end], ...]: the query rows that attend");
+  return cmd;
+}
+
+int run_make(const MakeOptions& make) {
+  if (auto encoding = make_encoding(make.dtype); !encoding) return fail(encoding.status());
+  auto s = structure_from(make);
+  if (!s) return fail(s.status());
+  if (Status st = write_mask(make.output, *s, make.dtype); !st.ok()) return fail(st);
+  std::printf("wrote %s: %s\n", make.output.c_str(), describe(*s).c_str());
+  return 0;
+}
+
+struct SamplesCommand {
+  std::string dir;
+  CallOptions call;
+};
+
+CLI::App* setup_samples(CLI::App& app, SamplesCommand& o) {
+  CLI::App* cmd = app.add_subcommand("samples", "write a sample mask of every structure into DIR and inspect each");
+  cmd->add_option("dir", o.dir, "output folder")->required();
+  add_call_options(*cmd, o.call);
+  return cmd;
+}
+
+// The masks `samples` writes: a file name and the make options of each.
+std::vector<std::pair<const char*, MakeOptions>> sample_masks() {
+  const auto opts = [](std::string kind, std::string shape, std::string dtype = "bool") {
+    MakeOptions m;
+    m.kind = std::move(kind);
+    m.shape = std::move(shape);
+    m.dtype = std::move(dtype);
+    return m;
+  };
+  std::vector<std::pair<const char*, MakeOptions>> samples = {{"causal.npy", opts("causal", "1,1,512,512")}};
+  samples.emplace_back("sliding_window.npy", opts("sliding_window", "1,1,512,512", "bf16"));
+  samples.back().second.window = "128";
+  samples.emplace_back("chunked.npy", opts("chunked", "1,1,512,512"));
+  samples.back().second.chunk = "128";
+  samples.emplace_back("prefix_lm.npy", opts("prefix_lm", "1,1,256,256"));
+  samples.back().second.prefix = "64";
+  samples.emplace_back("vlm_blocks.npy", opts("causal_blocks", "1,1,512,512"));
+  samples.back().second.blocks = "[[10, 74], [200, 264]]";
+  samples.emplace_back("packed.npy", opts("causal", "1,1,512,512"));
+  samples.back().second.segments = "[[0, 100, 260, 512]]";
+  samples.emplace_back("right_padded.npy", opts("causal", "2,1,256,256"));
+  samples.back().second.kv_valid = "[[0, 256], [0, 180]]";
+  samples.emplace_back("left_padded.npy", opts("causal", "2,1,256,256", "fp32"));
+  samples.back().second.kv_valid = "[[0, 256], [40, 256]]";
+  samples.emplace_back("prefill_with_cache.npy", opts("causal", "1,1,64,1024"));
+  samples.back().second.alignment = "bottom_right";
+  samples.emplace_back("decode_left_padded.npy", opts("full", "3,1,1,300", "bf16"));
+  samples.back().second.kv_valid = "[[0, 300], [20, 300], [75, 300]]";
+  return samples;
+}
+
+int run_samples(const SamplesCommand& o) {
+  if (Status s = validate_call_options(o.call); !s.ok()) return fail(s);
+  std::error_code ec;
+  std::filesystem::create_directories(o.dir, ec);
+  if (ec) return fail(error(ErrorCode::io_error, "cannot create " + o.dir + ": " + ec.message()));
+  int failures = 0;
+  for (const auto& [name, m] : sample_masks()) {
+    const std::string file = (std::filesystem::path(o.dir) / name).string();
+    auto s = structure_from(m);
+    Status st = s ? write_mask(file, *s, m.dtype) : s.status();
+    if (!st.ok()) return fail(st);
+    std::printf("\n");
+    failures += inspect_file(file, m.dtype == "bf16" ? "bf16" : "", "", "cpu", "-1000", false, o.call) != 0;
+  }
+  return failures ? 1 : 0;
+}
+
+// A command line that names no command, or an unknown one, or an option before the
+// command: CLI11 would answer each with "A subcommand is required".
+std::optional<int> refuse_without_command(const CLI::App& app, int argc, char** argv) {
   if (argc < 2) return bad_argument(std::string("a command is required; commands: ") + kCommands);
   const auto commands = app.get_subcommands([](const CLI::App*) { return true; });
   const auto is_command = [&](const std::string& name) {
@@ -737,129 +855,33 @@ int run_command(int argc, char** argv) {
     return bad_argument("unknown command '" + first + "'; commands: " + kCommands);
   else if (first.starts_with("-") && first != "-h" && first != "--help" && first != "--version")
     return bad_argument("unknown option '" + first + "' before the command; commands: " + kCommands);
+  return std::nullopt;
+}
+
+int run_command(int argc, char** argv) {
+  CLI::App app{"masklens: prove what an attention mask is and name the backend that computes it"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "masklens " MASKLENS_VERSION_STRING);
+  InspectCommand inspect;
+  PolicyCommand policy;
+  MakeOptions make;
+  SamplesCommand samples;
+  CLI::App* inspect_cmd = setup_inspect(app, inspect);
+  CLI::App* policy_cmd = setup_policy(app, policy);
+  CLI::App* make_cmd = setup_make(app, make);
+  CLI::App* samples_cmd = setup_samples(app, samples);
+
+  if (const std::optional<int> refused = refuse_without_command(app, argc, argv)) return *refused;
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) return app.exit(e);  // --help, --version
     return usage_error(app, e, argc, argv);
   }
-
-  if (*inspect_cmd || *policy_cmd) call_options.heads_follow_mask = true;
-  if (*inspect_cmd) {
-    if (Status s = validate_call_options(call_options); !s.ok()) return fail(s);
-    if (Status s = validate_inspect_options(mask_dtype, device, threshold); !s.ok()) return fail(s);
-    InspectTiles tiles;
-    if (!tiles_text.empty() || inspect_cmd->count("--tiles") > 0) {
-      auto size = parse_tiles(tiles_text);
-      if (!size) return fail(size.status());
-      tiles.requested = *size;
-    }
-    return inspect_file(path, mask_dtype, png, device, threshold, json, call_options, tiles);
-  }
-
-  if (*policy_cmd) {
-    if (Status s = validate_call_options(call_options); !s.ok()) return fail(s);
-    auto shape = parse_shape(shape_text);
-    if (!shape) return fail(shape.status());
-    std::optional<ElementType> dense_dtype;
-    if (!policy_mask_dtype.empty()) {
-      const std::pair<const char*, ElementType> names[] = {
-          {"bool", ElementType::boolean}, {"uint8", ElementType::uint8},     {"int8", ElementType::int8},
-          {"fp16", ElementType::float16}, {"bf16", ElementType::bfloat16},   {"fp32", ElementType::float32}};
-      for (const auto& [name, type] : names)
-        if (policy_mask_dtype == name) dense_dtype = type;
-      if (!dense_dtype)
-        return fail(error(ErrorCode::invalid_argument,
-                          "--mask-dtype must be bool, uint8, int8, fp16, bf16 or fp32, got " + policy_mask_dtype));
-    }
-    // An inline structure is part of the command line (exit 2 naming --structure); one
-    // read from @FILE is an input file (exit 1 naming the file).
-    const bool from_file = structure_text.starts_with("@");
-    const std::string source = from_file ? structure_text.substr(1) : "--structure";
-    const auto bad_structure = [&](const Status& s) {
-      if (from_file) return fail_input(error(s.code(), source + ": " + s.message()));
-      return fail(error(ErrorCode::invalid_argument, source + ": " + s.message()));
-    };
-    std::string text = structure_text;
-    if (from_file) {
-      auto read = read_structure_file(source);
-      if (!read) return fail(read.status());
-      text = std::move(*read);
-    }
-    auto j = parse_structure_json(text);
-    if (!j) return bad_structure(j.status());
-    auto s = structure_from_json(*j, (*shape)[0], (*shape)[1], (*shape)[2], (*shape)[3]);
-    if (!s) return bad_structure(s.status());
-    // --shape is the mask's: a mask kept in the call is [B, H, Q, K], so its heads are the call's.
-    if (Status st = match_mask_heads(call_options, (*shape)[1], "--shape " + shape_text); !st.ok()) return fail(st);
-    auto call = make_call(call_options, dense_dtype);
-    if (!call) return fail(call.status());
-    call->call.batch = s->batch;
-    auto p = decide(*s, call->call, call->env);
-    if (!p) return fail(p.status());
-    if (json) std::cout << to_json(*s, &*p).dump(2) << "\n";
-    else {
-      std::printf("structure %s\n", describe(*s).c_str());
-      print_policy(*p, *s, dense_dtype);
-    }
-    return 0;
-  }
-
-  if (*make_cmd) {
-    if (auto encoding = make_encoding(make.dtype); !encoding) return fail(encoding.status());
-    auto s = structure_from(make);
-    if (!s) return fail(s.status());
-    if (Status st = write_mask(make.output, *s, make.dtype); !st.ok()) return fail(st);
-    std::printf("wrote %s: %s\n", make.output.c_str(), describe(*s).c_str());
-    return 0;
-  }
-
-  if (*samples_cmd) {
-    if (Status s = validate_call_options(call_options); !s.ok()) return fail(s);
-    std::error_code ec;
-    std::filesystem::create_directories(samples_dir, ec);
-    if (ec) return fail(error(ErrorCode::io_error, "cannot create " + samples_dir + ": " + ec.message()));
-    struct Sample {
-      const char* file;
-      MakeOptions m;
-    };
-    const auto opts = [](std::string kind, std::string shape, std::string dtype = "bool") {
-      MakeOptions m;
-      m.kind = std::move(kind);
-      m.shape = std::move(shape);
-      m.dtype = std::move(dtype);
-      return m;
-    };
-    std::vector<Sample> samples = {{"causal.npy", opts("causal", "1,1,512,512")}};
-    samples.push_back({"sliding_window.npy", opts("sliding_window", "1,1,512,512", "bf16")});
-    samples.back().m.window = "128";
-    samples.push_back({"chunked.npy", opts("chunked", "1,1,512,512")});
-    samples.back().m.chunk = "128";
-    samples.push_back({"prefix_lm.npy", opts("prefix_lm", "1,1,256,256")});
-    samples.back().m.prefix = "64";
-    samples.push_back({"vlm_blocks.npy", opts("causal_blocks", "1,1,512,512")});
-    samples.back().m.blocks = "[[10, 74], [200, 264]]";
-    samples.push_back({"packed.npy", opts("causal", "1,1,512,512")});
-    samples.back().m.segments = "[[0, 100, 260, 512]]";
-    samples.push_back({"right_padded.npy", opts("causal", "2,1,256,256")});
-    samples.back().m.kv_valid = "[[0, 256], [0, 180]]";
-    samples.push_back({"left_padded.npy", opts("causal", "2,1,256,256", "fp32")});
-    samples.back().m.kv_valid = "[[0, 256], [40, 256]]";
-    samples.push_back({"prefill_with_cache.npy", opts("causal", "1,1,64,1024")});
-    samples.back().m.alignment = "bottom_right";
-    samples.push_back({"decode_left_padded.npy", opts("full", "3,1,1,300", "bf16")});
-    samples.back().m.kv_valid = "[[0, 300], [20, 300], [75, 300]]";
-    int failures = 0;
-    for (const Sample& sample : samples) {
-      const std::string file = (std::filesystem::path(samples_dir) / sample.file).string();
-      auto s = structure_from(sample.m);
-      Status st = s ? write_mask(file, *s, sample.m.dtype) : s.status();
-      if (!st.ok()) return fail(st);
-      std::printf("\n");
-      failures += inspect_file(file, sample.m.dtype == "bf16" ? "bf16" : "", "", "cpu", "-1000", false, call_options) != 0;
-    }
-    return failures ? 1 : 0;
-  }
+  if (*inspect_cmd) return run_inspect(*inspect_cmd, inspect);
+  if (*policy_cmd) return run_policy(policy);
+  if (*make_cmd) return run_make(make);
+  if (*samples_cmd) return run_samples(samples);
   return 0;
 }
 

@@ -27,8 +27,8 @@ std::string cell(Backend b, const MaskStructure& s) {
   const BackendInfo& i = info(b);
   if (i.native(s, everything, nullptr)) return "native";
   const bool dense = i.dense && i.dense(s, everything, nullptr);
-  const bool plan_kernel = std::find(std::begin(detail::kPlanKernels), std::end(detail::kPlanKernels), b) !=
-                           std::end(detail::kPlanKernels);
+  const bool plan_kernel = std::find(kPlanKernels.begin(), kPlanKernels.end(), b) !=
+                           kPlanKernels.end();
   if (plan_kernel && b != Backend::sdpa_causal_lower_right && decompose_rows(s, 64)) return dense ? "plan / dense" : "plan";
   return dense ? "dense" : "no";
 }
@@ -173,6 +173,25 @@ std::string render() {
     out << "| `" << d.id << "` | `" << to_string(d.backend) << "` | "
         << (d.effect == Effect::silently_wrong ? "silently wrong" : "fails") << " | " << d.condition << " | "
         << d.source << " |\n";
+  out << "\n## Adding a backend\n"
+         "A backend is one header and one row; a new family is one more row.\n\n"
+         "1. Its header, `include/masklens/backends/NAME.hpp`: the capability `Rule`s, the `native` form (and `dense`\n"
+         "   where it takes the dense mask), which build the typed `Call` under the backend's id, and the renderers:\n"
+         "   `args` (its arguments under the library's own names) and `python` (the call as the CLI prints it).\n"
+         "2. Its row in `kRegistry` (`include/masklens/backends/registry.hpp`): id (the row's index), name (the JSON\n"
+         "   contract's), family, rules, forms, cost `rates` (ms per unit of work, measured or an estimate), `work`\n"
+         "   (what the rates multiply: `attended`, `every_pair` or `flex_tiles`), the renderers, and `plan_rank`\n"
+         "   where plans may use it. Code that names the backend (a defect, a test) gives its id a name in the\n"
+         "   `Backend` enum (`backend_call.hpp`).\n"
+         "3. A new family: a row in `kFamilies` (`include/masklens/call.hpp`): its name, its bit and, where its\n"
+         "   library has a version of its own, the `Environment` field that holds it, the CLI option and default.\n\n"
+         "`decide()`, the JSON contract, the CLI (`--available`, the version options, the printed Python), the\n"
+         "binding (`Environment`, `_core.families()`, `_core.backends()`) and this file read those tables. The\n"
+         "fake backend of `tests/fake_backend/` is added exactly so, without touching the real tables: `hook.hpp`\n"
+         "holds its family row and registry row (its id the one after the last row's), `fake_attn.hpp` is its\n"
+         "header, and the programs compiled with `-DMASKLENS_EXTRA_BACKENDS=\"fake_backend/hook.hpp\"` find it in\n"
+         "`decide()`, its rejections, the JSON and the CLI's `--available` (`tests/test_fake_backend.cpp`,\n"
+         "`tests/cli/test_fake_backend.py`).\n";
   return out.str();
 }
 

@@ -1,7 +1,8 @@
 // The vocabulary every backend header shares: capability rules — one small named
 // constraint with its source, run in order, every refusal collected (after PyTorch's
 // sdp_utils check_* functions, but reporting all reasons instead of stopping at the
-// first) — and the structure facts the native forms ask.
+// first) — the structure facts the native forms ask, and what the renderers build
+// (arguments.hpp, python_text.hpp).
 #pragma once
 
 #include <algorithm>
@@ -17,6 +18,8 @@
 #include "../backend_call.hpp"
 #include "../call.hpp"
 #include "../structure.hpp"
+#include "arguments.hpp"
+#include "python_text.hpp"
 
 namespace masklens {
 

@@ -53,4 +53,50 @@ inline bool dense(const MaskStructure&, const CallContext&, Call* out) {
   });
 }
 
+// graph.sdpa's keywords: padding through seq_len_q / seq_len_kv, the causal diagonal
+// and its band.
+inline CallArgs args(const Call& call, std::int64_t, std::int64_t, std::int64_t) {
+  CallArgs out;
+  const VarlenArgs* varlen = call.get<VarlenArgs>();
+  const KernelArgs* kernel = call.get<KernelArgs>();
+  if (varlen) {
+    out.args.push_back({"use_padding_mask", true});
+    std::vector<std::int64_t> q_lens, k_lens;
+    for (const Sequence& s : varlen->sequences) {
+      q_lens.push_back(s.q.end - s.q.start);
+      k_lens.push_back(s.k.end - s.k.start);
+    }
+    out.args.push_back({"seq_len_q", IndexTensor{std::move(q_lens)}});
+    out.args.push_back({"seq_len_kv", IndexTensor{std::move(k_lens)}});
+    if (varlen->causal) {
+      out.args.push_back({"diagonal_alignment", Identifier{"cudnn.diagonal_alignment.BOTTOM_RIGHT"}});
+      out.args.push_back({"diagonal_band_right_bound", std::int64_t{0}});
+    }
+  } else if (kernel && call.mask == MaskUse::drop && kernel->causal) {
+    out.args.push_back({"diagonal_alignment", Identifier{kernel->alignment == Alignment::bottom_right
+                                                             ? "cudnn.diagonal_alignment.BOTTOM_RIGHT"
+                                                             : "cudnn.diagonal_alignment.TOP_LEFT"}});
+    out.args.push_back({"diagonal_band_right_bound", std::int64_t{0}});
+    // cuDNN's left bound counts the diagonal: W keys.
+    if (kernel->window_left >= 0) out.args.push_back({"diagonal_band_left_bound", kernel->window_left + 1});
+  }
+  return out;
+}
+
+inline std::string python(const PythonCall& p) {
+  std::vector<NamedArg> rest;  // the index tensors are bound by name first
+  for (const NamedArg& x : p.args.args)
+    if (!std::holds_alternative<IndexTensor>(x.value)) rest.push_back(x);
+  const std::string seq = p.call.get<VarlenArgs>() ? ", seq_len_q=graph.tensor_like(seq_len_q.view(-1, 1, 1, 1)), "
+                                                     "seq_len_kv=graph.tensor_like(seq_len_kv.view(-1, 1, 1, 1))"
+                                                   : "";
+  return python_text::bind_tensors(p.args.args) +
+         "graph = cudnn.pygraph(io_data_type=cudnn.data_type.BFLOAT16, intermediate_data_type=cudnn.data_type.FLOAT, "
+         "compute_data_type=cudnn.data_type.FLOAT)\n"
+         "o, stats = graph.sdpa(graph.tensor_like(q), graph.tensor_like(k), graph.tensor_like(v), "
+         "generate_stats=False, attn_scale=q.shape[3] ** -0.5" +
+         (p.call.mask == MaskUse::keep ? ", bias=graph.tensor_like(" + p.mask + ")" : std::string()) +
+         python_text::keywords(rest) + seq + ")";
+}
+
 }  // namespace masklens::backends::cudnn_frontend

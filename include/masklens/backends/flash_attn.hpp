@@ -56,4 +56,42 @@ bool varlen_native(const MaskStructure& s, const CallContext&, Call* out) {
   return varlen_form(kBackend, s, out);
 }
 
+// flash_attn_func's keywords (flash-attn 2, and flash_attn_interface's for 3).
+inline CallArgs args(const Call& call, std::int64_t, std::int64_t, std::int64_t) {
+  CallArgs out;
+  const KernelArgs* kernel = call.get<KernelArgs>();
+  if (!kernel) return out;
+  out.args.push_back({"causal", kernel->causal});
+  if (kernel->window_left >= 0) out.args.push_back({"window_size", IntPair{kernel->window_left, 0}});
+  if (kernel->chunk > 0) out.args.push_back({"attention_chunk", kernel->chunk});
+  return out;
+}
+
+inline std::string python(const PythonCall& p) {
+  return "out = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)" +
+         python_text::keywords(p.args.args) + ").transpose(1, 2)";
+}
+
+// flash_attn_varlen_func's keywords.
+inline CallArgs varlen_args(const Call& call, std::int64_t, std::int64_t, std::int64_t) {
+  CallArgs out;
+  const VarlenArgs* varlen = call.get<VarlenArgs>();
+  if (!varlen) return out;
+  add_varlen_lengths(out, *varlen, "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k");
+  out.args.push_back({"causal", varlen->causal});
+  if (varlen->window_left >= 0) out.args.push_back({"window_size", IntPair{varlen->window_left, 0}});
+  return out;
+}
+
+inline std::string varlen_python(const PythonCall& p) {
+  const VarlenArgs& varlen = *p.call.get<VarlenArgs>();
+  std::vector<NamedArg> rest;  // the lengths are positional
+  for (const NamedArg& x : p.args.args)
+    if (x.name == "causal" || x.name == "window_size") rest.push_back(x);
+  return python_text::pack_code(varlen) + python_text::bind_tensors(p.args.args) +
+         "out_packed = flash_attn_varlen_func(q_packed, k_packed, v_packed, cu_seqlens_q, cu_seqlens_k, " +
+         std::to_string(varlen.max_seqlen_q()) + ", " + std::to_string(varlen.max_seqlen_k()) +
+         python_text::keywords(rest) + ")\n" + python_text::kUnpack;
+}
+
 }  // namespace masklens::backends::flash_attn

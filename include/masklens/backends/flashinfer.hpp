@@ -55,4 +55,27 @@ inline bool dense(const MaskStructure& s, const CallContext&, Call* out) {
   });
 }
 
+// The wrapper's plan() keywords: indptr, and causal / window_left unless a mask is kept.
+inline CallArgs args(const Call& call, std::int64_t, std::int64_t, std::int64_t) {
+  CallArgs out;
+  const VarlenArgs* varlen = call.get<VarlenArgs>();
+  if (!varlen) return out;
+  add_varlen_lengths(out, *varlen, "qo_indptr", "kv_indptr", "", "");
+  if (call.mask == MaskUse::keep) return out;
+  out.args.push_back({"causal", varlen->causal});
+  if (varlen->window_left >= 0) out.args.push_back({"window_left", varlen->window_left});
+  return out;
+}
+
+inline std::string python(const PythonCall& p) {
+  std::vector<NamedArg> rest;  // the index tensors are positional
+  for (const NamedArg& x : p.args.args)
+    if (!std::holds_alternative<IndexTensor>(x.value)) rest.push_back(x);
+  return python_text::pack_code(*p.call.get<VarlenArgs>()) + python_text::bind_tensors(p.args.args) +
+         "wrapper = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(torch.empty(128 << 20, dtype=torch.uint8, "
+         "device=q.device))\nwrapper.plan(qo_indptr, kv_indptr, q.shape[1], k.shape[1], q.shape[3]" +
+         p.attn_mask_keyword("custom_mask") + python_text::keywords(rest) +
+         ", q_data_type=q.dtype)\nout_packed = wrapper.run(q_packed, k_packed, v_packed)\n" + python_text::kUnpack;
+}
+
 }  // namespace masklens::backends::flashinfer

@@ -40,4 +40,100 @@ inline bool dense(const MaskStructure& s, const CallContext&, Call* out) {
   });
 }
 
+
+// create_block_mask's arguments: a kept mask may differ per head, so its block mask
+// then spans the mask's heads.
+inline CallArgs args(const Call& call, std::int64_t batch, std::int64_t q_len, std::int64_t k_len) {
+  CallArgs out;
+  const FlexArgs* flex = call.get<FlexArgs>();
+  if (!flex) return out;
+  out.mask_object = "create_block_mask";
+  out.mask_object_args = {{"B", batch}, {"H", Identifier{flex->mask_mod_reads_mask ? "mask.shape[1]" : "None"}},
+                          {"Q_LEN", q_len}, {"KV_LEN", k_len},
+                          {"BLOCK_SIZE", IntPair{flex->block_q, flex->block_k}}};
+  return out;
+}
+
+// `def mask_mod(...)` for flex_attention: the structure's rule from its fields, with
+// the tensors it reads bound first; a kept mask is read through `mask`. `s` must be
+// spelled out (one modifier entry per batch). create_block_mask evaluates whole tiles,
+// past Q and K when they are not multiples of the block: lookups use clamped indices.
+inline std::string python_mask_mod(const MaskStructure& s, const Call& c, std::optional<ElementType> mask_dtype) {
+  const std::string q_last = std::to_string(s.q_len - 1), k_last = std::to_string(s.k_len - 1);
+  if (c.get<FlexArgs>() && c.get<FlexArgs>()->mask_mod_reads_mask) {
+    const bool is_bool = !mask_dtype || !is_additive(*mask_dtype);
+    return "def mask_mod(b, h, q_idx, kv_idx):\n    m = mask[b if mask.shape[0] > 1 else 0, h if mask.shape[1] > 1 else 0, "
+           "q_idx.clamp(max=" + q_last + "), kv_idx.clamp(max=" + k_last + ")]\n    return " +
+           (is_bool ? "m" : "m == 0") + "\n";
+  }
+  std::string setup;
+  const std::int64_t d = s.alignment == Alignment::bottom_right ? s.k_len - s.q_len : 0;
+  const std::string p = d ? "(q_idx + " + std::to_string(d) + ")" : std::string("q_idx");
+  std::string rule;
+  switch (s.kind) {
+    case StructureKind::full: rule = "kv_idx >= 0"; break;
+    case StructureKind::causal: rule = "kv_idx <= " + p; break;
+    case StructureKind::sliding_window:
+      rule = "(kv_idx <= " + p + ") & (" + p + " - kv_idx < " + std::to_string(s.window) + ")";
+      break;
+    case StructureKind::chunked:
+      rule = "(kv_idx <= " + p + ") & (" + p + " >= 0) & (kv_idx // " + std::to_string(s.chunk) + " == " + p +
+             " // " + std::to_string(s.chunk) + ")";
+      break;
+    case StructureKind::prefix_lm: rule = "(kv_idx <= " + p + ") | (kv_idx < " + std::to_string(s.prefix) + ")"; break;
+    case StructureKind::causal_blocks: {
+      const std::int64_t n = std::max(s.k_len, s.q_len + d);
+      setup += "block_id = torch.full((" + std::to_string(n) + ",), -1, dtype=torch.int32, device=q.device)\n";
+      for (std::size_t i = 0; i < s.blocks.size(); ++i)
+        setup += "block_id[" + std::to_string(s.blocks[i].start) + ":" + std::to_string(s.blocks[i].end) +
+                 "] = " + std::to_string(i) + "\n";
+      // p < 0 (bottom-right, Q > K) lies in no block: guarded, not wrapped around.
+      rule = "(kv_idx <= " + p + ") | ((block_id[kv_idx.clamp(max=" + k_last + ")] >= 0) & (block_id[kv_idx.clamp(max=" +
+             k_last + ")] == block_id[" + p + ".clamp(min=0, max=" + std::to_string(n - 1) + ")]) & (" + p + " >= 0))";
+      break;
+    }
+    case StructureKind::arbitrary: rule = "kv_idx < 0"; break;
+  }
+  if (s.has_segments()) {
+    setup += "document_id = torch.zeros(" + std::to_string(s.batch) + ", " + std::to_string(s.q_len) +
+             ", dtype=torch.int32, device=q.device)\n";
+    for (std::int64_t b = 0; b < s.batch; ++b) {
+      const auto& seg = s.segments_of(b);
+      for (std::size_t i = 1; i + 1 < seg.size(); ++i)
+        setup += "document_id[" + std::to_string(b) + ", " + std::to_string(seg[i]) + ":] += 1\n";
+    }
+    rule = "(" + rule + ") & (document_id[b, q_idx.clamp(max=" + q_last + ")] == document_id[b, kv_idx.clamp(max=" +
+           k_last + ")])";
+  }
+  if (s.has_kv_valid()) {
+    std::vector<std::int64_t> starts, ends;
+    for (std::int64_t b = 0; b < s.batch; ++b) starts.push_back(s.kv_valid_of(b).start), ends.push_back(s.kv_valid_of(b).end);
+    setup += "kv_start = torch.tensor(" + python_text::python_list(starts) + ", device=q.device)\nkv_end = torch.tensor(" +
+             python_text::python_list(ends) + ", device=q.device)\n";
+    rule = "(" + rule + ") & (kv_idx >= kv_start[b]) & (kv_idx < kv_end[b])";
+  }
+  return setup + "def mask_mod(b, h, q_idx, kv_idx):\n    return " + rule + "\n";
+}
+
+// The mask_mod (for a single call, whose structure is known), the BlockMask and the call.
+inline std::string python(const PythonCall& p) {
+  std::string mask_mod;
+  if (p.structure) {
+    // The mask_mod indexes its tensors per batch: one modifier entry per batch.
+    const Result<MaskStructure> spelled = spell_out(*p.structure);
+    mask_mod = python_mask_mod(spelled ? *spelled : *p.structure, p.call, p.mask_dtype) + "\n";
+  }
+  // A mask_mod that reads the mask: create_block_mask evaluates it on index grids of the
+  // mask's size (out of memory past about 2^31 elements, pytorch#134756), where masklens
+  // builds the same BlockMask from one read of the mask.
+  const FlexArgs* flex = p.call.get<FlexArgs>();
+  const std::string one_read =
+      flex && flex->mask_mod_reads_mask
+          ? "# the same BlockMask from one read of the mask: block_mask = masklens.torch.block_mask(mask, (" +
+                std::to_string(flex->block_q) + ", " + std::to_string(flex->block_k) + "))\n"
+          : "";
+  return mask_mod + one_read + "block_mask = create_block_mask(mask_mod" + python_text::keywords(p.args.mask_object_args) +
+         ")\nout = flex_attention(q, k, v, block_mask=block_mask)";
+}
+
 }  // namespace masklens::backends::flex_attention

@@ -1,9 +1,15 @@
 // The backend registry: one row per backend — its name (the JSON contract's), family,
-// capability rules, native and dense-mask forms. decide(), the JSON writer, the CLI and
-// the support matrix read this table; a new backend is one row and one header.
+// capability rules, native and dense-mask forms, cost rates and work model, and its
+// renderers (arguments under the library's names, the Python the CLI prints). decide(),
+// the JSON writer, the CLI, the binding and the support matrix read this table and
+// nothing else about a backend: a new backend is one header and one row here
+// (docs/backends.md, "Adding a backend").
 #pragma once
 
 #include <array>
+#include <bit>
+#include <cstddef>
+#include <optional>
 #include <span>
 #include <string_view>
 
@@ -24,7 +30,7 @@ namespace masklens {
 using Form = bool (*)(const MaskStructure&, const CallContext&, Call* out);
 
 struct BackendInfo {
-  Backend id;
+  Backend id;  // the row's index in kRegistry
   std::string_view name;
   BackendFamily family;
   std::span<const Rule> rules;  // checked in order; kept_mask rules only when the mask is kept
@@ -33,49 +39,107 @@ struct BackendInfo {
   // Refusals other than "any call-scope rule refuses" (CausalBias: refused only when
   // both of its kernels are); null for the plain check.
   Refusals (*refusals)(const CallContext&) = nullptr;
+  CostRates rates{};                       // cost.hpp
+  WorkModel work = WorkModel::attended;    // what the rates multiply
+  ArgsRenderer args = nullptr;             // the call's arguments under the library's names
+  PythonRenderer python = nullptr;         // the call as Python (the CLI prints it)
+  // A torch kernel a plan's unmasked steps may use: its place in the order ties are
+  // broken in (1 first); 0: never a plan step.
+  int plan_rank = 0;
 };
 
-namespace backends {
+}  // namespace masklens
+
+// A test program's backend header (tests/fake_backend/hook.hpp names it).
+#ifdef MASKLENS_EXTRA_BACKEND_HEADER
+#include MASKLENS_EXTRA_BACKEND_HEADER
+#endif
+
+namespace masklens::backends {
 
 namespace ts = torch_sdpa;
 namespace fa = flash_attn;
 
 inline constexpr BackendInfo kRegistry[] = {
-    {Backend::sdpa_flash, "torch.sdpa.flash", kFamilyTorch, ts::kFlashRules, ts::native<SdpaKernel::flash>},
-    {Backend::sdpa_efficient, "torch.sdpa.efficient", kFamilyTorch, ts::kEfficientRules,
-     ts::native<SdpaKernel::efficient>, ts::dense<SdpaKernel::efficient>},
-    {Backend::sdpa_cudnn, "torch.sdpa.cudnn", kFamilyTorch, ts::kCudnnRules, ts::native<SdpaKernel::cudnn>,
-     ts::dense<SdpaKernel::cudnn>},
-    {Backend::sdpa_math, "torch.sdpa.math", kFamilyTorch, ts::kMathRules, ts::native<SdpaKernel::math>,
-     ts::dense<SdpaKernel::math>},
-    {Backend::sdpa_causal_lower_right, "torch.sdpa.causal_lower_right", kFamilyTorch, ts::kCausalLowerRightRules,
-     ts::causal_lower_right_native, nullptr, ts::causal_lower_right_refusals},
-    {Backend::torch_varlen, "torch.varlen_attn", kFamilyTorch, torch_varlen::kRules, torch_varlen::native},
-    {Backend::flex_attention, "torch.flex_attention", kFamilyFlex, flex_attention::kRules, flex_attention::native,
-     flex_attention::dense},
-    {Backend::flash_attn, "flash_attn", kFamilyFlashAttn, fa::kFa2Rules, fa::native<Backend::flash_attn>},
-    {Backend::flash_attn_varlen, "flash_attn.varlen", kFamilyFlashAttn, fa::kFa2Rules,
-     fa::varlen_native<Backend::flash_attn_varlen>},
-    {Backend::flash_attn3, "flash_attn3", kFamilyFlashAttn3, fa::kFa3Rules, fa::native<Backend::flash_attn3>},
-    {Backend::flash_attn3_varlen, "flash_attn3.varlen", kFamilyFlashAttn3, fa::kFa3Rules,
-     fa::varlen_native<Backend::flash_attn3_varlen>},
-    {Backend::xformers, "xformers", kFamilyXformers, xformers::kRules, xformers::native, xformers::dense},
-    {Backend::transformer_engine, "transformer_engine", kFamilyTransformerEngine, transformer_engine::kRules,
-     transformer_engine::native, transformer_engine::dense},
-    {Backend::flashinfer, "flashinfer", kFamilyFlashInfer, flashinfer::kRules, flashinfer::native, flashinfer::dense},
-    {Backend::cudnn_frontend, "cudnn_frontend", kFamilyCudnnFrontend, cudnn_frontend::kRules, cudnn_frontend::native,
-     cudnn_frontend::dense},
+    {.id = Backend::sdpa_flash, .name = "torch.sdpa.flash", .family = kFamilyTorch, .rules = ts::kFlashRules,
+     .native = ts::native<SdpaKernel::flash>, .rates = {6.8, 0, true}, .args = ts::args, .python = ts::python,
+     .plan_rank = 2},
+    {.id = Backend::sdpa_efficient, .name = "torch.sdpa.efficient", .family = kFamilyTorch,
+     .rules = ts::kEfficientRules, .native = ts::native<SdpaKernel::efficient>,
+     .dense = ts::dense<SdpaKernel::efficient>, .rates = {15.2, 15.4, true}, .args = ts::args, .python = ts::python,
+     .plan_rank = 4},
+    {.id = Backend::sdpa_cudnn, .name = "torch.sdpa.cudnn", .family = kFamilyTorch, .rules = ts::kCudnnRules,
+     .native = ts::native<SdpaKernel::cudnn>, .dense = ts::dense<SdpaKernel::cudnn>, .rates = {3.6, 6.4, true},
+     .args = ts::args, .python = ts::python, .plan_rank = 1},
+    // The math kernel computes every pair whatever the mask.
+    {.id = Backend::sdpa_math, .name = "torch.sdpa.math", .family = kFamilyTorch, .rules = ts::kMathRules,
+     .native = ts::native<SdpaKernel::math>, .dense = ts::dense<SdpaKernel::math>, .rates = {51.7, 51.6, true},
+     .work = WorkModel::every_pair, .args = ts::args, .python = ts::python, .plan_rank = 5},
+    // Flash inside (efficient where flash refuses).
+    {.id = Backend::sdpa_causal_lower_right, .name = "torch.sdpa.causal_lower_right", .family = kFamilyTorch,
+     .rules = ts::kCausalLowerRightRules, .native = ts::causal_lower_right_native,
+     .refusals = ts::causal_lower_right_refusals, .rates = {6.8, 0, true}, .args = ts::causal_lower_right_args,
+     .python = ts::causal_lower_right_python, .plan_rank = 3},
+    {.id = Backend::torch_varlen, .name = "torch.varlen_attn", .family = kFamilyTorch, .rules = torch_varlen::kRules,
+     .native = torch_varlen::native, .rates = {6.6, 0, true}, .args = torch_varlen::args,
+     .python = torch_varlen::python},
+    // Compiled flex computes whole tiles of its BlockMask: both rates are per pair of the
+    // tiles it computes (flex_pairs), native with the structure's mask_mod (the
+    // 69632-token 4096 window: 5.53 ms for 16368 full and 1056 partial tiles), dense with
+    // a mask_mod that reads the mask (the 16384 causal mask: 3.04 ms for 8128 full and 128
+    // partial tiles), partial tiles weighted as flex_pairs weighs them.
+    {.id = Backend::flex_attention, .name = "torch.flex_attention", .family = kFamilyFlex,
+     .rules = flex_attention::kRules, .native = flex_attention::native, .dense = flex_attention::dense,
+     .rates = {4.84, 5.6, true}, .work = WorkModel::flex_tiles, .args = flex_attention::args,
+     .python = flex_attention::python},
+    // flash-attn 2: as torch's flash kernel.
+    {.id = Backend::flash_attn, .name = "flash_attn", .family = kFamilyFlashAttn, .rules = fa::kFa2Rules,
+     .native = fa::native<Backend::flash_attn>, .rates = {6.8, 0, false}, .args = fa::args, .python = fa::python},
+    {.id = Backend::flash_attn_varlen, .name = "flash_attn.varlen", .family = kFamilyFlashAttn, .rules = fa::kFa2Rules,
+     .native = fa::varlen_native<Backend::flash_attn_varlen>, .rates = {6.8, 0, false}, .args = fa::varlen_args,
+     .python = fa::varlen_python},
+    {.id = Backend::flash_attn3, .name = "flash_attn3", .family = kFamilyFlashAttn3, .rules = fa::kFa3Rules,
+     .native = fa::native<Backend::flash_attn3>, .rates = {3.3, 0, false}, .args = fa::args, .python = fa::python},
+    {.id = Backend::flash_attn3_varlen, .name = "flash_attn3.varlen", .family = kFamilyFlashAttn3,
+     .rules = fa::kFa3Rules, .native = fa::varlen_native<Backend::flash_attn3_varlen>, .rates = {3.3, 0, false},
+     .args = fa::varlen_args, .python = fa::varlen_python},
+    {.id = Backend::xformers, .name = "xformers", .family = kFamilyXformers, .rules = xformers::kRules,
+     .native = xformers::native, .dense = xformers::dense, .rates = {6.8, 15.4, false}, .args = xformers::args,
+     .python = xformers::python},
+    // TransformerEngine and the cuDNN frontend: cuDNN's fused attention inside.
+    {.id = Backend::transformer_engine, .name = "transformer_engine", .family = kFamilyTransformerEngine,
+     .rules = transformer_engine::kRules, .native = transformer_engine::native, .dense = transformer_engine::dense,
+     .rates = {3.6, 6.4, false}, .args = transformer_engine::args, .python = transformer_engine::python},
+    {.id = Backend::flashinfer, .name = "flashinfer", .family = kFamilyFlashInfer, .rules = flashinfer::kRules,
+     .native = flashinfer::native, .dense = flashinfer::dense, .rates = {6.8, 6.8, false}, .args = flashinfer::args,
+     .python = flashinfer::python},
+    {.id = Backend::cudnn_frontend, .name = "cudnn_frontend", .family = kFamilyCudnnFrontend,
+     .rules = cudnn_frontend::kRules, .native = cudnn_frontend::native, .dense = cudnn_frontend::dense,
+     .rates = {3.6, 6.4, false}, .args = cudnn_frontend::args, .python = cudnn_frontend::python},
+#ifdef MASKLENS_EXTRA_BACKEND_ROWS
+    MASKLENS_EXTRA_BACKEND_ROWS  // a test's backends (tests/fake_backend/hook.hpp)
+#endif
 };
 
-// The table is indexed by Backend and every rule table fits the Refusals bit set.
+// The table is indexed by Backend, leaves Backend::zeros (a plan step, no backend)
+// free, every row is complete, its family is one kFamilies lists and its rule table
+// fits the Refusals bit set.
 inline constexpr bool registry_well_formed() {
-  for (std::size_t i = 0; i < std::size(kRegistry); ++i)
-    if (static_cast<std::size_t>(kRegistry[i].id) != i || kRegistry[i].rules.size() > kMaxRules) return false;
-  return std::size(kRegistry) == static_cast<std::size_t>(Backend::zeros);
+  for (std::size_t i = 0; i < std::size(kRegistry); ++i) {
+    const BackendInfo& b = kRegistry[i];
+    if (static_cast<std::size_t>(b.id) != i || b.id == Backend::zeros || b.rules.size() > kMaxRules) return false;
+    if (b.name.empty() || !b.native || !b.args || !b.python) return false;
+    if (std::popcount(static_cast<std::uint32_t>(b.family)) != 1 || (b.family & ~kEveryFamily) != 0) return false;
+  }
+  return true;
 }
-static_assert(registry_well_formed(), "kRegistry lists every Backend but zeros, in enum order");
+static_assert(registry_well_formed(),
+              "kRegistry: row i has id i (not zeros), a name, a native form, renderers, one known family and at "
+              "most kMaxRules rules");
 
-}  // namespace backends
+}  // namespace masklens::backends
+
+namespace masklens {
 
 // Every backend decide() judges, in registry order.
 inline constexpr auto kAllBackends = [] {
@@ -86,8 +150,18 @@ inline constexpr auto kAllBackends = [] {
 
 inline constexpr const BackendInfo& info(Backend b) noexcept { return backends::kRegistry[static_cast<std::size_t>(b)]; }
 
+// Whether `b` names a registry row (Backend::zeros and values past the table do not).
+constexpr bool in_registry(Backend b) noexcept { return static_cast<std::size_t>(b) < std::size(backends::kRegistry); }
+
 constexpr std::string_view to_string(Backend b) noexcept { return b == Backend::zeros ? "zeros" : info(b).name; }
 constexpr BackendFamily family(Backend b) noexcept { return b == Backend::zeros ? kFamilyTorch : info(b).family; }
+
+// The family `b` belongs to, as kFamilies lists it (zeros: torch's).
+constexpr const FamilyInfo& family_info(Backend b) noexcept {
+  for (const FamilyInfo& f : kFamilies)
+    if (f.bit == family(b)) return f;
+  return kFamilies[0];  // unreachable: registry_well_formed() checks every row's family
+}
 
 // The backend named `name` (the JSON contract's spelling), if any.
 constexpr std::optional<Backend> backend_named(std::string_view name) noexcept {
@@ -97,10 +171,34 @@ constexpr std::optional<Backend> backend_named(std::string_view name) noexcept {
   return std::nullopt;
 }
 
+// The rates of `b` on architecture `sm` (cost.hpp says where they come from; every
+// architecture has the sm90 ones until measured there). A zeros step costs only its call.
+constexpr CostRates cost_rates(Backend b, int /*sm*/) noexcept {
+  return b == Backend::zeros ? CostRates{0, 0, true} : info(b).rates;
+}
+
 // The call-scope rules of `b` that refuse this call.
 inline Refusals refusals(Backend b, const CallContext& c) noexcept {
   const BackendInfo& i = info(b);
   return i.refusals ? i.refusals(c) : check_rules(i.rules, c);
 }
+
+// The torch kernels a plan step may use, in the order ties are broken (plan_rank).
+inline constexpr auto kPlanKernels = [] {
+  constexpr std::size_t n = [] {
+    std::size_t count = 0;
+    for (const BackendInfo& b : backends::kRegistry) count += b.plan_rank > 0;
+    return count;
+  }();
+  std::array<Backend, n> kernels{};
+  for (const BackendInfo& b : backends::kRegistry)
+    if (b.plan_rank > 0) kernels[static_cast<std::size_t>(b.plan_rank - 1)] = b.id;
+  return kernels;
+}();
+static_assert([] {
+  for (std::size_t i = 0; i < kPlanKernels.size(); ++i)
+    if (info(kPlanKernels[i]).plan_rank != static_cast<int>(i) + 1) return false;
+  return true;
+}(), "plan_rank: the plan kernels are ranked 1, 2, ... without a gap or a repeat");
 
 }  // namespace masklens

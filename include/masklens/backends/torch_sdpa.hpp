@@ -180,4 +180,36 @@ inline bool causal_lower_right_native(const MaskStructure& s, const CallContext&
   });
 }
 
+// F.scaled_dot_product_attention's keywords (the kernel is forced around the call).
+inline CallArgs args(const Call& call, std::int64_t, std::int64_t, std::int64_t) {
+  CallArgs out;
+  const SdpaArgs* sdpa = call.get<SdpaArgs>();
+  if (!sdpa) return out;
+  out.args.push_back({"is_causal", sdpa->is_causal});
+  if (sdpa->enable_gqa) out.args.push_back({"enable_gqa", true});
+  return out;
+}
+
+inline std::string python(const PythonCall& p) {
+  return "with sdpa_kernel([SDPBackend." + std::string(to_string(p.call.get<SdpaArgs>()->kernel)) +
+         "]):\n    out = F.scaled_dot_product_attention(q, k, v" + p.attn_mask_keyword() +
+         python_text::keywords(p.args.args) + ")";
+}
+
+// attn_mask = causal_lower_right(seq_len_q, seq_len_kv), a CausalBias.
+inline CallArgs causal_lower_right_args(const Call& call, std::int64_t, std::int64_t q_len, std::int64_t k_len) {
+  CallArgs out;
+  const SdpaArgs* sdpa = call.get<SdpaArgs>();
+  if (!sdpa) return out;
+  out.mask_object = "causal_lower_right";
+  out.mask_object_args = {{"seq_len_q", q_len}, {"seq_len_kv", k_len}};
+  if (sdpa->enable_gqa) out.args.push_back({"enable_gqa", true});
+  return out;
+}
+
+inline std::string causal_lower_right_python(const PythonCall& p) {
+  return "out = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(" + std::to_string(p.q_len) +
+         ", " + std::to_string(p.k_len) + ")" + python_text::keywords(p.args.args) + ")";
+}
+
 }  // namespace masklens::backends::torch_sdpa

@@ -30,4 +30,22 @@ inline bool native(const MaskStructure& s, const CallContext&, Call* out) {
   return varlen_form(Backend::torch_varlen, s, out);
 }
 
+// varlen_attn(q, k, v, cu_seq_q, cu_seq_k, max_q, max_k, window_size=...).
+inline CallArgs args(const Call& call, std::int64_t, std::int64_t, std::int64_t) {
+  CallArgs out;
+  const VarlenArgs* varlen = call.get<VarlenArgs>();
+  if (!varlen) return out;
+  add_varlen_lengths(out, *varlen, "cu_seq_q", "cu_seq_k", "max_q", "max_k");
+  out.args.push_back({"window_size", IntPair{varlen->window_left, varlen->window_right}});
+  return out;
+}
+
+inline std::string python(const PythonCall& p) {
+  const VarlenArgs& varlen = *p.call.get<VarlenArgs>();
+  return python_text::pack_code(varlen) + python_text::bind_tensors(p.args.args) +
+         "out_packed = varlen_attn(q_packed, k_packed, v_packed, cu_seq_q, cu_seq_k, " +
+         std::to_string(varlen.max_seqlen_q()) + ", " + std::to_string(varlen.max_seqlen_k()) +
+         python_text::keywords({p.args.args.back()}) + ")\n" + python_text::kUnpack;
+}
+
 }  // namespace masklens::backends::torch_varlen

@@ -37,4 +37,41 @@ inline bool dense(const MaskStructure&, const CallContext&, Call* out) {
   });
 }
 
+// The attn_bias class a replaced mask becomes, with its arguments.
+inline CallArgs args(const Call& call, std::int64_t, std::int64_t, std::int64_t) {
+  CallArgs out;
+  const VarlenArgs* varlen = call.get<VarlenArgs>();
+  const KernelArgs* kernel = call.get<KernelArgs>();
+  if ((!varlen && !kernel) || call.mask != MaskUse::replace) return out;
+  if (varlen) {
+    out.mask_object = varlen->causal ? "BlockDiagonalCausalMask.from_seqlens" : "BlockDiagonalMask.from_seqlens";
+    std::vector<std::int64_t> lens;
+    lens.reserve(varlen->sequences.size());
+    for (const Sequence& s : varlen->sequences) lens.push_back(s.q.end - s.q.start);
+    out.mask_object_args = {{"q_seqlen", IndexTensor{std::move(lens)}}};
+  } else if (kernel->window_left >= 0) {
+    out.mask_object = "LocalAttentionFromBottomRightMask";
+    out.mask_object_args = {{"window_left", kernel->window_left}, {"window_right", std::int64_t{0}}};
+  } else {
+    out.mask_object =
+        kernel->alignment == Alignment::bottom_right ? "LowerTriangularFromBottomRightMask" : "LowerTriangularMask";
+  }
+  return out;
+}
+
+inline std::string python(const PythonCall& p) {
+  const CallArgs& a = p.args;
+  if (const VarlenArgs* varlen = p.call.get<VarlenArgs>())
+    return python_text::pack_code(*varlen) + python_text::bind_tensors(a.mask_object_args) +
+           "out_packed = xformers.ops.memory_efficient_attention(q_packed.unsqueeze(0), k_packed.unsqueeze(0), "
+           "v_packed.unsqueeze(0), attn_bias=" +
+           std::string(a.mask_object) + "(q_seqlen=q_seqlen.tolist()))[0]\n" + python_text::kUnpack;
+  std::string bias = p.call.mask == MaskUse::keep ? p.mask : a.mask_object.empty() ? "None" : std::string(a.mask_object);
+  if (!a.mask_object.empty())
+    bias += "(" + python_text::keywords(a.mask_object_args).substr(a.mask_object_args.empty() ? 0 : 2) + ")";
+  return "out = xformers.ops.memory_efficient_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), "
+         "attn_bias=" +
+         bias + ").transpose(1, 2)";
+}
+
 }  // namespace masklens::backends::xformers
