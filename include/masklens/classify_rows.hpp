@@ -298,12 +298,12 @@ std::optional<MaskStructure> fit_structure(const MaskStructure& base, const std:
 // ---------------------------------------------------------------------------------
 // Evidence
 
-// What the joint chunk evidence reads of one batch: its fresh-or-empty rows, the rest
-// (stale, in key positions), the fresh rows that attend, and how many logical batches
-// it is.
+// What the joint chunk evidence reads of one batch: its fresh-or-empty rows, how many
+// stretches of other rows (stale) lie between them, the fresh rows that attend, and how
+// many logical batches it is.
 struct FreshRows {
   DocSet fresh_or_empty;
-  std::vector<KeyRange> stale;
+  std::int64_t stale_stretches = 0;
   DocSet fresh_attending;
   std::int64_t copies = 1;
 };
@@ -316,19 +316,26 @@ bool multiples_fresh(Budget& work, std::int64_t q_len, const FreshRows& b, std::
   const std::int64_t hi = q_len + d;  // [from, hi)
   if (from >= hi) return true;
   const std::int64_t multiples = (hi - 1) / c - (from - 1) / c;
-  if (multiples <= static_cast<std::int64_t>(b.stale.size())) {
+  if (multiples <= b.stale_stretches) {
     for (std::int64_t m = from; m < hi; m += c) {
       if (!work.spend(1)) return false;
       if (!b.fresh_or_empty.contains(m - d)) return false;
     }
     return true;
   }
-  for (const KeyRange& g : b.stale) {
-    if (!work.spend(1)) return false;
-    const KeyRange in = intersect(g, {from, hi});
-    if (none(in)) continue;
-    if ((in.start + c - 1) / c * c < in.end) return false;
+  // The stale stretches, in key positions: the gaps between fresh-or-empty rows.
+  const auto stale_holds_multiple = [&](std::int64_t start, std::int64_t end) {
+    const KeyRange in = intersect({start + d, end + d}, {from, hi});
+    return !none(in) && (in.start + c - 1) / c * c < in.end;
+  };
+  std::int64_t at = 0;
+  for (const KeyRange& f : b.fresh_or_empty.spans) {
+    if (f.start > at) {
+      if (!work.spend(1) || stale_holds_multiple(at, f.start)) return false;
+    }
+    at = f.end;
   }
+  if (at < q_len && (!work.spend(1) || stale_holds_multiple(at, q_len))) return false;
   return true;
 }
 
@@ -341,6 +348,7 @@ void add_fresh_chunks(Budget& work, std::int64_t q_len, BaseEvidence& ev, const 
     attending.insert(attending.end(), b.fresh_attending.spans.begin(), b.fresh_attending.spans.end());
   DocSet positions = DocSet::from(std::move(attending));
   for (const FreshRows& b : fresh) {
+    if (positions.spans.empty()) return;  // no row is fresh in every batch: no joint chunk
     if (!work.spend(static_cast<std::int64_t>(positions.spans.size() + b.fresh_or_empty.spans.size()))) return;
     positions = positions.meet(b.fresh_or_empty);
   }
@@ -395,6 +403,7 @@ BaseEvidence gather_evidence(const std::vector<UniqueBatch<Rows>>& batches, std:
   auto&& work = batches.front().rows.budget();
   const std::int64_t Q = batches.front().rows.q_len();
   std::vector<FreshRows> fresh_by_batch;
+  fresh_by_batch.reserve(batches.size());
   std::vector<std::int64_t> all_starts;                     // every batch's starts (add_cross_batch_starts)
   std::vector<std::pair<std::int64_t, std::int64_t>> pieces;  // (start, end) of block pieces
   std::vector<std::int64_t> empty_edges;                     // where rows turn empty, per batch
@@ -479,12 +488,12 @@ BaseEvidence gather_evidence(const std::vector<UniqueBatch<Rows>>& batches, std:
       // every multiple from 2C on the rows are fresh or empty.
       FreshRows rows;
       rows.fresh_or_empty = DocSet::from(std::move(fresh));
-      std::int64_t at = 0;  // the rows that are not fresh, in p coordinates
+      std::int64_t at = 0;
       for (const KeyRange& f : rows.fresh_or_empty.spans) {
-        if (f.start > at) rows.stale.push_back({at + d, f.start + d});
+        rows.stale_stretches += f.start > at;
         at = f.end;
       }
-      if (at < Q) rows.stale.push_back({at + d, Q + d});
+      rows.stale_stretches += at < Q;
       rows.fresh_attending = DocSet::from(std::move(fresh_attending));
       rows.copies = ub.logical.empty() ? batch : static_cast<std::int64_t>(ub.logical.size());
       int found = 0;
