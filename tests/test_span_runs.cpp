@@ -8,12 +8,12 @@
 //     single-row mutations and random tables; and stays in O(runs) (no expansion, little
 //     work) for the structures issue 13 names at 69632 rows;
 //   * a candidate structure's rows produced as segments equal its rows one by one;
-//   * the device's tiled reduction (cuda/runs_tiles.hpp), replayed here with sequential
+//   * the device's tiled reduction (cuda/agent_runs.hpp), replayed here with sequential
 //     scans where the kernels use CUB block scans, gives encode()'s runs.
 #include <doctest/doctest.h>
 
 #include <masklens/classify_runs.hpp>
-#include <masklens/cuda/runs_tiles.hpp>
+#include <masklens/cuda/agent_runs.hpp>
 #include <masklens/span_runs.hpp>
 
 #include <cstdint>
@@ -218,7 +218,7 @@ detail::KeyRows key_rows_of(const std::vector<RowSpan>& rows) {
   return out;
 }
 
-// The four kernels of cuda/span_runs.cuh, replayed: the same per-thread functions, an
+// The four kernels of cuda/dispatch_runs.cuh, replayed: the same per-thread functions, an
 // exclusive scan over threads (and over tiles, 256 at a time) written out in order.
 SpanRuns replay_device_reduction(const SpanTable& t, std::int64_t max_runs, std::int64_t* count_out = nullptr,
                                  std::int64_t* first_invalid_out = nullptr) {

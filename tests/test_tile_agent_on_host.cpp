@@ -2,7 +2,7 @@
 // (masklens/cuda/tile_plan.hpp: the key-to-tile divider, units of rows, counter copies
 // and their bounds) and the agent with the tile accumulator (cuda/tile_accumulator.cuh)
 // through the stand-in for the CUDA builtins, every "thread" of a row in turn, the unit's
-// counters flushed as dispatch_tiles.cuh flushes them. Held to an element-by-element
+// counters flushed as agent_tile_scan.cuh flushes them. Held to an element-by-element
 // count per tile, to the host's scan_with_tiles (states) and scan() (spans), on generated
 // masks of every type, layout, additive encoding, start alignment and tile shape, at
 // both thread counts the kernels use, with the counters in "shared memory" and in the
@@ -65,7 +65,7 @@ auto one_thread(F&& read) {
   return result;
 }
 
-// The kernels of dispatch_tiles.cuh on the CPU: `blocks` blocks in turn, each taking its
+// The tile scan (agent_tile_scan.cuh) on the CPU: `blocks` blocks in turn, each taking its
 // two ranges of units (range_of), each row read by `Threads` agents (merged in an order
 // unlike the threads'), each thread adding into its copy of the block's counters
 // (Shared) or into the q tile's counts, the counters flushed where the plan says

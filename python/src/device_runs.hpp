@@ -9,7 +9,7 @@
 //   [scan temporary storage][run reduction temporary storage]
 // Count and runs are adjacent so that the count, the first row holding NaN / +inf (-1:
 // none; gpu::reduce_runs finds it) and the first `eager` runs come back in one copy (the
-// host "head"), as gpu::scan_runs (include/masklens/cuda/runs.cu) does.
+// host "head"), as gpu::scan_runs (src/runs.cu) does.
 // The room is bounded (4096 runs, the masks frameworks pass have far fewer); past it the
 // reduction runs again into a buffer with room for every run.
 #pragma once

@@ -4,8 +4,9 @@
 # "causal top_left -> torch.sdpa.cudnn" and exits 0 only when the verdict and the
 # decision are right):
 #   install  `meson install --destdir` from a fresh build with everything optional off:
-#            the headers (with cuda/scan.cu), datadir/pkgconfig/masklens.pc and
-#            datadir/cmake/masklens/, nothing arch-dependent
+#            the headers, the device scanner's sources (datadir/masklens/src),
+#            datadir/pkgconfig/masklens.pc and datadir/cmake/masklens/, nothing
+#            arch-dependent
 #   cmake    find_package(masklens CONFIG) against that tree; a version it does not
 #            satisfy is refused
 #   pkgconfig  pkg-config --cflags --libs masklens against that tree (no -std in them)
@@ -43,9 +44,9 @@ install_tree() {
     -Dbenchmarks=disabled -Dcuda=disabled -Dpython=disabled || return 1
   meson install -C "$work/build" --destdir "$dest" || return 1
   local root=$dest$prefix f
-  for f in include/masklens/masklens.hpp include/masklens/cuda/scan.hpp include/masklens/cuda/scan.cu \
-           include/masklens/cuda/scan_none.cpp include/masklens/cuda/runs.cu include/masklens/cuda/runs_none.cpp \
-           include/masklens/cuda/tiles.cu include/masklens/cuda/tiles_none.cpp \
+  for f in include/masklens/masklens.hpp include/masklens/cuda/scan.hpp share/masklens/src/scan.cu \
+           share/masklens/src/scan_none.cpp share/masklens/src/runs.cu share/masklens/src/runs_none.cpp \
+           share/masklens/src/tiles.cu share/masklens/src/tiles_none.cpp share/masklens/src/without_cuda.hpp \
            share/pkgconfig/masklens.pc \
            share/cmake/masklens/masklensConfig.cmake share/cmake/masklens/masklensConfigVersion.cmake; do
     [ -f "$root/$f" ] || fail "not installed: $f" || return 1
@@ -79,7 +80,18 @@ pkgconfig_consumer() {
   echo "pkg-config: $flags"
   case " $flags " in *" -std="*) fail "the .pc file forces a language standard: $flags"; return 1;; esac
   ${CXX:-c++} -std=c++20 "$src/examples/quickstart.cpp" -o "$work/pc-quickstart" $flags || return 1
-  runs_quickstart "$work/pc-quickstart"
+  runs_quickstart "$work/pc-quickstart" || return 1
+  # The device scanner's sources where the variables say; the stubs compile from there.
+  local var file
+  for var in cuda_source cuda_stub_source cuda_runs_source cuda_runs_stub_source cuda_tiles_source \
+             cuda_tiles_stub_source; do
+    file=$(PKG_CONFIG_PATH="$dest$prefix/share/pkgconfig" pkg-config --define-variable=prefix="$dest$prefix" \
+      --variable="$var" masklens) || return 1
+    [ -f "$file" ] || fail "pkg-config --variable=$var names $file, which is not installed" || return 1
+    case "$var" in
+      *stub*) ${CXX:-c++} -std=c++20 -c "$file" -o "$work/$var.o" $flags || return 1;;
+    esac
+  done
 }
 check pkgconfig pkgconfig_consumer
 

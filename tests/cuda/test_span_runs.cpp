@@ -9,7 +9,7 @@
 
 #include <cuda_runtime_api.h>
 #include <masklens/cuda/runs.hpp>
-#include <masklens/cuda/runs_tiles.hpp>  // the kernels' tile and pass sizes, for the edges below
+#include <masklens/cuda/agent_runs.hpp>  // the kernels' tile and pass sizes, for the edges below
 #include <masklens/cuda/scan.hpp>
 
 #include <algorithm>

@@ -64,4 +64,12 @@ struct SpanAccumulator {
 
 static_assert(RowAccumulator<SpanAccumulator>);
 
+// A::merge as the operator CUB's BlockReduce / WarpReduce take.
+template <class Accumulator>
+struct MergeAccumulators {
+  __device__ __forceinline__ Accumulator operator()(const Accumulator& a, const Accumulator& b) const {
+    return Accumulator::merge(a, b);
+  }
+};
+
 }  // namespace masklens::gpu::detail

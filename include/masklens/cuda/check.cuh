@@ -1,5 +1,5 @@
 // CUDA runtime results as a Status naming the call, for the translation units that call
-// the runtime themselves: cuda/scan.cu, runs.cu, tiles.cu and the Python extension
+// the runtime themselves: src/scan.cu, runs.cu, tiles.cu and the Python extension
 // (python/src/cuda.cpp).
 // It needs only the CUDA runtime API header, so a host compiler builds it as well as
 // nvcc; a program without the CUDA toolkit never includes it (cuda/scan.hpp does not).
@@ -7,6 +7,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <initializer_list>
 #include <string>
 #include <utility>
@@ -20,6 +21,14 @@ namespace masklens::gpu::detail {
 inline Status check(cudaError_t e, const char* call) {
   if (e == cudaSuccess) return {};
   return error(ErrorCode::device_error, std::string(call) + ": " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
+}
+
+// cudaMallocAsync of `bytes` into *p on `stream`, checked. *p is null on failure
+// (cudaMallocAsync leaves it unspecified), so that a cleanup frees only what was made.
+inline Status allocate(void** p, std::size_t bytes, cudaStream_t stream, const char* call) {
+  Status st = check(cudaMallocAsync(p, bytes, stream), call);
+  if (!st.ok()) *p = nullptr;
+  return st;
 }
 
 // Loads `kernel` (a __global__ function's address) on the current device, or says why

@@ -27,6 +27,8 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
+
 namespace masklens::gpu::detail {
 
 // The oldest architecture (major * 100 + minor * 10) that chains launches.
@@ -59,6 +61,24 @@ cudaError_t chains_launches(Kernel kernel, bool& chained) {
   const cudaError_t e = cudaFuncGetAttributes(&attributes, reinterpret_cast<const void*>(kernel));
   chained = e == cudaSuccess && attributes.ptxVersion * 10 >= kDependentLaunchArch &&
             attributes.binaryVersion * 10 >= kDependentLaunchArch;
+  return e;
+}
+
+// chains_launches(Kernel) on the current device, asked once per device and kept (an
+// attribute query costs microseconds of host time, spent before a pass's launches on
+// every read). Kernel stands for the kernels compiled beside it, as chains_launches says.
+template <auto Kernel>
+cudaError_t chains_launches_on_current_device(bool& chained) {
+  constexpr int kDevices = 64;  // devices past this are asked each time
+  static std::atomic<signed char> known[kDevices] = {};  // 0 unknown, 1 no, 2 yes
+  int device = 0;
+  if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
+  if (device < kDevices && known[device].load(std::memory_order_relaxed) != 0) {
+    chained = known[device].load(std::memory_order_relaxed) == 2;
+    return cudaSuccess;
+  }
+  const cudaError_t e = chains_launches(Kernel, chained);
+  if (e == cudaSuccess && device < kDevices) known[device].store(chained ? 2 : 1, std::memory_order_relaxed);
   return e;
 }
 

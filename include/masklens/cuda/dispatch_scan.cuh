@@ -1,17 +1,14 @@
 // The device scanner's dispatch layer: the tuning policy for a view's element size and
-// the device's architecture (tuning.cuh), the kernel that fits its rows (a block per
-// long row, a warp per short one), and the launch on the caller's stream. The kernels
-// reduce the agents' per-thread accumulators (agent_scan.cuh) with CUB and store one
-// result per row. nvcc only; the entry points that call this are in scan.cu and
-// declared for any compiler in scan.hpp.
+// the device's architecture (tuning.cuh, picked by device_policy.cuh), the kernel that
+// fits its rows (a block per long row, a warp per short one), and the launch on the
+// caller's stream. The kernels reduce the agents' per-thread accumulators
+// (agent_scan.cuh) with CUB and store one result per row. nvcc only; the entry points
+// that call this are in src/scan.cu and declared for any compiler in scan.hpp.
 #pragma once
 
 #include <cuda_runtime.h>
 
-#include <cstddef>
 #include <cstdint>
-#include <iterator>
-#include <type_traits>
 
 #include <cub/block/block_reduce.cuh>
 #include <cub/warp/warp_reduce.cuh>
@@ -19,18 +16,11 @@
 #include "../mask_view.hpp"
 #include "accumulators.cuh"
 #include "agent_scan.cuh"
-#include "check.cuh"
+#include "device_policy.cuh"
 #include "scan.hpp"
 #include "tuning.cuh"
 
 namespace masklens::gpu::detail {
-
-template <class Accumulator>
-struct MergeAccumulators {
-  __device__ __forceinline__ Accumulator operator()(const Accumulator& a, const Accumulator& b) const {
-    return Accumulator::merge(a, b);
-  }
-};
 
 // A block per row: long rows. Rows beyond the grid loop.
 template <class Policy, int Esize, RowAccumulator Accumulator>
@@ -65,55 +55,6 @@ __global__ void __launch_bounds__(Policy::kBlockThreads)
   }
 }
 
-// The current device's architecture as major * 100 + minor * 10 (900 for sm_90). Two
-// host-side attribute reads: no stream work, so a graph capture is undisturbed.
-inline cudaError_t current_arch(int& arch) {
-  int device = 0, major = 0, minor = 0;
-  cudaError_t e = cudaGetDevice(&device);
-  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
-  arch = major * 100 + minor * 10;
-  return e;
-}
-
-// The first tuned architecture at or below `arch` (the oldest one if none is).
-constexpr int tuned_arch(int arch) noexcept {
-  for (const int tuned : kTunedArchs)
-    if (tuned <= arch) return tuned;
-  return kTunedArchs[sizeof kTunedArchs / sizeof kTunedArchs[0] - 1];
-}
-
-// f(std::type_identity<Policy>{}) with the Policy of Tuning<Esize, A> for the architecture
-// A of kTunedArchs that tuned_arch(arch) picks (what the launches' switches choose),
-// walking kTunedArchs at compile time: an architecture added to the table is covered
-// without a change at the callers (gpu::load_kernels' loaders).
-template <template <int, int> class Tuning, int Esize, std::size_t I = 0, class F>
-auto with_tuned_policy(int arch, F&& f) {
-  constexpr int kTuned = kTunedArchs[I];
-  if constexpr (I + 1 < std::size(kTunedArchs)) {
-    if (tuned_arch(arch) != kTuned) return with_tuned_policy<Tuning, Esize, I + 1>(arch, f);
-  }
-  return f(std::type_identity<typename Tuning<Esize, kTuned>::Policy>{});
-}
-
-// load(std::type_identity<Policy>{}, std::integral_constant<int, Esize>{}) for every
-// element size a view can have (1, 2, 4: what the launches switch on), each under the
-// Policy of Tuning that the current device's architecture takes: the first failure, or
-// the device query's (gpu::load_kernels' loaders of the scan and of the tile scan).
-template <template <int, int> class Tuning, class Load>
-Status load_for_current_arch(Load&& load) {
-  int arch = 0;
-  if (Status st = check(current_arch(arch), "cudaGetDevice / cudaDeviceGetAttribute(compute capability)"); !st.ok())
-    return st;
-  const auto each = [&](auto esize) {
-    return with_tuned_policy<Tuning, decltype(esize)::value>(arch, [&](auto policy) { return load(policy, esize); });
-  };
-  Status st = each(std::integral_constant<int, 1>{});
-  if (st.ok()) st = each(std::integral_constant<int, 2>{});
-  if (st.ok()) st = each(std::integral_constant<int, 4>{});
-  return st;
-}
-
 // Launches one kernel with Policy: a block per row from Policy::kLongRowBytes, a warp
 // per shorter row.
 template <class Policy, int Esize, class Accumulator>
@@ -132,13 +73,12 @@ cudaError_t launch_with(const ScanParams& s, typename Accumulator::Output* out, 
   return cudaLaunchKernelEx(&config, scan_rows_warp_kernel<Policy, Esize, Accumulator>, s, out);
 }
 
-// The policy of `arch` for this element size (kTunedArchs lists what this switch serves).
+// The policy of `arch` for this element size.
 template <int Esize, class Accumulator>
 cudaError_t launch_for_arch(int arch, const ScanParams& s, typename Accumulator::Output* out, cudaStream_t stream) {
-  switch (tuned_arch(arch)) {
-    case 900: return launch_with<typename ScanTuning<Esize, 900>::Policy, Esize, Accumulator>(s, out, stream);
-    default: return launch_with<typename ScanTuning<Esize, 800>::Policy, Esize, Accumulator>(s, out, stream);
-  }
+  return with_tuned_policy<ScanTuning, Esize>(arch, [&](auto policy) {
+    return launch_with<typename decltype(policy)::type, Esize, Accumulator>(s, out, stream);
+  });
 }
 
 // Enqueues the scan of `view` (device memory, validated by MaskView::make) into `out`

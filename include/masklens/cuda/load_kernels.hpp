@@ -11,8 +11,8 @@
 // Lazy Loading section names as a way to force a kernel's loading.
 //
 // The parts are defined beside their kernels' dispatch, each with its "built without
-// CUDA" stub: load_scan_kernels() (scan.cu), load_runs_kernels() (runs.cu) and
-// load_tile_kernels() (tiles.cu). So a program that calls load_kernels() links all three
+// CUDA" stub: load_scan_kernels() (src/scan.cu), load_runs_kernels() (src/runs.cu) and
+// load_tile_kernels() (src/tiles.cu). So a program that calls load_kernels() links all three
 // files, as Meson's masklens_cuda_dep and CMake's masklens_CUDA_SOURCES do; one that
 // compiles only scan.cu calls load_scan_kernels().
 #pragma once

@@ -1,8 +1,9 @@
 // masklens::gpu — runs on the device: the RowSpans of a scan reduced to the SpanRuns of
 // span_runs.hpp before they cross to the host, so the copy and the host's classify are
 // O(runs), not O(rows) (a causal mask: one run per slice instead of 69632 rows). Declared
-// for any C++20 compiler, as scan.hpp: the kernels are in span_runs.cuh, the definitions
-// in runs.cu (Meson: masklens_cuda_dep), and runs_none.cpp answers "built without CUDA".
+// for any C++20 compiler, as scan.hpp: the kernels are in dispatch_runs.cuh, the
+// definitions in src/runs.cu (Meson: masklens_cuda_dep), and src/runs_none.cpp answers
+// "built without CUDA".
 //
 // Conventions are scan.hpp's: two-phase temporary storage, the stream last, every CUDA
 // call checked and returned as a Status naming it, no synchronisation in reduce_runs()

@@ -1,9 +1,9 @@
 // masklens::gpu — the device scanner's entry points, declared for any C++20 compiler:
 // a g++ or clang translation unit (a framework's C++, a Python binding) includes this
 // header and needs neither nvcc nor the CUDA headers. The kernels are in scan.cuh (and
-// the layers it includes); the definitions are compiled once, with nvcc, from scan.cu
-// (Meson: masklens_cuda_dep).
-// Where no CUDA is built, scan_none.cpp defines the same functions and each returns
+// the layers it includes); the definitions are compiled once, with nvcc, from
+// src/scan.cu (Meson: masklens_cuda_dep).
+// Where no CUDA is built, src/scan_none.cpp defines the same functions and each returns
 // device_error "masklens was built without CUDA", so callers compile either way.
 //
 // CUB conventions: two-phase temporary storage, the stream last, every CUDA call
@@ -22,6 +22,7 @@
 #include "../span_table.hpp"
 #include "../status.hpp"
 #include "../structure.hpp"
+#include "temp_storage.hpp"
 
 // cudaStream_t is `CUstream_st*` (driver_types.h). Declaring the struct lets this header
 // name a stream without cuda_runtime.h, and a caller's cudaStream_t passes unchanged.
@@ -31,7 +32,7 @@ namespace masklens::gpu {
 
 using Stream = CUstream_st*;  // nullptr: the legacy default stream
 
-// False in a build without CUDA (scan_none.cpp), where every call below returns
+// False in a build without CUDA (src/scan_none.cpp), where every call below returns
 // device_error.
 [[nodiscard]] bool built_with_cuda() noexcept;
 
@@ -70,9 +71,12 @@ namespace detail {
 // The device spans' bytes inside scan_to_host()'s temporary storage, rounded up to 256
 // so that the scan's own temporary storage after them starts aligned as cudaMalloc's.
 [[nodiscard]] inline std::size_t device_span_bytes(const MaskView& view) noexcept {
-  const auto bytes = static_cast<std::size_t>(span_rows(view)) * sizeof(RowSpan);
-  return (bytes + 255) / 256 * 256;
+  return align_up(static_cast<std::size_t>(span_rows(view)) * sizeof(RowSpan));
 }
+
+// scan_spans()'s temporary storage: it uses none, and asks for one byte so that a null
+// pointer always means "size query".
+inline constexpr std::size_t kScanSpansTempBytes = 1;
 
 }  // namespace detail
 

@@ -1,7 +1,7 @@
 // The accumulator of a pass that counts tiles beside the row spans (accumulators.cuh
 // has the RowAccumulator concept): a RowSpan as SpanAccumulator keeps it, and every
 // attending key added to its k tile's counter as it is seen, so one read of the mask
-// gives the spans and the per-tile counts (dispatch_tiles.cuh reduces the spans and
+// gives the spans and the per-tile counts (agent_tile_scan.cuh reduces the spans and
 // flushes the counters; tile_plan.hpp says where the counters are). A row that is one
 // interval needs no per-key counting: the kernel reads it with the plain SpanAccumulator
 // and its lanes add the tiles' counts from the span's bounds (TileSink::add_interval).

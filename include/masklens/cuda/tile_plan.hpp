@@ -1,5 +1,5 @@
 // How the device counts tiles in the pass that scans the row spans, for any compiler: the
-// kernels of dispatch_tiles.cuh follow this plan, and a host test replays it (the agent
+// agent of agent_tile_scan.cuh follows this plan, and a host test replays it (the agent
 // on the CPU, tests/test_tile_agent_on_host.cpp), so the division of keys into k tiles,
 // the split of q tiles into units and the counter sizes are tested without a GPU. No
 // CUDA headers.
@@ -30,6 +30,8 @@
 
 #include "../config.hpp"
 #include "../tile_grid.hpp"
+#include "temp_storage.hpp"
+#include "tuning.cuh"
 
 namespace masklens::gpu::detail {
 
@@ -81,18 +83,6 @@ struct TileUnit {
 struct UnitRange {
   std::int64_t begin = 0, end = 0;
 };
-
-// Shared-memory counters a block may take: enough for 512 k tiles (65536 keys at 128)
-// with 16 copies, and small enough that register use, not shared memory, bounds how
-// many blocks an SM holds.
-inline constexpr std::size_t kTileSharedBudget = 32 * 1024;
-// Units a scan aims for: the grain of the split of rows among the blocks (each block
-// takes units / blocks of them; an H200 holds 132 SMs x about 8 blocks of 128 threads at
-// once), fine enough that blocks finish together; fewer rows per unit only below that.
-inline constexpr std::int64_t kTileTargetUnits = 8192;
-// The most rows a unit takes per row read at once (a coarser grain helps nothing: a
-// block's counters are flushed per q tile, not per unit).
-inline constexpr std::int64_t kTileMaxRowsPerParallelRow = 16;
 
 struct TileScanPlan {
   TileGrid grid;
@@ -165,8 +155,8 @@ struct TileScanPlan {
 
 // The plan for `g` (checked by make_tile_grid) and a mask of `esize`-byte elements read
 // by a kernel that reads `rows_at_once` rows at a time per block (1 with a block per
-// row, the warps of a block with a warp per row). The last two arguments are the
-// constants above (bench/device_tiles.cu --sweep varies them).
+// row, the warps of a block with a warp per row). The last two arguments are tuning.cuh's
+// (bench/device_tiles.cu --sweep varies them).
 [[nodiscard]] constexpr TileScanPlan plan_tile_scan(const TileGrid& g, int esize, int rows_at_once,
                                                     std::int64_t target_units = kTileTargetUnits,
                                                     std::int64_t max_rows_per_parallel_row =
@@ -243,9 +233,10 @@ template <class Policy>
 // 256-byte boundary of the storage (255 spare bytes: any address will do). 0 where the
 // count array would not fit in memory addresses.
 [[nodiscard]] constexpr std::size_t tile_scan_temp_bytes(const TileGrid& g) noexcept {
+  constexpr std::size_t kSpare = kStorageAlignment - 1;
   const std::int64_t tiles = g.tiles();
-  if (tiles < 0 || static_cast<std::uint64_t>(tiles) > (SIZE_MAX - 255) / sizeof(std::uint64_t)) return 0;
-  return static_cast<std::size_t>(tiles) * sizeof(std::uint64_t) + 255;
+  if (tiles < 0 || static_cast<std::uint64_t>(tiles) > (SIZE_MAX - kSpare) / sizeof(std::uint64_t)) return 0;
+  return static_cast<std::size_t>(tiles) * sizeof(std::uint64_t) + kSpare;
 }
 
 }  // namespace masklens::gpu::detail

@@ -2,9 +2,9 @@
 // (empty, partial or full, per distinct slice, q tile and k tile; tiles.hpp on the host)
 // from one read of the mask, and torch's BlockMask tensors written from them into the
 // caller's device arrays (torch tensors' memory, say) without a trip to the host.
-// Declared for any C++20 compiler, as scan.hpp: the kernels are in dispatch_tiles.cuh,
-// the definitions in tiles.cu (Meson: masklens_cuda_dep), and tiles_none.cpp answers
-// "built without CUDA".
+// Declared for any C++20 compiler, as scan.hpp: the kernels are in dispatch_tiles.cuh
+// and dispatch_block_mask.cuh, the definitions in src/tiles.cu (Meson:
+// masklens_cuda_dep), and src/tiles_none.cpp answers "built without CUDA".
 //
 // Conventions are scan.hpp's: two-phase temporary storage, the stream last, every CUDA
 // call checked and returned as a Status naming it, no allocation and no synchronisation

@@ -2,7 +2,8 @@
 // functions, each a clear device_error, so a program that offers a GPU scan compiles
 // and links either way and says why it cannot scan there. Meson builds this file into
 // masklens_cuda_dep when nvcc is not found or -Dcuda=disabled.
-#include "scan.hpp"
+#include <masklens/cuda/scan.hpp>
+
 #include "without_cuda.hpp"
 
 namespace masklens::gpu {
@@ -17,20 +18,15 @@ Status load_scan_kernels() { return without_cuda(); }
 
 Status scan_spans(void* d_temp_storage, std::size_t& temp_storage_bytes, const MaskView&, RowSpan*, Stream) {
   // The size query needs no device, as in the CUDA build.
-  if (d_temp_storage == nullptr) {
-    temp_storage_bytes = 1;
-    return {};
-  }
+  if (detail::answer_size_query(d_temp_storage, temp_storage_bytes, detail::kScanSpansTempBytes)) return {};
   return without_cuda();
 }
 
 Status scan_to_host(void* d_temp_storage, std::size_t& temp_storage_bytes, const MaskView& device_view, RowSpan*,
                     Stream) {
-  // The same size as the CUDA build answers: the spans' bytes, then scan_spans()'s 1.
-  if (d_temp_storage == nullptr) {
-    temp_storage_bytes = detail::device_span_bytes(device_view) + 1;
-    return {};
-  }
+  // The same size as the CUDA build answers: the spans' bytes, then scan_spans()'s.
+  const std::size_t needed = detail::device_span_bytes(device_view) + detail::kScanSpansTempBytes;
+  if (detail::answer_size_query(d_temp_storage, temp_storage_bytes, needed)) return {};
   return without_cuda();
 }
 

@@ -3,7 +3,7 @@
 // is not found or -Dcuda=disabled): one sentence saying why, and what to do instead.
 #pragma once
 
-#include "../status.hpp"
+#include <masklens/status.hpp>
 
 namespace masklens::gpu::detail {
 

@@ -2,7 +2,8 @@
 // device_error, so a program that offers them compiles and links either way. Meson builds
 // this file into masklens_cuda_dep beside scan_none.cpp when nvcc is not found or
 // -Dcuda=disabled.
-#include "runs.hpp"
+#include <masklens/cuda/runs.hpp>
+
 #include "without_cuda.hpp"
 
 namespace masklens::gpu {

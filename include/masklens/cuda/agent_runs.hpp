@@ -1,6 +1,6 @@
-// The tiled run reduction's per-thread work, for any compiler: the kernels of
-// span_runs.cuh call it between their CUB block scans, and a host test replays it with
-// sequential scans in their place, so the tiling, offsets and run ends are tested
+// The run reduction's agent: its per-thread work, for any compiler. The kernels of
+// dispatch_runs.cuh call it between their CUB block scans, and a host test replays it
+// with sequential scans in their place, so the tiling, offsets and run ends are tested
 // without a GPU. No CUDA headers.
 //
 // Rows are cut into tiles of kRunsThreads threads x kRunsRowsPerThread consecutive rows.
@@ -15,14 +15,11 @@
 #include "../config.hpp"
 #include "../row_span.hpp"
 #include "../span_runs.hpp"
+#include "tuning.cuh"
 
 namespace masklens::gpu::detail {
 
-// Two rows a thread: a tile is 512 rows, so 65536 rows are 128 blocks, about one per SM
-// of an H200. (Eight rows a thread made 32 blocks that each waited out eight rounds of
-// loads: 27 us a kernel under Nsight Compute, 0.05 ms for the four.)
-inline constexpr int kRunsThreads = 256;
-inline constexpr int kRunsRowsPerThread = 2;
+// kRunsThreads x kRunsRowsPerThread (tuning.cuh).
 inline constexpr std::int64_t kRunsTileRows = std::int64_t{kRunsThreads} * kRunsRowsPerThread;
 
 using masklens::detail::kRunHead;

@@ -1,8 +1,8 @@
-// The device scanner's entry points (declared in scan.hpp), compiled once with nvcc.
-// Meson builds this file into masklens_cuda_dep; another build system compiles it into
-// the program (it is installed beside the headers). Every CUDA call's result is
-// checked and returned as a Status naming the call; cleanup failures (a free, the one
-// synchronisation) are reported too, after any earlier failure, never dropped.
+// The device scanner's entry points (declared in masklens/cuda/scan.hpp), compiled once
+// with nvcc. Meson builds this file into masklens_cuda_dep; another build system compiles
+// it into the program (it is installed as share/masklens/src/scan.cu). Every CUDA call's
+// result is checked and returned as a Status naming the call; cleanup failures (a free,
+// the one synchronisation) are reported too, after any earlier failure, never dropped.
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -10,24 +10,19 @@
 #include <string>
 #include <utility>
 
-#include "../scan.hpp"
-#include "check.cuh"
-#include "scan.cuh"
-#include "scan.hpp"
+#include <masklens/cuda/check.cuh>
+#include <masklens/cuda/scan.cuh>
+#include <masklens/cuda/scan.hpp>
+#include <masklens/cuda/temp_storage.hpp>
+#include <masklens/scan.hpp>
 
 namespace masklens::gpu {
 
 namespace {
 
+using detail::allocate;
 using detail::check;
 using detail::keep_first;
-
-// cudaMallocAsync leaves *p unspecified on failure; null means "nothing to free".
-Status allocate(void** p, std::size_t bytes, cudaStream_t stream, const char* call) {
-  Status st = check(cudaMallocAsync(p, bytes, stream), call);
-  if (!st.ok()) *p = nullptr;
-  return st;
-}
 
 // The kernels dispatch_scan<SpanAccumulator> can launch with Policy for this element
 // size: a block per row (long rows) and a warp per row (short ones).
@@ -62,12 +57,9 @@ Result<int> device_count() {
 
 Status scan_spans(void* d_temp_storage, std::size_t& temp_storage_bytes, const MaskView& device_view,
                   RowSpan* d_rows, Stream stream) {
-  if (d_temp_storage == nullptr) {
-    temp_storage_bytes = 1;
-    return {};
-  }
-  if (temp_storage_bytes < 1)
-    return error(ErrorCode::invalid_argument, "temp_storage_bytes is 0; pass what the size query set (1)");
+  if (detail::answer_size_query(d_temp_storage, temp_storage_bytes, detail::kScanSpansTempBytes)) return {};
+  if (Status st = detail::check_temp_storage_bytes(temp_storage_bytes, detail::kScanSpansTempBytes); !st.ok())
+    return st;
   if (device_view.data() == nullptr) return error(ErrorCode::invalid_argument, "view is empty (data is null)");
   if (d_rows == nullptr) return error(ErrorCode::invalid_argument, "d_rows is null");
   if (reinterpret_cast<std::uintptr_t>(d_rows) % alignof(RowSpan) != 0)
@@ -81,10 +73,7 @@ Status scan_to_host(void* d_temp_storage, std::size_t& temp_storage_bytes, const
   const std::size_t span_bytes = detail::device_span_bytes(device_view);
   std::size_t scan_bytes = 0;
   if (Status st = scan_spans(nullptr, scan_bytes, device_view, nullptr, stream); !st.ok()) return st;
-  if (d_temp_storage == nullptr) {
-    temp_storage_bytes = span_bytes + scan_bytes;
-    return {};
-  }
+  if (detail::answer_size_query(d_temp_storage, temp_storage_bytes, span_bytes + scan_bytes)) return {};
   if (temp_storage_bytes < span_bytes + scan_bytes)
     return error(ErrorCode::invalid_argument, "temp_storage_bytes is " + std::to_string(temp_storage_bytes) +
                                                   "; this view needs " + std::to_string(span_bytes + scan_bytes) +
@@ -133,21 +122,22 @@ Result<SpanTable> scan_host_mask(const MaskView& host_view, std::int64_t offset_
   Result<SpanTable> made = SpanTable::for_view(host_view);
   if (!made) return made.status();
   const auto bytes = static_cast<std::size_t>(host_view.extent_bytes());
-  // One block: the mask copy `offset_bytes` past a 256-byte boundary (the pool's
-  // alignment is not documented: 255 spare bytes give one), then scan_to_host()'s
-  // temporary storage at the next 256-byte boundary (the same view shape, so the size
-  // query on the host view answers for the device one).
+  // One block: the mask copy `offset_bytes` past a 256-byte boundary, then scan_to_host()'s
+  // temporary storage at the next one (the same view shape, so the size query on the host
+  // view answers for the device one); 255 spare bytes, as the pool's alignment is not
+  // documented.
   std::size_t temp_bytes = 0;
   Status st = scan_to_host(nullptr, temp_bytes, host_view, nullptr, stream);
   if (!st.ok()) return st;
-  const std::size_t mask_region = bytes + 255 + static_cast<std::size_t>(offset_bytes);
+  detail::StorageLayout layout;
+  const std::size_t mask_at = layout.add(bytes + static_cast<std::size_t>(offset_bytes));
+  const std::size_t temp_at = layout.add(temp_bytes);
   void* raw = nullptr;
-  st = allocate(&raw, mask_region + 255 + temp_bytes, stream, "cudaMallocAsync(mask and temp storage)");
+  st = allocate(&raw, layout.bytes() + detail::kStorageAlignment - 1, stream, "cudaMallocAsync(mask and temp storage)");
   if (!st.ok()) return st;
-  const auto align256 = [](std::uintptr_t p) { return (p + 255) & ~std::uintptr_t{255}; };
-  const auto raw_address = reinterpret_cast<std::uintptr_t>(raw);
-  auto* base = reinterpret_cast<std::uint8_t*>(align256(raw_address)) + offset_bytes;
-  void* temp = reinterpret_cast<void*>(align256(raw_address + mask_region));
+  std::uint8_t* block = detail::align_up(raw);
+  std::uint8_t* base = block + mask_at + offset_bytes;
+  void* temp = block + temp_at;
   st = check(cudaMemcpyAsync(base, host_view.data(), bytes, cudaMemcpyHostToDevice, stream),
              "cudaMemcpyAsync(mask to the device)");
   if (st.ok()) {

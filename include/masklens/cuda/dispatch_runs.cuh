@@ -1,12 +1,12 @@
-// masklens::gpu — the run reduction's kernels: RowSpans in device memory -> the SpanRuns
-// of span_runs.hpp (the same runs SpanRuns::encode gives on the host), so that only the
-// runs cross to the host. nvcc only; the entry points are declared in runs.hpp and
-// defined in runs.cu.
+// The run reduction's dispatch layer, its kernels and their launch: RowSpans in device
+// memory -> the SpanRuns of span_runs.hpp (the same runs SpanRuns::encode gives on the
+// host), so that only the runs cross to the host. nvcc only; the entry points are
+// declared in runs.hpp and defined in src/runs.cu.
 //
 // Every row's run position is a prefix composition of the rows' transitions
 // (detail::RunStep, associative); a head starts a run. Rows are cut into tiles of
-// kRunsThreads x kRunsRowsPerThread, each thread taking consecutive rows (the per-thread
-// work is in runs_tiles.hpp, which a host test replays):
+// kRunsThreads x kRunsRowsPerThread (tuning.cuh), each thread taking consecutive rows
+// (the per-thread work is agent_runs.hpp's, which a host test replays):
 //   1. tile summaries: each tile's composed transition and, for each position the tile
 //      may start in, how many heads it holds (CUB BlockScan / BlockReduce);
 //   2. one block walks the tiles in order: the position each tile starts in, where its
@@ -30,7 +30,9 @@
 
 #include "../row_span.hpp"
 #include "../span_runs.hpp"
-#include "runs_tiles.hpp"
+#include "agent_runs.hpp"
+#include "temp_storage.hpp"
+#include "tuning.cuh"
 
 namespace masklens::gpu::detail {
 
@@ -54,26 +56,27 @@ struct RunsTemp {
   std::int64_t* next_row;     // [1] the first row of run max_runs, where the last stored run ends
 };
 
-inline std::size_t align_up(std::size_t n) noexcept { return (n + 255) & ~std::size_t{255}; }
-
-// Bytes of temporary storage for `rows` rows, and the layout over `base` (null: sizes only).
+// Bytes of temporary storage for `rows` rows (every part whole 256-byte blocks, the last
+// one too), and the layout over `base` (a 256-byte boundary; null: sizes only).
 inline std::size_t runs_temp_layout(std::int64_t rows, void* base, RunsTemp* out) noexcept {
   const auto tiles = static_cast<std::size_t>(runs_tiles(rows));
-  const std::size_t sizes[6] = {align_up(tiles * sizeof(RunStep)),      align_up(tiles * sizeof(HeadCounts)),
-                                align_up(tiles),                        align_up(tiles * sizeof(std::int64_t)),
-                                align_up(tiles * sizeof(std::int64_t)), align_up(sizeof(std::int64_t))};
-  std::size_t at[6] = {};
-  for (int k = 1; k < 6; ++k) at[k] = at[k - 1] + sizes[k - 1];
+  StorageLayout layout;
+  const std::size_t step_at = layout.add(tiles * sizeof(RunStep));
+  const std::size_t heads_at = layout.add(tiles * sizeof(HeadCounts));
+  const std::size_t start_at = layout.add(tiles);
+  const std::size_t offset_at = layout.add(tiles * sizeof(std::int64_t));
+  const std::size_t invalid_at = layout.add(tiles * sizeof(std::int64_t));
+  const std::size_t next_row_at = layout.add(sizeof(std::int64_t));
   if (base && out) {
     auto* p = static_cast<std::uint8_t*>(base);
-    out->tile_step = reinterpret_cast<RunStep*>(p);
-    out->tile_heads = reinterpret_cast<HeadCounts*>(p + at[1]);
-    out->tile_start = p + at[2];
-    out->tile_offset = reinterpret_cast<std::int64_t*>(p + at[3]);
-    out->tile_invalid = reinterpret_cast<std::int64_t*>(p + at[4]);
-    out->next_row = reinterpret_cast<std::int64_t*>(p + at[5]);
+    out->tile_step = reinterpret_cast<RunStep*>(p + step_at);
+    out->tile_heads = reinterpret_cast<HeadCounts*>(p + heads_at);
+    out->tile_start = p + start_at;
+    out->tile_offset = reinterpret_cast<std::int64_t*>(p + offset_at);
+    out->tile_invalid = reinterpret_cast<std::int64_t*>(p + invalid_at);
+    out->next_row = reinterpret_cast<std::int64_t*>(p + next_row_at);
   }
-  return at[5] + sizes[5];
+  return align_up(layout.bytes());
 }
 
 // 1. Tile summaries: the tile's transition and its heads per position of the row before it.
@@ -186,11 +189,10 @@ inline cudaError_t launch_reduce_runs(const RowSpan* d_rows, std::int64_t n_rows
   if (cudaError_t e = cudaLaunchKernelEx(&config, runs_write, d_rows, n_rows, q_len, temp, d_runs, max_runs);
       e != cudaSuccess)
     return e;
-  // Up to min(n_rows, max_runs) runs: blocks past the count return at once; past 2^20
-  // blocks the grid loops.
+  // Up to min(n_rows, max_runs) runs: blocks past the count return at once.
   const std::int64_t most = n_rows < max_runs ? n_rows : max_runs;
   const std::int64_t blocks = (most + kRunsThreads - 1) / kRunsThreads;
-  config.gridDim = dim3(static_cast<unsigned>(blocks < (1 << 20) ? blocks : (1 << 20)));
+  config.gridDim = dim3(static_cast<unsigned>(blocks < kRunsMaxGrid ? blocks : kRunsMaxGrid));
   return cudaLaunchKernelEx(&config, runs_lengths, n_rows, static_cast<const std::int64_t*>(d_run_count), d_runs,
                             max_runs, static_cast<const std::int64_t*>(temp.next_row));
 }

@@ -5,7 +5,8 @@
 // scan_none.cpp and runs_none.cpp when nvcc is not found or -Dcuda=disabled.
 #include <string>
 
-#include "tiles.hpp"
+#include <masklens/cuda/tiles.hpp>
+
 #include "without_cuda.hpp"
 
 namespace masklens::gpu {

@@ -1,6 +1,6 @@
-// Tile summaries on the device: the entry points declared in tiles.hpp, compiled once
-// with nvcc into masklens_cuda_dep beside scan.cu and runs.cu (another build system
-// compiles this file into the program). Every CUDA call's result is checked and returned
+// Tile summaries on the device: the entry points declared in masklens/cuda/tiles.hpp,
+// compiled once with nvcc into masklens_cuda_dep beside scan.cu and runs.cu (another build
+// system compiles this file into the program). Every CUDA call's result is checked and returned
 // as a Status naming the call; cleanup failures are reported too, after any earlier one.
 #include <cuda_runtime.h>
 
@@ -11,20 +11,20 @@
 #include <utility>
 #include <vector>
 
-#include "../scan.hpp"
-#include "../tiles.hpp"
-#include "check.cuh"
-#include "dispatch_tiles.cuh"
-#include "tiles.hpp"
+#include <masklens/cuda/check.cuh>
+#include <masklens/cuda/dispatch_tiles.cuh>
+#include <masklens/cuda/temp_storage.hpp>
+#include <masklens/cuda/tiles.hpp>
+#include <masklens/scan.hpp>
+#include <masklens/tiles.hpp>
 
 namespace masklens::gpu {
 
 namespace {
 
+using detail::allocate;
 using detail::check;
 using detail::keep_first;
-
-std::size_t align256(std::size_t n) { return (n + 255) & ~std::size_t{255}; }
 
 bool aligned(const void* p, std::size_t alignment) {
   return reinterpret_cast<std::uintptr_t>(p) % alignment == 0;
@@ -100,29 +100,25 @@ Result<TileScan> run_with_tiles(const MaskView& view, const MaskView* host_view,
   TileScan& out = *made;
 
   // One device block: [mask copy][spans][states][the eight arrays][temporary storage],
-  // each part at a 256-byte boundary (the mask `offset_bytes` past one).
-  const std::size_t mask_bytes =
-      host_view ? align256(static_cast<std::size_t>(view.extent_bytes()) + static_cast<std::size_t>(offset_bytes)) : 0;
-  std::size_t at = mask_bytes;
-  const std::size_t spans_at = at;
-  at += align256(out.spans.rows.size() * sizeof(RowSpan));
-  const std::size_t states_at = at;
-  at += align256(out.tiles.states.size());
+  // each part at a 256-byte boundary (the mask `offset_bytes` past one); 255 spare bytes,
+  // as the pool's alignment is not documented.
+  detail::StorageLayout layout;
+  const std::size_t mask_at =
+      host_view ? layout.add(static_cast<std::size_t>(view.extent_bytes()) + static_cast<std::size_t>(offset_bytes)) : 0;
+  const std::size_t spans_at = layout.add(out.spans.rows.size() * sizeof(RowSpan));
+  const std::size_t states_at = layout.add(out.tiles.states.size());
   std::size_t fields_at[std::size(kBlockMaskFields)];
-  for (std::size_t i = 0; i < std::size(kBlockMaskFields); ++i) {
-    fields_at[i] = at;
-    at += align256(entries(g, kBlockMaskFields[i]) * sizeof(std::int32_t));
-  }
-  const std::size_t temp_at = at;
-  const std::size_t total = at + temp_bytes + 255;  // 255: the pool's alignment is not documented
+  for (std::size_t i = 0; i < std::size(kBlockMaskFields); ++i)
+    fields_at[i] = layout.add(entries(g, kBlockMaskFields[i]) * sizeof(std::int32_t));
+  const std::size_t temp_at = layout.add(temp_bytes);
 
   void* raw = nullptr;
-  Status st = check(cudaMallocAsync(&raw, total, stream), "cudaMallocAsync(tile scan)");
-  if (!st.ok()) return st;  // cudaMallocAsync leaves raw unspecified on failure: nothing to free
-  auto* base = reinterpret_cast<std::uint8_t*>(align256(reinterpret_cast<std::uintptr_t>(raw)));
+  Status st = allocate(&raw, layout.bytes() + detail::kStorageAlignment - 1, stream, "cudaMallocAsync(tile scan)");
+  if (!st.ok()) return st;
+  std::uint8_t* base = detail::align_up(raw);
   MaskView device_view = view;
   if (host_view) {
-    std::uint8_t* mask = base + offset_bytes;
+    std::uint8_t* mask = base + mask_at + offset_bytes;
     st = check(cudaMemcpyAsync(mask, view.data(), static_cast<std::size_t>(view.extent_bytes()), cudaMemcpyHostToDevice,
                                stream),
                "cudaMemcpyAsync(mask to the device)");
@@ -211,13 +207,8 @@ Status scan_spans_tiles(void* d_temp_storage, std::size_t& temp_storage_bytes, c
   const std::size_t needed = detail::tile_scan_temp_bytes(g);
   if (needed == 0)
     return error(ErrorCode::out_of_memory, "the counts of " + std::to_string(g.tiles()) + " tiles do not fit in memory");
-  if (d_temp_storage == nullptr) {
-    temp_storage_bytes = needed;
-    return {};
-  }
-  if (temp_storage_bytes < needed)
-    return error(ErrorCode::invalid_argument, "temp_storage_bytes is " + std::to_string(temp_storage_bytes) +
-                                                  "; pass what the size query set (" + std::to_string(needed) + ")");
+  if (detail::answer_size_query(d_temp_storage, temp_storage_bytes, needed)) return {};
+  if (Status st = detail::check_temp_storage_bytes(temp_storage_bytes, needed); !st.ok()) return st;
   if (d_rows == nullptr) return error(ErrorCode::invalid_argument, "d_rows is null");
   if (!aligned(d_rows, alignof(RowSpan))) return error(ErrorCode::misaligned_pointer, "d_rows is not aligned to RowSpan");
   bool any_output = d_states != nullptr;
@@ -225,7 +216,7 @@ Status scan_spans_tiles(void* d_temp_storage, std::size_t& temp_storage_bytes, c
   if (!any_output)
     return error(ErrorCode::invalid_argument,
                  "no tile output: every d_block_mask pointer is null and d_states is null (scan_spans() scans spans alone)");
-  auto* counts = reinterpret_cast<unsigned long long*>(align256(reinterpret_cast<std::uintptr_t>(d_temp_storage)));
+  auto* counts = reinterpret_cast<unsigned long long*>(detail::align_up(d_temp_storage));
   // Three kernels, the last two chained where the device allows (dependent_launch.cuh):
   // the scan reads while the counts are zeroed, the writer launches while the scan drains.
   Status st = check(detail::launch_zero_counts(counts, g.tiles(), stream), "cudaLaunchKernelEx(tile counts zeroed)");

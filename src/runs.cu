@@ -1,6 +1,7 @@
-// The run reduction's entry points (declared in runs.hpp), compiled once with nvcc into
-// masklens_cuda_dep beside scan.cu. Every CUDA call's result is checked and returned as a
-// Status naming the call; cleanup failures are reported too, after any earlier failure.
+// The run reduction's entry points (declared in masklens/cuda/runs.hpp), compiled once
+// with nvcc into masklens_cuda_dep beside scan.cu. Every CUDA call's result is checked and
+// returned as a Status naming the call; cleanup failures are reported too, after any
+// earlier failure.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -11,14 +12,16 @@
 #include <utility>
 #include <vector>
 
-#include "check.cuh"
-#include "runs.hpp"
-#include "span_runs.cuh"
+#include <masklens/cuda/check.cuh>
+#include <masklens/cuda/dispatch_runs.cuh>
+#include <masklens/cuda/runs.hpp>
+#include <masklens/cuda/temp_storage.hpp>
 
 namespace masklens::gpu {
 
 namespace {
 
+using detail::allocate;
 using detail::check;
 using detail::keep_first;
 
@@ -31,14 +34,6 @@ constexpr std::int64_t kMaxRows = (std::int64_t{1} << 31) - 1;
 // synchronisation bring everything; more than kRunRoom are reduced a second time.
 constexpr std::int64_t kEagerRuns = 256;
 constexpr std::int64_t kRunRoom = 4096;
-
-// The device block scan_runs allocates: [count, first invalid row, padded to 64
-// bytes][runs][spans][temps].
-struct Block {
-  std::size_t runs_at = 64, spans_at = 0, scan_temp_at = 0, runs_temp_at = 0, bytes = 0;
-};
-
-std::size_t align256(std::size_t n) { return (n + 255) & ~std::size_t{255}; }
 
 }  // namespace
 
@@ -61,14 +56,9 @@ Status reduce_runs(void* d_temp_storage, std::size_t& temp_storage_bytes, const 
   if (rows > kMaxRows)
     return error(ErrorCode::invalid_argument, "rows (" + std::to_string(rows) + ") must be at most 2^31 - 1");
   // 255 spare bytes: the tile arrays start at the first 256-byte boundary of the storage.
-  const std::size_t needed = detail::runs_temp_layout(rows, nullptr, nullptr) + 255;
-  if (d_temp_storage == nullptr) {
-    temp_storage_bytes = needed;
-    return {};
-  }
-  if (temp_storage_bytes < needed)
-    return error(ErrorCode::invalid_argument, "temp_storage_bytes is " + std::to_string(temp_storage_bytes) +
-                                                  "; pass what the size query set (" + std::to_string(needed) + ")");
+  const std::size_t needed = detail::runs_temp_layout(rows, nullptr, nullptr) + detail::kStorageAlignment - 1;
+  if (detail::answer_size_query(d_temp_storage, temp_storage_bytes, needed)) return {};
+  if (Status st = detail::check_temp_storage_bytes(temp_storage_bytes, needed); !st.ok()) return st;
   if (max_runs < 1) return error(ErrorCode::invalid_argument, "max_runs must be >= 1, got " + std::to_string(max_runs));
   if (d_rows == nullptr) return error(ErrorCode::invalid_argument, "d_rows is null");
   if (d_runs == nullptr) return error(ErrorCode::invalid_argument, "d_runs is null");
@@ -82,8 +72,7 @@ Status reduce_runs(void* d_temp_storage, std::size_t& temp_storage_bytes, const 
   if (reinterpret_cast<std::uintptr_t>(d_first_invalid_row) % alignof(std::int64_t) != 0)
     return error(ErrorCode::misaligned_pointer, "d_first_invalid_row is not aligned to 8 bytes");
   detail::RunsTemp temp{};
-  const auto aligned = (reinterpret_cast<std::uintptr_t>(d_temp_storage) + 255) & ~std::uintptr_t{255};
-  detail::runs_temp_layout(rows, reinterpret_cast<void*>(aligned), &temp);
+  detail::runs_temp_layout(rows, detail::align_up(d_temp_storage), &temp);
   return check(detail::launch_reduce_runs(d_rows, rows, q_len, temp, d_runs, max_runs, d_run_count,
                                           d_first_invalid_row, stream),
                "cudaLaunchKernelEx(run kernels)");
@@ -107,27 +96,28 @@ Result<SpanRuns> scan_runs(const MaskView& device_view, Stream stream) {
   if (st.ok()) st = reduce_runs(nullptr, runs_temp, nullptr, rows, out.q_len, nullptr, 1, nullptr, nullptr, stream);
   if (!st.ok()) return st;
   const std::int64_t room = std::min(rows, kRunRoom), eager = std::min(room, kEagerRuns);
-  Block layout;
-  layout.spans_at = align256(layout.runs_at + static_cast<std::size_t>(room) * sizeof(SpanRun));
-  layout.scan_temp_at = align256(layout.spans_at + static_cast<std::size_t>(rows) * sizeof(RowSpan));
-  layout.runs_temp_at = align256(layout.scan_temp_at + std::max<std::size_t>(scan_temp, 1));
-  layout.bytes = layout.runs_temp_at + runs_temp;
-  // cudaMallocAsync leaves the pointer unspecified on failure; null means "nothing to free".
+  // One device block: [count, first invalid row, padded to 64 bytes][runs][spans][temps].
+  detail::StorageLayout layout;
+  const std::size_t count_at = layout.add(2 * sizeof(std::int64_t));
+  const std::size_t runs_at = layout.add(static_cast<std::size_t>(room) * sizeof(SpanRun), 64);
+  const std::size_t spans_at = layout.add(static_cast<std::size_t>(rows) * sizeof(RowSpan));
+  const std::size_t scan_temp_at = layout.add(std::max<std::size_t>(scan_temp, 1));
+  const std::size_t reduce_temp_at = layout.add(runs_temp);
   void* block = nullptr;
-  st = check(cudaMallocAsync(&block, layout.bytes, stream), "cudaMallocAsync(runs)");
+  st = allocate(&block, layout.bytes(), stream, "cudaMallocAsync(runs)");
   if (!st.ok()) return st;
   auto* base = static_cast<std::uint8_t*>(block);
-  auto* d_count = reinterpret_cast<std::int64_t*>(base);
+  auto* d_count = reinterpret_cast<std::int64_t*>(base + count_at);
   std::int64_t* d_first_invalid = d_count + 1;
-  auto* d_runs = reinterpret_cast<SpanRun*>(base + layout.runs_at);
-  auto* d_rows = reinterpret_cast<RowSpan*>(base + layout.spans_at);
-  void* runs_temp_at = base + layout.runs_temp_at;
+  auto* d_runs = reinterpret_cast<SpanRun*>(base + runs_at);
+  auto* d_rows = reinterpret_cast<RowSpan*>(base + spans_at);
+  void* runs_temp_at = base + reduce_temp_at;
   // The count and the first runs come back in one copy of bytes [0, 64 + eager runs) of
   // the block: zeroed before the run reduction, so that the copy reads no byte the kernels
   // leave unwritten (the count's padding, the runs past the count; compute-sanitizer
   // initcheck), and after the scan's launch, which it would delay (the scan writes none).
-  const std::size_t head_bytes = layout.runs_at + static_cast<std::size_t>(eager) * sizeof(SpanRun);
-  st = scan_spans(base + layout.scan_temp_at, scan_temp, device_view, d_rows, stream);
+  const std::size_t head_bytes = runs_at + static_cast<std::size_t>(eager) * sizeof(SpanRun);
+  st = scan_spans(base + scan_temp_at, scan_temp, device_view, d_rows, stream);
   if (st.ok()) st = check(cudaMemsetAsync(block, 0, head_bytes, stream), "cudaMemsetAsync(run count and first runs)");
   if (st.ok())
     st = reduce_runs(runs_temp_at, runs_temp, d_rows, rows, out.q_len, d_runs, room, d_count, d_first_invalid, stream);
@@ -162,12 +152,10 @@ Result<SpanRuns> scan_runs(const MaskView& device_view, Stream stream) {
   void* more = nullptr;  // room for every run, where there are more than `room`
   if (st.ok()) {
     const std::int64_t first = std::min(count, eager);
-    std::memcpy(out.runs.data(), head.data() + layout.runs_at, static_cast<std::size_t>(first) * sizeof(SpanRun));
+    std::memcpy(out.runs.data(), head.data() + runs_at, static_cast<std::size_t>(first) * sizeof(SpanRun));
     const SpanRun* from = d_runs;
     if (count > room) {
-      st = check(cudaMallocAsync(&more, static_cast<std::size_t>(count) * sizeof(SpanRun), stream),
-                 "cudaMallocAsync(every run)");
-      if (!st.ok()) more = nullptr;
+      st = allocate(&more, static_cast<std::size_t>(count) * sizeof(SpanRun), stream, "cudaMallocAsync(every run)");
       if (st.ok())
         st = reduce_runs(runs_temp_at, runs_temp, d_rows, rows, out.q_len, static_cast<SpanRun*>(more), count, d_count,
                          nullptr, stream);
