@@ -5,8 +5,8 @@ self-contained and warning-free with g++ and with clang++.
 usage: check_headers.py INCLUDE_DIR [--json-include DIR] COMPILER...
 
 Each COMPILER is a path to g++ or clang++; g++ adds -Wuseless-cast, clang++ adds
--Wdocumentation. The CUDA-only files (cuda/scan.cuh, cuda/scan.cu) are not headers a
-host compiler sees; cuda/scan.hpp is, and is checked. json.hpp needs nlohmann-json:
+-Wdocumentation. The CUDA-only files (cuda/*.cuh) are not headers a host compiler
+sees; cuda/scan.hpp is, and is checked. json.hpp needs nlohmann-json:
 from --json-include (as -isystem, so its own warnings stay its own) or the compiler's
 default paths; where neither has it, json.hpp is reported skipped, not passed."""
 import concurrent.futures
