@@ -175,29 +175,41 @@ struct FamilyInfo {
   std::string_view version_option{};        // the CLI's option for it
   std::string_view library{};               // the library, as the option's help names it
   Version default_version{};                // the CLI's default and with_every_family()'s
+  // Where Python finds it installed (masklens._env): the module that must import, and the
+  // distributions whose metadata carry its version, comma-separated, the first installed
+  // wins. Empty for torch and flex, which come with torch.
+  std::string_view python_module{};
+  std::string_view distributions{};
 };
 
 inline constexpr FamilyInfo kFamilies[] = {
     {.name = "torch", .bit = kFamilyTorch},
     {.name = "flash_attn", .bit = kFamilyFlashAttn, .version = &Environment::flash_attn,
      .version_field = "flash_attn", .version_option = "--flash-attn-version",
-     .library = "flash_attn", .default_version = version(2, 8, 3)},
+     .library = "flash_attn", .default_version = version(2, 8, 3), .python_module = "flash_attn",
+     .distributions = "flash-attn,flash_attn"},
     {.name = "flash_attn3", .bit = kFamilyFlashAttn3, .version = &Environment::flash_attn3,
      .version_field = "flash_attn3", .version_option = "--flash-attn3-version",
-     .library = "flash_attn3", .default_version = version(3, 0)},
+     .library = "flash_attn3", .default_version = version(3, 0), .python_module = "flash_attn_interface",
+     .distributions = "flash-attn-3,flash_attn_3,flashattn-hopper"},
     {.name = "flex", .bit = kFamilyFlex},
     {.name = "xformers", .bit = kFamilyXformers, .version = &Environment::xformers,
      .version_field = "xformers", .version_option = "--xformers-version",
-     .library = "xformers", .default_version = version(0, 0, 33)},
+     .library = "xformers", .default_version = version(0, 0, 33), .python_module = "xformers",
+     .distributions = "xformers"},
     {.name = "te", .bit = kFamilyTransformerEngine, .version = &Environment::transformer_engine,
      .version_field = "transformer_engine", .version_option = "--te-version",
-     .library = "TransformerEngine", .default_version = version(2, 8)},
+     .library = "TransformerEngine", .default_version = version(2, 8),
+     .python_module = "transformer_engine",
+     .distributions = "transformer-engine,transformer_engine,transformer-engine-torch"},
     {.name = "flashinfer", .bit = kFamilyFlashInfer, .version = &Environment::flashinfer,
      .version_field = "flashinfer", .version_option = "--flashinfer-version",
-     .library = "FlashInfer", .default_version = version(0, 5)},
+     .library = "FlashInfer", .default_version = version(0, 5), .python_module = "flashinfer",
+     .distributions = "flashinfer-python,flashinfer"},
     {.name = "cudnn_frontend", .bit = kFamilyCudnnFrontend, .version = &Environment::cudnn_frontend,
      .version_field = "cudnn_frontend", .version_option = "--cudnn-frontend-version",
-     .library = "cudnn_frontend", .default_version = version(1, 16)},
+     .library = "cudnn_frontend", .default_version = version(1, 16), .python_module = "cudnn",
+     .distributions = "nvidia-cudnn-frontend,cudnn-frontend"},
 #ifdef MASKLENS_EXTRA_FAMILY_ROWS
     MASKLENS_EXTRA_FAMILY_ROWS  // a test's families (tests/fake_backend/hook.hpp)
 #endif

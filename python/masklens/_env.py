@@ -6,6 +6,7 @@ import functools
 import importlib.metadata
 import importlib.util
 
+from . import _core
 from ._core import Environment, MaskError
 
 
@@ -20,22 +21,27 @@ def set_field(target, where: str, name: str, value) -> None:
         raise MaskError(f"invalid_argument: {where}.{name} cannot be {value!r} ({type(value).__name__}); "
                         f"validate() gives each field's range") from None
 
-# The families the CLI's --available names, with the module that must import and the
-# distributions whose metadata carry the version (the first one installed wins).
-_FAMILIES = {
-    "flash_attn": ("flash_attn", ("flash-attn", "flash_attn")),
-    "flash_attn3": ("flash_attn_interface", ("flash-attn-3", "flash_attn_3", "flashattn-hopper")),
-    "xformers": ("xformers", ("xformers",)),
-    "te": ("transformer_engine", ("transformer-engine", "transformer_engine", "transformer-engine-torch")),
-    "flashinfer": ("flashinfer", ("flashinfer-python", "flashinfer")),
-    "cudnn_frontend": ("cudnn", ("nvidia-cudnn-frontend", "cudnn-frontend")),
-}
-_VERSION_FIELDS = {"flash_attn": "flash_attn", "flash_attn3": "flash_attn3", "xformers": "xformers",
-                   "te": "transformer_engine", "flashinfer": "flashinfer", "cudnn_frontend": "cudnn_frontend"}
+# The families (call.hpp kFamilies, one table for the CLI, the binding and this module):
+# the installable ones as {name: (module that must import, distributions whose metadata
+# carry the version, first installed wins)}, and each one's Environment version field.
+_FAMILIES = {f["name"]: (f["python_module"], tuple(f["distributions"])) for f in _core.families() if f["python_module"]}
+_VERSION_FIELDS = {f["name"]: f["version_field"] for f in _core.families() if f["version_field"]}
 
-# The families whose calls masklens.torch runs itself (docs/python.md); the others are
-# reported by inspect() but never chosen by the drop-in.
-RUNNABLE = frozenset({"torch", "flex", "flash_attn"})
+# The families whose calls masklens.torch runs itself (docs/python.md): every backend of
+# the family has a runner (masklens._run sets it from its runners, set_runnable); the
+# others are reported by inspect() but never chosen by the drop-in.
+RUNNABLE = frozenset({"torch"})
+
+
+def set_runnable(backends_run) -> None:
+    """The runnable families from the names of the backends masklens.torch runs: a family
+    is runnable where each of its backends is among them (decide() may choose any)."""
+    global RUNNABLE
+    run = set(backends_run)
+    rows = _core.backends()
+    RUNNABLE = frozenset(f for f in {b["family"] for b in rows}
+                         if all(b["name"] in run for b in rows if b["family"] == f))
+    _environment_for.cache_clear()
 
 # An sm below every GPU kernel's minimum: on the CPU only torch's math kernel (and
 # plans of it) remain, which is what runs there.

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend
 
-from . import _core, _flex, _scan
+from . import _core, _env, _flex, _scan
 
 
 SDPA_KERNELS = {
@@ -285,10 +285,15 @@ RUNNERS.update({"torch.varlen_attn": _varlen_runner, "flash_attn.varlen": _varle
                 "flash_attn": _flash_attn_runner})
 
 
+_env.set_runnable(RUNNERS)
+
+
 def register_runner(backend: str, make) -> None:
     """Runs `backend`'s calls with make(call) -> run(t, q, k, v, mask) (a backend added to
-    the registry: docs/backends.md, "Adding a backend")."""
+    the registry: docs/backends.md, "Adding a backend"). Its family becomes one the drop-in
+    decides for once each of the family's backends has a runner."""
     RUNNERS[backend] = make
+    _env.set_runnable(RUNNERS)
 
 
 def prepare_call(call):

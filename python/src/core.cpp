@@ -15,6 +15,7 @@
 #include <masklens/call_args.hpp>
 #include <masklens/classify_runs.hpp>
 #include <masklens/describe.hpp>
+#include <masklens/json.hpp>
 #include <masklens/masklens.hpp>
 
 #include "device_runs.hpp"
@@ -905,13 +906,23 @@ void bind_tables(nb::module_& m) {
           d["bit"] = static_cast<std::uint32_t>(f.bit);
           d["version_field"] = f.version ? nb::cast(std::string(f.version_field)) : nb::none();
           d["default_version"] = f.version ? nb::cast(f.default_version.to_string()) : nb::none();
+          d["python_module"] = f.python_module.empty() ? nb::none() : nb::cast(std::string(f.python_module));
+          std::vector<std::string> distributions;
+          for (std::string_view rest = f.distributions; !rest.empty();) {
+            const std::size_t comma = rest.find(',');
+            distributions.emplace_back(rest.substr(0, comma));
+            rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
+          }
+          d["distributions"] = distributions;
           out.append(d);
         }
         return out;
       },
       "Every backend family, in table order: {name (as Environment.available spells it), bit, version_field (the "
       "Environment property holding its library's version; None: it has none of its own), default_version (the "
-      "CLI's; None without a version_field)}.");
+      "CLI's; None without a version_field), python_module (the module whose import finds it installed; None for "
+      "torch and flex, which come with torch), distributions (the distributions whose metadata carry its version, "
+      "the first installed wins)}.");
   m.def(
       "backends",
       [] {
@@ -938,6 +949,22 @@ void bind_tables(nb::module_& m) {
       "name), takes_dense_mask, native_rate and dense_rate (ms per unit of work, cost.hpp; dense_rate 0: takes "
       "none), rates_measured, work ('attended', 'every_pair' or 'flex_tiles'), plan_step (a torch kernel a plan's "
       "steps may use), rules (its capability rules' names, in order)}.");
+}
+
+// The JSON contract (docs/json.md, schema 2) from json.hpp, the one writer the CLI's --json
+// uses too: masklens.Report.to_dict() parses what this returns.
+void bind_json(nb::module_& m) {
+  m.attr("JSON_SCHEMA") = kJsonSchema;
+  m.def(
+      "report_json",
+      [](const MaskStructure& s, const Policy* policy, const TileSummary* tiles) {
+        nlohmann::json doc = to_json(s, policy);
+        if (tiles) doc["tiles"] = to_json(take(block_mask_tensors(*tiles)), tiles->tally());
+        return doc.dump();
+      },
+      "structure"_a, "policy"_a.none(), "tiles"_a.none() = nb::none(),
+      "The inspect document (docs/json.md) of a structure, its policy (None: decide() failed) and a tile "
+      "summary (None: not counted), as the CLI's --json writes it (compact).");
 }
 
 // Context parallelism: a table's runs from row shards (masklens.distributed). Spans are
@@ -1028,7 +1055,6 @@ NB_MODULE(_core, m) {
   // would report them as leaked at every exit of a training program.
   nb::set_leak_warnings(false);
   m.attr("__version__") = "0.1.0";
-  m.attr("JSON_SCHEMA") = 2;
   nb::exception<StatusError>(m, "MaskError", PyExc_RuntimeError);
 
   bind_structure(m);
@@ -1038,5 +1064,6 @@ NB_MODULE(_core, m) {
   bind_typed_call(m);
   bind_policy(m);
   bind_tables(m);
+  bind_json(m);
   bind_context_parallelism(m);
 }

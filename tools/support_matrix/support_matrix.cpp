@@ -184,14 +184,19 @@ std::string render() {
          "   where plans may use it. Code that names the backend (a defect, a test) gives its id a name in the\n"
          "   `Backend` enum (`backend_call.hpp`).\n"
          "3. A new family: a row in `kFamilies` (`include/masklens/call.hpp`): its name, its bit and, where its\n"
-         "   library has a version of its own, the `Environment` field that holds it, the CLI option and default.\n\n"
+         "   library has a version of its own, the `Environment` field that holds it, the CLI option and default,\n"
+         "   and the Python module (and distributions) whose import finds it installed.\n"
+         "4. For the torch drop-in to run it: a runner, `masklens._run.register_runner(name, make)` with\n"
+         "   `make(call) -> run(t, q, k, v, mask)` (the built-in ones are `_run.RUNNERS`); the drop-in decides\n"
+         "   for a family once each of its backends has one.\n\n"
          "`decide()`, the JSON contract, the CLI (`--available`, the version options, the printed Python), the\n"
          "binding (`Environment`, `_core.families()`, `_core.backends()`) and this file read those tables. The\n"
          "fake backend of `tests/fake_backend/` is added exactly so, without touching the real tables: `hook.hpp`\n"
          "holds its family row and registry row (its id the one after the last row's), `fake_attn.hpp` is its\n"
          "header, and the programs compiled with `-DMASKLENS_EXTRA_BACKENDS=\"fake_backend/hook.hpp\"` find it in\n"
          "`decide()`, its rejections, the JSON and the CLI's `--available` (`tests/test_fake_backend.cpp`,\n"
-         "`tests/cli/test_fake_backend.py`).\n";
+         "`tests/cli/test_fake_backend.py`); the binding built so (`_core_fake_backend`) gives it to\n"
+         "`masklens.inspect` and, with one runner registered, to the drop-in (`tests/python/test_fake_backend.py`).\n";
   return out.str();
 }
 
