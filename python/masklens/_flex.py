@@ -309,10 +309,14 @@ def forgone_saving_ms(policy) -> float:
     return 0.0
 
 
-def renting(run, bucket: FlexBucket, saving_ms: float):
+def renting(run, bucket: FlexBucket, saving_ms: float, prepared):
     """run, counting into the bucket what each call forgoes: once the calls have given up
-    a compile's worth, decide() charges the bucket's compile no more."""
+    a compile's worth, decide() charges the bucket's compile no more, and `prepared` (the
+    decision this run belongs to) is marked stale: the drop-in decides its mask and call
+    again, so a mask tensor reused every step moves to flex too."""
     def renting(t, q, k, v, mask):
         bucket.forgone_ms += saving_ms
+        if bucket.compile_charge() == 0.0:
+            prepared.stale = True
         return run(t, q, k, v, mask)
     return renting

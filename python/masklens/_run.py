@@ -371,13 +371,16 @@ def run_plan(policy, t: Tensors):
 class Prepared:
     """A Policy read once, as the drop-in keeps it per (mask, call): `run(t, q, k, v,
     mask)`, whether the call reads the dense mask (`needs_mask`: the drop-in builds the
-    mask's 4-D view only then) and whether rows that attend to nothing must be zeroed."""
+    mask's 4-D view only then), whether rows that attend to nothing must be zeroed, and
+    whether it is stale (`stale`: a flex it passed over for its cold compile has been paid
+    for by the calls that ran without it; the drop-in then decides again)."""
 
-    __slots__ = ("policy", "structure", "run", "needs_mask", "zero_rows")
+    __slots__ = ("policy", "structure", "run", "needs_mask", "zero_rows", "stale")
 
     def __init__(self, policy, structure, flex_bucket=None):
         self.policy = policy
         self.structure = structure
+        self.stale = False
         if policy.is_plan:
             self.run = _plan_runner(policy, structure)
             self.needs_mask = False  # steps run unmasked calls
@@ -391,7 +394,7 @@ class Prepared:
         self.zero_rows = structure.empty_rows > structure.finite_masked_rows
         saving = _flex.forgone_saving_ms(policy) if flex_bucket is not None else 0.0
         if saving > 0:
-            self.run = _flex.renting(self.run, flex_bucket, saving)
+            self.run = _flex.renting(self.run, flex_bucket, saving, self)
 
 
 def run_policy(policy, t: Tensors):

@@ -166,7 +166,7 @@ def _decide(entry, query, key, value, attn_mask, dropout_p, training, enable_gqa
     (None: torch's own dispatch)."""
     ck = _call_key(query, key, value, attn_mask, dropout_p, training, enable_gqa)
     hit = entry.policies.get(ck)
-    if hit is not None:  # a None (fallback) is decided again: strictness may have changed
+    if hit is not None and not hit.stale:  # a None (fallback) is decided again: strictness may have changed
         _scan.timing["decide_ms"] = 0.0
         return hit
     t0 = time.perf_counter()
@@ -237,6 +237,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         # as torch's call.
         if prepared is None or (_RAN, ck) not in entry.derived:
             return _passthrough(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    elif prepared is not None and prepared.stale:
+        prepared = None  # decided again below (a flex passed over for its compile is paid for)
     if prepared is not None:
         _scan.timing["decide_ms"] = 0.0
     else:

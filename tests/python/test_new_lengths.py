@@ -270,6 +270,27 @@ def test_calls_that_forgo_a_cold_flex_pay_for_its_compile(monkeypatch, fresh_fle
     masklens.forget()
 
 
+def test_a_reused_mask_moves_to_flex_once_its_compile_is_paid_for(monkeypatch, fresh_flex, dynamo_eager):
+    """The same mask tensor every step (its decision cached): once the calls that ran
+    without flex have given up the compile's cost, the cached decision is stale, the next
+    call decides again and runs flex (one compile), and later calls stay there."""
+    decide_as_h100(monkeypatch, {"torch", "flex"})
+    mask = prefix_lm_mask(512, 128)
+    q, k, v = qkv(1, 2, 512, 512, grad=False)
+    saving = _flex.forgone_saving_ms(inspect(q, k, v, mask)[0])
+    _flex.set_flex_compile_ms(2.5 * saving)
+    masklens.forget()
+    backends = []
+    for _ in range(6):
+        out = sdpa(q, k, v, attn_mask=mask)
+        assert_close(out, reference(q, k, v, mask), 1e-5)
+        backends.append(inspect(q, k, v, mask)[0].backend)
+    # Three calls pay for the compile (the third crosses it); the fourth decides again.
+    assert [b == "torch.flex_attention" for b in backends] == [False, False, True, True, True, True], backends
+    assert counters["frames"]["ok"] == 1
+    masklens.forget()
+
+
 def test_compile_cost_is_data_and_overridable(monkeypatch, fresh_flex):
     assert _flex.flex_compile_ms() == _core.FLEX_COLD_COMPILE_MS == 3500
     monkeypatch.setenv("MASKLENS_FLEX_COMPILE_MS", "120")
