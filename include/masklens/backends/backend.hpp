@@ -227,6 +227,16 @@ inline VarlenArgs padded_varlen(const MaskStructure& s) {
   return a;
 }
 
+// The dense form of a kernel that takes the kept mask as an additive bias of the query's
+// dtype (xformers' attn_bias tensor, the cuDNN frontend's bias).
+inline bool additive_bias(Backend b, Call* out) {
+  return emit(out, [b] {
+    Call c = dropping(b, KernelArgs{}, MaskUse::keep);
+    c.mask_form = MaskForm::additive;
+    return c;
+  });
+}
+
 // The varlen kernels' common forms (torch varlen_attn, flash-attn varlen): padded keys
 // of a full structure, and the documents or chunks of a square causal, windowed or full
 // one.

@@ -46,11 +46,7 @@ inline bool native(const MaskStructure& s, const CallContext&, Call* out) {
 
 // The mask as an additive bias tensor.
 inline bool dense(const MaskStructure&, const CallContext&, Call* out) {
-  return emit(out, [] {
-    Call c = dropping(Backend::cudnn_frontend, KernelArgs{}, MaskUse::keep);
-    c.mask_form = MaskForm::additive;
-    return c;
-  });
+  return additive_bias(Backend::cudnn_frontend, out);
 }
 
 // graph.sdpa's keywords: padding through seq_len_q / seq_len_kv, the causal diagonal

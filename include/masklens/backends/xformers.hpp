@@ -30,11 +30,7 @@ inline bool native(const MaskStructure& s, const CallContext&, Call* out) {
 
 // attn_bias as a tensor: an additive bias of the query's dtype.
 inline bool dense(const MaskStructure&, const CallContext&, Call* out) {
-  return emit(out, [] {
-    Call c = dropping(Backend::xformers, KernelArgs{}, MaskUse::keep);
-    c.mask_form = MaskForm::additive;
-    return c;
-  });
+  return additive_bias(Backend::xformers, out);
 }
 
 // The attn_bias class a replaced mask becomes, with its arguments.
