@@ -142,6 +142,15 @@ TEST_CASE("every policy computes its structure: plans and native calls are exact
   CHECK(natives > 100);
 }
 
+TEST_CASE("every registry row is complete: a native form and both renderers") {
+  for (const BackendInfo& b : backends::kRegistry) {
+    INFO(b.name);
+    CHECK(static_cast<bool>(b.native));
+    CHECK(static_cast<bool>(b.args));
+    CHECK(static_cast<bool>(b.python));
+  }
+}
+
 TEST_CASE("every native form of every backend is exact on generated structures") {
   testing::Rng rng(testing::test_seed(7));
   const CallContext context{seed_call(), with_every_family()};

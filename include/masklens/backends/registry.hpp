@@ -122,20 +122,20 @@ inline constexpr BackendInfo kRegistry[] = {
 };
 
 // The table is indexed by Backend, leaves Backend::zeros (a plan step, no backend)
-// free, every row is complete, its family is one kFamilies lists and its rule table
-// fits the Refusals bit set.
+// free, every row has a name, its family is one kFamilies lists and its rule table fits
+// the Refusals bit set. (That every row has a native form and renderers is a host test:
+// GCC's sanitizers make a function pointer's comparison with null no constant.)
 inline constexpr bool registry_well_formed() {
   for (std::size_t i = 0; i < std::size(kRegistry); ++i) {
     const BackendInfo& b = kRegistry[i];
     if (static_cast<std::size_t>(b.id) != i || b.id == Backend::zeros || b.rules.size() > kMaxRules) return false;
-    if (b.name.empty() || !b.native || !b.args || !b.python) return false;
+    if (b.name.empty()) return false;
     if (std::popcount(static_cast<std::uint32_t>(b.family)) != 1 || (b.family & ~kEveryFamily) != 0) return false;
   }
   return true;
 }
 static_assert(registry_well_formed(),
-              "kRegistry: row i has id i (not zeros), a name, a native form, renderers, one known family and at "
-              "most kMaxRules rules");
+              "kRegistry: row i has id i (not zeros), a name, one known family and at most kMaxRules rules");
 
 }  // namespace masklens::backends
 
