@@ -380,7 +380,8 @@ def structure_tiles_as_stored(structure, size, mask):
     return _core.tile_summary_from_states(states, dims[0], dims[1], summary.q_len, summary.k_len, *summary.block_size)
 
 
-def _attends(mask, masked_threshold):
+def attends(mask, masked_threshold: float = -1000.0):
+    """The keys a mask lets attend, as a bool tensor (an additive mask's above the threshold)."""
     return mask if mask.dtype == torch.bool else (mask > masked_threshold if mask.is_floating_point() else mask != 0)
 
 
@@ -426,7 +427,7 @@ def _device_block_mask(mask, size, masked_threshold):
         else:
             mask_mod = mask_mod_for(structure, view.device)
     else:
-        mask_mod = mask_mod_for(structure, view.device, _attends(view, masked_threshold))
+        mask_mod = mask_mod_for(structure, view.device, attends(view, masked_threshold))
     return structure, block_mask_from_arrays(arrays, view.shape[-2:], size, mask_mod)
 
 
@@ -483,7 +484,7 @@ def block_mask(mask_or_report, block_size=128, *, mask=None, device=None, masked
         return _device_block_mask(mask, size, masked_threshold)[1]
     if tiles is None:
         _, tiles = _scan.scan_with_tiles(mask, size, masked_threshold)
-    attends = _attends(mask, masked_threshold)
-    while attends.dim() < 4:
-        attends = attends.unsqueeze(0)
-    return block_mask_from_tiles(tiles, mask_mod_for(structure, device, attends.to(device)), device)
+    allowed = attends(mask, masked_threshold)
+    while allowed.dim() < 4:
+        allowed = allowed.unsqueeze(0)
+    return block_mask_from_tiles(tiles, mask_mod_for(structure, device, allowed.to(device)), device)

@@ -28,8 +28,9 @@ _FAMILIES = {f["name"]: (f["python_module"], tuple(f["distributions"])) for f in
 _VERSION_FIELDS = {f["name"]: f["version_field"] for f in _core.families() if f["version_field"]}
 
 # The families whose calls masklens.torch runs itself (docs/python.md): every backend of
-# the family has a runner (masklens._run sets it from its runners, set_runnable); the
-# others are reported by inspect() but never chosen by the drop-in.
+# the family has a runner; the others are reported by inspect() but never chosen by the
+# drop-in. masklens._run sets it from its runners when it is imported (set_runnable),
+# before anything asks for a runnable_only environment (masklens.torch imports it).
 RUNNABLE = frozenset({"torch"})
 
 
@@ -103,7 +104,8 @@ def _environment_for(device_type: str, index: int | None, runnable_only: bool) -
             if runnable_only and family not in RUNNABLE:
                 continue
             available.add(family)
-            fields[_VERSION_FIELDS[family]] = version
+            if family in _VERSION_FIELDS:  # a library with a version of its own
+                fields[_VERSION_FIELDS[family]] = version
     else:
         fields["sm"] = CPU_SM
         available = {"torch"}

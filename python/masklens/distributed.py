@@ -613,7 +613,7 @@ class ContextParallel:
         if not identity:
             rows = rows.index_select(3, torch.as_tensor(order, device=device))
         if structure.kind == "arbitrary":
-            mask_mod = _block_mask.mask_mod_for(structure, device, _attends(rows))
+            mask_mod = _block_mask.mask_mod_for(structure, device, _block_mask.attends(rows))
         else:
             mask_mod = _global_rule(structure, device, mine, None if identity else order)
         return _local_block_mask(rows, self.block_size, mask_mod, device)
@@ -659,12 +659,6 @@ def register_transformers() -> None:
     from transformers.masking_utils import AttentionMaskInterface
     AttentionInterface.register(TRANSFORMERS_NAME, _transformers_attention)
     AttentionMaskInterface.register(TRANSFORMERS_NAME, _no_mask)
-
-
-def _attends(rows, masked_threshold: float = -1000.0):
-    if rows.dtype == torch.bool:
-        return rows
-    return rows > masked_threshold if rows.is_floating_point() else rows != 0
 
 
 def _structure_rows(structure, mine, device):

@@ -176,7 +176,7 @@ inline bool attends(const SpanRun& r) noexcept {
   return r.row_class() != RowClass::empty || (r.flags & kRowFiniteMasked);
 }
 
-// The host half of a device scan (masklens._cache.device_scan): the layout of the one
+// The host half of a device scan (masklens._scan.device_scan): the layout of the one
 // device block (device_runs.hpp), host memory for the run count and the first runs
 // (one copy, not zero-filled: the copy writes every byte of it) and for the runs past
 // them, where there are; finish() classifies the runs.

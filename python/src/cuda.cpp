@@ -1,7 +1,7 @@
 // masklens._cuda: the device scanner (include/masklens/cuda/scan.hpp) for CUDA tensors,
 // built only where Meson finds nvcc. A module of its own so that masklens._core never
 // needs the CUDA runtime: where this one cannot be loaded, the package still imports
-// and copies CUDA masks to the host instead (masklens._cache).
+// and copies CUDA masks to the host instead (masklens._scan).
 //
 // Memory comes from the caller (torch's caching allocator, in Python): scan.hpp's
 // two-phase convention. query_runs() gives the temporary sizes of the scan and of the
@@ -14,7 +14,7 @@
 //
 // query_runs_tiles() / scan_runs_tiles() do the same from a scan that also counts the
 // mask's tiles in its one read (cuda/tiles.hpp) and writes torch BlockMask's eight int32
-// arrays into device tensors the caller allocated (masklens._cache.device_scan_tiles):
+// arrays into device tensors the caller allocated (masklens._block_mask.device_scan_tiles):
 // the same block, its scan temporary sized for the tile counts.
 #include <cuda_runtime.h>
 #include <nanobind/nanobind.h>

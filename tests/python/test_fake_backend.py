@@ -32,12 +32,12 @@ q, k, v = (torch.randn(1, 2, 64, 32) for _ in range(3))
 """
 
 
-def run(body: str) -> dict:
-    """Runs PRELUDE + body in a fresh interpreter (the package beside this one's) and
-    returns the JSON the body prints last."""
+def run(body: str, *paths) -> dict:
+    """Runs PRELUDE + body in a fresh interpreter (the package beside this one's, and
+    `paths` on its path) and returns the JSON the body prints last."""
     code = PRELUDE.format(core=FAKE_CORE[0]) + body
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(os.path.dirname(masklens.__file__)),
-                                                        os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*map(str, paths), os.path.dirname(os.path.dirname(
+        masklens.__file__)), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -94,3 +94,22 @@ print(json.dumps({"calls": calls, "runnable": sorted(_env.RUNNABLE), "backend": 
     assert "fake_attn" in got["runnable"]
     assert got["backend"] == "fake_attn" and got["calls"] == [True]
     assert got["error"] < 1e-5
+
+
+def test_an_installed_family_without_a_version_is_found(tmp_path):
+    """The fake family names a Python module and no version of its own: where that module
+    imports, a GPU's environment has the family available (its version field none), and
+    the drop-in's (runnable_only) has it once its backend has a runner."""
+    (tmp_path / "fake_attn").mkdir()
+    (tmp_path / "fake_attn" / "__init__.py").write_text("")
+    got = run("""
+torch.cuda.get_device_capability = lambda index=None: (9, 0)  # an sm90 GPU, as _env reads it
+seen = {"all": sorted(_env.environment("cuda:0").available),
+        "runnable": sorted(_env.environment("cuda:0", runnable_only=True).available)}
+_run.register_runner("fake_attn", lambda call: None)
+seen["runnable_with_runner"] = sorted(_env.environment("cuda:0", runnable_only=True).available)
+print(json.dumps(seen))
+""", tmp_path)
+    assert "fake_attn" in got["all"]
+    assert "fake_attn" not in got["runnable"]
+    assert "fake_attn" in got["runnable_with_runner"]
