@@ -81,12 +81,7 @@ Status reduce_runs(void* d_temp_storage, std::size_t& temp_storage_bytes, const 
 Result<SpanRuns> scan_runs(const MaskView& device_view, Stream stream) {
   if (device_view.data() == nullptr) return error(ErrorCode::invalid_argument, "view is empty (data is null)");
   SpanRuns out;
-  out.batch = device_view.batch();
-  out.heads = device_view.heads();
-  out.q_len = device_view.q_len();
-  out.k_len = device_view.k_len();
-  out.distinct_batch = device_view.stride(kBatch) == 0 ? 1 : device_view.batch();
-  out.distinct_heads = device_view.stride(kHeads) == 0 ? 1 : device_view.heads();
+  masklens::detail::span_shape_of(out, device_view);
   const std::int64_t rows = span_rows(device_view);
   if (rows > kMaxRows)
     return error(ErrorCode::invalid_argument, "the view has " + std::to_string(rows) +

@@ -62,6 +62,18 @@ void copy_span_shape(To& to, const From& from) noexcept {
   to.distinct_heads = from.distinct_heads;
 }
 
+// The shape fields of a view's spans (a table's or its runs'): one slice per distinct
+// (b, h) its strides allow.
+template <class To>
+void span_shape_of(To& to, const MaskView& view) noexcept {
+  to.batch = view.batch();
+  to.heads = view.heads();
+  to.q_len = view.q_len();
+  to.k_len = view.k_len();
+  to.distinct_batch = view.stride(kBatch) == 0 ? 1 : view.batch();
+  to.distinct_heads = view.stride(kHeads) == 0 ? 1 : view.heads();
+}
+
 }  // namespace detail
 
 struct SpanTable {
@@ -134,12 +146,7 @@ struct SpanTable {
   static Result<SpanTable> for_view(const MaskView& view) {
     return catch_alloc([&]() -> Result<SpanTable> {
       SpanTable t;
-      t.batch = view.batch();
-      t.heads = view.heads();
-      t.q_len = view.q_len();
-      t.k_len = view.k_len();
-      t.distinct_batch = view.stride(kBatch) == 0 ? 1 : view.batch();
-      t.distinct_heads = view.stride(kHeads) == 0 ? 1 : view.heads();
+      detail::span_shape_of(t, view);
       const std::int64_t slices = t.distinct_slices();
       if (slices > INT64_MAX / t.q_len || slices * t.q_len > static_cast<std::int64_t>(SIZE_MAX / sizeof(RowSpan)))
         return error(ErrorCode::out_of_memory, "span table of " + std::to_string(slices) + " x " +

@@ -412,12 +412,7 @@ void bind_scan(nb::module_& m) {
              std::size_t reduce_temp_bytes) {
             const MaskView view = take(python::view_of(data, dtype, shape, strides, masked_threshold));
             SpanRuns runs;
-            runs.batch = view.batch();
-            runs.heads = view.heads();
-            runs.q_len = view.q_len();
-            runs.k_len = view.k_len();
-            runs.distinct_batch = view.stride(kBatch) == 0 ? 1 : view.batch();
-            runs.distinct_heads = view.stride(kHeads) == 0 ? 1 : view.heads();
+            masklens::detail::span_shape_of(runs, view);
             if (Status st = runs.validate_shape(); !st.ok()) raise(st);
             if (runs.distinct_slices() > ((std::int64_t{1} << 31) - 1) / runs.q_len)
               raise(error(ErrorCode::invalid_argument, "the view has " + std::to_string(runs.rows()) +
