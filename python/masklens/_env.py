@@ -24,8 +24,9 @@ def set_field(target, where: str, name: str, value) -> None:
 # The families (call.hpp kFamilies, one table for the CLI, the binding and this module):
 # the installable ones as {name: (module that must import, distributions whose metadata
 # carry the version, first installed wins)}, and each one's Environment version field.
-_FAMILIES = {f["name"]: (f["python_module"], tuple(f["distributions"])) for f in _core.families() if f["python_module"]}
-_VERSION_FIELDS = {f["name"]: f["version_field"] for f in _core.families() if f["version_field"]}
+_FAMILY_ROWS = _core.families()
+_FAMILIES = {f["name"]: (f["python_module"], tuple(f["distributions"])) for f in _FAMILY_ROWS if f["python_module"]}
+_VERSION_FIELDS = {f["name"]: f["version_field"] for f in _FAMILY_ROWS if f["version_field"]}
 
 # The families whose calls masklens.torch runs itself (docs/python.md): every backend of
 # the family has a runner; the others are reported by inspect() but never chosen by the

@@ -171,7 +171,7 @@ def _decide(entry, query, key, value, attn_mask, dropout_p, training, enable_gqa
         return hit
     t0 = time.perf_counter()
     call = _run.attention_call(query.dtype, tuple(query.shape), key.shape[1], key.shape[2], value.shape[-1], training,
-                           dropout_p, attn_mask.dtype)
+                               dropout_p, attn_mask.dtype)
     env = _env.environment(query.device if query.device.type == "cuda" else "cpu", runnable_only=True)
     structure = entry.verdict.structure
     # A cold FlexAttention compile is a cost; what the rule forgoes counts toward it (_run).
