@@ -9,9 +9,11 @@ steps after --warm warm-up steps (compiles included only there); the first step
 (compile) is reported apart. Also: the form the layers got, scans per forward, graph
 breaks on the timed steps (must be 0: no recompile for a new padding), and the largest
 logits difference on real tokens against compiled sdpa. Goal (issue 31): compiled
-masklens >= 1.3x compiled sdpa.
+masklens >= 1.3x compiled sdpa. --one-graph adds compiled masklens in one graph
+(masklens.transformers.one_graph: decided by an op of the graph, torch.cond over the
+forms, no graph break), compiled with fullgraph=True.
 
-usage: python3 bench/compiled_model.py [--device cuda|cpu] [--quick] [--json OUT]
+usage: python3 bench/compiled_model.py [--device cuda|cpu] [--quick] [--one-graph] [--json OUT]
   --device cpu --quick: a tiny model on the CPU (Dynamo's aot_eager backend), a smoke test.
 Run against the in-tree build with PYTHONPATH=build-dir/python (bench/README.md).
 """
@@ -24,6 +26,7 @@ import time
 import torch
 
 import masklens
+import masklens._one_graph as one_graph
 import masklens.torch as mt
 import masklens.transformers  # noqa: F401  (registers "masklens")
 from torch._dynamo.utils import counters
@@ -39,6 +42,7 @@ parser.add_argument("--steps", type=int, default=10)
 parser.add_argument("--warm", type=int, default=2)
 parser.add_argument("--pads", default="0,1200,2800,5000", help="left padding per batch row (each step shifts it)")
 parser.add_argument("--backend", help="torch.compile backend (default: inductor; aot_eager with --device cpu --quick)")
+parser.add_argument("--one-graph", action="store_true", help="also compiled masklens in one graph (fullgraph=True)")
 parser.add_argument("--json", help="write the results here")
 args = parser.parse_args()
 
@@ -131,11 +135,21 @@ def recording_prepare(*a, **k):
 
 masklens.transformers.prepare_compiled = recording_prepare
 results = [measure("compiled sdpa", torch.compile(base, backend=backend)),
-           measure("compiled masklens", torch.compile(ours, backend=backend)),
-           measure("eager sdpa", base), measure("eager masklens", ours)]
+           measure("compiled masklens", torch.compile(ours, backend=backend))]
 form = forms[-1] if forms else None
 form_name = ("None (is_causal)" if form is None else f"CompiledMask {form.kind}"
              if isinstance(form, mt.CompiledMask) else "dense mask")
+if args.one_graph:
+    # Set before compiling: Dynamo may have marked the mask function's frame as one to run
+    # eagerly (it held nothing but the break), so the switch needs a fresh cache.
+    torch._dynamo.reset()
+    masklens.transformers.one_graph = True
+    taken = dict(one_graph.forms_taken)
+    results.append(measure("compiled one graph", torch.compile(ours, backend=backend, fullgraph=True)))
+    form_name += ("; one graph's op answered " +
+                  ", ".join(f"{name} {n - taken.get(name, 0)}x" for name, n in one_graph.forms_taken.items()))
+    masklens.transformers.one_graph = False
+results += [measure("eager sdpa", base), measure("eager masklens", ours)]
 
 # Equality on real tokens: one more batch through both compiled models, no grad.
 ids, attention = batch(99)
@@ -146,6 +160,7 @@ error = (a - b).abs()[attention.bool()].max().item()
 
 by = {r["name"]: r for r in results}
 speedup = by["compiled sdpa"]["step_ms"] / by["compiled masklens"]["step_ms"]
+one_graph_speedup = by["compiled sdpa"]["step_ms"] / by["compiled one graph"]["step_ms"] if args.one_graph else None
 print(f"{args.batch} x {args.L} left-padded {pads[:args.batch]}, {args.layers} layers, {config.num_attention_heads} "
       f"heads of {config.head_dim}, {dtype}, {device}, backend {backend}; forward + backward")
 for r in results:
@@ -153,7 +168,10 @@ for r in results:
           f"scans/step {r['scans_per_step']:.1f}  graph breaks on timed steps {r['graph_breaks']}")
 print(f"  compiled masklens vs compiled sdpa: {speedup:.2f}x (goal >= 1.3x); layers got: {form_name}; "
       f"max |logits difference| on real tokens {error:.3g}")
+if one_graph_speedup is not None:
+    print(f"  compiled one graph vs compiled sdpa: {one_graph_speedup:.2f}x")
 if args.json:
     with open(args.json, "w") as f:
         json.dump({"config": vars(args), "backend": backend, "results": results, "speedup": speedup,
-                   "form": form_name, "max_logits_difference": error}, f, indent=1)
+                   "one_graph_speedup": one_graph_speedup, "form": form_name, "max_logits_difference": error}, f,
+                  indent=1)

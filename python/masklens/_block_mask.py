@@ -258,12 +258,19 @@ def span_mask_mod(spans, distinct_batch: int, distinct_heads: int):
     and tile counts alive with the BlockMask (~4.9 MB at 69632^2). A broadcast batch or
     head (distinct 1) reads slice 0."""
     Q = spans.shape[0] // (distinct_batch * distinct_heads)
-    table = spans[:, :2].contiguous().view(distinct_batch, distinct_heads, Q, 2)
+    return bounds_mask_mod(spans[:, :2].contiguous().view(distinct_batch, distinct_heads, Q, 2))
+
+
+def bounds_mask_mod(table):
+    """FlexAttention's mask_mod of row bounds: table [B', H', Q, 2] (first, last key of
+    each row, first past last for a row that attends nothing), B' or H' of 1 broadcast:
+    key kv attends row q iff first <= kv <= last."""
+    distinct_batch, distinct_heads = table.shape[0] > 1, table.shape[1] > 1
 
     def mask_mod(b, h, qi, ki):
         # Past Q (a ragged last tile) the row is clamped; flex masks those positions itself.
         # The table's own size bounds it: no guard on Q in a compiled flex.
-        bb, hh, qc = b if distinct_batch > 1 else 0, h if distinct_heads > 1 else 0, qi.clamp(max=table.shape[2] - 1)
+        bb, hh, qc = b if distinct_batch else 0, h if distinct_heads else 0, qi.clamp(max=table.shape[2] - 1)
         return (ki >= table[bb, hh, qc, 0]) & (ki <= table[bb, hh, qc, 1])
     return mask_mod
 
@@ -293,17 +300,24 @@ def document_table(segments, Q: int, device) -> torch.Tensor:
 _BLOCK_MASK_TAKES_Q_SIDE = None
 
 
+def block_mask_takes_q_side() -> bool:
+    """Whether torch's BlockMask constructor takes the q side (torch 2.11's does). Worked
+    out once; a caller that builds BlockMasks inside a traced graph asks first, eagerly."""
+    global _BLOCK_MASK_TAKES_Q_SIDE
+    if _BLOCK_MASK_TAKES_Q_SIDE is None:
+        from torch.nn.attention.flex_attention import BlockMask
+        _BLOCK_MASK_TAKES_Q_SIDE = "q_num_blocks" in _pyinspect.signature(BlockMask.__init__).parameters
+    return _BLOCK_MASK_TAKES_Q_SIDE
+
+
 def block_mask_from_arrays(arrays, seq_lengths, block_size, mask_mod):
     """A torch BlockMask over its eight int32 tensors ({name: tensor}, [B', H', ...] with B'
     and H' the distinct batch and heads, 1 broadcasting): through BlockMask's constructor
     where it takes the q side (torch 2.11 does), else BlockMask.from_kv_blocks deriving it.
     A broadcast dimension stays 1: flex_attention reads a dimension of 1 for every batch or
     head, while an expanded (stride-0) tensor would meet its contiguous offset arithmetic."""
-    global _BLOCK_MASK_TAKES_Q_SIDE
     from torch.nn.attention.flex_attention import BlockMask
-    if _BLOCK_MASK_TAKES_Q_SIDE is None:
-        _BLOCK_MASK_TAKES_Q_SIDE = "q_num_blocks" in _pyinspect.signature(BlockMask.__init__).parameters
-    if _BLOCK_MASK_TAKES_Q_SIDE:
+    if block_mask_takes_q_side():
         return BlockMask(seq_lengths=tuple(seq_lengths), BLOCK_SIZE=tuple(block_size), mask_mod=mask_mod, **arrays)
     return BlockMask.from_kv_blocks(arrays["kv_num_blocks"], arrays["kv_indices"], arrays["full_kv_num_blocks"],
                                     arrays["full_kv_indices"], BLOCK_SIZE=tuple(block_size), mask_mod=mask_mod,

@@ -101,24 +101,47 @@ def _flex_form(policy, structure, view, expected):
     return CompiledMask("flex", view, expected, block_mask=block_mask)
 
 
-def _compiled_form(policy, structure, view, expected):
-    """What the compiled attention layers run for a decided policy: None for plain causal
-    (sdpa's is_causal: the policy drops the mask for is_causal with Q = K), a CompiledMask
-    for FlexAttention or varlen_attn, else the dense mask (torch's sdpa with it)."""
+def decided_form(policy, structure, q_len: int, k_len: int) -> str:
+    """The form a compiled layer takes for a decided policy: "causal" (sdpa's is_causal:
+    the policy drops the mask for is_causal with Q = K and no empty row), "flex", "varlen",
+    or "dense" (torch's sdpa with the mask: an SDPA kernel that keeps it, a plan, anything
+    else)."""
     call = policy.call
-    Q, K = view.shape[-2:]
     if policy.is_plan:
-        return view
+        return "dense"
     if call.backend in _run.SDPA_KERNELS:
         a = call.args
-        if call.mask == "drop" and a is not None and a.is_causal and Q == K and structure.empty_rows == 0:
-            return None
-        return view
+        causal = call.mask == "drop" and a is not None and a.is_causal
+        return "causal" if causal and q_len == k_len and structure.empty_rows == 0 else "dense"
     if call.backend == "torch.flex_attention":
-        return _flex_form(policy, structure, view, expected) or view
+        return "flex"
     if call.backend == "torch.varlen_attn":
+        return "varlen"
+    return "dense"
+
+
+def _compiled_form(policy, structure, view, expected):
+    """What the compiled attention layers run for a decided policy: None for plain causal,
+    a CompiledMask for FlexAttention or varlen_attn, else the dense mask (decided_form)."""
+    form = decided_form(policy, structure, *view.shape[-2:])
+    if form == "causal":
+        return None
+    if form == "flex":
+        return _flex_form(policy, structure, view, expected) or view
+    if form == "varlen":
         return _varlen_form(policy, structure, view, expected) or view
     return view
+
+
+def decide_for_layers(structure, mask, expected, dtype, training, dropout_p=0.0):
+    """The policy of a compiled model's attention layers over `mask` ([B, 1 or H, Q, K]):
+    `expected` = (heads, kv_heads, head_dim, head_dim_v), among single calls (no plans: a
+    plan's slices are Python ints a graph would guard) of the families that run here."""
+    heads, kv_heads, head_dim, head_dim_v = expected
+    B, _, Q, K = mask.shape
+    call = _run.attention_call(dtype, (B, heads, Q, head_dim), kv_heads, K, head_dim_v, training, dropout_p, mask.dtype)
+    env = _env.environment(mask.device if mask.device.type == "cuda" else "cpu", runnable_only=True)
+    return _core.decide(structure, call, env, 1)
 
 
 def prepare_compiled(mask, *, heads, kv_heads, head_dim, head_dim_v=None, dtype=torch.float32, training=None,
@@ -137,7 +160,6 @@ def prepare_compiled(mask, *, heads, kv_heads, head_dim, head_dim_v=None, dtype=
         return mask
     head_dim_v = head_dim if head_dim_v is None else head_dim_v
     training = torch.is_grad_enabled() if training is None else training
-    B, _, Q, K = mask.shape
     try:
         entry = _verdicts.entry_for(mask, _verdicts.DROPIN_MASKED_THRESHOLD)
     except _core.MaskError:
@@ -147,10 +169,8 @@ def prepare_compiled(mask, *, heads, kv_heads, head_dim, head_dim_v=None, dtype=
     form = entry.derived.get(key, entry)  # the entry itself: not yet decided
     if form is not entry:
         return form
-    call = _run.attention_call(dtype, (B, heads, Q, head_dim), kv_heads, K, head_dim_v, training, dropout_p, mask.dtype)
-    env = _env.environment(mask.device if mask.device.type == "cuda" else "cpu", runnable_only=True)
     try:
-        policy = _core.decide(entry.verdict.structure, call, env, 1)
+        policy = decide_for_layers(entry.verdict.structure, mask, expected, dtype, training, dropout_p)
     except _core.MaskError:
         form = mask
     else:

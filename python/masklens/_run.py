@@ -308,11 +308,13 @@ def run_call(call, t: Tensors, q, k, v, mask):
     return prepare_call(call)(t, q, k, v, mask)
 
 
-class _ContiguousGrad(torch.autograd.Function):
+class ContiguousGrad(torch.autograd.Function):
     """Identity whose backward hands on a contiguous gradient. A plan step's output is a
     slice of the whole output, so its gradient arrives as a strided view; the fused
     kernels are run (and tested upstream) with dense gradients, and on an H200 a plan's
-    cuDNN backward disagreed with the same calls assembled by torch.cat."""
+    cuDNN backward disagreed with the same calls assembled by torch.cat. One-graph layers
+    (_one_graph) give each branch's inputs dense gradients: torch.cond's backward wants one
+    layout from every branch."""
 
     @staticmethod
     def forward(ctx, x):
@@ -357,7 +359,7 @@ def _plan_runner(policy, structure):
             bs = slice(None) if all_batches else slice(b, b + 1)
             piece = step(t, q[bs, :, qs:qe].contiguous(), k[bs, :, ks:ke].contiguous(), v[bs, :, ks:ke].contiguous(),
                          None)
-            out[bs, :, qs:qe] = _ContiguousGrad.apply(piece) if piece.requires_grad else piece
+            out[bs, :, qs:qe] = ContiguousGrad.apply(piece) if piece.requires_grad else piece
         if not steps and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
             out = _NoKeyAttends.apply(out, q, k, v)
         return out

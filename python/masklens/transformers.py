@@ -17,7 +17,10 @@ kind), and there masklens proves and decides outside the graph (a
 torch.compiler.disable'd call: one graph break per mask kind and forward) and hands the
 layers what compiles well: None for plain causal (sdpa's is_causal), a CompiledMask for
 FlexAttention or varlen_attn, or the dense mask as sdpa would (masklens.torch.
-prepare_compiled). Inside the layers nothing breaks the graph.
+prepare_compiled). Inside the layers nothing breaks the graph. With one_graph = True the
+mask is proven and the call decided by an op of the graph instead, the layers choosing
+their form with torch.cond (masklens._one_graph): no graph break, fullgraph=True works.
+A one-token decode step's mask is sdpa_mask's, traced in either mode.
 
 CUDA graph capture: a call whose mask the drop-in ran before the capture (the same
 tensor, unchanged: a 4-D mask the caller passes) is replayed; any other runs as torch's.
@@ -37,6 +40,7 @@ that wants them loaded before any forward calls masklens.load_kernels() itself:
 from __future__ import annotations
 
 import logging
+import os
 import threading
 
 import torch
@@ -45,10 +49,17 @@ from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_f
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from . import _scan, _verdicts
+from ._one_graph import GraphMask, attend_graph, graph_mask
 from .torch import CompiledMask, attend_compiled, prepare_compiled, scaled_dot_product_attention
 
 NAME = "masklens"
 logger = logging.getLogger("masklens")
+
+# torch.compile(model): whether the masks are proven and decided inside the graph (an op of
+# the graph, the layers' forms chosen by torch.cond: no graph break, fullgraph=True works)
+# rather than outside it (one graph-break site per forward and mask kind; the path
+# measured on a GPU, hence the default). MASKLENS_ONE_GRAPH=1 turns it on at import.
+one_graph = os.environ.get("MASKLENS_ONE_GRAPH", "") == "1"
 
 # Whether the mask function loads masklens' CUDA kernels (on a background thread) the first
 # time it sees a CUDA device.
@@ -85,11 +96,26 @@ def _begin_forward(device) -> None:
         _load_in_background(device)
 
 
+def _query_length(kwargs):
+    """The mask's query length from the mask function's arguments (transformers 5 passes
+    q_length; earlier ones cache_position), or None."""
+    q_length = kwargs.get("q_length")
+    if q_length is None and isinstance(kwargs.get("cache_position"), torch.Tensor):
+        q_length = kwargs["cache_position"].shape[0]
+    return q_length
+
+
 def masklens_mask(*args, **kwargs):
     """transformers' sdpa_mask; each call starts a new forward for the verdict cache
     (inference-mode masks are remembered within one forward). Inside torch.compile the
-    mask is made, proven and decided outside the graph (_mask_outside_graph)."""
+    mask is made, proven and decided outside the graph (_mask_outside_graph), or in it
+    where one_graph is on (_mask_in_graph); a one-token decode step's mask is sdpa_mask's,
+    traced (nothing to prove in one row: no break, no scan)."""
     if torch.compiler.is_compiling():
+        if _query_length(kwargs) == 1:
+            return sdpa_mask(*args, **kwargs)
+        if one_graph:
+            return _mask_in_graph(*args, **kwargs)
         return _mask_outside_graph(*args, **kwargs)
     _begin_forward(kwargs.get("device"))
     return sdpa_mask(*args, **kwargs)
@@ -131,6 +157,18 @@ def _mask_outside_graph(*args, **kwargs):
     return prepare_compiled(mask, heads=heads, kv_heads=kv_heads, head_dim=head_dim, dtype=dtype)
 
 
+def _mask_in_graph(*args, **kwargs):
+    """one_graph: sdpa_mask traced into the graph, its form decided at run time by an op
+    of the graph (masklens._one_graph): no graph break."""
+    mask = sdpa_mask(*args, **kwargs)
+    shape = _attention_shape(kwargs.get("config"))
+    if mask is None or shape is None or not isinstance(mask, torch.Tensor):
+        return mask
+    heads, kv_heads, head_dim = shape
+    dtype = _call_dtype(kwargs.get("dtype", torch.float32), mask.device)
+    return graph_mask(mask, heads=heads, kv_heads=kv_heads, head_dim=head_dim, dtype=dtype)
+
+
 def _skip_scan(query, attention_mask) -> bool:
     return (attention_mask is None or query.shape[2] == 1 or torch.compiler.is_compiling()
             or not isinstance(attention_mask, torch.Tensor))
@@ -154,6 +192,16 @@ def masklens_attention_forward(module, query, key, value, attention_mask, dropou
         # transformers refuses "sdpa" for such models, so a result without them is wrong.
         raise ValueError("`masklens` attention does not support attention sinks (`s_aux`, as `sdpa`). Try `eager` "
                          "or `flex_attention`")
+    if isinstance(attention_mask, GraphMask):
+        # one_graph: every form the graph holds, taken at run time by the op's decision.
+        if kwargs.get("position_bias") is None and kwargs.get("softcap") is None:
+            def sdpa(q, k, v, mask):
+                return sdpa_attention_forward(module, q, k, v, mask, dropout=dropout, scaling=scaling,
+                                              is_causal=mask is None or is_causal, **kwargs)[0]
+            out = attend_graph(attention_mask, query, key, value, sdpa, dropout_p=dropout, scale=scaling)
+            if out is not None:
+                return out, None
+        attention_mask = attention_mask.mask
     if isinstance(attention_mask, CompiledMask):
         # A compiled model's mask, decided outside the graph: traced as it is, or the dense
         # mask where this call is not the one decided for.

@@ -23,3 +23,17 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def gpu_environment(monkeypatch):
+    """The compiled path decides as on an H100 with the given families (on CPU tensors):
+    the FlexAttention and varlen forms are then traced on the CPU."""
+    import masklens
+    import masklens.torch as mt
+    real = masklens.environment
+
+    def use(available):
+        monkeypatch.setattr(mt._env, "environment",
+                            lambda device=None, runnable_only=False, **kw: real("cpu", sm=90, available=available))
+    return use

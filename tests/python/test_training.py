@@ -20,46 +20,7 @@ import masklens.transformers  # noqa: E402,F401  (registers "masklens")
 from torch._dynamo.utils import counters  # noqa: E402
 from transformers import AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, MistralConfig  # noqa: E402
 
-SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
-             num_key_value_heads=2, vocab_size=97, max_position_embeddings=256)
-
-
-def pair(cfg, impl="masklens"):
-    torch.manual_seed(0)
-    ref = AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation="sdpa").float()
-    ours = AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation=impl).float()
-    ours.load_state_dict(ref.state_dict())
-    return ref, ours
-
-
-def left_padded(pads, L=20, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(3, 97, (len(pads), L), generator=g)
-    attention = torch.ones(len(pads), L, dtype=torch.long)
-    for b, n in enumerate(pads):
-        attention[b, :n] = 0
-    return ids, attention
-
-
-def max_grad_difference(ref, ours):
-    worst = 0.0
-    for p, q in zip(ref.parameters(), ours.parameters()):
-        if p.grad is not None:
-            worst = max(worst, (p.grad - q.grad).abs().max().item() / (p.grad.abs().max().item() + 1e-6))
-    return worst
-
-
-def forward_backward(model, ids, attention):
-    logits = model(input_ids=ids, attention_mask=attention).logits
-    keep = attention.bool()
-    logits[keep].logsumexp(-1).sum().backward()
-    return logits.detach()
-
-
-def break_sites():
-    """The graph breaks Dynamo recorded, by reason (one reason per site)."""
-    return {reason.split("\n")[0]: n for reason, n in counters["graph_break"].items()}
-
+from models import SMALL, break_sites, forward_backward, left_padded, max_grad_difference, pair  # noqa: E402
 
 # --- torch.compile(model) ---------------------------------------------------------------
 
@@ -104,18 +65,6 @@ def test_compiled_attention_layers_are_one_graph():
     calls = sum("scaled_dot_product_attention" in str(n.target) for n in with_attention[0].graph.nodes)
     assert calls == SMALL["num_hidden_layers"]
     assert all("disable" in str(r.reason) for r in explained.break_reasons)
-
-
-@pytest.fixture
-def gpu_environment(monkeypatch):
-    """The compiled path decides as on an H100 with the given families (on CPU tensors):
-    the FlexAttention and varlen forms are then traced on the CPU."""
-    real = masklens.environment
-
-    def use(available):
-        monkeypatch.setattr(mt._env, "environment",
-                            lambda device=None, runnable_only=False, **kw: real("cpu", sm=90, available=available))
-    return use
 
 
 def captured_forms(monkeypatch):

@@ -1,0 +1,250 @@
+"""One graph: a compiled model's masks proven and decided inside the graph, the decision
+carried as data (masklens.transformers.one_graph = True).
+
+The default compiled path (_compiled) decides outside the graph: one graph-break site per
+forward, which Dynamo records once for each frame it had inlined, and which
+torch.compile(fullgraph=True) refuses. Here the mask function's work is an opaque custom
+op, masklens::graph_form: it scans the mask, decides the layers' call (as _compiled
+does) and returns the decision as a code (a 0-d CPU tensor) beside what the FlexAttention
+form needs: each row's first and last key, and the BlockMask's eight tensors, all of
+shapes fixed by the mask's. The layers pick among sdpa with the mask, sdpa's is_causal
+and flex_attention with torch.cond: every branch is in the graph, the code takes one at
+run time, and no Python value changes with the mask (new padding, new documents: the
+same graph, no break).
+
+A branch costs compile time, so a graph holds the FlexAttention branch only once a
+forward has decided FlexAttention: graph_forms is read while tracing (Dynamo guards it);
+the op that decides FlexAttention for a graph without the branch answers "dense" (torch's
+sdpa with the mask: what the model computes without masklens) and adds the branch to
+graph_forms, and the next forward compiles once more, with it. torch's varlen_attn is
+not a branch (its cumulative lengths change size with the sequences): a call decided
+for it takes FlexAttention where that fits, else the dense mask.
+"""
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import torch
+
+from . import _block_mask, _compiled, _core, _run, _scan, _verdicts
+
+DENSE, CAUSAL, FLEX = 0, 1, 2
+BLOCK = 128  # the FlexAttention form's BlockMask block, q and k: a constant of the graph
+
+# The forms compiled graphs hold (a bit per form), read while tracing.
+DEFAULT_FORMS = (1 << DENSE) | (1 << CAUSAL)
+graph_forms = DEFAULT_FORMS
+
+# How often graph_form answered each form ("dense", "causal", "flex"): what the layers ran.
+forms_taken = collections.Counter()
+
+
+def _field_shapes(B, H, Q, K):
+    """The shapes of the BlockMask's eight tensors (BLOCK_MASK_FIELDS order) over a mask of
+    B x H slices; from sizes alone, as the fake op must give them."""
+    nq, nk = -(-Q // BLOCK), -(-K // BLOCK)
+    kv, q = ((B, H, nq), (B, H, nq, nk)), ((B, H, nk), (B, H, nk, nq))
+    return [*kv, *kv, *q, *q]
+
+
+def _flex_fits(policy) -> bool:
+    """Whether the decided call could be FlexAttention: decided so, or passed over only as
+    slower (not refused, defective or unavailable)."""
+    return policy.call.backend == "torch.flex_attention" or any(
+        r.backend == "torch.flex_attention" and r.kind == "slower" for r in policy.rejected)
+
+
+def _host_bounds(allowed):
+    """[B, H, Q, 2] int64: each row's first and last attended key (K and -1 for a row that
+    attends nothing), read from a bool mask with torch ops."""
+    K = allowed.shape[-1]
+    u8 = allowed.view(torch.uint8)
+    first = u8.argmax(-1)
+    last = (K - 1) - u8.flip(-1).argmax(-1)
+    some = allowed.any(-1)
+    return torch.stack([torch.where(some, first, K), torch.where(some, last, -1)], -1)
+
+
+def _read(mask, with_tiles: bool):
+    """(verdict, bounds(), {name: tensor}) of one read of the mask: with the BlockMask's
+    tensors at BLOCK where with_tiles (written on the device by masklens._cuda, else from
+    a host tile summary), and a function giving the rows' bounds."""
+    threshold = _verdicts.DROPIN_MASKED_THRESHOLD
+    if not with_tiles:
+        return _scan.scan(mask, threshold), None, None
+    if mask.device.type == "cuda" and _scan.has_device_tiles():
+        spans = []
+        verdict, arrays = _block_mask.device_scan_tiles(mask.detach(), (BLOCK, BLOCK), threshold,
+                                                        classify_many_runs=False, spans_out=spans)
+        db, dh = arrays["kv_num_blocks"].shape[:2]
+        Q = mask.shape[2]
+        return verdict, lambda: spans[0]()[:, :2].contiguous().view(db, dh, Q, 2), arrays
+    verdict, tiles = _scan.scan_with_tiles(mask, (BLOCK, BLOCK), threshold)
+    t = tiles.block_mask()
+    arrays = {name: _scan.to_device(np.ascontiguousarray(getattr(t, name)), mask.device) for name in t.fields}
+    return verdict, lambda: _host_bounds(_block_mask.attends(mask.detach(), threshold)), arrays
+
+
+def _want_flex() -> None:
+    global graph_forms
+    graph_forms |= 1 << FLEX
+
+
+# The op reads the mask to the host and decides there: never inside a CUDA graph capture
+# (Inductor partitions a graph around an op so tagged, or does not capture it).
+_HOST_WORK = (torch.Tag.cudagraph_unsafe,) if hasattr(torch.Tag, "cudagraph_unsafe") else ()
+
+
+@torch.library.custom_op("masklens::graph_form", mutates_args=(), tags=_HOST_WORK)
+def graph_form(mask: torch.Tensor, heads: int, kv_heads: int, head_dim: int, head_dim_v: int, dtype: torch.dtype,
+               training: bool, forms: int) -> list[torch.Tensor]:
+    """[code, bounds, *BlockMask tensors]: the form of a compiled model's attention layers
+    over `mask` ([B, H, Q, K], H = 1 for every head), decided for (heads, kv_heads,
+    head_dim, head_dim_v, dtype, training) among the forms the graph holds (`forms`, a bit
+    each); bounds [B, H, Q, 2] int64 and the eight int32 tensors ([B, H, ...]) hold the
+    FlexAttention form's BlockMask where the code is FLEX, and zeros otherwise."""
+    B, H, Q, K = mask.shape
+    flex_in_graph = bool(forms >> FLEX & 1)
+    form, bounds, arrays = "dense", None, None
+    try:
+        verdict, bounds, arrays = _read(mask, flex_in_graph)
+        if verdict is not None:
+            structure = verdict.structure
+            policy = _compiled.decide_for_layers(structure, mask, (heads, kv_heads, head_dim, head_dim_v), dtype,
+                                                 training)
+            form = _compiled.decided_form(policy, structure, Q, K)
+            if form in ("flex", "varlen"):
+                # The bounds are exact where every row attends one interval: every exact structure.
+                form = "flex" if structure.kind != "arbitrary" and _flex_fits(policy) else "dense"
+    except _core.MaskError:  # a mask masklens cannot read: torch's sdpa reads it as it is
+        form = "dense"
+    if form == "flex" and not flex_in_graph:
+        _want_flex()
+        form = "dense"
+    shapes = _field_shapes(B, H, Q, K)
+    if form == "flex":
+        table = bounds()
+        fields = [arrays[name] for name in _block_mask.BLOCK_MASK_FIELDS]
+        out = [t.expand(shape).contiguous() for t, shape in zip([table, *fields], [(B, H, Q, 2), *shapes])]
+    else:  # never read (the flex branch is not taken); zeros, not whatever memory held
+        out = [mask.new_zeros((B, H, Q, 2), dtype=torch.int64)]
+        out += [mask.new_zeros(shape, dtype=torch.int32) for shape in shapes]
+    forms_taken[form] += 1
+    code = {"dense": DENSE, "causal": CAUSAL, "flex": FLEX}[form]
+    return [torch.tensor(code, dtype=torch.int64), *out]
+
+
+@graph_form.register_fake
+def _graph_form_fake(mask, heads, kv_heads, head_dim, head_dim_v, dtype, training, forms):
+    B, H, Q, K = mask.shape
+    return [torch.empty((), dtype=torch.int64, device="cpu"), mask.new_empty((B, H, Q, 2), dtype=torch.int64),
+            *(mask.new_empty(shape, dtype=torch.int32) for shape in _field_shapes(B, H, Q, K))]
+
+
+@torch.library.custom_op("masklens::graph_operands", mutates_args=())
+def graph_operands(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> list[torch.Tensor]:
+    """q, k and v copied contiguous, as the torch.cond of the layers takes them. An op, not
+    .contiguous(): Inductor (torch 2.11) compiles each branch for the strides its operands
+    had when traced but may lay out a computed operand otherwise (seen on the CPU without
+    grad: branch inputs failing their stride checks); an op's outputs have the layout its
+    fake gives, which Inductor keeps."""
+    return [t.contiguous().clone() if t.is_contiguous() else t.contiguous() for t in (query, key, value)]
+
+
+@graph_operands.register_fake
+def _graph_operands_fake(query, key, value):
+    return [torch.empty_like(t, memory_format=torch.contiguous_format) for t in (query, key, value)]
+
+
+def _graph_operands_backward(ctx, grads):
+    return tuple(grads)
+
+
+graph_operands.register_autograd(_graph_operands_backward)
+
+
+class GraphMask:
+    """What a compiled model's attention layers receive in one-graph mode: the dense mask,
+    the op's decision (code) and the FlexAttention form's tensors, made in the graph. A
+    plain object: Dynamo traces its tensors and guards its Python values (expected, forms)."""
+
+    def __init__(self, mask, code, bounds, arrays, expected, forms):
+        self.mask = mask
+        self.code = code
+        self.bounds = bounds
+        self.arrays = arrays
+        self.expected = expected  # (heads, kv_heads, head_dim, head_dim_v) the decision was for
+        self.forms = forms
+
+    @property
+    def shape(self):
+        return self.mask.shape
+
+    def __repr__(self):
+        return f"<masklens GraphMask {tuple(self.mask.shape)}>"
+
+
+def graph_mask(mask, *, heads, kv_heads, head_dim, head_dim_v=None, dtype=torch.float32, training=None):
+    """In a traced graph: a GraphMask over `mask` (a dense [B, 1 or H, Q, K] mask made in the
+    graph), its form decided at run time by masklens::graph_form for the layers' call
+    (`heads`, `kv_heads`, `head_dim`, `dtype`; training: grad mode by default). A mask
+    masklens does not decide for (not 4-D, a dtype it does not decide, a device other than
+    the CPU or CUDA) comes back as it is."""
+    if (not isinstance(mask, torch.Tensor) or mask.dim() != 4 or dtype not in _run.DTYPES or mask.requires_grad
+            or mask.device.type not in ("cpu", "cuda")):
+        return mask
+    head_dim_v = head_dim if head_dim_v is None else head_dim_v
+    training = torch.is_grad_enabled() if training is None else training
+    forms = graph_forms
+    code, bounds, *arrays = torch.ops.masklens.graph_form(mask, heads, kv_heads, head_dim, head_dim_v, dtype, training,
+                                                          forms)
+    return GraphMask(mask, code, bounds, arrays, (heads, kv_heads, head_dim, head_dim_v), forms)
+
+
+def attend_graph(gm, query, key, value, sdpa, dropout_p=0.0, scale=None):
+    """A GraphMask's attention in the graph: torch.cond over the forms it holds, each branch
+    giving [B, Q, H, Dv] contiguous (the layout transformers' layers return).
+    sdpa(q, k, v, mask) is the caller's sdpa call (the dense form), sdpa(q, k, v, None)
+    its is_causal one. None where the call is not the one decided for (dropout, other
+    heads or dims, another length or batch): the caller then runs sdpa with gm.mask."""
+    B, H, Q, D = query.shape
+    Hk, K, Dv = key.shape[1], key.shape[2], value.shape[-1]
+    if dropout_p or (H, Hk, D, Dv) != gm.expected or Q != gm.mask.shape[-2] or K != gm.mask.shape[-1]:
+        return None
+    if gm.mask.shape[0] not in (1, B) or H % Hk:
+        return None
+    flex_kwargs = {"scale": scale, **({"enable_gqa": True} if H != Hk else {})}
+
+    def dense(q, k, v, mask, bounds, *arrays):
+        return sdpa(q, k, v, mask)
+
+    def causal(q, k, v, mask, bounds, *arrays):
+        return sdpa(q, k, v, None)
+
+    def flex(q, k, v, mask, bounds, *arrays):
+        from torch.nn.attention.flex_attention import flex_attention
+        block_mask = _block_mask.block_mask_from_arrays(dict(zip(_block_mask.BLOCK_MASK_FIELDS, arrays)),
+                                                        (q.shape[2], k.shape[2]), (BLOCK, BLOCK),
+                                                        _block_mask.bounds_mask_mod(bounds))
+        return flex_attention(q, k, v, block_mask=block_mask, **flex_kwargs).transpose(1, 2).contiguous()
+
+    def dense_gradients(branch):
+        # torch.cond's backward is a cond too, whose branches must give gradients of one
+        # layout: each kernel's backward (and transformers' repeat_kv) lays out its own.
+        def run(q, k, v, *rest):
+            return branch(*(_run.ContiguousGrad.apply(t) for t in (q, k, v)), *rest)
+        return run
+    dense, causal, flex = dense_gradients(dense), dense_gradients(causal), dense_gradients(flex)
+
+    operands = (*torch.ops.masklens.graph_operands(query, key, value), gm.mask, gm.bounds, *gm.arrays)
+    not_causal = dense
+    if gm.forms >> FLEX & 1:
+        def not_causal(*ops):
+            return torch.cond(gm.code == FLEX, flex, dense, ops)
+    if Q != K:  # top-left is_causal is the mask's rule only where Q = K (the op decides it only there)
+        return not_causal(*operands)
+    return torch.cond(gm.code == CAUSAL, causal, not_causal, operands)
+
+
+_block_mask.block_mask_takes_q_side()  # worked out here, not while tracing a graph

@@ -1,0 +1,188 @@
+"""torch.compile(model) with masklens.transformers.one_graph: the mask proven and the
+layers' form decided by an op of the graph, the forms chosen by torch.cond. No graph
+break (fullgraph=True), one graph for every padding, forward and backward equal to
+sdpa's, one scan per forward and mask kind, the FlexAttention branch added once; and a
+one-token decode step under torch.compile, in either mode, breaks nothing and scans
+nothing. Tiny models from configs, random weights, CPU, fp32."""
+import pytest
+import torch
+
+import masklens
+
+transformers = pytest.importorskip("transformers")
+import masklens._one_graph as one_graph  # noqa: E402
+import masklens.transformers  # noqa: E402,F401  (registers "masklens")
+from torch._dynamo.utils import counters  # noqa: E402
+from transformers import DynamicCache, Gemma3TextConfig, LlamaConfig  # noqa: E402
+
+from models import SMALL, break_sites, forward_backward, left_padded, max_grad_difference, pair  # noqa: E402
+
+
+@pytest.fixture
+def one_graph_mode(monkeypatch):
+    """one_graph on, graph_forms and forms_taken fresh (restored after), Dynamo reset."""
+    monkeypatch.setattr(masklens.transformers, "one_graph", True)
+    monkeypatch.setattr(one_graph, "graph_forms", one_graph.DEFAULT_FORMS)
+    monkeypatch.setattr(one_graph, "forms_taken", __import__("collections").Counter())
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def taken_since(before):
+    return {form: n - before.get(form, 0) for form, n in one_graph.forms_taken.items() if n - before.get(form, 0)}
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_fullgraph_model_equals_sdpa_without_a_break(one_graph_mode, backend):
+    """fullgraph=True compiles (it refuses the default path's break); plain causal and
+    padded batches take the causal and dense branches of one graph, new padding compiles
+    nothing, forward and backward equal sdpa's (eager), one scan a forward."""
+    ref, ours = pair(LlamaConfig(**SMALL))
+    compiled = torch.compile(ours, backend=backend, fullgraph=True)
+    steps = [((0, 0, 0), "causal"), ((0, 4, 9), "dense"), ((2, 0, 7), "dense"), ((0, 0, 0), "causal")]
+    for step, (pads, form) in enumerate(steps):
+        ids, attention = left_padded(pads, seed=step)
+        counters.clear()
+        before, taken = masklens.scan_count(), dict(one_graph.forms_taken)
+        b = forward_backward(compiled, ids, attention)
+        assert masklens.scan_count() - before == 1, "one scan per forward, in the graph's op"
+        assert taken_since(taken) == {form: 1}
+        assert not break_sites()
+        if step:
+            assert not counters["stats"]["unique_graphs"], "a new padding compiled again"
+        a = forward_backward(ref, ids, attention)
+        keep = attention.bool()
+        assert (a - b).abs()[keep].max().item() < 1e-4
+        assert max_grad_difference(ref, ours) < 1e-3
+        ref.zero_grad()
+        ours.zero_grad()
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_flex_branch_is_added_once_and_equals_sdpa(one_graph_mode, gpu_environment, backend):
+    """Decided as on an H100 with FlexAttention only: the first forward's graph has no flex
+    branch, so the op answers dense (right) and adds it; the next forward compiles once
+    more, and from then on the layers run FlexAttention on the op's BlockMask and row
+    bounds, new padding and all, without compiling. Forward only: torch 2.11 has no
+    FlexAttention backward on the CPU."""
+    gpu_environment({"flex"})
+    ref, ours = pair(LlamaConfig(**SMALL))
+    compiled = torch.compile(ours, backend=backend, fullgraph=True)
+    L = 150  # two BlockMask blocks of 128, the second ragged
+    with torch.no_grad():
+        for step, pads in enumerate([(0, 4, 9), (2, 0, 7), (0, 0, 0), (5, 1, 130)]):
+            ids, attention = left_padded(pads, L=L, seed=step)
+            counters.clear()
+            taken = dict(one_graph.forms_taken)
+            b = compiled(input_ids=ids, attention_mask=attention).logits
+            assert taken_since(taken) == {"dense" if step == 0 else "flex": 1}
+            assert bool(one_graph.graph_forms >> one_graph.FLEX & 1)
+            assert not break_sites()
+            compiled_now = bool(counters["stats"]["unique_graphs"])
+            assert compiled_now == (step <= 1), "compiled at first, then once for the branch"
+            a = ref(input_ids=ids, attention_mask=attention).logits
+            keep = attention.bool()
+            assert (a - b).abs()[keep].max().item() < 1e-4
+
+
+def test_hybrid_model_decides_once_per_mask_kind(one_graph_mode):
+    """Gemma3's sliding and full layers: two ops a forward (two scans), one graph."""
+    cfg = Gemma3TextConfig(**SMALL, head_dim=16, sliding_window=6,
+                           layer_types=["sliding_attention", "sliding_attention", "full_attention"])
+    ref, ours = pair(cfg)
+    compiled = torch.compile(ours, backend="aot_eager", fullgraph=True)
+    for step, pads in enumerate([(0, 4, 9), (3, 0, 11)]):
+        ids, attention = left_padded(pads, seed=step)
+        counters.clear()
+        before = masklens.scan_count()
+        b = forward_backward(compiled, ids, attention)
+        assert masklens.scan_count() - before == 2
+        assert not break_sites()
+        a = forward_backward(ref, ids, attention)
+        keep = attention.bool()
+        assert (a - b).abs()[keep].max().item() < 1e-4
+        assert max_grad_difference(ref, ours) < 1e-3
+        ref.zero_grad()
+        ours.zero_grad()
+
+
+@pytest.mark.parametrize("available", [None, {"flex"}])
+def test_graph_form_op_passes_opcheck(available, gpu_environment):
+    """The ops' schemas, fake kernels and autograd registration, as torch checks them: with
+    the CPU's decision (dense or causal) and with FlexAttention's (the BlockMask filled)."""
+    if available:
+        gpu_environment(available)
+    i, j = torch.arange(40)[:, None], torch.arange(40)[None]
+    for mask in ((j <= i)[None, None].expand(2, 1, 40, 40).contiguous(), (j <= i + 3)[None, None]):
+        torch.library.opcheck(torch.ops.masklens.graph_form.default,
+                              (mask, 4, 2, 16, 16, torch.float32, False, one_graph.DEFAULT_FORMS | 1 << one_graph.FLEX))
+    q, k, v = (torch.randn(2, 4, 40, 16).transpose(1, 2) for _ in range(3))
+    torch.library.opcheck(torch.ops.masklens.graph_operands.default, (q, k, v))
+
+
+def test_graph_form_gives_the_rows_bounds_and_blocks_of_a_flex_answer(gpu_environment):
+    """The op's FlexAttention answer: each row's first and last key (a padded row's none:
+    first past last) and a BlockMask whose partial blocks and full blocks are the mask's."""
+    gpu_environment({"flex"})
+    i, j = torch.arange(200)[:, None], torch.arange(200)[None]
+    mask = ((j <= i) & (j >= torch.tensor([0, 70])[:, None, None]))[:, None]  # batch 1 left-padded by 70
+    code, bounds, *arrays = torch.ops.masklens.graph_form(mask, 4, 4, 16, 16, torch.bfloat16, False,
+                                                          one_graph.DEFAULT_FORMS | 1 << one_graph.FLEX)
+    assert code.item() == one_graph.FLEX and code.device.type == "cpu"
+    assert bounds[0, 0, 5].tolist() == [0, 5] and bounds[1, 0, 150].tolist() == [70, 150]
+    assert bounds[1, 0, 10, 0] > bounds[1, 0, 10, 1], "a padded row attends nothing"
+    from torch.nn.attention.flex_attention import create_block_mask
+    fields = dict(zip(masklens._block_mask.BLOCK_MASK_FIELDS, arrays))
+    want = create_block_mask(lambda b, h, q, kv: mask[b, 0, q, kv], 2, None, 200, 200, device="cpu")
+    for name in ("kv_num_blocks", "full_kv_num_blocks"):
+        assert fields[name].tolist() == getattr(want, name).tolist(), name
+
+
+@pytest.mark.parametrize("mode", ["outside the graph", "one graph"])
+def test_compiled_decode_step_breaks_nothing_and_scans_nothing(mode, monkeypatch):
+    """A one-token step through a compiled model (a cache of an eager prefill): the mask of
+    one row is sdpa_mask's, traced; no break (fullgraph=True), no scan, the tokens sdpa's.
+    The default path broke the graph there and scanned every step."""
+    monkeypatch.setattr(masklens.transformers, "one_graph", mode == "one graph")
+    torch._dynamo.reset()
+    ref, ours = pair(LlamaConfig(**SMALL))
+    ids, attention = left_padded((0, 4, 7), L=12)
+
+    def decode(model, compiled):
+        cache, tokens, scans = DynamicCache(config=model.config), [], 0
+        with torch.no_grad():
+            logits = model(input_ids=ids, attention_mask=attention, past_key_values=cache, use_cache=True).logits
+            a = attention
+            for _ in range(4):
+                token = logits[:, -1:].argmax(-1)
+                tokens.append(token)
+                a = torch.cat([a, torch.ones(3, 1, dtype=a.dtype)], 1)
+                before = masklens.scan_count()
+                logits = compiled(input_ids=token, attention_mask=a, past_key_values=cache, use_cache=True).logits
+                scans += masklens.scan_count() - before
+        return torch.cat(tokens, 1), scans
+
+    want, _ = decode(ref, ref)
+    counters.clear()
+    got, scans = decode(ours, torch.compile(ours, backend="aot_eager", fullgraph=True))
+    assert torch.equal(got, want)
+    assert scans == 0 and not break_sites()
+    torch._dynamo.reset()
+
+
+def test_the_docs_example_runs(monkeypatch):
+    """docs/python.md's "One graph" example, as written (a source checkout only)."""
+    import os
+    import re
+    docs = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "docs", "python.md")
+    if not os.path.exists(docs):
+        pytest.skip("no docs/python.md beside the tests")
+    section = open(docs).read().split("#### One graph", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    monkeypatch.setattr(masklens.transformers, "one_graph", False)  # the example turns it on
+    torch._dynamo.reset()
+    counters.clear()
+    exec(compile(code, "docs/python.md", "exec"), {})
+    assert masklens.transformers.one_graph and not break_sites()
+    torch._dynamo.reset()
