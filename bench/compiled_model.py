@@ -10,7 +10,7 @@ steps after --warm warm-up steps (compiles included only there); the first step
 breaks on the timed steps (must be 0: no recompile for a new padding), and the largest
 logits difference on real tokens against compiled sdpa. Goal (issue 31): compiled
 masklens >= 1.3x compiled sdpa. --one-graph adds compiled masklens in one graph
-(masklens.transformers.one_graph: decided by an op of the graph, torch.cond over the
+(masklens.torch.set_one_graph: decided by an op of the graph, torch.cond over the
 forms, no graph break), compiled with fullgraph=True.
 
 usage: python3 bench/compiled_model.py [--device cuda|cpu] [--quick] [--one-graph] [--json OUT]
@@ -143,12 +143,12 @@ if args.one_graph:
     # Set before compiling: Dynamo may have marked the mask function's frame as one to run
     # eagerly (it held nothing but the break), so the switch needs a fresh cache.
     torch._dynamo.reset()
-    masklens.transformers.one_graph = True
+    mt.set_one_graph(True)
     taken = dict(one_graph.forms_taken)
     results.append(measure("compiled one graph", torch.compile(ours, backend=backend, fullgraph=True)))
     form_name += ("; one graph's op answered " +
                   ", ".join(f"{name} {n - taken.get(name, 0)}x" for name, n in one_graph.forms_taken.items()))
-    masklens.transformers.one_graph = False
+    mt.set_one_graph(False)
 results += [measure("eager sdpa", base), measure("eager masklens", ours)]
 
 # Equality on real tokens: one more batch through both compiled models, no grad.

@@ -1,5 +1,5 @@
 """One graph: a compiled model's masks proven and decided inside the graph, the decision
-carried as data (masklens.transformers.one_graph = True).
+carried as data (masklens.torch.set_one_graph(True)).
 
 The default compiled path (_compiled) decides outside the graph: one graph-break site per
 forward, which Dynamo records once for each frame it had inlined, and which
@@ -23,11 +23,26 @@ for it takes FlexAttention where that fits, else the dense mask.
 from __future__ import annotations
 
 import collections
+import os
 
 import numpy as np
 import torch
 
 from . import _block_mask, _compiled, _core, _run, _scan, _verdicts
+
+# Whether torch.compile'd code decides in the graph (the drop-in and masklens.transformers'
+# mask function read it while tracing: Dynamo guards it). MASKLENS_ONE_GRAPH=1: on at import.
+enabled = os.environ.get("MASKLENS_ONE_GRAPH", "") == "1"
+
+
+def set_one_graph(on: bool = True) -> None:
+    """Whether torch.compile'd code proves masks and decides inside the graph (no graph
+    break; fullgraph=True works) rather than outside it (transformers' mask function) or
+    not at all (the drop-in, which runs torch's own call inside torch.compile). Set it
+    before compiling: graphs compiled the other way are kept until torch._dynamo.reset()."""
+    global enabled
+    enabled = bool(on)
+
 
 DENSE, CAUSAL, FLEX = 0, 1, 2
 BLOCK = 128  # the FlexAttention form's BlockMask block, q and k: a constant of the graph
@@ -97,13 +112,14 @@ _HOST_WORK = (torch.Tag.cudagraph_unsafe,) if hasattr(torch.Tag, "cudagraph_unsa
 
 
 @torch.library.custom_op("masklens::graph_form", mutates_args=(), tags=_HOST_WORK)
-def graph_form(mask: torch.Tensor, heads: int, kv_heads: int, head_dim: int, head_dim_v: int, dtype: torch.dtype,
-               training: bool, forms: int) -> list[torch.Tensor]:
+def graph_form(mask: torch.Tensor, batch: int, heads: int, kv_heads: int, head_dim: int, head_dim_v: int,
+               dtype: torch.dtype, training: bool, forms: int) -> list[torch.Tensor]:
     """[code, bounds, *BlockMask tensors]: the form of a compiled model's attention layers
-    over `mask` ([B, H, Q, K], H = 1 for every head), decided for (heads, kv_heads,
-    head_dim, head_dim_v, dtype, training) among the forms the graph holds (`forms`, a bit
-    each); bounds [B, H, Q, 2] int64 and the eight int32 tensors ([B, H, ...]) hold the
-    FlexAttention form's BlockMask where the code is FLEX, and zeros otherwise."""
+    over `mask` ([B, H, Q, K], B or H of 1 for every batch or head), decided for the call
+    (batch, heads, kv_heads, head_dim, head_dim_v, dtype, training) among the forms the
+    graph holds (`forms`, a bit each); bounds [B, H, Q, 2] int64 and the eight int32
+    tensors ([B, H, ...]) hold the FlexAttention form's BlockMask where the code is FLEX,
+    and zeros otherwise."""
     B, H, Q, K = mask.shape
     flex_in_graph = bool(forms >> FLEX & 1)
     form, bounds, arrays = "dense", None, None
@@ -112,7 +128,7 @@ def graph_form(mask: torch.Tensor, heads: int, kv_heads: int, head_dim: int, hea
         if verdict is not None:
             structure = verdict.structure
             policy = _compiled.decide_for_layers(structure, mask, (heads, kv_heads, head_dim, head_dim_v), dtype,
-                                                 training)
+                                                 training, batch=batch)
             form = _compiled.decided_form(policy, structure, Q, K)
             if form in ("flex", "varlen"):
                 # The bounds are exact where every row attends one interval: every exact structure.
@@ -136,7 +152,7 @@ def graph_form(mask: torch.Tensor, heads: int, kv_heads: int, head_dim: int, hea
 
 
 @graph_form.register_fake
-def _graph_form_fake(mask, heads, kv_heads, head_dim, head_dim_v, dtype, training, forms):
+def _graph_form_fake(mask, batch, heads, kv_heads, head_dim, head_dim_v, dtype, training, forms):
     B, H, Q, K = mask.shape
     return [torch.empty((), dtype=torch.int64, device="cpu"), mask.new_empty((B, H, Q, 2), dtype=torch.int64),
             *(mask.new_empty(shape, dtype=torch.int32) for shape in _field_shapes(B, H, Q, K))]
@@ -185,20 +201,21 @@ class GraphMask:
         return f"<masklens GraphMask {tuple(self.mask.shape)}>"
 
 
-def graph_mask(mask, *, heads, kv_heads, head_dim, head_dim_v=None, dtype=torch.float32, training=None):
-    """In a traced graph: a GraphMask over `mask` (a dense [B, 1 or H, Q, K] mask made in the
-    graph), its form decided at run time by masklens::graph_form for the layers' call
-    (`heads`, `kv_heads`, `head_dim`, `dtype`; training: grad mode by default). A mask
-    masklens does not decide for (not 4-D, a dtype it does not decide, a device other than
-    the CPU or CUDA) comes back as it is."""
+def graph_mask(mask, *, heads, kv_heads, head_dim, head_dim_v=None, dtype=torch.float32, training=None, batch=None):
+    """In a traced graph: a GraphMask over `mask` (a dense [B or 1, H or 1, Q, K] mask), its
+    form decided at run time by masklens::graph_form for the layers' call (`batch`: the
+    mask's by default, `heads`, `kv_heads`, `head_dim`, `dtype`; training: grad mode by
+    default). A mask masklens does not decide for (not 4-D, a dtype it does not decide, a
+    device other than the CPU or CUDA) comes back as it is."""
     if (not isinstance(mask, torch.Tensor) or mask.dim() != 4 or dtype not in _run.DTYPES or mask.requires_grad
             or mask.device.type not in ("cpu", "cuda")):
         return mask
     head_dim_v = head_dim if head_dim_v is None else head_dim_v
     training = torch.is_grad_enabled() if training is None else training
     forms = graph_forms
-    code, bounds, *arrays = torch.ops.masklens.graph_form(mask, heads, kv_heads, head_dim, head_dim_v, dtype, training,
-                                                          forms)
+    batch = mask.shape[0] if batch is None else batch
+    code, bounds, *arrays = torch.ops.masklens.graph_form(mask, batch, heads, kv_heads, head_dim, head_dim_v, dtype,
+                                                          training, forms)
     return GraphMask(mask, code, bounds, arrays, (heads, kv_heads, head_dim, head_dim_v), forms)
 
 

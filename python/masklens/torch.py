@@ -8,9 +8,9 @@ causal_lower_right, a plan of slices, torch's varlen_attn, compiled FlexAttentio
 flash-attn where installed, or the mask kept on a kernel that is correct for it.
 
 Torch's own call runs unchanged, with the arguments given, where there is nothing to
-prove or no time to prove it (no mask, is_causal=True, inside torch.compile, during CUDA
-graph capture unless the call was run before it on the same, unchanged mask: then the
-prepared call is replayed) and wherever masklens does not positively understand the call, so that
+prove or no time to prove it (no mask, is_causal=True, inside torch.compile unless
+set_one_graph(True) has the graph decide it, during CUDA graph capture unless the call
+was run before it on the same, unchanged mask: then the prepared call is replayed) and wherever masklens does not positively understand the call, so that
 torch gives its result or raises its exception exactly as without masklens: tensors
 that are not plain, 4-D, strided, of one dtype masklens decides for (float16, bfloat16,
 float32) on one CPU or CUDA device; shapes, heads or a mask dtype torch refuses, a mask
@@ -41,9 +41,10 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from . import _core, _env, _flex, _run, _scan, _verdicts
+from . import _core, _env, _flex, _one_graph, _run, _scan, _verdicts
 from ._block_mask import block_mask  # noqa: F401  (re-exported: docs/python.md)
 from ._compiled import CompiledMask, attend_compiled, prepare_compiled  # noqa: F401  (compiled models)
+from ._one_graph import set_one_graph  # noqa: F401  (compiled code decides in the graph: docs/python.md)
 from ._env import strict as _is_strict
 from ._flex import set_flex_compile_ms  # noqa: F401  (the cold compile's cost: docs/python.md)
 from ._scan import load_kernels  # noqa: F401  (re-exported, see above)
@@ -101,7 +102,31 @@ def _torch_runs_it(query, key, value, attn_mask, dropout_p, is_causal, scale):
         return f"dropout_p {dropout_p}"
     if attn_mask.requires_grad and torch.is_grad_enabled():
         return "a mask that requires grad in grad mode (its gradient comes from torch's kernels)"
-    return "inside torch.compile" if torch.compiler.is_compiling() else None
+    return _INSIDE_COMPILE if torch.compiler.is_compiling() else None
+
+
+_INSIDE_COMPILE = "inside torch.compile"
+
+
+def _in_graph(query, key, value, attn_mask, dropout_p, scale, enable_gqa):
+    """Inside torch.compile with one graph on (set_one_graph): the call's form decided at
+    run time by an op of the graph (masklens._one_graph), traced; None where the drop-in
+    runs torch's own call (dropout, or what _refusal names)."""
+    if dropout_p or _refusal(query, key, value, attn_mask, enable_gqa) is not None:
+        return None
+    training = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
+    gm = _one_graph.graph_mask(_view4(attn_mask, query.shape[2], key.shape[2]), batch=query.shape[0],
+                               heads=query.shape[1], kv_heads=key.shape[1], head_dim=query.shape[-1],
+                               head_dim_v=value.shape[-1], dtype=query.dtype, training=training)
+    if not isinstance(gm, _one_graph.GraphMask):
+        return None
+
+    def sdpa(q, k, v, mask):  # torch's call with the mask, or is_causal (mask None): [B, Q, H, Dv]
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale,
+                                             enable_gqa=enable_gqa)
+        return out.transpose(1, 2).contiguous()
+    out = _one_graph.attend_graph(gm, query, key, value, sdpa, scale=scale)
+    return None if out is None else out.transpose(1, 2)
 
 
 def _refusal(query, key, value, attn_mask, enable_gqa):
@@ -218,7 +243,13 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     """torch.nn.functional.scaled_dot_product_attention, running the mask as masklens
     decides (module docstring). Whatever masklens does not positively understand runs
     as torch's own call with the arguments given: torch's result, or torch's exception."""
-    if _torch_runs_it(query, key, value, attn_mask, dropout_p, is_causal, scale):
+    why = _torch_runs_it(query, key, value, attn_mask, dropout_p, is_causal, scale)
+    if why is not None:
+        out = None
+        if why == _INSIDE_COMPILE and _one_graph.enabled:
+            out = _in_graph(query, key, value, attn_mask, dropout_p, scale, enable_gqa)
+        if out is not None:
+            return out
         return _passthrough(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     Q, K = query.shape[2], key.shape[2]
     training = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)

@@ -17,9 +17,10 @@ kind), and there masklens proves and decides outside the graph (a
 torch.compiler.disable'd call: one graph break per mask kind and forward) and hands the
 layers what compiles well: None for plain causal (sdpa's is_causal), a CompiledMask for
 FlexAttention or varlen_attn, or the dense mask as sdpa would (masklens.torch.
-prepare_compiled). Inside the layers nothing breaks the graph. With one_graph = True the
-mask is proven and the call decided by an op of the graph instead, the layers choosing
-their form with torch.cond (masklens._one_graph): no graph break, fullgraph=True works.
+prepare_compiled). Inside the layers nothing breaks the graph. With one graph on
+(masklens.torch.set_one_graph(True)) the mask is proven and the call decided by an op
+of the graph instead, the layers choosing their form with torch.cond (masklens.
+_one_graph): no graph break, fullgraph=True works.
 A one-token decode step's mask is sdpa_mask's, traced in either mode.
 
 CUDA graph capture: a call whose mask the drop-in ran before the capture (the same
@@ -40,7 +41,6 @@ that wants them loaded before any forward calls masklens.load_kernels() itself:
 from __future__ import annotations
 
 import logging
-import os
 import threading
 
 import torch
@@ -48,18 +48,12 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from . import _scan, _verdicts
+from . import _one_graph, _scan, _verdicts
 from ._one_graph import GraphMask, attend_graph, graph_mask
 from .torch import CompiledMask, attend_compiled, prepare_compiled, scaled_dot_product_attention
 
 NAME = "masklens"
 logger = logging.getLogger("masklens")
-
-# torch.compile(model): whether the masks are proven and decided inside the graph (an op of
-# the graph, the layers' forms chosen by torch.cond: no graph break, fullgraph=True works)
-# rather than outside it (one graph-break site per forward and mask kind; the path
-# measured on a GPU, hence the default). MASKLENS_ONE_GRAPH=1 turns it on at import.
-one_graph = os.environ.get("MASKLENS_ONE_GRAPH", "") == "1"
 
 # Whether the mask function loads masklens' CUDA kernels (on a background thread) the first
 # time it sees a CUDA device.
@@ -109,12 +103,13 @@ def masklens_mask(*args, **kwargs):
     """transformers' sdpa_mask; each call starts a new forward for the verdict cache
     (inference-mode masks are remembered within one forward). Inside torch.compile the
     mask is made, proven and decided outside the graph (_mask_outside_graph), or in it
-    where one_graph is on (_mask_in_graph); a one-token decode step's mask is sdpa_mask's,
+    with one graph on (masklens.torch.set_one_graph; _mask_in_graph); a one-token decode
+    step's mask is sdpa_mask's,
     traced (nothing to prove in one row: no break, no scan)."""
     if torch.compiler.is_compiling():
         if _query_length(kwargs) == 1:
             return sdpa_mask(*args, **kwargs)
-        if one_graph:
+        if _one_graph.enabled:
             return _mask_in_graph(*args, **kwargs)
         return _mask_outside_graph(*args, **kwargs)
     _begin_forward(kwargs.get("device"))

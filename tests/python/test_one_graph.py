@@ -1,9 +1,11 @@
-"""torch.compile(model) with masklens.transformers.one_graph: the mask proven and the
+"""torch.compile(model) with masklens.torch.set_one_graph(True): the mask proven and the
 layers' form decided by an op of the graph, the forms chosen by torch.cond. No graph
 break (fullgraph=True), one graph for every padding, forward and backward equal to
 sdpa's, one scan per forward and mask kind, the FlexAttention branch added once; and a
 one-token decode step under torch.compile, in either mode, breaks nothing and scans
 nothing. Tiny models from configs, random weights, CPU, fp32."""
+import unittest.mock
+
 import pytest
 import torch
 
@@ -20,8 +22,8 @@ from models import SMALL, break_sites, forward_backward, left_padded, max_grad_d
 
 @pytest.fixture
 def one_graph_mode(monkeypatch):
-    """one_graph on, graph_forms and forms_taken fresh (restored after), Dynamo reset."""
-    monkeypatch.setattr(masklens.transformers, "one_graph", True)
+    """One graph on, graph_forms and forms_taken fresh (restored after), Dynamo reset."""
+    monkeypatch.setattr(one_graph, "enabled", True)
     monkeypatch.setattr(one_graph, "graph_forms", one_graph.DEFAULT_FORMS)
     monkeypatch.setattr(one_graph, "forms_taken", __import__("collections").Counter())
     torch._dynamo.reset()
@@ -116,7 +118,7 @@ def test_graph_form_op_passes_opcheck(available, gpu_environment):
     i, j = torch.arange(40)[:, None], torch.arange(40)[None]
     for mask in ((j <= i)[None, None].expand(2, 1, 40, 40).contiguous(), (j <= i + 3)[None, None]):
         torch.library.opcheck(torch.ops.masklens.graph_form.default,
-                              (mask, 4, 2, 16, 16, torch.float32, False, one_graph.DEFAULT_FORMS | 1 << one_graph.FLEX))
+                              (mask, 2, 4, 2, 16, 16, torch.float32, False, one_graph.DEFAULT_FORMS | 1 << one_graph.FLEX))
     q, k, v = (torch.randn(2, 4, 40, 16).transpose(1, 2) for _ in range(3))
     torch.library.opcheck(torch.ops.masklens.graph_operands.default, (q, k, v))
 
@@ -127,7 +129,7 @@ def test_graph_form_gives_the_rows_bounds_and_blocks_of_a_flex_answer(gpu_enviro
     gpu_environment({"flex"})
     i, j = torch.arange(200)[:, None], torch.arange(200)[None]
     mask = ((j <= i) & (j >= torch.tensor([0, 70])[:, None, None]))[:, None]  # batch 1 left-padded by 70
-    code, bounds, *arrays = torch.ops.masklens.graph_form(mask, 4, 4, 16, 16, torch.bfloat16, False,
+    code, bounds, *arrays = torch.ops.masklens.graph_form(mask, 2, 4, 4, 16, 16, torch.bfloat16, False,
                                                           one_graph.DEFAULT_FORMS | 1 << one_graph.FLEX)
     assert code.item() == one_graph.FLEX and code.device.type == "cpu"
     assert bounds[0, 0, 5].tolist() == [0, 5] and bounds[1, 0, 150].tolist() == [70, 150]
@@ -144,7 +146,7 @@ def test_compiled_decode_step_breaks_nothing_and_scans_nothing(mode, monkeypatch
     """A one-token step through a compiled model (a cache of an eager prefill): the mask of
     one row is sdpa_mask's, traced; no break (fullgraph=True), no scan, the tokens sdpa's.
     The default path broke the graph there and scanned every step."""
-    monkeypatch.setattr(masklens.transformers, "one_graph", mode == "one graph")
+    monkeypatch.setattr(one_graph, "enabled", mode == "one graph")
     torch._dynamo.reset()
     ref, ours = pair(LlamaConfig(**SMALL))
     ids, attention = left_padded((0, 4, 7), L=12)
@@ -180,9 +182,91 @@ def test_the_docs_example_runs(monkeypatch):
         pytest.skip("no docs/python.md beside the tests")
     section = open(docs).read().split("#### One graph", 1)[1]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
-    monkeypatch.setattr(masklens.transformers, "one_graph", False)  # the example turns it on
+    monkeypatch.setattr(one_graph, "enabled", False)  # the example turns it on
     torch._dynamo.reset()
     counters.clear()
     exec(compile(code, "docs/python.md", "exec"), {})
-    assert masklens.transformers.one_graph and not break_sites()
+    assert one_graph.enabled and not break_sites()
     torch._dynamo.reset()
+
+
+# --- the drop-in inside torch.compile ---------------------------------------------------
+
+class Layers(torch.nn.Module):
+    """Three attention layers calling the drop-in with one mask (a model of one's own)."""
+
+    def __init__(self, heads=4, kv_heads=2, dim=16):
+        super().__init__()
+        self.heads, self.kv_heads, self.dim = heads, kv_heads, dim
+        self.proj = torch.nn.ModuleList(torch.nn.Linear(64, (heads + 2 * kv_heads) * dim) for _ in range(3))
+
+    def forward(self, x, mask):
+        from masklens.torch import scaled_dot_product_attention
+        B, L, _ = x.shape
+        for proj in self.proj:
+            q, k, v = proj(x).view(B, L, -1, self.dim).transpose(1, 2).split(
+                [self.heads, self.kv_heads, self.kv_heads], dim=1)
+            out = scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+            x = x + out.transpose(1, 2).reshape(B, L, -1)
+        return x
+
+
+def window_masks(L=40):
+    i, j = torch.arange(L)[:, None], torch.arange(L)[None]
+    causal = j <= i
+    padded = causal[None, None] & (j[None, None] >= torch.tensor([0, 6])[:, None, None, None])
+    return [("causal 2-D", causal, "causal"), ("left padded", padded, "dense"),
+            ("window 8, additive", torch.zeros(L, L).masked_fill(~(causal & (i - j < 8)), float("-inf")), "dense")]
+
+
+def test_drop_in_inside_compile_decides_in_the_graph(one_graph_mode):
+    """masklens.torch.scaled_dot_product_attention in a compiled model of one's own, one
+    graph on: no break (fullgraph=True), one graph for every mask, forward and backward
+    equal torch's. Each mask is scanned once a forward though three layers read it: the
+    op is pure, and AOTAutograd's CSE of a training graph computes it once (an inference
+    graph keeps the three: the next test)."""
+    torch.manual_seed(0)
+    model = Layers()
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    for step, (name, mask, form) in enumerate(window_masks()):
+        x = torch.randn(2, 40, 64, requires_grad=True)
+        counters.clear()
+        before, taken = masklens.scan_count(), dict(one_graph.forms_taken)
+        out = compiled(x, mask)
+        out.square().sum().backward()
+        grads = [p.grad.clone() for p in model.parameters()] + [x.grad.clone()]
+        model.zero_grad()
+        x.grad = None
+        assert masklens.scan_count() - before == 1, name
+        assert taken_since(taken) == {form: 1}, name
+        assert not break_sites()
+        with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):  # torch's own, eagerly
+            with unittest.mock.patch.object(one_graph, "enabled", False):
+                ref = model(x, mask)
+        ref.square().sum().backward()
+        ref_grads = [p.grad for p in model.parameters()] + [x.grad]
+        assert (out - ref).abs().max().item() < 1e-4, name
+        assert max((a - b).abs().max().item() for a, b in zip(grads, ref_grads)) < 1e-3, name
+        model.zero_grad()
+
+
+def test_drop_in_inside_compile_runs_flex_on_the_graphs_block_mask(one_graph_mode, gpu_environment):
+    """Decided as on an H100 with FlexAttention only, without grad (no flex backward on the
+    CPU): the first forward answers dense and adds the branch, later ones run FlexAttention
+    on the op's BlockMask, equal to the drop-in's eager result; each layer's call is an op
+    of its own here (no CSE in an inference graph): a scan per layer."""
+    gpu_environment({"flex"})
+    torch.manual_seed(0)
+    model = Layers()
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    L = 150
+    i, j = torch.arange(L)[:, None], torch.arange(L)[None]
+    with torch.no_grad():
+        for step, start in enumerate([0, 9, 130]):
+            mask = (j <= i) & (i - j < 40) & (j >= start)
+            x = torch.randn(2, L, 64)
+            taken = dict(one_graph.forms_taken)
+            out = compiled(x, mask)
+            assert taken_since(taken) == {"dense" if step == 0 else "flex": 3}
+            ref = model(x, mask)  # eager: the drop-in as it runs outside a graph
+            assert (out - ref).abs().max().item() < 1e-4
