@@ -10,14 +10,15 @@ flash-attn where installed, or the mask kept on a kernel that is correct for it.
 Torch's own call runs unchanged, with the arguments given, where there is nothing to
 prove or no time to prove it (no mask, is_causal=True, inside torch.compile unless
 set_one_graph(True) has the graph decide it, during CUDA graph capture unless the call
-was run before it on the same, unchanged mask: then the prepared call is replayed) and wherever masklens does not positively understand the call, so that
-torch gives its result or raises its exception exactly as without masklens: tensors
-that are not plain, 4-D, strided, of one dtype masklens decides for (float16, bfloat16,
-float32) on one CPU or CUDA device; shapes, heads or a mask dtype torch refuses, a mask
-that does not broadcast from 2 to 4 dims, an empty dimension; a scale that is not None
-or finite and positive; a mask that requires grad in grad mode (its gradient is torch's
-to compute); a mask masklens cannot read (NaN or +inf: with a warning naming it)
-(_torch_runs_it, _refusal; docs/python.md).
+was run before it on the same, unchanged mask: then the prepared call is replayed) and
+wherever masklens does not positively understand the call, so that torch gives its
+result or raises its exception exactly as without masklens: tensors that are not plain,
+4-D, strided, of one dtype masklens decides for (float16, bfloat16, float32) on one CPU
+or CUDA device; shapes, heads or a mask dtype torch refuses, a mask that does not
+broadcast from 2 to 4 dims, an empty dimension; a scale that is not None or finite and
+positive; a mask that requires grad in grad mode (its gradient is torch's to compute); a
+mask masklens cannot read (NaN or +inf: with a warning naming it) (_torch_runs_it,
+_refusal; docs/python.md).
 
 A call on a mask and call seen before reads its entry (a memo of the last mask, then
 the weak dictionary), the runner prepared for the call (masklens._run.Prepared) and

@@ -116,9 +116,10 @@ def test_graph_form_op_passes_opcheck(available, gpu_environment):
     if available:
         gpu_environment(available)
     i, j = torch.arange(40)[:, None], torch.arange(40)[None]
+    forms = one_graph.DEFAULT_FORMS | 1 << one_graph.FLEX
     for mask in ((j <= i)[None, None].expand(2, 1, 40, 40).contiguous(), (j <= i + 3)[None, None]):
-        torch.library.opcheck(torch.ops.masklens.graph_form.default,
-                              (mask, 2, 4, 2, 16, 16, torch.float32, False, one_graph.DEFAULT_FORMS | 1 << one_graph.FLEX))
+        args = (mask, 2, 4, 2, 16, 16, torch.float32, False, forms)
+        torch.library.opcheck(torch.ops.masklens.graph_form.default, args)
     q, k, v = (torch.randn(2, 4, 40, 16).transpose(1, 2) for _ in range(3))
     torch.library.opcheck(torch.ops.masklens.graph_operands.default, (q, k, v))
 
