@@ -136,32 +136,33 @@ def _call_dtype(dtype, device):
     return dtype
 
 
+def _layers_mask(prepare, *args, **kwargs):
+    """sdpa_mask's mask and what `prepare` (prepare_compiled or graph_mask) makes of it for
+    the layers' call: their shape from the config transformers passes, their dtype the
+    embeddings' (autocast's where it is on)."""
+    mask = sdpa_mask(*args, **kwargs)
+    shape = _attention_shape(kwargs.get("config"))
+    if mask is None or shape is None or not isinstance(mask, torch.Tensor):
+        return mask
+    heads, kv_heads, head_dim = shape
+    dtype = _call_dtype(kwargs.get("dtype", torch.float32), mask.device)
+    return prepare(mask, heads=heads, kv_heads=kv_heads, head_dim=head_dim, dtype=dtype)
+
+
 @torch.compiler.disable
 def _mask_outside_graph(*args, **kwargs):
     """sdpa_mask run eagerly inside a compiled model (the one graph break of a forward per
     mask kind), its mask proven and the call decided: what the layers receive is
     masklens.torch.prepare_compiled's (None for plain causal, a CompiledMask, or the
-    dense mask). The layers' shape comes from the config transformers passes."""
+    dense mask)."""
     _begin_forward(kwargs.get("device"))
-    mask = sdpa_mask(*args, **kwargs)
-    shape = _attention_shape(kwargs.get("config"))
-    if mask is None or shape is None or not isinstance(mask, torch.Tensor):
-        return mask
-    heads, kv_heads, head_dim = shape
-    dtype = _call_dtype(kwargs.get("dtype", torch.float32), mask.device)
-    return prepare_compiled(mask, heads=heads, kv_heads=kv_heads, head_dim=head_dim, dtype=dtype)
+    return _layers_mask(prepare_compiled, *args, **kwargs)
 
 
 def _mask_in_graph(*args, **kwargs):
-    """one_graph: sdpa_mask traced into the graph, its form decided at run time by an op
-    of the graph (masklens._one_graph): no graph break."""
-    mask = sdpa_mask(*args, **kwargs)
-    shape = _attention_shape(kwargs.get("config"))
-    if mask is None or shape is None or not isinstance(mask, torch.Tensor):
-        return mask
-    heads, kv_heads, head_dim = shape
-    dtype = _call_dtype(kwargs.get("dtype", torch.float32), mask.device)
-    return graph_mask(mask, heads=heads, kv_heads=kv_heads, head_dim=head_dim, dtype=dtype)
+    """One graph: sdpa_mask traced into the graph, its form decided at run time by an op
+    of the graph (masklens._one_graph.graph_mask): no graph break."""
+    return _layers_mask(graph_mask, *args, **kwargs)
 
 
 def _skip_scan(query, attention_mask) -> bool:
@@ -188,7 +189,7 @@ def masklens_attention_forward(module, query, key, value, attention_mask, dropou
         raise ValueError("`masklens` attention does not support attention sinks (`s_aux`, as `sdpa`). Try `eager` "
                          "or `flex_attention`")
     if isinstance(attention_mask, GraphMask):
-        # one_graph: every form the graph holds, taken at run time by the op's decision.
+        # One graph: every form the graph holds, taken at run time by the op's decision.
         if kwargs.get("position_bias") is None and kwargs.get("softcap") is None:
             def sdpa(q, k, v, mask):
                 return sdpa_attention_forward(module, q, k, v, mask, dropout=dropout, scaling=scaling,

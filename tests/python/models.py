@@ -47,3 +47,15 @@ def forward_backward(model, ids, attention):
 def break_sites():
     """The graph breaks Dynamo recorded, by reason (one reason per site)."""
     return {reason.split("\n")[0]: n for reason, n in counters["graph_break"].items()}
+
+
+def assert_matches_reference(ref, ours, ids, attention, logits, grads=True):
+    """ref's logits on the batch (forward and backward where grads) equal `logits`, ours'
+    (already run), on the real tokens; so do the gradients. Both models' zeroed after."""
+    a = forward_backward(ref, ids, attention) if grads else ref(input_ids=ids, attention_mask=attention).logits
+    keep = attention.bool()
+    assert (a - logits).abs()[keep].max().item() < 1e-4
+    if grads:
+        assert max_grad_difference(ref, ours) < 1e-3
+        ref.zero_grad()
+        ours.zero_grad()

@@ -17,7 +17,7 @@ import masklens.transformers  # noqa: E402,F401  (registers "masklens")
 from torch._dynamo.utils import counters  # noqa: E402
 from transformers import DynamicCache, Gemma3TextConfig, LlamaConfig  # noqa: E402
 
-from models import SMALL, break_sites, forward_backward, left_padded, max_grad_difference, pair  # noqa: E402
+from models import SMALL, assert_matches_reference, break_sites, forward_backward, left_padded, pair  # noqa: E402
 
 
 @pytest.fixture
@@ -53,12 +53,7 @@ def test_fullgraph_model_equals_sdpa_without_a_break(one_graph_mode, backend):
         assert not break_sites()
         if step:
             assert not counters["stats"]["unique_graphs"], "a new padding compiled again"
-        a = forward_backward(ref, ids, attention)
-        keep = attention.bool()
-        assert (a - b).abs()[keep].max().item() < 1e-4
-        assert max_grad_difference(ref, ours) < 1e-3
-        ref.zero_grad()
-        ours.zero_grad()
+        assert_matches_reference(ref, ours, ids, attention, b)
 
 
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
@@ -83,9 +78,7 @@ def test_flex_branch_is_added_once_and_equals_sdpa(one_graph_mode, gpu_environme
             assert not break_sites()
             compiled_now = bool(counters["stats"]["unique_graphs"])
             assert compiled_now == (step <= 1), "compiled at first, then once for the branch"
-            a = ref(input_ids=ids, attention_mask=attention).logits
-            keep = attention.bool()
-            assert (a - b).abs()[keep].max().item() < 1e-4
+            assert_matches_reference(ref, ours, ids, attention, b, grads=False)
 
 
 def test_hybrid_model_decides_once_per_mask_kind(one_graph_mode):
@@ -101,12 +94,7 @@ def test_hybrid_model_decides_once_per_mask_kind(one_graph_mode):
         b = forward_backward(compiled, ids, attention)
         assert masklens.scan_count() - before == 2
         assert not break_sites()
-        a = forward_backward(ref, ids, attention)
-        keep = attention.bool()
-        assert (a - b).abs()[keep].max().item() < 1e-4
-        assert max_grad_difference(ref, ours) < 1e-3
-        ref.zero_grad()
-        ours.zero_grad()
+        assert_matches_reference(ref, ours, ids, attention, b)
 
 
 @pytest.mark.parametrize("available", [None, {"flex"}])
