@@ -6,6 +6,7 @@ one-token decode step under torch.compile, in either mode, breaks nothing and sc
 nothing. Tiny models from configs, random weights, CPU, fp32."""
 import unittest.mock
 
+import numpy as np
 import pytest
 import torch
 
@@ -177,6 +178,23 @@ def test_the_docs_example_runs(monkeypatch):
     exec(compile(code, "docs/python.md", "exec"), {})
     assert one_graph.enabled and not break_sites()
     torch._dynamo.reset()
+
+
+def test_trainer_compiled_in_one_graph_matches_sdpa(one_graph_mode, tmp_path):
+    """transformers' Trainer with torch_compile and dynamic padding (a new length nearly
+    every step): 20 steps with no graph break and at most two graphs (the first shape's,
+    then Dynamo's dynamic one: the op's fake kernel takes symbolic sizes), a scan a step,
+    the losses and gradient norms of eager sdpa."""
+    pytest.importorskip("accelerate")  # transformers' Trainer needs it
+    from test_training import pad_to_longest, train
+    ref_loss, ref_norm, _ = train(LlamaConfig(**SMALL), "sdpa", pad_to_longest, tmp_path)
+    torch._dynamo.reset()
+    counters.clear()
+    loss, norm, scans = train(LlamaConfig(**SMALL), "masklens", pad_to_longest, tmp_path, compile_backend="aot_eager")
+    assert len(loss) == 20 and scans == 20
+    assert not break_sites() and counters["stats"]["unique_graphs"] <= 2
+    np.testing.assert_allclose(loss, ref_loss, rtol=1e-4)
+    np.testing.assert_allclose(norm, ref_norm, rtol=1e-3)
 
 
 # --- the drop-in inside torch.compile ---------------------------------------------------

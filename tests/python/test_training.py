@@ -274,13 +274,17 @@ def pad_to_longest(features):
     return {"input_ids": ids, "labels": labels, "attention_mask": attention}
 
 
-def train(cfg, impl, collator, tmp_path, steps=20):
+def train(cfg, impl, collator, tmp_path, steps=20, compile_backend=None):
+    """(losses, grad norms, scans) of `steps` Trainer steps; compile_backend: with
+    torch_compile on that Dynamo backend."""
     from transformers import Trainer, TrainingArguments
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation=impl).float()
+    compiled = dict(torch_compile=True, torch_compile_backend=compile_backend) if compile_backend else {}
     args = TrainingArguments(output_dir=str(tmp_path / impl), per_device_train_batch_size=4, max_steps=steps,
                              logging_steps=1, learning_rate=1e-3, seed=0, report_to=[], save_strategy="no",
-                             use_cpu=True, disable_tqdm=True, dataloader_num_workers=0, remove_unused_columns=False)
+                             use_cpu=True, disable_tqdm=True, dataloader_num_workers=0, remove_unused_columns=False,
+                             **compiled)
     trainer = Trainer(model=model, args=args, train_dataset=sft_examples(), data_collator=collator)
     before = masklens.scan_count()
     trainer.train()
