@@ -23,16 +23,19 @@ BLOCK_MASK_FIELDS = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_
                      "q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices")
 
 
+def block_mask_shapes(batch, heads, nq, nk):
+    """The shapes of torch BlockMask's eight tensors (BLOCK_MASK_FIELDS order) over a grid
+    of nq x nk tiles in batch x heads slices (sizes may be symbolic)."""
+    kv, q = ((batch, heads, nq), (batch, heads, nq, nk)), ((batch, heads, nk), (batch, heads, nk, nq))
+    return [*kv, *kv, *q, *q]
+
+
 @functools.lru_cache(maxsize=64)
 def _block_mask_layout(distinct_batch, distinct_heads, nq, nk, extra_bytes):
     """_block_mask_storage's layout of a grid, worked out once: (fields [(name, shape)],
     their sizes, the parts' int32 sizes (padded to 16 bytes; the extra part last), the
     parts' byte offsets)."""
-    shapes = {"kv_num_blocks": (distinct_batch, distinct_heads, nq),
-              "kv_indices": (distinct_batch, distinct_heads, nq, nk),
-              "q_num_blocks": (distinct_batch, distinct_heads, nk),
-              "q_indices": (distinct_batch, distinct_heads, nk, nq)}
-    fields = tuple((name, shapes[name.replace("full_", "")]) for name in BLOCK_MASK_FIELDS)
+    fields = tuple(zip(BLOCK_MASK_FIELDS, block_mask_shapes(distinct_batch, distinct_heads, nq, nk)))
     sizes = tuple(math.prod(shape) for _, shape in fields)
     padded = tuple(-(-n // 4) * 4 for n in sizes)
     extra = -(-extra_bytes // 16) * 4  # int32 elements
@@ -257,8 +260,14 @@ def span_mask_mod(spans, distinct_batch: int, distinct_heads: int):
     The copy (16 bytes a row) lets the read's block go: a view would keep its runs, spans
     and tile counts alive with the BlockMask (~4.9 MB at 69632^2). A broadcast batch or
     head (distinct 1) reads slice 0."""
+    return bounds_mask_mod(span_bounds(spans, distinct_batch, distinct_heads))
+
+
+def span_bounds(spans, distinct_batch: int, distinct_heads: int):
+    """[distinct_batch, distinct_heads, Q, 2] int64: the first and last key of each row, a
+    copy of the RowSpans a device read left ([distinct_batch * distinct_heads * Q, 4])."""
     Q = spans.shape[0] // (distinct_batch * distinct_heads)
-    return bounds_mask_mod(spans[:, :2].contiguous().view(distinct_batch, distinct_heads, Q, 2))
+    return spans[:, :2].contiguous().view(distinct_batch, distinct_heads, Q, 2)
 
 
 def bounds_mask_mod(table):

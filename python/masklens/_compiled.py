@@ -181,17 +181,25 @@ def prepare_compiled(mask, *, heads, kv_heads, head_dim, head_dim_v=None, dtype=
     return form
 
 
-def attend_compiled(cm, query, key, value, dropout_p=0.0, scale=None, enable_gqa=False):
-    """A CompiledMask's attention, [B, H, Q, Dv] (traced into the compiled graph), or None
-    where the call is not the one decided for (dropout, other heads or dims, another
-    length or batch, a varlen_attn without the window or scale asked for): the caller
-    then runs torch's sdpa with cm.mask."""
+def fits_decided_call(mask, expected, query, key, value, dropout_p, enable_gqa) -> bool:
+    """Whether a compiled layer's call is the one its mask's form was decided for: no
+    dropout, (heads, kv_heads, head_dim, head_dim_v) as `expected`, the mask's lengths,
+    and GQA only where enable_gqa."""
     B, H, Q, D = query.shape
     Hk, Dv = key.shape[1], value.shape[-1]
-    if dropout_p or (H, Hk, D, Dv) != cm.expected or Q != cm.mask.shape[-2] or key.shape[2] != cm.mask.shape[-1]:
+    return (not dropout_p and (H, Hk, D, Dv) == expected and Q == mask.shape[-2] and key.shape[2] == mask.shape[-1]
+            and (H == Hk or bool(enable_gqa)))
+
+
+def attend_compiled(cm, query, key, value, dropout_p=0.0, scale=None, enable_gqa=False):
+    """A CompiledMask's attention, [B, H, Q, Dv] (traced into the compiled graph), or None
+    where the call is not the one decided for (fits_decided_call; another batch, a
+    varlen_attn without the window or scale asked for): the caller then runs torch's sdpa
+    with cm.mask."""
+    if not fits_decided_call(cm.mask, cm.expected, query, key, value, dropout_p, enable_gqa):
         return None
-    if H != Hk and not enable_gqa:
-        return None
+    B, H, Q, _ = query.shape
+    Hk, Dv = key.shape[1], value.shape[-1]
     # The varlen form's sequences are laid over the mask's own B x Q rows; a BlockMask of
     # one batch broadcasts, as flex takes it.
     mask_batch = cm.mask.shape[0] if cm.mask.dim() == 4 else 1

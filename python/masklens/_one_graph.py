@@ -12,11 +12,12 @@ and flex_attention with torch.cond: every branch is in the graph, the code takes
 run time, and no Python value changes with the mask (new padding, new documents: the
 same graph, no break).
 
-A branch costs compile time, so a graph holds the FlexAttention branch only once a
-forward has decided FlexAttention: graph_forms is read while tracing (Dynamo guards it);
-the op that decides FlexAttention for a graph without the branch answers "dense" (torch's
-sdpa with the mask: what the model computes without masklens) and adds the branch to
-graph_forms, and the next forward compiles once more, with it. torch's varlen_attn is
+A branch costs compile time, so graphs hold the FlexAttention branch only once some
+forward has decided FlexAttention: graph_forms, one setting for the process, is read
+while tracing (Dynamo guards it); the op that decides FlexAttention for a graph without
+the branch answers "dense" (torch's sdpa with the mask: what the model computes without
+masklens) and adds the branch to graph_forms, and the next forward of every one-graph
+model compiles once more, with it. torch's varlen_attn is
 not a branch (its cumulative lengths change size with the sequences): a call decided
 for it takes FlexAttention where that fits, else the dense mask.
 """
@@ -47,7 +48,8 @@ def set_one_graph(on: bool = True) -> None:
 DENSE, CAUSAL, FLEX = 0, 1, 2
 BLOCK = 128  # the FlexAttention form's BlockMask block, q and k: a constant of the graph
 
-# The forms compiled graphs hold (a bit per form), read while tracing.
+# The forms compiled graphs hold (a bit per form), read while tracing: one setting for
+# every graph of the process (a graph's own state is out of the op's reach).
 DEFAULT_FORMS = (1 << DENSE) | (1 << CAUSAL)
 graph_forms = DEFAULT_FORMS
 
@@ -56,11 +58,9 @@ forms_taken = collections.Counter()
 
 
 def _field_shapes(B, H, Q, K):
-    """The shapes of the BlockMask's eight tensors (BLOCK_MASK_FIELDS order) over a mask of
-    B x H slices; from sizes alone, as the fake op must give them."""
-    nq, nk = -(-Q // BLOCK), -(-K // BLOCK)
-    kv, q = ((B, H, nq), (B, H, nq, nk)), ((B, H, nk), (B, H, nk, nq))
-    return [*kv, *kv, *q, *q]
+    """The shapes of the BlockMask's eight tensors over a mask of B x H slices at BLOCK;
+    from sizes alone, as the fake op must give them."""
+    return _block_mask.block_mask_shapes(B, H, -(-Q // BLOCK), -(-K // BLOCK))
 
 
 def _flex_fits(policy) -> bool:
@@ -82,9 +82,10 @@ def _host_bounds(allowed):
 
 
 def _read(mask, with_tiles: bool):
-    """(verdict, bounds(), {name: tensor}) of one read of the mask: with the BlockMask's
-    tensors at BLOCK where with_tiles (written on the device by masklens._cuda, else from
-    a host tile summary), and a function giving the rows' bounds."""
+    """(verdict, bounds(), {name: tensor}) of the mask: a scan alone unless with_tiles; with
+    them, the BlockMask's tensors at BLOCK and a function giving the rows' bounds: on a
+    CUDA device with masklens._cuda both from one device read (the bounds are its spans),
+    else from a host scan with tiles, the bounds read again from the mask (torch ops)."""
     threshold = _verdicts.DROPIN_MASKED_THRESHOLD
     if not with_tiles:
         return _scan.scan(mask, threshold), None, None
@@ -93,8 +94,7 @@ def _read(mask, with_tiles: bool):
         verdict, arrays = _block_mask.device_scan_tiles(mask.detach(), (BLOCK, BLOCK), threshold,
                                                         classify_many_runs=False, spans_out=spans)
         db, dh = arrays["kv_num_blocks"].shape[:2]
-        Q = mask.shape[2]
-        return verdict, lambda: spans[0]()[:, :2].contiguous().view(db, dh, Q, 2), arrays
+        return verdict, lambda: _block_mask.span_bounds(spans[0](), db, dh), arrays
     verdict, tiles = _scan.scan_with_tiles(mask, (BLOCK, BLOCK), threshold)
     t = tiles.block_mask()
     arrays = {name: _scan.to_device(np.ascontiguousarray(getattr(t, name)), mask.device) for name in t.fields}
@@ -140,15 +140,23 @@ def graph_form(mask: torch.Tensor, batch: int, heads: int, kv_heads: int, head_d
         form = "dense"
     shapes = _field_shapes(B, H, Q, K)
     if form == "flex":
-        table = bounds()
+        # Copies, each of its own: the device read writes the eight tensors as views of one
+        # allocation, and an op's outputs may share no storage.
         fields = [arrays[name] for name in _block_mask.BLOCK_MASK_FIELDS]
-        out = [t.expand(shape).contiguous() for t, shape in zip([table, *fields], [(B, H, Q, 2), *shapes])]
+        out = [t.expand(shape).clone(memory_format=torch.contiguous_format)
+               for t, shape in zip([bounds(), *fields], [(B, H, Q, 2), *shapes])]
     else:  # never read (the flex branch is not taken); zeros, not whatever memory held
         out = [mask.new_zeros((B, H, Q, 2), dtype=torch.int64)]
         out += [mask.new_zeros(shape, dtype=torch.int32) for shape in shapes]
     forms_taken[form] += 1
     code = {"dense": DENSE, "causal": CAUSAL, "flex": FLEX}[form]
     return [torch.tensor(code, dtype=torch.int64), *out]
+
+
+# A graph whose layers do not read the op's answer (a call with dropout; Q != K before the
+# FlexAttention branch is in the graph) must still run it: its answer is also a request
+# for that branch. Without this, the graph's dead-code pass drops the op.
+torch.fx.node.has_side_effect(torch.ops.masklens.graph_form.default)
 
 
 @graph_form.register_fake
@@ -165,7 +173,7 @@ def graph_operands(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) 
     had when traced but may lay out a computed operand otherwise (seen on the CPU without
     grad: branch inputs failing their stride checks); an op's outputs have the layout its
     fake gives, which Inductor keeps."""
-    return [t.contiguous().clone() if t.is_contiguous() else t.contiguous() for t in (query, key, value)]
+    return [t.clone(memory_format=torch.contiguous_format) for t in (query, key, value)]
 
 
 @graph_operands.register_fake
@@ -219,18 +227,34 @@ def graph_mask(mask, *, heads, kv_heads, head_dim, head_dim_v=None, dtype=torch.
     return GraphMask(mask, code, bounds, arrays, (heads, kv_heads, head_dim, head_dim_v), forms)
 
 
+def constant_float(value, candidates=()):
+    """`value` as a constant for what torch.cond's branches close over: torch.cond takes no
+    symbolic float, and torch.compile(dynamic=True) makes a module's float attributes
+    symbolic (transformers' `scaling`). The candidate it equals where it equals one (the
+    comparison is guarded: a constant in the graph), else float(value), which stays
+    symbolic only there (a scale of its own under dynamic=True: torch.cond refuses it)."""
+    if value is None:
+        return None
+    for candidate in candidates:
+        if value == candidate:
+            return candidate
+    return float(value)
+
+
 def attend_graph(gm, query, key, value, sdpa, dropout_p=0.0, scale=None):
     """A GraphMask's attention in the graph: torch.cond over the forms it holds, each branch
     giving [B, Q, H, Dv] contiguous (the layout transformers' layers return).
-    sdpa(q, k, v, mask) is the caller's sdpa call (the dense form), sdpa(q, k, v, None)
-    its is_causal one. None where the call is not the one decided for (dropout, other
-    heads or dims, another length or batch): the caller then runs sdpa with gm.mask."""
-    B, H, Q, D = query.shape
-    Hk, K, Dv = key.shape[1], key.shape[2], value.shape[-1]
-    if dropout_p or (H, Hk, D, Dv) != gm.expected or Q != gm.mask.shape[-2] or K != gm.mask.shape[-1]:
+    sdpa(q, k, v, mask) is the caller's sdpa call without dropout (the dense form),
+    sdpa(q, k, v, None) its is_causal one; a float it closes over must be a constant
+    (constant_float). None where the call is not the one decided for
+    (_compiled.fits_decided_call, another batch): the caller then runs sdpa with gm.mask."""
+    B, H, Q, _ = query.shape
+    Hk, K = key.shape[1], key.shape[2]
+    if not _compiled.fits_decided_call(gm.mask, gm.expected, query, key, value, dropout_p, H % Hk == 0):
         return None
-    if gm.mask.shape[0] not in (1, B) or H % Hk:
+    if gm.mask.shape[0] not in (1, B):
         return None
+    scale = constant_float(scale, (gm.expected[2] ** -0.5,))
     flex_kwargs = {"scale": scale, **({"enable_gqa": True} if H != Hk else {})}
 
     def dense(q, k, v, mask, bounds, *arrays):
@@ -246,13 +270,13 @@ def attend_graph(gm, query, key, value, sdpa, dropout_p=0.0, scale=None):
                                                         _block_mask.bounds_mask_mod(bounds))
         return flex_attention(q, k, v, block_mask=block_mask, **flex_kwargs).transpose(1, 2).contiguous()
 
-    def dense_gradients(branch):
+    def contiguous_gradients(branch):
         # torch.cond's backward is a cond too, whose branches must give gradients of one
         # layout: each kernel's backward (and transformers' repeat_kv) lays out its own.
         def run(q, k, v, *rest):
             return branch(*(_run.ContiguousGrad.apply(t) for t in (q, k, v)), *rest)
         return run
-    dense, causal, flex = dense_gradients(dense), dense_gradients(causal), dense_gradients(flex)
+    dense, causal, flex = contiguous_gradients(dense), contiguous_gradients(causal), contiguous_gradients(flex)
 
     operands = (*torch.ops.masklens.graph_operands(query, key, value), gm.mask, gm.bounds, *gm.arrays)
     not_causal = dense

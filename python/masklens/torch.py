@@ -122,6 +122,8 @@ def _in_graph(query, key, value, attn_mask, dropout_p, scale, enable_gqa):
     if not isinstance(gm, _one_graph.GraphMask):
         return None
 
+    scale = _one_graph.constant_float(scale)  # what the cond's branches may close over
+
     def sdpa(q, k, v, mask):  # torch's call with the mask, or is_causal (mask None): [B, Q, H, Dv]
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale,
                                              enable_gqa=enable_gqa)

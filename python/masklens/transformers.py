@@ -49,7 +49,7 @@ from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_f
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from . import _one_graph, _scan, _verdicts
-from ._one_graph import GraphMask, attend_graph, graph_mask
+from ._one_graph import GraphMask, attend_graph, constant_float, graph_mask
 from .torch import CompiledMask, attend_compiled, prepare_compiled, scaled_dot_product_attention
 
 NAME = "masklens"
@@ -90,15 +90,6 @@ def _begin_forward(device) -> None:
         _load_in_background(device)
 
 
-def _query_length(kwargs):
-    """The mask's query length from the mask function's arguments (transformers 5 passes
-    q_length; earlier ones cache_position), or None."""
-    q_length = kwargs.get("q_length")
-    if q_length is None and isinstance(kwargs.get("cache_position"), torch.Tensor):
-        q_length = kwargs["cache_position"].shape[0]
-    return q_length
-
-
 def masklens_mask(*args, **kwargs):
     """transformers' sdpa_mask; each call starts a new forward for the verdict cache
     (inference-mode masks are remembered within one forward). Inside torch.compile the
@@ -107,7 +98,7 @@ def masklens_mask(*args, **kwargs):
     step's mask is sdpa_mask's,
     traced (nothing to prove in one row: no break, no scan)."""
     if torch.compiler.is_compiling():
-        if _query_length(kwargs) == 1:
+        if kwargs.get("q_length") == 1:
             return sdpa_mask(*args, **kwargs)
         if _one_graph.enabled:
             return _mask_in_graph(*args, **kwargs)
@@ -179,6 +170,13 @@ def _gqa(module, query, key, value):
     return key, value, groups > 1
 
 
+def _default_scales(module, head_dim):
+    """The scales transformers' attention layers take by default: 1/sqrt(head_dim), and
+    1/sqrt(query_pre_attn_scalar) where the config has one (Gemma)."""
+    pre = getattr(getattr(module, "config", None), "query_pre_attn_scalar", None)
+    return (head_dim ** -0.5,) + ((pre ** -0.5,) if pre else ())
+
+
 def masklens_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
                                **kwargs):
     """sdpa_attention_forward's contract: query/key/value [B, H, L, D], GQA through
@@ -191,8 +189,10 @@ def masklens_attention_forward(module, query, key, value, attention_mask, dropou
     if isinstance(attention_mask, GraphMask):
         # One graph: every form the graph holds, taken at run time by the op's decision.
         if kwargs.get("position_bias") is None and kwargs.get("softcap") is None:
-            def sdpa(q, k, v, mask):
-                return sdpa_attention_forward(module, q, k, v, mask, dropout=dropout, scaling=scaling,
+            scale = constant_float(scaling, _default_scales(module, attention_mask.expected[2]))
+
+            def sdpa(q, k, v, mask):  # called only without dropout
+                return sdpa_attention_forward(module, q, k, v, mask, dropout=0.0, scaling=scale,
                                               is_causal=mask is None or is_causal, **kwargs)[0]
             out = attend_graph(attention_mask, query, key, value, sdpa, dropout_p=dropout, scale=scaling)
             if out is not None:

@@ -82,6 +82,44 @@ def test_flex_branch_is_added_once_and_equals_sdpa(one_graph_mode, gpu_environme
             assert_matches_reference(ref, ours, ids, attention, b, grads=False)
 
 
+def test_dynamic_true_compiles_with_symbolic_floats(one_graph_mode):
+    """torch.compile(dynamic=True) makes the layers' `scaling` a symbolic float, which
+    torch.cond's branches may not close over: the default scale is taken as the constant
+    it equals. Padded and unpadded batches of new lengths, forward and backward."""
+    ref, ours = pair(LlamaConfig(**SMALL))
+    compiled = torch.compile(ours, backend="aot_eager", dynamic=True, fullgraph=True)
+    for step, (pads, L) in enumerate([((0, 4, 9), 20), ((0, 0, 0), 26), ((3, 0, 1), 17)]):
+        ids, attention = left_padded(pads, L=L, seed=step)
+        counters.clear()
+        b = forward_backward(compiled, ids, attention)
+        assert not break_sites()
+        assert_matches_reference(ref, ours, ids, attention, b)
+
+
+def test_prefill_over_a_cache_decides_and_gets_the_flex_branch(one_graph_mode, gpu_environment):
+    """Chunks of 6 queries over a cache (Q != K: no is_causal branch): the op runs though a
+    graph without the FlexAttention branch reads no answer of it (it is not dead code: its
+    answer is the branch's request), so the next chunk compiles once more and runs flex;
+    the chunks' logits equal sdpa's. Decided as on an H100, without grad."""
+    gpu_environment({"flex"})
+    ref, ours = pair(LlamaConfig(**SMALL))
+    ids, attention = left_padded((0, 30), L=140)
+    caches = [DynamicCache(config=ref.config), DynamicCache(config=ours.config)]
+    with torch.no_grad():
+        for model, cache in zip((ref, ours), caches):
+            model(input_ids=ids, attention_mask=attention, past_key_values=cache, use_cache=True)
+        compiled = torch.compile(ours, backend="aot_eager", fullgraph=True)
+        for step in range(3):
+            chunk = torch.randint(3, 97, (2, 6), generator=torch.Generator().manual_seed(step))
+            attention = torch.cat([attention, torch.ones(2, 6, dtype=attention.dtype)], 1)
+            taken, before = dict(one_graph.forms_taken), masklens.scan_count()
+            a = ref(input_ids=chunk, attention_mask=attention, past_key_values=caches[0], use_cache=True).logits
+            b = compiled(input_ids=chunk, attention_mask=attention, past_key_values=caches[1], use_cache=True).logits
+            assert masklens.scan_count() - before == 1
+            assert taken_since(taken) == {"dense" if step == 0 else "flex": 1}
+            assert (a - b).abs().max().item() < 1e-4
+
+
 def test_hybrid_model_decides_once_per_mask_kind(one_graph_mode):
     """Gemma3's sliding and full layers: two ops a forward (two scans), one graph."""
     cfg = Gemma3TextConfig(**SMALL, head_dim=16, sliding_window=6,
@@ -129,6 +167,32 @@ def test_graph_form_gives_the_rows_bounds_and_blocks_of_a_flex_answer(gpu_enviro
     want = create_block_mask(lambda b, h, q, kv: mask[b, 0, q, kv], 2, None, 200, 200, device="cpu")
     for name in ("kv_num_blocks", "full_kv_num_blocks"):
         assert fields[name].tolist() == getattr(want, name).tolist(), name
+
+
+def test_graph_form_outputs_share_no_storage_when_the_read_writes_one_allocation(gpu_environment, monkeypatch):
+    """masklens._cuda's read writes the BlockMask's eight tensors as views of one allocation
+    (_block_mask_storage); an op's outputs may share no storage, so the op copies them.
+    The read stood in for on the CPU with the real allocator."""
+    import numpy as np
+    from masklens import _block_mask, _scan
+    gpu_environment({"flex"})
+
+    def read_into_one_allocation(mask, with_tiles):
+        verdict, tiles = _scan.scan_with_tiles(mask, (one_graph.BLOCK, one_graph.BLOCK), -1e8)
+        t = tiles.block_mask()
+        db, dh, nq = t.kv_num_blocks.shape
+        _, _, views = _block_mask._block_mask_storage(mask.device, db, dh, nq, t.kv_indices.shape[-1])
+        arrays = views()
+        for name in _block_mask.BLOCK_MASK_FIELDS:
+            arrays[name].copy_(torch.from_numpy(np.ascontiguousarray(getattr(t, name))))
+        return verdict, lambda: one_graph._host_bounds(mask), arrays
+    monkeypatch.setattr(one_graph, "_read", read_into_one_allocation)
+    i, j = torch.arange(200)[:, None], torch.arange(200)[None]
+    forms = one_graph.DEFAULT_FORMS | 1 << one_graph.FLEX
+    for mask in (((j <= i) & (j >= torch.tensor([0, 70])[:, None, None]))[:, None], (j <= i)[None, None]):
+        code, *outputs = torch.ops.masklens.graph_form(mask, mask.shape[0], 4, 4, 16, 16, torch.bfloat16, False, forms)
+        assert code.item() == one_graph.FLEX
+        assert len({t.untyped_storage().data_ptr() for t in outputs}) == len(outputs)
 
 
 @pytest.mark.parametrize("mode", ["outside the graph", "one graph"])
