@@ -18,7 +18,8 @@ import masklens.transformers  # noqa: E402,F401  (registers "masklens")
 from torch._dynamo.utils import counters  # noqa: E402
 from transformers import DynamicCache, Gemma3TextConfig, LlamaConfig  # noqa: E402
 
-from models import SMALL, assert_matches_reference, break_sites, forward_backward, left_padded, pair  # noqa: E402
+from models import (SMALL, assert_matches_reference, break_sites, forward_backward, left_padded,  # noqa: E402
+                    max_grad_difference, pair)
 
 
 @pytest.fixture
@@ -341,3 +342,32 @@ def test_drop_in_inside_compile_runs_flex_on_the_graphs_block_mask(one_graph_mod
             assert taken_since(taken) == {"dense" if step == 0 else "flex": 3}
             ref = model(x, mask)  # eager: the drop-in as it runs outside a graph
             assert (out - ref).abs().max().item() < 1e-4
+
+
+# --- on a GPU: Inductor's CUDA kernels, the FlexAttention branch's backward, CUDA graphs --
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", [None, "reduce-overhead"])
+def test_one_graph_on_a_gpu_equals_compiled_sdpa(one_graph_mode, mode):
+    """A bf16 Llama on the GPU, left-padded batches, forward and backward: one graph
+    (fullgraph=True, Inductor; with "reduce-overhead" the op's host work stays out of the
+    CUDA graphs) against compiled sdpa, whatever form the GPU's decision takes."""
+    cfg = LlamaConfig(**{**SMALL, "num_attention_heads": 8, "num_key_value_heads": 8, "hidden_size": 512,
+                         "head_dim": 64, "max_position_embeddings": 4096})
+    ref, ours = pair(cfg)
+    ref, ours = ref.cuda().bfloat16(), ours.cuda().bfloat16()
+    compiled_ref = torch.compile(ref, mode=mode)
+    compiled = torch.compile(ours, mode=mode, fullgraph=True)
+    for step, pads in enumerate([(0, 300, 900, 1500), (100, 0, 1200, 40), (0, 0, 0, 0), (7, 0, 1300, 600)]):
+        ids, attention = left_padded(pads, L=2048, seed=step)
+        ids, attention = ids.cuda(), attention.cuda()
+        counters.clear()
+        b = forward_backward(compiled, ids, attention).float()
+        assert not break_sites()
+        a = forward_backward(compiled_ref, ids, attention).float()
+        keep = attention.bool()
+        assert (a - b).abs()[keep].max().item() < 0.1
+        assert max_grad_difference(ref, ours) < 0.1
+        ref.zero_grad()
+        ours.zero_grad()
+    assert sum(one_graph.forms_taken.values()) == 4
