@@ -9,6 +9,7 @@
 #            arch-dependent
 #   cmake    find_package(masklens CONFIG) against that tree; a version it does not
 #            satisfy is refused
+#   cmake-absolute-dirs  the same with includedir and datadir absolute, outside the prefix
 #   pkgconfig  pkg-config --cflags --libs masklens against that tree (no -std in them)
 #   meson-subproject  dependency('masklens') falling back to subprojects/masklens (a copy
 #            of this source tree): the consumer's build, tests and install hold nothing
@@ -71,6 +72,25 @@ cmake_consumer() {
 }
 mkdir -p "$work/cmake-src"
 check cmake cmake_consumer
+
+# includedir and datadir given as absolute paths outside the prefix (as some distributions
+# lay a package out): installed for real (a --destdir tree could not hold absolute paths),
+# found through masklens_DIR, built and run; the CUDA sources where the variables say.
+absolute_dirs_consumer() {
+  local a=$work/absolute
+  meson setup "$a/build" "$src" --prefix="$a/prefix" --includedir="$a/headers" --datadir="$a/data" \
+    -Dtests=disabled -Dtools=disabled -Dexamples=disabled -Dbenchmarks=disabled -Dcuda=disabled \
+    -Dpython=disabled || return 1
+  meson install -C "$a/build" || return 1
+  mkdir -p "$a/cmake-src" && cp "$src/tests/consumers/cmake/CMakeLists.txt" "$src/examples/quickstart.cpp" \
+    "$a/cmake-src/" || return 1
+  cmake -S "$a/cmake-src" -B "$a/cmake-build" -Dmasklens_DIR="$a/data/cmake/masklens" || return 1
+  cmake --build "$a/cmake-build" --verbose || return 1
+  runs_quickstart "$a/cmake-build/quickstart" || return 1
+  grep -q "$a/headers" "$a/cmake-build/CMakeFiles/quickstart.dir/flags.make" \
+    || fail "the include path is not the absolute includedir" || return 1
+}
+check cmake-absolute-dirs absolute_dirs_consumer
 
 pkgconfig_consumer() {
   local flags
