@@ -10,8 +10,11 @@ Per case and implementation: the losses and grad norms Trainer logs (masklens' m
 sdpa's within bf16 tolerance: the largest relative differences are printed), the median
 time per step (a callback around each optimizer step, CUDA synchronised), and scans.
 
-usage: python3 bench/trainer.py [--device cuda|cpu] [--quick] [--cases padding,packing,sliding] [--json OUT]
+usage: python3 bench/trainer.py [--device cuda|cpu] [--quick] [--cases padding,packing,sliding]
+                             [--torch-compile [--compile-backend B] [--one-graph]] [--json OUT]
   --device cpu --quick: tiny fp32 models, a smoke test.
+  --torch-compile: both sides with Trainer's torch_compile (Inductor, or --compile-backend);
+  --one-graph: masklens' side in one graph (masklens.torch.set_one_graph; docs/python.md).
 Needs accelerate (Trainer's). Run against the in-tree build with PYTHONPATH=build-dir/python.
 """
 import argparse
@@ -25,6 +28,7 @@ import numpy as np
 import torch
 
 import masklens
+import masklens.torch
 import masklens.transformers  # noqa: F401  (registers "masklens")
 from transformers import (AutoModelForCausalLM, DataCollatorWithFlattening, LlamaConfig, MistralConfig, Trainer,
                           TrainerCallback, TrainingArguments)
@@ -40,6 +44,9 @@ parser.add_argument("--median", type=int, default=1500, help="median example len
 parser.add_argument("--min-len", type=int, default=64)
 parser.add_argument("--max-len", type=int, default=8192)
 parser.add_argument("--window", type=int, default=1024)
+parser.add_argument("--torch-compile", action="store_true", help="Trainer's torch_compile on both sides")
+parser.add_argument("--compile-backend", default="inductor", help="with --torch-compile")
+parser.add_argument("--one-graph", action="store_true", help="masklens decides in the compiled graph")
 parser.add_argument("--json", help="write the results here")
 args = parser.parse_args()
 
@@ -100,11 +107,16 @@ def train(case, impl, data):
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(copy.deepcopy(make_config()), attn_implementation=impl).float()
     timer = StepTimer()
+    compiled = {}
+    if args.torch_compile:
+        torch._dynamo.reset()  # each side compiles from nothing (its first step says so)
+        compiled = dict(torch_compile=True, torch_compile_backend=args.compile_backend)
+    masklens.torch.set_one_graph(args.one_graph and impl == "masklens")
     with tempfile.TemporaryDirectory() as out:
         targs = TrainingArguments(output_dir=out, per_device_train_batch_size=args.batch, max_steps=args.steps,
                                   logging_steps=1, learning_rate=3e-4, seed=0, report_to=[], save_strategy="no",
                                   use_cpu=not cuda, bf16=cuda, disable_tqdm=True, dataloader_num_workers=0,
-                                  remove_unused_columns=False)
+                                  remove_unused_columns=False, **compiled)
         trainer = Trainer(model=model, args=targs, train_dataset=data, data_collator=collator, callbacks=[timer])
         trainer.remove_callback(PrinterCallback)  # the per-step logs: compared below instead
         before = masklens.scan_count()
@@ -122,8 +134,10 @@ def relative(a, b):
 
 data = examples(args.steps * args.batch)
 results = {}
+compile_note = (f"; torch_compile ({args.compile_backend}{', masklens in one graph' if args.one_graph else ''})"
+                if args.torch_compile else "")
 print(f"Trainer, {args.steps} steps of {args.batch} examples (lengths log-normal, median {args.median}, "
-      f"[{args.min_len}, {args.max_len}]), {'bf16 on ' + args.device if cuda else 'fp32 on the CPU'}")
+      f"[{args.min_len}, {args.max_len}]), {'bf16 on ' + args.device if cuda else 'fp32 on the CPU'}{compile_note}")
 for case in args.cases.split(","):
     ref = train(case, "sdpa", data)
     ours = train(case, "masklens", data)
