@@ -95,8 +95,7 @@ def masklens_mask(*args, **kwargs):
     (inference-mode masks are remembered within one forward). Inside torch.compile the
     mask is made, proven and decided outside the graph (_mask_outside_graph), or in it
     with one graph on (masklens.torch.set_one_graph; _mask_in_graph); a one-token decode
-    step's mask is sdpa_mask's,
-    traced (nothing to prove in one row: no break, no scan)."""
+    step's mask is sdpa_mask's, traced (nothing to prove in one row: no break, no scan)."""
     if torch.compiler.is_compiling():
         if kwargs.get("q_length") == 1:
             return sdpa_mask(*args, **kwargs)
