@@ -16,7 +16,7 @@ transformers = pytest.importorskip("transformers")
 import masklens._one_graph as one_graph  # noqa: E402
 import masklens.transformers  # noqa: E402,F401  (registers "masklens")
 from torch._dynamo.utils import counters  # noqa: E402
-from transformers import DynamicCache, Gemma3TextConfig, LlamaConfig  # noqa: E402
+from transformers import DynamicCache, Gemma3TextConfig, LlamaConfig, MistralConfig  # noqa: E402
 
 from models import (SMALL, assert_matches_reference, break_sites, forward_backward, left_padded,  # noqa: E402
                     max_grad_difference, pair)
@@ -245,17 +245,21 @@ def test_the_docs_example_runs(monkeypatch):
     torch._dynamo.reset()
 
 
-def test_trainer_compiled_in_one_graph_matches_sdpa(one_graph_mode, tmp_path):
-    """transformers' Trainer with torch_compile and dynamic padding (a new length nearly
-    every step): 20 steps with no graph break and at most two graphs (the first shape's,
-    then Dynamo's dynamic one: the op's fake kernel takes symbolic sizes), a scan a step,
-    the losses and gradient norms of eager sdpa."""
+@pytest.mark.parametrize("case", ["dynamic padding", "padding-free packing", "sliding window"])
+def test_trainer_compiled_in_one_graph_matches_sdpa(one_graph_mode, tmp_path, case):
+    """transformers' Trainer with torch_compile, lengths new nearly every step (dynamic
+    padding, padding-free packing through position_ids, a Mistral sliding window): 20
+    steps with no graph break and at most two graphs (the first shape's, then Dynamo's
+    dynamic one: the op's fake kernel takes symbolic sizes), a scan a step, the losses and
+    gradient norms of eager sdpa."""
     pytest.importorskip("accelerate")  # transformers' Trainer needs it
-    from test_training import pad_to_longest, train
-    ref_loss, ref_norm, _ = train(LlamaConfig(**SMALL), "sdpa", pad_to_longest, tmp_path)
+    from test_training import flattening, pad_to_longest, train
+    cfg = MistralConfig(**SMALL, sliding_window=8) if case == "sliding window" else LlamaConfig(**SMALL)
+    collator = flattening() if case == "padding-free packing" else pad_to_longest
+    ref_loss, ref_norm, _ = train(cfg, "sdpa", collator, tmp_path)
     torch._dynamo.reset()
     counters.clear()
-    loss, norm, scans = train(LlamaConfig(**SMALL), "masklens", pad_to_longest, tmp_path, compile_backend="aot_eager")
+    loss, norm, scans = train(cfg, "masklens", collator, tmp_path, compile_backend="aot_eager")
     assert len(loss) == 20 and scans == 20
     assert not break_sites() and counters["stats"]["unique_graphs"] <= 2
     np.testing.assert_allclose(loss, ref_loss, rtol=1e-4)
