@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 import masklens
+import masklens._one_graph
 import masklens.torch
 import masklens.transformers  # noqa: F401  (registers "masklens")
 from transformers import (AutoModelForCausalLM, DataCollatorWithFlattening, LlamaConfig, MistralConfig, Trainer,
@@ -49,6 +50,8 @@ parser.add_argument("--compile-backend", default="inductor", help="with --torch-
 parser.add_argument("--one-graph", action="store_true", help="masklens decides in the compiled graph")
 parser.add_argument("--json", help="write the results here")
 args = parser.parse_args()
+if args.one_graph and not args.torch_compile:
+    parser.error("--one-graph needs --torch-compile (one graph is a way of compiling)")
 
 cuda = args.device.startswith("cuda")
 if args.quick:
@@ -109,7 +112,8 @@ def train(case, impl, data):
     timer = StepTimer()
     compiled = {}
     if args.torch_compile:
-        torch._dynamo.reset()  # each side compiles from nothing (its first step says so)
+        torch._dynamo.reset()  # each side compiles from nothing (its first step says so),
+        masklens._one_graph.graph_forms = masklens._one_graph.DEFAULT_FORMS  # without a flex branch yet
         compiled = dict(torch_compile=True, torch_compile_backend=args.compile_backend)
     masklens.torch.set_one_graph(args.one_graph and impl == "masklens")
     with tempfile.TemporaryDirectory() as out:

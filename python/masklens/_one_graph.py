@@ -40,7 +40,8 @@ def set_one_graph(on: bool = True) -> None:
     """Whether torch.compile'd code proves masks and decides inside the graph (no graph
     break; fullgraph=True works) rather than outside it (transformers' mask function) or
     not at all (the drop-in, which runs torch's own call inside torch.compile). Set it
-    before compiling: graphs compiled the other way are kept until torch._dynamo.reset()."""
+    before compiling; Dynamo guards it, so a compiled model compiles again after a switch
+    (torch._dynamo.reset() where Dynamo had marked a frame to run eagerly)."""
     global enabled
     enabled = bool(on)
 
@@ -227,26 +228,27 @@ def graph_mask(mask, *, heads, kv_heads, head_dim, head_dim_v=None, dtype=torch.
     return GraphMask(mask, code, bounds, arrays, (heads, kv_heads, head_dim, head_dim_v), forms)
 
 
-def constant_float(value, candidates=()):
-    """`value` as a constant for what torch.cond's branches close over: torch.cond takes no
-    symbolic float, and torch.compile(dynamic=True) makes a module's float attributes
-    symbolic (transformers' `scaling`). The candidate it equals where it equals one (the
-    comparison is guarded: a constant in the graph), else float(value), which stays
-    symbolic only there (a scale of its own under dynamic=True: torch.cond refuses it)."""
-    if value is None:
+def constant_scale(scale, defaults):
+    """`scale` as a constant that torch.cond's branches may close over, or NotImplemented.
+    torch.cond takes no symbolic float, and Dynamo makes floats symbolic (a module's float
+    attribute under torch.compile(dynamic=True); a float argument that changed between
+    calls), with no way to tell from inside the trace. None stays None; a scale equal to
+    one of `defaults` (Python floats: the comparison is guarded) is that constant; any
+    other might be symbolic: NotImplemented, and the caller runs torch's own call."""
+    if scale is None:
         return None
-    for candidate in candidates:
-        if value == candidate:
-            return candidate
-    return float(value)
+    for default in defaults:
+        if scale == default:
+            return default
+    return NotImplemented
 
 
 def attend_graph(gm, query, key, value, sdpa, dropout_p=0.0, scale=None):
     """A GraphMask's attention in the graph: torch.cond over the forms it holds, each branch
     giving [B, Q, H, Dv] contiguous (the layout transformers' layers return).
     sdpa(q, k, v, mask) is the caller's sdpa call without dropout (the dense form),
-    sdpa(q, k, v, None) its is_causal one; a float it closes over must be a constant
-    (constant_float). None where the call is not the one decided for
+    sdpa(q, k, v, None) its is_causal one; `scale` and any float sdpa closes over must be
+    constants (constant_scale). None where the call is not the one decided for
     (_compiled.fits_decided_call, another batch): the caller then runs sdpa with gm.mask."""
     B, H, Q, _ = query.shape
     Hk, K = key.shape[1], key.shape[2]
@@ -254,7 +256,6 @@ def attend_graph(gm, query, key, value, sdpa, dropout_p=0.0, scale=None):
         return None
     if gm.mask.shape[0] not in (1, B):
         return None
-    scale = constant_float(scale, (gm.expected[2] ** -0.5,))
     flex_kwargs = {"scale": scale, **({"enable_gqa": True} if H != Hk else {})}
 
     def dense(q, k, v, mask, bounds, *arrays):

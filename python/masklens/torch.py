@@ -112,8 +112,10 @@ _INSIDE_COMPILE = "inside torch.compile"
 def _in_graph(query, key, value, attn_mask, dropout_p, scale, enable_gqa):
     """Inside torch.compile with one graph on (set_one_graph): the call's form decided at
     run time by an op of the graph (masklens._one_graph), traced; None where the drop-in
-    runs torch's own call (dropout, or what _refusal names)."""
-    if dropout_p or _refusal(query, key, value, attn_mask, enable_gqa) is not None:
+    runs torch's own call (dropout, a scale given, or what _refusal names)."""
+    # A scale given (even the default's value) may be a symbolic float here, which the
+    # cond's branches may not close over: torch's own call (constant_scale).
+    if dropout_p or scale is not None or _refusal(query, key, value, attn_mask, enable_gqa) is not None:
         return None
     training = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
     gm = _one_graph.graph_mask(_view4(attn_mask, query.shape[2], key.shape[2]), batch=query.shape[0],
@@ -122,13 +124,10 @@ def _in_graph(query, key, value, attn_mask, dropout_p, scale, enable_gqa):
     if not isinstance(gm, _one_graph.GraphMask):
         return None
 
-    scale = _one_graph.constant_float(scale)  # what the cond's branches may close over
-
     def sdpa(q, k, v, mask):  # torch's call with the mask, or is_causal (mask None): [B, Q, H, Dv]
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale,
-                                             enable_gqa=enable_gqa)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=enable_gqa)
         return out.transpose(1, 2).contiguous()
-    out = _one_graph.attend_graph(gm, query, key, value, sdpa, scale=scale)
+    out = _one_graph.attend_graph(gm, query, key, value, sdpa)
     return None if out is None else out.transpose(1, 2)
 
 

@@ -49,7 +49,7 @@ from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_f
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from . import _one_graph, _scan, _verdicts
-from ._one_graph import GraphMask, attend_graph, constant_float, graph_mask
+from ._one_graph import GraphMask, attend_graph, constant_scale, graph_mask
 from .torch import CompiledMask, attend_compiled, prepare_compiled, scaled_dot_product_attention
 
 NAME = "masklens"
@@ -171,7 +171,8 @@ def _gqa(module, query, key, value):
 
 def _default_scales(module, head_dim):
     """The scales transformers' attention layers take by default: 1/sqrt(head_dim), and
-    1/sqrt(query_pre_attn_scalar) where the config has one (Gemma)."""
+    1/sqrt(query_pre_attn_scalar) where the config has one (Gemma). One graph takes its
+    forms for these (constant_scale); a layer of another scale runs sdpa with the mask."""
     pre = getattr(getattr(module, "config", None), "query_pre_attn_scalar", None)
     return (head_dim ** -0.5,) + ((pre ** -0.5,) if pre else ())
 
@@ -187,13 +188,12 @@ def masklens_attention_forward(module, query, key, value, attention_mask, dropou
                          "or `flex_attention`")
     if isinstance(attention_mask, GraphMask):
         # One graph: every form the graph holds, taken at run time by the op's decision.
-        if kwargs.get("position_bias") is None and kwargs.get("softcap") is None:
-            scale = constant_float(scaling, _default_scales(module, attention_mask.expected[2]))
-
+        scale = constant_scale(scaling, _default_scales(module, attention_mask.expected[2]))
+        if kwargs.get("position_bias") is None and kwargs.get("softcap") is None and scale is not NotImplemented:
             def sdpa(q, k, v, mask):  # called only without dropout
                 return sdpa_attention_forward(module, q, k, v, mask, dropout=0.0, scaling=scale,
                                               is_causal=mask is None or is_causal, **kwargs)[0]
-            out = attend_graph(attention_mask, query, key, value, sdpa, dropout_p=dropout, scale=scaling)
+            out = attend_graph(attention_mask, query, key, value, sdpa, dropout_p=dropout, scale=scale)
             if out is not None:
                 return out, None
         attention_mask = attention_mask.mask

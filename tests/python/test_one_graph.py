@@ -97,6 +97,23 @@ def test_dynamic_true_compiles_with_symbolic_floats(one_graph_mode):
         assert_matches_reference(ref, ours, ids, attention, b)
 
 
+def test_dynamic_true_with_flex_and_a_scale_of_its_own(one_graph_mode, gpu_environment):
+    """Gemma3 (scale 1/sqrt(query_pre_attn_scalar), not 1/sqrt(head_dim)) under
+    dynamic=True, decided as on an H100 without grad: the sliding layers take the flex
+    branch once it is there, closing over the scale as a constant."""
+    gpu_environment({"flex"})
+    cfg = Gemma3TextConfig(**SMALL, head_dim=16, sliding_window=6, query_pre_attn_scalar=256,
+                           layer_types=["sliding_attention", "sliding_attention", "full_attention"])
+    ref, ours = pair(cfg)
+    compiled = torch.compile(ours, backend="aot_eager", dynamic=True, fullgraph=True)
+    with torch.no_grad():
+        for step, (pads, L) in enumerate([((0, 4, 9), 20), ((2, 0, 7), 26), ((0, 0, 3), 23)]):
+            ids, attention = left_padded(pads, L=L, seed=step)
+            b = compiled(input_ids=ids, attention_mask=attention).logits
+            assert_matches_reference(ref, ours, ids, attention, b, grads=False)
+    assert one_graph.forms_taken["flex"] > 0
+
+
 def test_prefill_over_a_cache_decides_and_gets_the_flex_branch(one_graph_mode, gpu_environment):
     """Chunks of 6 queries over a cache (Q != K: no is_causal branch): the op runs though a
     graph without the FlexAttention branch reads no answer of it (it is not dead code: its
@@ -324,6 +341,26 @@ def test_drop_in_inside_compile_decides_in_the_graph(one_graph_mode):
         assert (out - ref).abs().max().item() < 1e-4, name
         assert max((a - b).abs().max().item() for a, b in zip(grads, ref_grads)) < 1e-3, name
         model.zero_grad()
+
+
+def test_drop_in_given_a_scale_runs_torchs_call_inside_one_graph(one_graph_mode):
+    """A scale given to the drop-in may be a symbolic float inside the trace (Dynamo makes
+    a float argument that changed symbolic), which torch.cond's branches may not close
+    over: the call is torch's own (no op, no error), as without one graph."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 32, 16) for _ in range(3))
+    mask = torch.ones(32, 32, dtype=torch.bool).tril()
+
+    def attend(q, k, v, mask, scale):
+        from masklens.torch import scaled_dot_product_attention
+        return scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    compiled = torch.compile(attend, backend="aot_eager", fullgraph=True)
+    taken = dict(one_graph.forms_taken)
+    for scale in (0.2, 0.3, 0.25):
+        out = compiled(q, k, v, mask, scale)
+        ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+        assert (out - ref).abs().max().item() < 1e-5
+    assert taken_since(taken) == {}
 
 
 def test_drop_in_inside_compile_runs_flex_on_the_graphs_block_mask(one_graph_mode, gpu_environment):
