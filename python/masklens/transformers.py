@@ -186,10 +186,12 @@ def masklens_attention_forward(module, query, key, value, attention_mask, dropou
         # transformers refuses "sdpa" for such models, so a result without them is wrong.
         raise ValueError("`masklens` attention does not support attention sinks (`s_aux`, as `sdpa`). Try `eager` "
                          "or `flex_attention`")
+    # A compiled model's forms fit a call that is sdpa's: no position bias, no softcap.
+    sdpa_call = kwargs.get("position_bias") is None and kwargs.get("softcap") is None
     if isinstance(attention_mask, GraphMask):
         # One graph: every form the graph holds, taken at run time by the op's decision.
         scale = constant_scale(scaling, _default_scales(module, attention_mask.expected[2]))
-        if kwargs.get("position_bias") is None and kwargs.get("softcap") is None and scale is not NotImplemented:
+        if sdpa_call and scale is not NotImplemented:
             def sdpa(q, k, v, mask):  # called only without dropout
                 return sdpa_attention_forward(module, q, k, v, mask, dropout=0.0, scaling=scale,
                                               is_causal=mask is None or is_causal, **kwargs)[0]
@@ -201,7 +203,7 @@ def masklens_attention_forward(module, query, key, value, attention_mask, dropou
         # A compiled model's mask, decided outside the graph: traced as it is, or the dense
         # mask where this call is not the one decided for.
         out = None
-        if kwargs.get("position_bias") is None and kwargs.get("softcap") is None:
+        if sdpa_call:
             k, v, enable_gqa = _gqa(module, query, key, value)
             out = attend_compiled(attention_mask, query, k, v, dropout_p=dropout, scale=scaling, enable_gqa=enable_gqa)
         if out is not None:
