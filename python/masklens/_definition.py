@@ -1,0 +1,460 @@
+"""Masks known from their definition, never built: transformers' mask functions read back.
+
+transformers composes every mask it makes from a few primitives of
+transformers.masking_utils (causal_mask_function, sliding_window_overlay, chunked_overlay,
+padding_mask_function, packed_sequence_mask_function, blockwise_overlay, ...), joined by
+and_masks / or_masks and wrapped by add_offsets_to_mask_function and
+remap_positions_for_packed_sequence, and hands the composition to the registered mask
+function with the lengths and offsets (sdpa_mask's arguments). Each primitive is a
+closure whose free variables (a window, a chunk size, an O(B·L) tensor) can be read back.
+
+recognise() walks that tree. For each query row it works out the keys the composition
+lets attend as one interval [begin, end) in O(B·Q) over the metadata (never O(Q·K)):
+every node of the tree gives each row one interval, AND intersects, OR joins two that
+meet. That row table is exactly what a scan of sdpa_mask's [B, 1, Q, K] tensor gives
+(each row of a bool mask whose keys form one interval: no flags), so the classifier's
+verdict (_core.classify_intervals) is the scan's, proven by the same render-back.
+
+Nothing is guessed. A function that is not a recognised primitive (a model's own lambda,
+a custom or_mask_function), a padding mask with holes, a row whose keys are not one
+interval, a primitive whose behaviour on this transformers differs from the rule written
+here: recognise() returns the reason (Unrecognised) and the caller builds the mask as
+before. Each primitive's rule is pinned once per process and parameter: the installed
+transformers' own function is evaluated on a grid around its parameter and compared with
+the rule here (pin()); a mismatch turns the primitive off with a warning.
+"""
+from __future__ import annotations
+
+import logging
+import warnings
+
+import numpy as np
+import torch
+
+from . import _core
+
+logger = logging.getLogger("masklens")
+
+# Far below and above every key: an unbounded side of an interval.
+_NEG = -(1 << 62)
+_POS = 1 << 62
+
+
+class Unrecognised(Exception):
+    """Why a mask function is not read back (its node and the reason)."""
+
+
+def _mu():
+    import transformers.masking_utils as mu
+    return mu
+
+
+def _code(fn):
+    return getattr(fn, "__code__", None)
+
+
+_primitive_codes = None
+
+
+def _primitives() -> dict:
+    """{code object: primitive name} of the installed transformers' mask primitives (the
+    closures' inner functions are told apart by their code objects)."""
+    global _primitive_codes
+    if _primitive_codes is not None:
+        return _primitive_codes
+    mu = _mu()
+    t = torch.zeros((1, 1), dtype=torch.long)
+    makers = {
+        "causal": lambda: mu.causal_mask_function,
+        "bidirectional": lambda: mu.bidirectional_mask_function,
+        "and": lambda: mu.and_masks(mu.causal_mask_function),
+        "or": lambda: mu.or_masks(mu.causal_mask_function),
+        "sliding": lambda: mu.sliding_window_overlay(1),
+        "sliding_bidirectional": lambda: mu.sliding_window_bidirectional_overlay(1),
+        "chunked": lambda: mu.chunked_overlay(1, t[0]),
+        "padding": lambda: mu.padding_mask_function(t.bool()),
+        "packed": lambda: mu.packed_sequence_mask_function(t),
+        "blocks": lambda: mu.blockwise_overlay(t),
+        "remap": lambda: mu.remap_positions_for_packed_sequence(mu.causal_mask_function, t),
+        "offsets": lambda: mu.add_offsets_to_mask_function(mu.causal_mask_function, 0, 0),
+    }
+    codes = {}
+    for name, make in makers.items():
+        try:
+            code = _code(make())
+        except (AttributeError, TypeError):  # not in this transformers
+            continue
+        if code is not None:
+            codes[code] = name
+    _primitive_codes = codes
+    return codes
+
+
+def _free(fn) -> dict:
+    """A closure's free variables by name."""
+    cells = fn.__closure__ or ()
+    return {name: cell.cell_contents for name, cell in zip(fn.__code__.co_freevars, cells)}
+
+
+def _int(x, what):
+    if isinstance(x, torch.Tensor):
+        if x.numel() != 1 or x.is_floating_point():
+            raise Unrecognised(f"{what} is a tensor of shape {tuple(x.shape)}")
+        x = int(x.item())
+    if isinstance(x, bool) or not isinstance(x, (int, np.integer)):
+        raise Unrecognised(f"{what} is {type(x).__name__} {x!r}")
+    return int(x)
+
+
+def _host(t, what):
+    if not isinstance(t, torch.Tensor) or t.dim() != 2:
+        raise Unrecognised(f"{what} is not a 2-D tensor")
+    return t.detach().to("cpu")
+
+
+def _name_of(fn) -> str:
+    return getattr(fn, "__qualname__", None) or type(fn).__name__
+
+
+# A parsed node: (name, params, children). Tensors are read (on the host) when parsed.
+def parse(fn, scope=None):
+    """The tree of a mask function, or Unrecognised naming the first node that is not a
+    recognised primitive. `scope` carries the packed documents an enclosing AND restricts
+    to (remap_positions_for_packed_sequence is exact only inside one)."""
+    name = _primitives().get(_code(fn))
+    if name is None:
+        raise Unrecognised(f"{_name_of(fn)} (from {getattr(fn, '__module__', '?')}) is not a recognised mask "
+                           "primitive")
+    if name in _disabled:
+        raise Unrecognised(f"{name}: off for this process (its behaviour differed from masklens' rule)")
+    free = _free(fn) if name not in ("causal", "bidirectional") else {}
+    if name in ("and", "or"):
+        fns = free.get("mask_functions")
+        if not isinstance(fns, tuple) or not fns:
+            raise Unrecognised(f"{name}_masks holds no functions")
+        inner_scope = scope
+        if name == "and":
+            for f in fns:  # a packed-documents child makes this AND a documents scope
+                if _primitives().get(_code(f)) == "packed":
+                    inner_scope = _host(_free(f)["packed_sequence_mask"], "packed_sequence_mask")
+        return (name, (), tuple(parse(f, inner_scope) for f in fns))
+    if name in ("sliding", "sliding_bidirectional"):
+        return (name, (_int(free["sliding_window"], "sliding_window"),), ())
+    if name == "chunked":
+        lp = free["left_padding"]
+        if not isinstance(lp, torch.Tensor) or lp.dim() != 1:
+            raise Unrecognised("chunked_overlay's left_padding is not a 1-D tensor")
+        chunk = _int(free["chunk_size"], "chunk_size")
+        if chunk < 1:
+            raise Unrecognised(f"chunk_size {chunk}")
+        return (name, (chunk, lp.detach().to("cpu").long()), ())
+    if name == "padding":
+        return (name, (_host(free["padding_mask"], "padding_mask").bool(),), ())
+    if name == "packed":
+        return (name, (_host(free["packed_sequence_mask"], "packed_sequence_mask").long(),), ())
+    if name == "blocks":
+        return (name, (_host(free["block_sequence_ids"], "block_sequence_ids").long(),), ())
+    if name == "offsets":
+        return (name, (_int(free["q_offset"], "q_offset"), _int(free["kv_offset"], "kv_offset")),
+                (parse(free["mask_function"], scope),))
+    if name == "remap":
+        pos = _host(free["position_ids"], "position_ids").long()
+        if scope is None:
+            raise Unrecognised("remap_positions_for_packed_sequence outside and_masks(..., "
+                               "packed_sequence_mask_function(...))")
+        if pos.shape != scope.shape or not torch.equal(_documents_of_positions(pos), scope - scope[:, :1]):
+            raise Unrecognised("position_ids whose documents are not the packed_sequence_mask's")
+        return (name, (pos,), (parse(free["mask_function"], scope),))
+    return (name, (), ())
+
+
+def _documents_of_positions(pos):
+    """Document numbers of packed position_ids: a new document wherever a position is not
+    its predecessor + 1 (transformers' find_packed_sequence_indices), from 0."""
+    step = torch.ones_like(pos, dtype=torch.bool)
+    step[:, 1:] = pos[:, 1:] - pos[:, :-1] != 1
+    step[:, 0] = False
+    return step.long().cumsum(-1)
+
+
+def _runs(ids):
+    """For each position of ids [B, L]: the start and end [start, end) of its run of equal
+    values, and whether every value's positions form one run per batch (False: a value
+    appears in two runs)."""
+    B, L = ids.shape
+    idx = torch.arange(L).expand(B, L)
+    new = torch.ones((B, L), dtype=torch.bool)
+    new[:, 1:] = ids[:, 1:] != ids[:, :-1]
+    start = torch.cummax(torch.where(new, idx, torch.zeros_like(idx)), dim=-1).values
+    # The end of a run: the first run start after the position (a suffix minimum), or L.
+    next_start = torch.full((B, L), L, dtype=torch.long)
+    next_start[:, :-1] = torch.where(new[:, 1:], idx[:, 1:], torch.full_like(idx[:, 1:], L))
+    end = torch.flip(torch.cummin(torch.flip(next_start, [-1]), dim=-1).values, [-1])
+    one_run = all(torch.unique(ids[b][new[b]]).numel() == int(new[b].sum()) for b in range(B))
+    return start, end, one_run
+
+
+class _Rows:
+    """What a node sees of each row (b, q) [B, Q]: the query value it is given (qv), and
+    the shift that maps a key index k to the key value it is given (kv = k + shift)."""
+
+    __slots__ = ("b", "qv", "shift")
+
+    def __init__(self, b, qv, shift):
+        self.b, self.qv, self.shift = b, qv, shift
+
+
+def _gather(table, b, idx, what):
+    """table[b, idx] for [B, Q] indices, Unrecognised where an index lies outside the
+    table (transformers would fail to index it there)."""
+    if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= table.shape[1]):
+        raise Unrecognised(f"{what} of length {table.shape[1]} is indexed outside it")
+    if int(b.max()) >= table.shape[0]:
+        raise Unrecognised(f"{what} has {table.shape[0]} batch rows")
+    return table[b, idx]
+
+
+def _interval_of_value(table, b, idx, what):
+    """The run of equal values of `table` [B, L] holding table[b, idx], as [start, end)."""
+    start, end, one_run = _runs(table)
+    if not one_run:
+        raise Unrecognised(f"{what}: a value appears in two separate runs (its rows attend two key ranges)")
+    return _gather(start, b, idx, what), _gather(end, b, idx, what)
+
+
+def _evaluate(node, rows):
+    """(begin, end) [B, Q]: the key indices [begin, end) each row attends under `node`."""
+    name, params, children = node
+    qv, shift = rows.qv, rows.shift
+    neg = torch.full_like(qv, _NEG)
+    pos = torch.full_like(qv, _POS)
+    if name == "causal":                                    # kv <= q
+        return neg, qv - shift + 1
+    if name == "bidirectional":                             # q >= 0
+        return neg, torch.where(qv >= 0, pos, neg)
+    if name == "sliding":                                   # kv > q - W
+        (W,) = params
+        return qv - W - shift + 1, pos
+    if name == "sliding_bidirectional":                     # |q - kv| <= W
+        (W,) = params
+        return qv - W - shift, qv + W - shift + 1
+    if name == "chunked":                                   # (kv - lp) // C == (q - lp) // C
+        C, lp = params
+        left = _gather(lp.view(-1, 1).expand(-1, 1), rows.b, torch.zeros_like(rows.b), "left_padding")
+        start = left + torch.div(qv - left, C, rounding_mode="floor") * C
+        return start - shift, start + C - shift
+    if name == "padding":                                   # padding_mask[b, kv]
+        (pm,) = params
+        if pm.shape[0] <= int(rows.b.max()):
+            raise Unrecognised(f"padding_mask has {pm.shape[0]} batch rows")
+        any_key = pm.any(-1)
+        first = pm.int().argmax(-1)
+        last = pm.shape[1] - 1 - pm.flip(-1).int().argmax(-1)
+        if bool((any_key & (pm.sum(-1) != last - first + 1)).any()):
+            raise Unrecognised("padding_mask with holes (a batch's valid keys are not one range)")
+        s = torch.where(any_key, first, torch.zeros_like(first))[rows.b]
+        e = torch.where(any_key, last + 1, torch.zeros_like(last))[rows.b]
+        return s - shift, e - shift
+    if name == "packed":                                    # same document
+        (psm,) = params
+        s, e = _interval_of_value(psm, rows.b, qv, "packed_sequence_mask")
+        return s - shift, e - shift
+    if name == "blocks":                                    # same block, when in one
+        (ids,) = params
+        s, e = _interval_of_value(ids, rows.b, qv, "block_sequence_ids")
+        inside = _gather(ids, rows.b, qv, "block_sequence_ids") >= 0
+        return torch.where(inside, s - shift, pos), torch.where(inside, e - shift, neg)
+    if name == "and":
+        begin, end = neg, pos
+        for child in children:
+            b, e = _evaluate(child, rows)
+            begin, end = torch.maximum(begin, b), torch.minimum(end, e)
+        return begin, end
+    if name == "or":
+        begin, end = pos, neg  # empty
+        for child in children:
+            b, e = _evaluate(child, rows)
+            empty, child_empty = begin >= end, b >= e
+            both = ~empty & ~child_empty
+            if bool((both & ((b > end) | (begin > e))).any()):
+                raise Unrecognised("or_masks: a row attends two separate key ranges")
+            begin = torch.where(child_empty, begin, torch.where(empty, b, torch.minimum(begin, b)))
+            end = torch.where(child_empty, end, torch.where(empty, e, torch.maximum(end, e)))
+        return begin, end
+    if name == "offsets":
+        qo, ko = params
+        return _evaluate(children[0], _Rows(rows.b, qv + qo, shift + ko))
+    if name == "remap":
+        # Inside one document positions rise by 1 a token (parse() checked the documents
+        # are packed_sequence_mask's): the key at index j has position pos[q] + j - q. The
+        # rows are restricted to their document, as the enclosing AND restricts them.
+        (position_ids,) = params
+        pq = _gather(position_ids, rows.b, qv, "position_ids")
+        docs = _documents_of_positions(position_ids)
+        ds, de = _interval_of_value(docs, rows.b, qv, "position_ids")
+        new_shift = shift + pq - qv
+        b, e = _evaluate(children[0], _Rows(rows.b, pq, new_shift))
+        return torch.maximum(b, ds - shift), torch.minimum(e, de - shift)
+    raise Unrecognised(f"no rule for {name}")
+
+
+def row_intervals(tree, batch: int, q_len: int, k_len: int, q_offset: int, kv_offset: int):
+    """(begin, end) int64 numpy [batch, q_len]: each row's keys, clipped to [0, k_len); an
+    empty row is (0, 0)."""
+    b = torch.arange(batch).view(-1, 1).expand(batch, q_len)
+    q = torch.arange(q_len).view(1, -1).expand(batch, q_len) + q_offset
+    begin, end = _evaluate(tree, _Rows(b, q, torch.full((batch, q_len), kv_offset, dtype=torch.long)))
+    begin, end = begin.clamp(0, k_len), end.clamp(0, k_len)
+    empty = begin >= end
+    begin = torch.where(empty, torch.zeros_like(begin), begin)
+    end = torch.where(empty, torch.zeros_like(end), end)
+    return begin.numpy(), end.numpy()
+
+
+# ---- semantics pinned: the installed transformers' primitives against the rules above ----
+
+_pinned = set()     # (primitive, parameters) checked and found equal
+_disabled = set()   # primitives whose behaviour differed: off for the process
+
+
+def _grid_points(*params, n=12):
+    """Query and key values around 0 and each parameter (and its multiples)."""
+    pts = set(range(n))
+    for p in params:
+        for m in (1, 2, 3):
+            pts.update(range(max(m * p - 3, 0), m * p + 4))
+    return torch.tensor(sorted(pts), dtype=torch.long)
+
+
+def pin(tree) -> None:
+    """Checks each primitive of a parsed tree once per process and parameter: the installed
+    transformers' function on a grid of query and key values against the rule above; a
+    mismatch turns the primitive off (warning) and raises Unrecognised."""
+    name, params, children = tree
+    for child in children:
+        pin(child)
+    key = (name,) + tuple(p for p in params if isinstance(p, int))
+    if key in _pinned:
+        return
+    _check_primitive(name, params)
+    _pinned.add(key)
+
+
+def _synthetic(name, params):
+    """(mask function built by transformers, parsed tree, batch, points): a primitive on
+    synthetic inputs, for pin()."""
+    mu = _mu()
+    L = 40
+    pos_pts = torch.arange(L)
+    if name in ("causal", "bidirectional"):
+        fn = mu.causal_mask_function if name == "causal" else mu.bidirectional_mask_function
+        return fn, (name, (), ()), 1, pos_pts
+    if name in ("sliding", "sliding_bidirectional"):
+        W = params[0]
+        make = mu.sliding_window_overlay if name == "sliding" else mu.sliding_window_bidirectional_overlay
+        return make(W), (name, (W,), ()), 1, _grid_points(W)
+    if name == "chunked":
+        C = params[0]
+        lp = torch.tensor([0, 3])
+        fn = mu.chunked_overlay(C, lp)
+        return fn, (name, (C, lp), ()), 2, _grid_points(C, C + 3)
+    if name == "padding":
+        pm = torch.zeros((3, L), dtype=torch.bool)
+        pm[0, :] = True
+        pm[1, 5:] = True
+        pm[2, :17] = True
+        return mu.padding_mask_function(pm), (name, (pm,), ()), 3, pos_pts
+    if name == "packed":
+        psm = torch.tensor([[0] * 7 + [1] * 20 + [2] * 13, [0] * 40])
+        return mu.packed_sequence_mask_function(psm), (name, (psm,), ()), 2, pos_pts
+    if name == "blocks":
+        ids = torch.full((2, L), -1, dtype=torch.long)
+        ids[0, 3:9] = 0
+        ids[0, 20:31] = 1
+        ids[1, 0:5] = 4
+        return mu.blockwise_overlay(ids), (name, (ids,), ()), 2, pos_pts
+    causal = mu.causal_mask_function
+    window = mu.sliding_window_overlay(5)
+    if name == "and":
+        return mu.and_masks(causal, window), (name, (), (("causal", (), ()), ("sliding", (5,), ()))), 1, pos_pts
+    if name == "or":
+        w2 = mu.sliding_window_bidirectional_overlay(3)
+        return (mu.or_masks(causal, w2), (name, (), (("causal", (), ()), ("sliding_bidirectional", (3,), ()))), 1,
+                pos_pts)
+    if name == "offsets":
+        return (mu.add_offsets_to_mask_function(causal, 4, 9), (name, (4, 9), (("causal", (), ()),)), 1,
+                torch.arange(L - 10))
+    if name == "remap":
+        pos = torch.tensor([list(range(7)) + list(range(20)) + list(range(13))])
+        psm = _documents_of_positions(pos)
+        fn = mu.and_masks(mu.remap_positions_for_packed_sequence(mu.chunked_overlay(4, torch.tensor([0])), pos),
+                          mu.packed_sequence_mask_function(psm))
+        tree = ("and", (), (("remap", (pos,), (("chunked", (4, torch.tensor([0])), ()),)), ("packed", (psm,), ())))
+        return fn, tree, 1, pos_pts
+    raise Unrecognised(f"no pin for {name}")
+
+
+def _check_primitive(name, params) -> None:
+    fn, tree, batch, pts = _synthetic(name, params)
+    n = pts.numel()
+    b = torch.arange(batch).view(-1, 1, 1, 1)
+    h = torch.zeros((1, 1, 1, 1), dtype=torch.long)
+    want = fn(b, h, pts.view(1, 1, -1, 1), pts.view(1, 1, 1, -1))
+    want = torch.as_tensor(want).bool().expand(batch, 1, n, n)
+    # The rule: each row's interval over the key values (indices are the values here).
+    rows = _Rows(torch.arange(batch).view(-1, 1).expand(batch, n), pts.view(1, -1).expand(batch, n),
+                 torch.zeros((batch, n), dtype=torch.long))
+    try:
+        begin, end = _evaluate(tree, rows)
+    except Unrecognised as e:
+        _disable(name, f"its rule could not be evaluated: {e}")
+    k = pts.view(1, 1, -1)
+    got = (k >= begin.unsqueeze(-1)) & (k < end.unsqueeze(-1))
+    if not torch.equal(got.unsqueeze(1), want):
+        _disable(name, "its values differ from masklens' rule on a grid")
+
+
+def _disable(name, why):
+    _disabled.add(name)
+    warnings.warn(f"masklens: transformers' mask primitive {name!r}: {why}; masks using it are built and scanned "
+                  "(the zero-byte path is off for it in this process)", RuntimeWarning, stacklevel=3)
+    raise Unrecognised(f"{name}: {why}")
+
+
+# ---- the definition as a whole ----
+
+class Definition:
+    """A mask read from its definition: the verdict (its structure and rows) without a
+    [B, 1, Q, K] tensor."""
+
+    __slots__ = ("batch", "q_len", "k_len", "verdict", "tree")
+
+    def __init__(self, batch, q_len, k_len, verdict, tree):
+        self.batch, self.q_len, self.k_len = batch, q_len, k_len
+        self.verdict = verdict
+        self.tree = tree
+
+
+def recognise(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None, attention_mask=None,
+              **_):
+    """The Definition of the mask sdpa_mask would build from these arguments (its own
+    keyword names), or Unrecognised saying which node or value is not read back."""
+    mu = _mu()
+    if mask_function is None:
+        mask_function = mu.causal_mask_function
+    B, Q, K = _int(batch_size, "batch_size"), _int(q_length, "q_length"), _int(kv_length, "kv_length")
+    qo, ko = _int(q_offset, "q_offset"), _int(kv_offset, "kv_offset")
+    if min(B, Q, K) < 1:
+        raise Unrecognised(f"an empty mask [{B}, 1, {Q}, {K}]")
+    tree = parse(mask_function)
+    if attention_mask is not None:
+        if not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() != 2:
+            raise Unrecognised("an attention_mask that is not 2-D")
+        padding = mu.prepare_padding_mask(attention_mask, K, ko)
+        tree = ("and", (), (tree, ("padding", (_host(padding, "padding_mask").bool(),), ())))
+    pin(tree)
+    begin, end = row_intervals(tree, B, Q, K, qo, ko)
+    if B > 1 and (begin == begin[:1]).all() and (end == end[:1]).all():
+        begin, end = begin[:1], end[:1]  # one row table holds every batch (a broadcast mask)
+    verdict = _core.classify_intervals(B, Q, K, np.ascontiguousarray(begin), np.ascontiguousarray(end))
+    return Definition(B, Q, K, verdict, tree)
