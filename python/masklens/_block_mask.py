@@ -454,11 +454,40 @@ def _device_block_mask(mask, size, masked_threshold):
     return structure, block_mask_from_arrays(arrays, view.shape[-2:], size, mask_mod)
 
 
+def _mask_tensor(mask, name):
+    """A mask block_mask() reads, as a torch tensor: a torch tensor, or a numpy array (or
+    another DLPack array) shared by torch; anything else a MaskError naming it, as
+    masklens.inspect names it."""
+    if isinstance(mask, torch.Tensor):
+        return _scan.readable(mask, True)  # a layout, dtype, subclass or dims it cannot read: a MaskError
+    if mask is None or not (isinstance(mask, np.ndarray) or hasattr(mask, "__dlpack__")):
+        raise _core.MaskError(f"invalid_argument: block_mask's {name} is a mask (a torch tensor or a numpy array) "
+                              f"{'or a masklens.Report' if name == 'mask_or_report' else ''}, got "
+                              f"{type(mask).__name__}")
+    mask = _scan.readable(mask, False)
+    return _scan.readable(torch.from_dlpack(mask) if not isinstance(mask, np.ndarray) else torch.from_numpy(mask), True)
+
+
+def _check_against_report(mask, structure) -> None:
+    """mask= of a Report must be a mask of the report's shape: 2 to 4 dims broadcasting to
+    its [B, H, Q, K] (each dim the report's or 1; its query and key lengths the report's),
+    as the mask it was made of did."""
+    target = (structure.batch, structure.heads, structure.q_len, structure.k_len)
+    shape = tuple(mask.shape)
+    if shape[-2:] != target[-2:] or not all(m in (t, 1) for m, t in zip(shape[:-2][::-1], target[:-2][::-1])):
+        raise _core.MaskError(f"invalid_shape: mask= of shape {list(shape)} is not the mask of the report's "
+                              f"[B, H, Q, K] = {list(target)} (its query and key lengths, and a batch and heads "
+                              "equal or 1); pass the mask the report was made of")
+
+
 def block_mask(mask_or_report, block_size=128, *, mask=None, device=None, masked_threshold: float = -1000.0):
     """A torch FlexAttention BlockMask from masklens' tiles (BlockMask.from_kv_blocks' layout,
     with the q side masklens writes too), at block_size = N or (q, k).
 
-    `mask_or_report` is a mask (torch tensor or numpy array, 1-4 dims) or a masklens.Report.
+    `mask_or_report` is a mask (torch tensor or numpy array, 2-4 dims) or a masklens.Report;
+    `mask=` goes with a Report only, and must have the report's shape (its query and key
+    lengths; batch and heads the report's or 1), and, where it is read for its tiles,
+    read as the report's arbitrary structure.
     A CUDA mask (with `device` its own) is read once on the device by masklens._cuda,
     which proves the structure and writes the BlockMask's tensors there in that read.
     Otherwise an exact structure's tiles come from its fields (no read of the mask past
@@ -469,18 +498,22 @@ def block_mask(mask_or_report, block_size=128, *, mask=None, device=None, masked
     mask needs `mask=` (its tiles are reused when inspect(tiles=...) counted them at this
     size). The tensors are on `device` (default: the mask's, else the CPU)."""
     size = _scan.tile_size(block_size)
+    masked_threshold = _scan.threshold_value(masked_threshold)
     tiles = None
     if isinstance(mask_or_report, _report.Report):
         structure = mask_or_report.structure
         have = mask_or_report.tiles
         if have is not None and tuple(have.block_size) == size:
             tiles = have
+        if mask is not None:
+            mask = _mask_tensor(mask, "mask=")
+            _check_against_report(mask, structure)
     else:
-        mask, structure = mask_or_report, None
-    if mask is not None and not isinstance(mask, torch.Tensor):
-        mask = torch.as_tensor(mask)
-    if mask is not None:
-        mask = _scan.readable(mask, True)  # a layout, dtype or subclass it cannot read: a MaskError
+        if mask is not None and mask is not mask_or_report:
+            raise _core.MaskError("invalid_argument: block_mask(mask, ..., mask=) got two masks: mask= goes with a "
+                                  "masklens.Report (the mask an arbitrary report's mask_mod reads); "
+                                  "block_mask(mask, ...) reads its first argument")
+        mask, structure = _mask_tensor(mask_or_report, "mask_or_report"), None
     if device is None:
         device = mask.device if mask is not None else torch.device("cpu")
     if structure is None:
@@ -506,7 +539,11 @@ def block_mask(mask_or_report, block_size=128, *, mask=None, device=None, masked
     if tiles is None and _tiles_on_device(mask, device):
         return _device_block_mask(mask, size, masked_threshold)[1]
     if tiles is None:
-        _, tiles = _scan.scan_with_tiles(mask, size, masked_threshold)
+        verdict, tiles = _scan.scan_with_tiles(mask, size, masked_threshold)
+        if isinstance(mask_or_report, _report.Report) and verdict.structure.kind != "arbitrary":
+            raise _core.MaskError(f"invalid_argument: mask= is not the mask the report describes: it reads as "
+                                  f"{verdict.structure.describe()}, the report's is arbitrary; pass the mask the "
+                                  "report was made of")
     allowed = attends(mask, masked_threshold)
     while allowed.dim() < 4:
         allowed = allowed.unsqueeze(0)

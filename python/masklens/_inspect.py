@@ -88,7 +88,7 @@ def _verdict(mask, view, masked_threshold):
 
 def inspect(mask, query=None, key=None, value=None, *, masked_threshold: float = -1000.0,
             max_plan_calls: int = 64, strict: bool = False, tiles=None, **fields) -> Report:
-    """Scans `mask` (torch tensor or numpy array, 1-4 dims, broadcast as SDPA broadcasts it),
+    """Scans `mask` (torch tensor or numpy array, 2-4 dims, broadcast as SDPA broadcasts it),
     and decides the call for query/key/value ([B, H, L, D]) where given. The call and the
     environment come from the tensors and what is installed (the tensors' GPU, else the
     current one, else the CPU); every AttentionCall and Environment field can be given by
@@ -101,6 +101,7 @@ def inspect(mask, query=None, key=None, value=None, *, masked_threshold: float =
     then carries its tile fractions, which decide() charges flex on."""
     call_fields, env_fields = split_fields(dict(fields))
     mask = _scan.readable(mask)
+    masked_threshold = _scan.threshold_value(masked_threshold)
     view = broadcast_to_call(mask, query, key) if query is not None else mask
     summary = None
     if tiles is None:

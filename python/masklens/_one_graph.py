@@ -43,7 +43,9 @@ def set_one_graph(on: bool = True) -> None:
     before compiling; Dynamo guards it, so a compiled model compiles again after a switch
     (torch._dynamo.reset() where Dynamo had marked a frame to run eagerly)."""
     global enabled
-    enabled = bool(on)
+    if type(on) is not bool:  # "false" is truthy: a switch is a bool or nothing
+        raise TypeError(f"masklens.torch.set_one_graph takes True or False, got {type(on).__name__} {on!r}")
+    enabled = on
 
 
 DENSE, CAUSAL, FLEX = 0, 1, 2

@@ -351,6 +351,27 @@ def _plain_tensor(mask):
                           "scanned: masklens reads plain tensors (for a sharded sequence, masklens.distributed)")
 
 
+def _check_dims(mask):
+    """A mask has 2 to 4 dims ([Q, K], [H, Q, K], [B, H, Q, K]), as torch's
+    scaled_dot_product_attention and the masklens command read it."""
+    if not 2 <= mask.ndim <= 4:
+        dims = f"{mask.ndim} dim" + ("" if mask.ndim == 1 else "s")
+        raise _core.MaskError(f"invalid_shape: mask of shape {list(mask.shape)} has {dims}; a mask has 2 to 4 ([Q, K], "
+                              "[H, Q, K] or [B, H, Q, K]); a row of keys for every query is mask[None, :] (shape "
+                              "[1, K], broadcast over the queries)")
+    return mask
+
+
+def threshold_value(value) -> float:
+    """A masked threshold as a float, or a MaskError naming what it is (a string would
+    otherwise meet nanobind's list of signatures); its range is checked in C++."""
+    import numbers
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise _core.MaskError(f"invalid_argument: masked_threshold must be a negative number (an additive value at or "
+                              f"below it masks a key), got {type(value).__name__} {value!r}")
+    return float(value)
+
+
 def readable(mask, is_tensor=None):
     """`mask` as the scanners read it, or a MaskError naming what they cannot read: a torch
     tensor of a mask dtype and the strided layout; a numpy array of a mask dtype (one of
@@ -365,18 +386,23 @@ def readable(mask, is_tensor=None):
             is_tensor = False
     if is_tensor:
         import torch
+        if mask.is_nested:  # before anything reads its sizes (a nested tensor has none)
+            raise _core.MaskError("invalid_argument: a nested tensor (torch.nested) cannot be scanned: masklens reads "
+                                  "dense masks of 2 to 4 dims; pass each sequence's mask, or "
+                                  "mask.to_padded_tensor(False) with the padding masked")
         if type(mask) not in (torch.Tensor, torch.nn.Parameter):
             mask = _plain_tensor(mask)
         if mask.layout != torch.strided:
             raise _core.MaskError(f"invalid_argument: a mask of layout {mask.layout} cannot be scanned: masklens reads "
                                   "dense (strided) tensors; pass mask.to_dense()")
         device_dtype(mask)
-        return mask
+        return _check_dims(mask)
     import numpy as np
     if isinstance(mask, np.ndarray):
         if mask.dtype.name not in _NUMPY_ELEMENTS:
             raise _core.MaskError(f"unsupported_dtype: mask dtype {mask.dtype} (numpy) is not a mask type "
                                   f"({_MASK_TYPES})")
+        _check_dims(mask)
         return mask if mask.dtype.isnative else mask.astype(mask.dtype.newbyteorder("="))
     if not hasattr(mask, "__dlpack__"):
         raise _core.MaskError(f"invalid_argument: a mask is a torch tensor or a numpy array (or another DLPack "
@@ -393,6 +419,7 @@ def scan(mask, masked_threshold: float = -1000.0, device: bool = True):
         torch = None
     is_tensor = torch is not None and isinstance(mask, torch.Tensor)
     mask = readable(mask, is_tensor)
+    masked_threshold = threshold_value(masked_threshold)
     if is_tensor and mask.device.type == "cuda" and device and cuda_module() is not None:
         verdict = device_scan(mask.detach(), masked_threshold)
     else:
@@ -427,6 +454,7 @@ def scan_with_tiles(mask, size, masked_threshold: float = -1000.0):
         torch = None
     is_tensor = torch is not None and isinstance(mask, torch.Tensor)
     mask = readable(mask, is_tensor)
+    masked_threshold = threshold_value(masked_threshold)
     t0 = time.perf_counter()
     verdict, tiles = _core.scan_with_tiles(host_array(mask, warn=False) if is_tensor else mask, size[0], size[1],
                                            masked_threshold)

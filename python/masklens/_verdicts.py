@@ -7,9 +7,12 @@ shape, strides and dtype are unchanged: the CUDA caching allocator hands a freed
 block's address to the next tensor, so a pointer and a shape alone would mistake a new
 mask for an old one. `_version` counts in-place writes through torch (views
 included). Writes torch does not see — through `mask.data` (a tensor with a version
-counter of its own), a `.numpy()` alias, DLPack, or an external kernel writing the
-storage — do not bump it: after such a write, call `masklens.forget(mask)` (or build a
-new tensor).
+counter of its own), through the storage (`mask.untyped_storage()[i] = x`, its `fill_`
+or `copy_`: a storage has no version counter), through another tensor `set_()` onto the
+mask's storage (its own version counter), a `.numpy()` alias, DLPack, or an external
+kernel writing the storage — do not bump it, and nothing short of reading the mask
+again (the scan the cache saves) tells them apart: after such a write, call
+`masklens.forget(mask)` (or build a new tensor).
 
 Inference-mode tensors have no `_version` (reading it raises). Their verdict is kept
 for one forward only: from one call of the "masklens" transformers mask function to the
@@ -144,8 +147,11 @@ def entry_for(mask, masked_threshold: float = -1000.0, view=None) -> Entry:
 
 def forget(mask=None) -> None:
     """Drops the cached verdict of `mask` (all of them when None): after writing a mask
-    through an alias torch does not track."""
+    through an alias torch does not track, or before torch.utils.swap_tensors on it (the
+    cache holds a weak reference to the tensor, which swap_tensors refuses)."""
     global _last
+    if mask is not None:
+        _check_forgettable(mask)
     last = _last
     if last is not None and (mask is None or last[0]() is mask):
         _last = None
@@ -155,6 +161,36 @@ def forget(mask=None) -> None:
         _entries.clear()
     else:
         _entries.pop(mask, None)
+
+
+def _check_forgettable(mask) -> None:
+    """forget() takes the torch tensor the cache keys, or None: anything else was never
+    cached (a numpy array is read again at every scan), and is named as such."""
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is not None and isinstance(mask, torch.Tensor):
+        return
+    kind = type(mask).__module__ + "." + type(mask).__qualname__ if type(mask).__module__ != "builtins" \
+        else type(mask).__name__
+    raise TypeError(f"masklens.forget takes the torch tensor whose verdict is cached, or nothing (every verdict), "
+                    f"got {kind}: only torch tensors are cached (a numpy array or another array is read again at "
+                    "every call, so there is nothing to forget)")
+
+
+def _outside_graph(fn):
+    """fn run eagerly where torch.compile traces a call of it (the cache is Python state a
+    graph cannot hold): a graph break, which fullgraph=True refuses with this reason."""
+    try:
+        import torch
+    except ImportError:
+        return fn
+    return torch.compiler.disable(fn, reason=f"masklens.{fn.__name__} changes the verdict cache, Python state "
+                                             "outside the graph: call it outside the compiled function")
+
+
+forget = _outside_graph(forget)
 
 
 def scan(mask, masked_threshold: float = -1000.0):

@@ -159,12 +159,16 @@ class _ShardError:
 def _scan_shard(local_mask, masked_threshold: float, sharding: str = "contiguous"):
     """(header int64 [_HEADER], runs int64 [n, 8], error message or None) of this rank."""
     header = np.zeros(_HEADER, dtype=np.int64)
-    header[8] = SHARDINGS.index(sharding)
-    header[9] = np.array([masked_threshold], dtype=np.float64).view(np.int64)[0]
     runs = np.zeros((0, _RUN_COLUMNS), dtype=np.int64)
     try:
+        # Every argument is checked here, inside the gather's try: a rank that raised before
+        # the collective would leave the others waiting in it until the group's timeout.
         if isinstance(local_mask, _ShardError):
             raise _core.MaskError(local_mask.message)
+        _check_sharding(sharding)
+        masked_threshold = _scan.threshold_value(masked_threshold)
+        header[8] = SHARDINGS.index(sharding)
+        header[9] = np.array([masked_threshold], dtype=np.float64).view(np.int64)[0]
         mask = _scan.readable(local_mask)
         if len(mask.shape) < 2 or len(mask.shape) > 4:
             raise _core.MaskError(f"invalid_shape: a shard of a mask's rows has 2 to 4 dims ([..., rows, K]), got "
@@ -176,7 +180,7 @@ def _scan_shard(local_mask, masked_threshold: float, sharding: str = "contiguous
             runs, (db, dh) = _local_runs(view, masked_threshold)
         header[:8] = (_OK, rows, batch, heads, keys, db, dh, len(runs))
         return header, runs, None
-    except (_core.MaskError, RuntimeError, TypeError, ValueError) as e:
+    except Exception as e:  # noqa: BLE001 - whatever it is, every rank must hear of it in the gather
         header[0] = _FAILED
         return header, runs, str(e) if isinstance(e, _core.MaskError) else f"{type(e).__name__}: {e}"
 
@@ -374,7 +378,6 @@ def scan(local_mask, *, group=None, sharding: str = "contiguous", masked_thresho
     masklens.scan() of the whole mask; the same on every rank. A collective: every rank of
     `group` calls it, with its own rows. A rank whose scan fails (NaN, a bad dtype) makes
     every rank raise the same MaskError, naming it."""
-    _check_sharding(sharding)
     group = _group_of(group, None)
     header, runs, error = _scan_shard(local_mask, masked_threshold, sharding)
     headers, gathered = _gather(header, runs, error, group, _collective_device(group, local_mask))
@@ -389,24 +392,25 @@ def inspect(local_mask, query=None, key=None, value=None, *, group=None, shardin
     are this rank's shards ([B, H, rows, D]); the call's lengths are the whole sequence's
     (Q the ranks' rows together, K the mask's keys). Report.to_dict() equals
     masklens.inspect(whole_mask, whole_q, whole_k, whole_v).to_dict()."""
-    call_fields, env_fields = _inspect.split_fields(dict(fields))
     try:
+        call_fields, env_fields = _inspect.split_fields(dict(fields))
         mask = view = _scan.readable(local_mask)
         if query is not None:
             # Broadcast as SDPA reads it, against the local query and the mask's own keys
             # (the key shard is not the keys the rows attend to).
             view = _inspect.broadcast_to_call(mask, query, None)
-    except _core.MaskError as e:
-        # Raised in the collective, on every rank: raising here would leave the others
-        # waiting in it.
-        mask, view = None, _ShardError(str(e))
+        # The call's and the environment's fields checked now, with the local lengths (the
+        # whole call is made after the gather, from the same fields).
+        masklens.make_call(view, query, key, value, **call_fields)
+        masklens.environment(_cuda_device(query, mask), **env_fields)
+    except Exception as e:  # noqa: BLE001 - raised in the collective, on every rank (see _scan_shard)
+        mask, view = None, _ShardError(str(e) if isinstance(e, _core.MaskError) else f"{type(e).__name__}: {e}")
     verdict = scan(view, group=group, sharding=sharding, masked_threshold=masked_threshold)
     s = verdict.structure
     if query is not None:
         call_fields = {"q_len": s.q_len, "k_len": s.k_len, **call_fields}
     call = masklens.make_call(view, query, key, value, **call_fields)
-    device = next((t.device for t in (query, mask) if isinstance(t, torch.Tensor) and t.device.type == "cuda"), None)
-    env = masklens.environment(device, **env_fields)
+    env = masklens.environment(_cuda_device(query, mask), **env_fields)
     try:
         policy, error = masklens.decide(s, call, env, max_plan_calls), None
     except _core.MaskError as e:
@@ -414,6 +418,11 @@ def inspect(local_mask, query=None, key=None, value=None, *, group=None, shardin
             raise
         policy, error = None, str(e)
     return masklens.Report(verdict, policy, call, env, error)
+
+
+def _cuda_device(query, mask):
+    """The CUDA device of the query or the mask (the environment decided for), or None."""
+    return next((t.device for t in (query, mask) if isinstance(t, torch.Tensor) and t.device.type == "cuda"), None)
 
 
 # ---------------------------------------------------------------------------------
@@ -441,6 +450,31 @@ def _gqa(query, key):
     return {"enable_gqa": True} if query.shape[1] != key.shape[1] else {}
 
 
+def _agreed_arguments(group, sharding, block_size):
+    """ContextParallel's sharding and block size, checked on this rank and then with every
+    rank of the group (one all_gather_object): a bad or differing argument on any rank is
+    a MaskError on every rank, where one rank raising alone would leave the others waiting
+    in their next collective. The block size as (q, k)."""
+    error, size = None, None
+    try:
+        _check_sharding(sharding)
+        size = _scan.tile_size(block_size)
+        if min(size) < 1:
+            raise _core.MaskError(f"invalid_argument: block_size must be a tile size N or (q, k), integers >= 1, got "
+                                  f"{block_size!r}")
+    except _core.MaskError as e:
+        error = str(e)
+    said = [None] * dist.get_world_size(group)
+    dist.all_gather_object(said, (error, sharding if isinstance(sharding, str) else repr(sharding), size), group=group)
+    failed = "; ".join(f"rank {r}: {e}" for r, (e, _, _) in enumerate(said) if e is not None)
+    if failed:
+        raise _core.MaskError(f"ContextParallel: {failed}")
+    if len({(sh, sz) for _, sh, sz in said}) > 1:
+        raise _core.MaskError("invalid_argument: ContextParallel: the ranks differ in sharding or block_size: "
+                              f"{[(sh, sz) for _, sh, sz in said]} by rank; every rank of the group must pass the same")
+    return size
+
+
 class ContextParallel:
     """masklens on torch's context parallelism over `mesh` (a 1-D DeviceMesh; its group is
     the CP group). sharding: "contiguous" (torch's Shard(seq_dim)) or "load_balanced"
@@ -449,11 +483,10 @@ class ContextParallel:
     attention dispatches through it."""
 
     def __init__(self, mesh, sharding: str = "contiguous", block_size: int = 128):
-        _check_sharding(sharding)
         self.mesh = mesh
         self.group = mesh.get_group()
         self.sharding = sharding
-        self.block_size = _scan.tile_size(block_size)
+        self.block_size = _agreed_arguments(self.group, sharding, block_size)
         self.rank = dist.get_rank(self.group)
         self.world_size = dist.get_world_size(self.group)
         self._active = 0

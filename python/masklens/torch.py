@@ -72,7 +72,7 @@ _SCALE_MIN = float(torch.finfo(torch.float32).tiny)
 _SCALE_MAX = float(torch.finfo(torch.float32).max)
 
 
-def _torch_runs_it(query, key, value, attn_mask, dropout_p, is_causal, scale):
+def _torch_runs_it(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
     """Why this call goes to torch as it is (a short reason; None: masklens may take it),
     checked on every call (a few attribute reads): nothing to prove (no mask, is_causal),
     no time to prove it (inside torch.compile; CUDA graph capture is decided by the
@@ -87,6 +87,9 @@ def _torch_runs_it(query, key, value, attn_mask, dropout_p, is_causal, scale):
     - a mask whose gradient autograd wants (it requires grad and grad mode is on): a
       learnable bias reaches torch's kernels, which compute its gradient; dropping it
       (even when its values are proven causal) would lose the gradient."""
+    if type(is_causal) is not bool or type(enable_gqa) is not bool:  # None, 0, np.bool_, a tensor: torch's TypeError
+        return (f"is_causal of type {type(is_causal).__name__}, enable_gqa of type {type(enable_gqa).__name__} "
+                "(torch takes bools)")
     if attn_mask is None or is_causal:
         return "no mask to prove" if attn_mask is None else "is_causal=True"
     if (type(attn_mask) not in _PLAIN or type(query) not in _PLAIN or type(key) not in _PLAIN
@@ -226,6 +229,24 @@ def _decide(entry, query, key, value, attn_mask, dropout_p, training, enable_gqa
     return prepared
 
 
+class _KeepsMask(torch.autograd.Function):
+    """The output as it is, with the additive mask saved for backward, as torch's kernels
+    save it: a write into the mask between forward and backward (its _version moved)
+    makes backward raise autograd's own error, as torch's backward does, where the mask
+    was dropped or cast and no kernel saved it. A bool mask is converted by torch before
+    its kernel, so torch saves none: nothing to keep."""
+
+    @staticmethod
+    def forward(ctx, out, mask):
+        ctx.save_for_backward(mask)
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.saved_tensors  # noqa: B018  (autograd's version check: raises after an in-place write)
+        return grad, None
+
+
 # entry.derived's mark that a drop-in call ran on the entry's mask, building what its
 # runner memoises: only then is the call replayed under CUDA graph capture.
 _RAN = "ran"
@@ -245,7 +266,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     """torch.nn.functional.scaled_dot_product_attention, running the mask as masklens
     decides (module docstring). Whatever masklens does not positively understand runs
     as torch's own call with the arguments given: torch's result, or torch's exception."""
-    why = _torch_runs_it(query, key, value, attn_mask, dropout_p, is_causal, scale)
+    why = _torch_runs_it(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     if why is not None:
         out = None
         if why == _INSIDE_COMPILE and _one_graph.enabled:
@@ -295,6 +316,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         out = torch.where(_attending_rows(entry, out.device), out, out.new_zeros(()))
     if view is not None:  # the slow path ran: the call's tables are built (a capture may replay it)
         entry.derived[(_RAN, ck or _call_key(query, key, value, attn_mask, dropout_p, training, enable_gqa))] = True
+    if out.requires_grad and attn_mask.is_floating_point():
+        out = _KeepsMask.apply(out, attn_mask)
     return out
 
 
@@ -303,7 +326,7 @@ def inspect(query, key, value, attn_mask, dropout_p=0.0, enable_gqa=False):
     dispatch), and the verdict it is based on. A call the drop-in hands to torch as it is
     (a shape, dtype or device it does not take, a mask that requires grad) is a MaskError
     saying why."""
-    why = _torch_runs_it(query, key, value, attn_mask, dropout_p, False, None) or _refusal(
+    why = _torch_runs_it(query, key, value, attn_mask, dropout_p, False, None, enable_gqa) or _refusal(
         query, key, value, attn_mask, enable_gqa)
     if why is not None:
         raise _core.MaskError(f"invalid_argument: the drop-in runs torch's own call for {why}")

@@ -48,7 +48,9 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from . import _one_graph, _scan, _verdicts
+from . import _compiled, _definition, _one_graph, _run, _scan, _verdicts
+from . import torch as _dropin
+from ._definition import DefinedMask
 from ._one_graph import GraphMask, attend_graph, constant_scale, graph_mask
 from .torch import CompiledMask, attend_compiled, prepare_compiled, scaled_dot_product_attention
 
@@ -58,6 +60,11 @@ logger = logging.getLogger("masklens")
 # Whether the mask function loads masklens' CUDA kernels (on a background thread) the first
 # time it sees a CUDA device.
 preload_kernels = True
+# Whether the mask function reads a recognised composition of transformers' mask functions
+# back (masklens._definition) instead of building the [B, 1, Q, K] mask and scanning it.
+from_definition = True
+_masks = []            # this forward's masks: (how, what) per mask function call (masks())
+_MASKS_KEPT = 16
 _devices_seen = set()  # the mask functions' `device` arguments seen (as given: no conversion per call)
 _loaders = {}          # CUDA device index -> the thread that loads masklens' kernels there
 
@@ -91,11 +98,15 @@ def _begin_forward(device) -> None:
 
 
 def masklens_mask(*args, **kwargs):
-    """transformers' sdpa_mask; each call starts a new forward for the verdict cache
+    """transformers' mask function. A composition of transformers' mask primitives it
+    recognises (masklens._definition) is read back from its definition, with no
+    [B, 1, Q, K] tensor: the layers get a DefinedMask holding its verdict (or None for
+    plain causal, as sdpa_mask gives it). Anything else is transformers' sdpa_mask, proven
+    by a scan in the layers. Each call starts a new forward for the verdict cache
     (inference-mode masks are remembered within one forward). Inside torch.compile the
-    mask is made, proven and decided outside the graph (_mask_outside_graph), or in it
-    with one graph on (masklens.torch.set_one_graph; _mask_in_graph); a one-token decode
-    step's mask is sdpa_mask's, traced (nothing to prove in one row: no break, no scan)."""
+    mask is proven and decided outside the graph (_mask_outside_graph), or in it with one
+    graph on (masklens.torch.set_one_graph; _mask_in_graph); a one-token decode step's mask
+    is sdpa_mask's, traced (nothing to prove in one row: no break, no scan)."""
     if torch.compiler.is_compiling():
         if kwargs.get("q_length") == 1:
             return sdpa_mask(*args, **kwargs)
@@ -103,7 +114,79 @@ def masklens_mask(*args, **kwargs):
             return _mask_in_graph(*args, **kwargs)
         return _mask_outside_graph(*args, **kwargs)
     _begin_forward(kwargs.get("device"))
-    return sdpa_mask(*args, **kwargs)
+    defined = _defined_mask(args, kwargs)
+    return defined if defined is not _BUILD else sdpa_mask(*args, **kwargs)
+
+
+_BUILD = object()  # _defined_mask's answer where the mask is built as before
+
+
+def _note(how, what) -> None:
+    if len(_masks) >= _MASKS_KEPT:
+        del _masks[0]
+    _masks.append((how, what))
+
+
+def masks() -> list:
+    """The last mask function calls (up to 16), oldest first: ("definition", the
+    structure's description) for a mask read from its definition, ("built", why) for one
+    built by sdpa_mask and scanned (the node of the composition that is not recognised,
+    or why the definition was not read)."""
+    return list(_masks)
+
+
+def _defined_mask(args, kwargs):
+    """The mask the layers get from the definition (a DefinedMask, or None where sdpa_mask
+    too would give None: plain causal or full), or _BUILD with the reason noted."""
+    if args or not from_definition:
+        _note("built", "positional arguments" if args else "masklens.transformers.from_definition is False")
+        return _BUILD
+    if kwargs.get("q_length") == 1:  # one row: sdpa_mask's [B, 1, 1, K] is small, and the layers take it as it is
+        _note("built", "one query row")
+        return _BUILD
+    try:
+        definition = _definition.recognise(**kwargs)
+    except _definition.Unrecognised as e:
+        _note("built", str(e))
+        logger.debug("masklens: building the mask: %s", e)
+        return _BUILD
+    s = definition.verdict.structure
+    _note("definition", s.describe())
+    plain = s.segments is None and s.kv_valid is None and s.q_valid is None and s.empty_rows == 0
+    if plain and kwargs.get("allow_is_causal_skip", True) and s.kind == "causal" and s.q_len == s.k_len:
+        return None  # sdpa's is_causal, as sdpa_mask's own skip gives it
+    if plain and kwargs.get("allow_is_bidirectional_skip", False) and s.kind == "full":
+        return None
+
+    def build():
+        return sdpa_mask(**{**kwargs, "allow_is_causal_skip": False, "allow_is_bidirectional_skip": False})
+    return DefinedMask(definition, kwargs.get("device", "cpu"), build, _verdicts.Entry(None, definition.verdict))
+
+
+def _attend_defined(dm, query, key, value, dropout_p, scale, enable_gqa):
+    """The drop-in's call on a DefinedMask's verdict: decided once per call (the policies
+    live on the mask's entry, shared by the layers of the forward) and run with no dense
+    mask unless the decided call keeps one. None where the drop-in would run torch's own
+    call (a dtype, shape or scale it does not take): the caller builds the mask then."""
+    # The checks the drop-in makes of a mask, made on a zero-byte stand-in of its shape.
+    stand_in = torch.zeros((), dtype=torch.bool, device=query.device).expand(dm.shape)
+    if (_dropin._torch_runs_it(query, key, value, stand_in, dropout_p, False, scale, enable_gqa) is not None
+            or _dropin._refusal(query, key, value, stand_in, enable_gqa) is not None):
+        return None
+    training = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
+    prepared = _dropin._decide(dm.entry, query, key, value, stand_in, dropout_p, training, enable_gqa)
+    if prepared is None:
+        return None
+    mask = None
+    if prepared.needs_mask:
+        keeps = prepared.policy.call.mask == "keep"
+        # A call that keeps the mask reads it; flex reads it only where it cannot run.
+        mask = dm.materialise(f"the decided call ({prepared.policy.backend}) keeps it") if keeps else dm
+    t = _run.Tensors(query, key, value, mask, scale, dropout_p, prepared.structure, dm.entry.derived)
+    out = _run.run_policy(prepared, t)
+    if prepared.zero_rows:
+        out = torch.where(_dropin._attending_rows(dm.entry, out.device), out, out.new_zeros(()))
+    return out
 
 
 def _attention_shape(config):
@@ -139,7 +222,8 @@ def _layers_mask(prepare, *args, **kwargs):
     return prepare(mask, heads=heads, kv_heads=kv_heads, head_dim=head_dim, dtype=dtype)
 
 
-@torch.compiler.disable
+@torch.compiler.disable(reason="masklens.transformers proves the mask outside the graph (one graph break per forward, "
+                                "which fullgraph=True refuses): call masklens.torch.set_one_graph(True) before compiling")
 def _mask_outside_graph(*args, **kwargs):
     """sdpa_mask run eagerly inside a compiled model (the one graph break of a forward per
     mask kind), its mask proven and the call decided: what the layers receive is
@@ -199,6 +283,15 @@ def masklens_attention_forward(module, query, key, value, attention_mask, dropou
             if out is not None:
                 return out, None
         attention_mask = attention_mask.mask
+    if isinstance(attention_mask, DefinedMask):
+        # Read from its definition: the drop-in's call on its verdict, no dense mask.
+        out = None
+        if sdpa_call and not torch.compiler.is_compiling():
+            k, v, enable_gqa = _gqa(module, query, key, value)
+            out = _attend_defined(attention_mask, query, k, v, dropout, scaling, enable_gqa)
+        if out is not None:
+            return out.transpose(1, 2).contiguous(), None
+        attention_mask = attention_mask.materialise("the attention call is not one masklens takes")
     if isinstance(attention_mask, CompiledMask):
         # A compiled model's mask, decided outside the graph: traced as it is, or the dense
         # mask where this call is not the one decided for.

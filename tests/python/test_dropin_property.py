@@ -183,7 +183,7 @@ def drop_in_takes(c):
     q, k, v, mask, kw = c["q"], c["k"], c["v"], c["mask"], c["kwargs"]
     if mask.dim() not in (2, 3, 4) or q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         return False
-    return (mt._torch_runs_it(q, k, v, mask, kw["dropout_p"], False, kw["scale"]) is None and not c["mask_grad"]
+    return (mt._torch_runs_it(q, k, v, mask, kw["dropout_p"], False, kw["scale"], kw["enable_gqa"]) is None and not c["mask_grad"]
             and mt._refusal(q, k, v, mask, kw["enable_gqa"]) is None)
 
 
