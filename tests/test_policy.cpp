@@ -725,4 +725,45 @@ TEST_CASE("a cold FlexAttention compile is a cost: never chosen where a compile-
   }
 }
 
+TEST_CASE("a mask known without its tensor: building it is a cost, and +inf never builds it") {
+  // A left-padded batch on the CPU in fp32: the math kernel with the mask kept (one call)
+  // beats a plan of is_causal slices while the mask is at hand.
+  auto s = structure(3, 20, 20, StructureKind::causal);
+  s.kv_valid = {{0, 20}, {4, 20}, {9, 20}};
+  AttentionCall c;
+  c.dtype = DType::float32;
+  c.head_dim = 16;
+  c.heads = 4;
+  c.kv_heads = 2;
+  c.batch = 3;
+  c.q_len = c.k_len = 20;
+  c.training = true;
+  Environment cpu;
+  cpu.sm = 10;
+  cpu.torch = version(2, 11);
+  cpu.available = kFamilyTorch;
+  auto at_hand = decide(s, c, cpu);
+  REQUIRE(at_hand.ok());
+  CHECK(!at_hand->is_plan());
+  CHECK(at_hand->call.mask == MaskUse::keep);
+  for (double build_ms : {1.0, std::numeric_limits<double>::infinity()}) {
+    DecideOptions o;
+    o.mask_build_ms = build_ms;
+    auto built = decide(s, c, cpu, o);
+    REQUIRE(built.ok());
+    CHECK(built->is_plan());
+    CHECK(plan_is_exact(s, *built));
+    CHECK(built->cost_ms < at_hand->cost_ms + build_ms);
+  }
+  // A build cost too small to matter changes nothing; one that is no number is invalid.
+  DecideOptions tiny;
+  tiny.mask_build_ms = 1e-6;
+  CHECK(decide(s, c, cpu, tiny)->call.mask == MaskUse::keep);
+  for (double bad : {-1.0, std::numeric_limits<double>::quiet_NaN()}) {
+    DecideOptions o;
+    o.mask_build_ms = bad;
+    CHECK(decide(s, c, cpu, o).status().code() == ErrorCode::invalid_argument);
+  }
+}
+
 }  // TEST_SUITE

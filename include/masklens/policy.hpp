@@ -162,11 +162,21 @@ struct DecideOptions {
   // (varlen_attn, cuDNN with the mask, a plan of is_causal slices) costs less than the
   // compile (docs/policy.md, "A cold compile").
   double flex_compile_ms = 0;
+  // Milliseconds building the dense mask costs before a call that keeps it can run: 0
+  // (the default) where the mask is at hand (it was handed over, or scanned); the
+  // caller's estimate where the structure is known without the mask (a definition read
+  // back, masklens.transformers), so that a call that drops it wins unless keeping it
+  // saves more; +inf where it must not be built at all. Charged to every call that keeps
+  // the mask, never to a plan.
+  double mask_build_ms = 0;
 
   [[nodiscard]] Status validate() const {
     if (!(flex_compile_ms >= 0))  // written so that NaN fails too
       return Status(ErrorCode::invalid_argument,
                     "options.flex_compile_ms must be >= 0 (or +inf), got " + short_number(flex_compile_ms));
+    if (!(mask_build_ms >= 0))
+      return Status(ErrorCode::invalid_argument,
+                    "options.mask_build_ms must be >= 0 (or +inf), got " + short_number(mask_build_ms));
     return {};
   }
 };
@@ -250,6 +260,14 @@ inline void charge_flex_compile(Candidate* candidates, std::size_t n, double com
     candidates[i].cost_ms += compile_ms;
     candidates[i].compile_ms = compile_ms;
   }
+}
+
+// Step 2, last too: a call that keeps the mask pays for building it where it is not at
+// hand (DecideOptions::mask_build_ms).
+inline void charge_mask_build(Candidate* candidates, std::size_t n, double build_ms) noexcept {
+  if (build_ms <= 0) return;
+  for (std::size_t i = 0; i < n; ++i)
+    if (candidates[i].usage == Usage::dense_mask) candidates[i].cost_ms += build_ms;
 }
 
 // The kept mask's rules: the cast they ask for, or false when one refuses outright.
@@ -472,6 +490,7 @@ inline Result<Policy> decide(const MaskStructure& structure, const AttentionCall
 
     detail::refine_flex(s, context, candidates.data(), n_candidates);
     detail::charge_flex_compile(candidates.data(), n_candidates, options.flex_compile_ms);
+    detail::charge_mask_build(candidates.data(), n_candidates, options.mask_build_ms);
 
     // Step 3.
     Policy policy;

@@ -120,7 +120,7 @@ def decided_form(policy, structure, q_len: int, k_len: int) -> str:
     return "dense"
 
 
-def _compiled_form(policy, structure, view, expected):
+def compiled_form(policy, structure, view, expected):
     """What the compiled attention layers run for a decided policy: None for plain causal,
     a CompiledMask for FlexAttention or varlen_attn, else the dense mask (decided_form)."""
     form = decided_form(policy, structure, *view.shape[-2:])
@@ -176,7 +176,7 @@ def prepare_compiled(mask, *, heads, kv_heads, head_dim, head_dim_v=None, dtype=
     except _core.MaskError:
         form = mask
     else:
-        form = _compiled_form(policy, entry.verdict.structure, mask, expected)
+        form = compiled_form(policy, entry.verdict.structure, mask, expected)
     entry.derived[key] = form
     return form
 

@@ -177,10 +177,10 @@ def _documents_of_positions(pos):
     return step.long().cumsum(-1)
 
 
-def _runs(ids):
+def _runs(ids, only_nonnegative=False):
     """For each position of ids [B, L]: the start and end [start, end) of its run of equal
-    values, and whether every value's positions form one run per batch (False: a value
-    appears in two runs)."""
+    values, and whether every value's positions (every non-negative value's, with
+    only_nonnegative) form one run per batch (False: a value appears in two runs)."""
     B, L = ids.shape
     idx = torch.arange(L).expand(B, L)
     new = torch.ones((B, L), dtype=torch.bool)
@@ -190,7 +190,10 @@ def _runs(ids):
     next_start = torch.full((B, L), L, dtype=torch.long)
     next_start[:, :-1] = torch.where(new[:, 1:], idx[:, 1:], torch.full_like(idx[:, 1:], L))
     end = torch.flip(torch.cummin(torch.flip(next_start, [-1]), dim=-1).values, [-1])
-    one_run = all(torch.unique(ids[b][new[b]]).numel() == int(new[b].sum()) for b in range(B))
+    values = [ids[b][new[b]] for b in range(B)]
+    if only_nonnegative:
+        values = [v[v >= 0] for v in values]
+    one_run = all(torch.unique(v).numel() == v.numel() for v in values)
     return start, end, one_run
 
 
@@ -214,9 +217,9 @@ def _gather(table, b, idx, what):
     return table[b, idx]
 
 
-def _interval_of_value(table, b, idx, what):
+def _interval_of_value(table, b, idx, what, only_nonnegative=False):
     """The run of equal values of `table` [B, L] holding table[b, idx], as [start, end)."""
-    start, end, one_run = _runs(table)
+    start, end, one_run = _runs(table, only_nonnegative)
     if not one_run:
         raise Unrecognised(f"{what}: a value appears in two separate runs (its rows attend two key ranges)")
     return _gather(start, b, idx, what), _gather(end, b, idx, what)
@@ -261,7 +264,7 @@ def _evaluate(node, rows):
         return s - shift, e - shift
     if name == "blocks":                                    # same block, when in one
         (ids,) = params
-        s, e = _interval_of_value(ids, rows.b, qv, "block_sequence_ids")
+        s, e = _interval_of_value(ids, rows.b, qv, "block_sequence_ids", only_nonnegative=True)
         inside = _gather(ids, rows.b, qv, "block_sequence_ids") >= 0
         return torch.where(inside, s - shift, pos), torch.where(inside, e - shift, neg)
     if name == "and":
@@ -458,3 +461,97 @@ def recognise(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_fun
         begin, end = begin[:1], end[:1]  # one row table holds every batch (a broadcast mask)
     verdict = _core.classify_intervals(B, Q, K, np.ascontiguousarray(begin), np.ascontiguousarray(end))
     return Definition(B, Q, K, verdict, tree)
+
+
+class DefinedMask:
+    """What the attention layers receive in place of transformers' [B, 1, Q, K] mask: the
+    mask's Definition (its verdict: structure and rows), and how to build the dense mask
+    should anything need it. Tensor-like: it has the mask's shape, dtype (bool) and
+    device; any other use (an operator, a torch function, an attribute of a tensor, an
+    index) builds the dense mask once, logs why, and acts on it, so code that touches the
+    mask between the mask function and attention gets the mask it expects."""
+
+    __slots__ = ("definition", "shape", "device", "entry", "_build", "_dense", "__weakref__")
+
+    dtype = torch.bool
+    layout = torch.strided
+    is_nested = False
+    requires_grad = False
+
+    def __init__(self, definition, device, build, entry):
+        self.definition = definition
+        self.shape = torch.Size((definition.batch, 1, definition.q_len, definition.k_len))
+        self.device = torch.device(device)
+        self.entry = entry    # the verdict as the drop-in's cache holds one (policies per call)
+        self._build = build   # () -> the dense mask (transformers' sdpa_mask with the same arguments)
+        self._dense = None
+
+    @property
+    def verdict(self):
+        return self.definition.verdict
+
+    @property
+    def structure(self):
+        return self.definition.verdict.structure
+
+    @property
+    def ndim(self):
+        return 4
+
+    def dim(self):
+        return 4
+
+    def size(self, dim=None):
+        return self.shape if dim is None else self.shape[dim]
+
+    @property
+    def built(self) -> bool:
+        """Whether the dense mask was built."""
+        return self._dense is not None
+
+    @torch.compiler.disable
+    def materialise(self, why: str) -> torch.Tensor:
+        """The dense [B, 1, Q, K] bool mask, built once (logged with `why`)."""
+        if self._dense is None:
+            logger.info("masklens: building the dense mask %s of %s: %s", tuple(self.shape),
+                        self.structure.describe(), why)
+            self._dense = self._build().expand(self.shape)
+        return self._dense
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", str(func))
+        args = tuple(a.materialise(f"{name} used it") if isinstance(a, DefinedMask) else a for a in args)
+        kwargs = {k: (v.materialise(f"{name} used it") if isinstance(v, DefinedMask) else v)
+                  for k, v in (kwargs or {}).items()}
+        return func(*args, **kwargs)
+
+    def __getattr__(self, name):
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        return getattr(self.materialise(f"its attribute {name!r} was read"), name)
+
+    def __getitem__(self, index):
+        return self.materialise("it was indexed")[index]
+
+    def __len__(self):
+        return self.shape[0]
+
+    def __repr__(self):
+        return f"<masklens DefinedMask {tuple(self.shape)} {self.structure.describe()}>"
+
+
+# Tensor operators with a DefinedMask on either side build it (torch dispatches them to
+# __torch_function__ when the mask is the right operand; these serve the left).
+def _operator(name):
+    def op(self, *args):
+        return getattr(self.materialise(f"operator {name}"), name)(*args)
+    op.__name__ = name
+    return op
+
+
+for _name in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__and__", "__rand__", "__or__",
+              "__ror__", "__invert__", "__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__neg__",
+              "__xor__", "__bool__"):
+    setattr(DefinedMask, _name, _operator(_name))
+del _name

@@ -48,7 +48,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from . import _compiled, _definition, _one_graph, _run, _scan, _verdicts
+from . import _compiled, _core, _definition, _env, _flex, _one_graph, _run, _scan, _verdicts
 from . import torch as _dropin
 from ._definition import DefinedMask
 from ._one_graph import GraphMask, attend_graph, constant_scale, graph_mask
@@ -63,6 +63,13 @@ preload_kernels = True
 # Whether the mask function reads a recognised composition of transformers' mask functions
 # back (masklens._definition) instead of building the [B, 1, Q, K] mask and scanning it.
 from_definition = True
+# Where a mask is read from its definition, when the layers may build it for a call that
+# keeps it: "when_faster" charges the call the build (its bytes at _BUILD_BYTES_PER_MS) and
+# builds it only where that call still wins; "never" builds it only where no call that
+# drops it computes the mask (an arbitrary structure, a bias).
+build_masks = "when_faster"
+# Bytes of bool mask a build writes per millisecond (a few broadcast passes over it).
+_BUILD_BYTES_PER_MS = {"cuda": 5e8, "cpu": 5e6}
 _masks = []            # this forward's masks: (how, what) per mask function call (masks())
 _MASKS_KEPT = 16
 _devices_seen = set()  # the mask functions' `device` arguments seen (as given: no conversion per call)
@@ -163,6 +170,38 @@ def _defined_mask(args, kwargs):
     return DefinedMask(definition, kwargs.get("device", "cpu"), build, _verdicts.Entry(None, definition.verdict))
 
 
+def _mask_build_ms(dm) -> float:
+    if build_masks == "never":
+        return float("inf")
+    if build_masks != "when_faster":
+        raise ValueError(f"masklens.transformers.build_masks is {build_masks!r}; it takes 'when_faster' or 'never'")
+    B, _, Q, K = dm.shape
+    return B * Q * K / _BUILD_BYTES_PER_MS["cuda" if dm.device.type == "cuda" else "cpu"]
+
+
+def _decide_defined(dm, query, key, value, dropout_p, training, enable_gqa):
+    """The drop-in's decision (masklens.torch) for a DefinedMask, with the mask's build
+    charged to a call that keeps it (build_masks); decided once per call and kept on the
+    mask's entry, which the forward's layers share."""
+    ck = ("defined", query.dtype, query.shape, key.shape, value.shape, float(dropout_p), training,
+          torch.are_deterministic_algorithms_enabled(), query.device, enable_gqa, build_masks)
+    if ck in dm.entry.policies:
+        return dm.entry.policies[ck]
+    call = _run.attention_call(query.dtype, tuple(query.shape), key.shape[1], key.shape[2], value.shape[-1], training,
+                               dropout_p, torch.bool)
+    env = _env.environment(query.device if query.device.type == "cuda" else "cpu", runnable_only=True)
+    structure = dm.structure
+    compile_ms, flex_bucket = _flex.flex_compile_charge(structure, query, key, value, env)
+    try:
+        policy = _core.decide(structure, call, env, 64, compile_ms, _mask_build_ms(dm))
+    except _core.MaskError as e:
+        logger.warning("masklens: %s: %s; building the mask for torch's own call", structure.describe(), e)
+        policy = None
+    prepared = _run.Prepared(policy, structure, flex_bucket) if policy is not None else None
+    dm.entry.policies[ck] = prepared
+    return prepared
+
+
 def _attend_defined(dm, query, key, value, dropout_p, scale, enable_gqa):
     """The drop-in's call on a DefinedMask's verdict: decided once per call (the policies
     live on the mask's entry, shared by the layers of the forward) and run with no dense
@@ -174,7 +213,7 @@ def _attend_defined(dm, query, key, value, dropout_p, scale, enable_gqa):
             or _dropin._refusal(query, key, value, stand_in, enable_gqa) is not None):
         return None
     training = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
-    prepared = _dropin._decide(dm.entry, query, key, value, stand_in, dropout_p, training, enable_gqa)
+    prepared = _decide_defined(dm, query, key, value, dropout_p, training, enable_gqa)
     if prepared is None:
         return None
     mask = None

@@ -925,15 +925,18 @@ void bind_policy(nb::module_& m) {
   m.def(
       "decide",
       [](const MaskStructure& s, const AttentionCall& call, const Environment& env, std::int64_t max_plan_calls,
-         double flex_compile_ms) {
+         double flex_compile_ms, double mask_build_ms) {
         DecideOptions options;
         options.max_plan_calls = max_plan_calls;
         options.flex_compile_ms = flex_compile_ms;
+        options.mask_build_ms = mask_build_ms;
         return take(decide(s, call, env, options));
       },
       "structure"_a, "call"_a, "environment"_a, "max_plan_calls"_a = 64, "flex_compile_ms"_a = 0.0,
+      "mask_build_ms"_a = 0.0,
       "The backend and typed call that compute the structure correctly and fastest (docs/policy.md); "
-      "flex_compile_ms: what a FlexAttention call would spend compiling first (0: warm).");
+      "flex_compile_ms: what a FlexAttention call would spend compiling first (0: warm); mask_build_ms: what "
+      "building the dense mask costs a call that keeps it (0: the mask is at hand; +inf: never build it).");
   m.attr("FLEX_COLD_COMPILE_MS") = kFlexColdCompileMs;
   m.def("format_ms", [](double ms) { return format_ms(ms); }, "ms"_a,
         "Milliseconds as the rejections' reasons and the CLI print them ('69.9 ms', '0.037 ms').");

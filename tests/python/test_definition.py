@@ -1,0 +1,258 @@
+"""Masks read from their definition (masklens._definition) against transformers' own.
+
+transformers' create_*_mask functions compose the mask function and hand it, with the
+lengths, offsets and the 2-D padding mask, to the registered mask function. A probe
+registered as a mask function records those arguments; the test then reads them back
+with masklens._definition.recognise() and compares, element for element, the structure
+it proves (rendered row by row by the C++ rule) and its row intervals with the
+[B, 1, Q, K] tensor transformers' sdpa_mask builds from the same arguments, and the
+verdict with a scan of that tensor. Compositions it does not read back (a model's own
+lambda, padding with holes) must say so, never guess.
+"""
+import random
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+mu = pytest.importorskip("transformers.masking_utils")
+transformers = pytest.importorskip("transformers")
+
+import masklens  # noqa: E402
+from masklens import _definition  # noqa: E402
+
+_seen = []
+
+
+def _probe(*args, **kwargs):
+    _seen.append(kwargs)
+    return None
+
+
+mu.AttentionMaskInterface.register("masklens_probe", _probe)
+transformers.AttentionInterface.register("masklens_probe", lambda *a, **k: None)
+
+
+def _config(window, chunk, is_causal=True):
+    cfg = transformers.LlamaConfig(num_hidden_layers=1, hidden_size=8, num_attention_heads=1, sliding_window=window,
+                                   attention_chunk_size=chunk)
+    cfg._attn_implementation = "masklens_probe"
+    cfg.is_causal = is_causal
+    return cfg
+
+
+def _padding(rng, B, L):
+    """A 2-D attention mask [B, L] (long, as tokenizers give it): left, right, holed, full
+    or one row with nothing valid."""
+    am = torch.ones((B, L), dtype=torch.long)
+    kind = rng.choice(["left", "right", "holed", "full", "mixed"])
+    for b in range(B):
+        k = kind if kind != "mixed" else rng.choice(["left", "right", "full", "none"])
+        n = rng.randrange(0, L)
+        if k == "left":
+            am[b, :n] = 0
+        elif k == "right":
+            am[b, L - n:] = 0
+        elif k == "holed" and L > 2:
+            s = rng.randrange(1, L - 1)
+            am[b, s:s + rng.randrange(1, L - s)] = 0
+        elif k == "none":
+            am[b] = 0
+    return am, kind
+
+
+def _positions(rng, B, L):
+    """Packed position_ids [B, L]: documents of random lengths, each counting from 0 (or
+    from a random start: a continuation)."""
+    rows = []
+    for _ in range(B):
+        pos = []
+        while len(pos) < L:
+            n = rng.randrange(1, max(2, L // 2))
+            start = 0 if rng.random() < 0.8 else rng.randrange(0, 5)
+            pos.extend(range(start, start + n))
+        rows.append(pos[:L])
+    return torch.tensor(rows)
+
+
+def _blocks(rng, B, L):
+    """block_sequence_ids [B, L]: -1 (text) with runs of image tokens numbered per batch."""
+    ids = torch.full((B, L), -1, dtype=torch.long)
+    for b in range(B):
+        at, n = 0, 0
+        while at < L:
+            at += rng.randrange(0, 8)
+            length = rng.randrange(1, 10)
+            if at < L and rng.random() < 0.6:
+                ids[b, at:at + length] = n
+                n += 1
+            at += length
+    return ids
+
+
+def _cache(cfg, B, past):
+    cache = transformers.DynamicCache(config=cfg)
+    if past:
+        for layer in range(cfg.num_hidden_layers):
+            cache.update(torch.zeros(B, 1, past, 2), torch.zeros(B, 1, past, 2), layer)
+    return cache
+
+
+def _case(rng):
+    """One composition as a create_*_mask function makes it: the arguments transformers
+    hands the mask function."""
+    B = rng.randrange(1, 5)
+    L = rng.randrange(1, 97)
+    window, chunk = rng.randrange(1, 40), rng.randrange(1, 40)
+    maker = rng.choice(["causal", "causal", "sliding", "chunked", "bidirectional", "bidirectional_sliding",
+                        "blocks", "or_blocks", "lambda"])
+    if maker == "bidirectional_sliding" and not hasattr(mu, "create_bidirectional_sliding_window_mask"):
+        maker = "sliding"
+    cfg = _config(window, chunk)
+    emb = torch.zeros((B, L, 8))
+    packed = rng.random() < 0.3 and maker in ("causal", "sliding", "chunked", "blocks")
+    past = 0 if packed or maker.startswith("bidirectional") or rng.random() < 0.7 else rng.randrange(1, 40)
+    attention_mask = None
+    if not packed and rng.random() < 0.7:
+        attention_mask, _ = _padding(rng, B, L + past)
+    kwargs = dict(config=cfg, inputs_embeds=emb, attention_mask=attention_mask)
+    if maker in ("causal", "sliding", "chunked", "blocks", "or_blocks", "lambda"):
+        kwargs["cache"] = _cache(cfg, B, past) if past else None
+        if packed:
+            kwargs["position_ids"] = _positions(rng, B, L)
+    _seen.clear()
+    if maker == "causal":
+        mu.create_causal_mask(**kwargs)
+    elif maker == "sliding":
+        mu.create_sliding_window_causal_mask(**kwargs)
+    elif maker == "chunked":
+        mu.create_chunked_causal_mask(**kwargs)
+    elif maker == "blocks":
+        mu.create_causal_mask(**kwargs, block_sequence_ids=_blocks(rng, B, L + past))
+    elif maker == "or_blocks":  # Gemma3's sliding layers: blockwise_overlay as or_mask_function
+        mu.create_sliding_window_causal_mask(**kwargs, or_mask_function=mu.blockwise_overlay(_blocks(rng, B, L + past)))
+    elif maker == "lambda":  # a model's own function: never read back
+        mu.create_causal_mask(**kwargs, or_mask_function=lambda b, h, q, k: q == k)
+    elif maker == "bidirectional":
+        mu.create_bidirectional_mask(config=cfg, inputs_embeds=emb, attention_mask=attention_mask)
+    else:
+        mu.create_bidirectional_sliding_window_mask(config=cfg, inputs_embeds=emb, attention_mask=attention_mask)
+    return maker, (_seen[-1] if _seen else None)
+
+
+def _dense(kw):
+    kw = {k: v for k, v in kw.items() if k not in ("config", "dtype")}
+    kw.update(allow_is_causal_skip=False, allow_is_bidirectional_skip=False)
+    return mu.sdpa_mask(**kw).expand(kw["batch_size"], 1, kw["q_length"], kw["kv_length"])
+
+
+def _per_batch(value, B):
+    return None if value is None else [tuple(v) for v in (value if len(value) == B else value * B)]
+
+
+def _same_verdict(a, b):
+    """Two structures equal batch by batch (one entry for every batch = that entry B times)."""
+    B = a.batch
+    fields = ("batch", "heads", "q_len", "k_len", "kind", "alignment", "window", "chunk", "prefix", "empty_rows")
+    return (all(getattr(a, f) == getattr(b, f) for f in fields) and a.blocks == b.blocks
+            and all(_per_batch(getattr(a, m), B) == _per_batch(getattr(b, m), B)
+                    for m in ("segments", "kv_valid", "q_valid")))
+
+
+def _holed(kw):
+    am = kw.get("attention_mask")
+    if am is None:
+        return False
+    am = am.bool()
+    for row in am:
+        idx = row.nonzero().flatten()
+        if idx.numel() and idx[-1] - idx[0] + 1 != idx.numel():
+            return True
+    return False
+
+
+def test_recognised_compositions_equal_transformers_masks():
+    rng = random.Random(20261206)
+    counts = {"recognised": 0, "unrecognised": 0, "skipped": 0}
+    reasons = {}
+    for i in range(10_000):
+        maker, kw = _case(rng)
+        if kw is None:  # transformers made no mask (an early exit)
+            counts["skipped"] += 1
+            continue
+        dense = _dense(kw)
+        try:
+            d = _definition.recognise(**kw)
+        except _definition.Unrecognised as e:
+            counts["unrecognised"] += 1
+            reasons.setdefault(maker, set()).add(str(e).split(":")[0])
+            # Only what cannot be one interval per row, or a function of the model's own.
+            assert maker == "lambda" or _holed(kw) or "two separate" in str(e), (i, maker, str(e))
+            continue
+        assert maker != "lambda", i
+        counts["recognised"] += 1
+        B, Q, K = kw["batch_size"], kw["q_length"], kw["kv_length"]
+        begin, end = _definition.row_intervals(d.tree, B, Q, K, int(kw.get("q_offset", 0)),
+                                               int(kw.get("kv_offset", 0)))
+        keys = np.arange(K)
+        rows = (keys >= begin[..., None]) & (keys < end[..., None])
+        assert np.array_equal(rows, dense[:, 0].numpy()), (i, maker)
+        s = d.verdict.structure
+        scanned = masklens._core.scan(dense.numpy()).structure
+        assert _same_verdict(s, scanned), (i, maker, s.describe(), scanned.describe())
+        if s.kind != "arbitrary":
+            for b in range(B):
+                for q in range(Q):
+                    r = s.row(b, q)
+                    want = dense[b, 0, q].nonzero().flatten()
+                    got = (r[0], r[1]) if r else None
+                    assert got == ((int(want[0]), int(want[-1]) + 1) if want.numel() else None), (i, b, q)
+    assert counts["recognised"] >= 6_000, counts
+    assert counts["unrecognised"] >= 500, (counts, reasons)
+
+
+def test_a_models_own_function_is_named():
+    cfg = _config(4, 4)
+    _seen.clear()
+    mu.create_causal_mask(config=cfg, inputs_embeds=torch.zeros(1, 5, 8), attention_mask=None, cache=None,
+                          or_mask_function=lambda b, h, q, k: q == k)
+    with pytest.raises(_definition.Unrecognised, match="lambda.*not a recognised mask primitive"):
+        _definition.recognise(**_seen[-1])
+
+
+def test_holed_padding_is_not_guessed():
+    am = torch.tensor([[1, 1, 0, 1, 1]])
+    with pytest.raises(_definition.Unrecognised, match="holes"):
+        _definition.recognise(batch_size=1, q_length=5, kv_length=5, attention_mask=am.bool())
+
+
+def test_every_batch_one_table_when_the_same():
+    d = _definition.recognise(batch_size=3, q_length=6, kv_length=6,
+                              mask_function=mu.sliding_window_causal_mask_function(2))
+    assert d.verdict.structure.describe() == "sliding_window top_left window 2"
+    assert d.verdict.structure.batch == 3
+
+
+def test_a_primitive_that_changed_is_turned_off(monkeypatch):
+    """A transformers whose sliding_window_overlay meant `kv > q - W - 1` (a window one
+    longer than the rule here): pinning finds it, warns, and the mask is built instead."""
+    real = mu.sliding_window_overlay
+
+    def shifted(sliding_window):
+        def inner_mask(batch_idx, head_idx, q_idx, kv_idx):
+            return kv_idx > q_idx - sliding_window - 1
+        return inner_mask
+    monkeypatch.setattr(_definition, "_primitive_codes", None)
+    monkeypatch.setattr(_definition, "_pinned", set())
+    monkeypatch.setattr(_definition, "_disabled", set())
+    monkeypatch.setattr(mu, "sliding_window_overlay", shifted)
+    try:
+        fn = mu.and_masks(shifted(3), mu.causal_mask_function)
+        with pytest.warns(RuntimeWarning, match="'sliding'.*differ"):
+            with pytest.raises(_definition.Unrecognised):
+                _definition.recognise(batch_size=1, q_length=8, kv_length=8, mask_function=fn)
+        with pytest.raises(_definition.Unrecognised, match="off for this process"):
+            _definition.recognise(batch_size=1, q_length=8, kv_length=8, mask_function=fn)
+    finally:
+        monkeypatch.setattr(mu, "sliding_window_overlay", real)
+        _definition._primitive_codes = None

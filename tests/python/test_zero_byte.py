@@ -1,0 +1,204 @@
+"""attn_implementation="masklens" reads transformers' masks from their definition: a forward
+and backward of each model family that builds its masks with transformers' mask functions
+equals "sdpa"'s, and allocates no [B, 1, Q, K] tensor (a TorchDispatchMode watches every
+op's outputs for storage of Q·K elements or more laid out as a mask)."""
+import copy
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+transformers = pytest.importorskip("transformers")
+import masklens  # noqa: E402
+import masklens.transformers  # noqa: E402  (registers "masklens")
+from transformers import AutoModelForCausalLM  # noqa: E402
+
+SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+             num_key_value_heads=2, vocab_size=97, max_position_embeddings=256)
+
+
+class MaskAllocations(TorchDispatchMode):
+    """Counts op outputs that hold a [B, 1, Q, K] mask's worth of storage: a tensor whose
+    last two dims are (Q, K), one head (or none), and at least Q·K elements of storage."""
+
+    def __init__(self, q_len, k_len):
+        super().__init__()
+        self.q_len, self.k_len = q_len, k_len
+        self.seen = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if (isinstance(t, torch.Tensor) and t.dim() >= 2 and tuple(t.shape[-2:]) == (self.q_len, self.k_len)
+                    and (t.dim() < 4 or t.shape[1] == 1)
+                    and t.untyped_storage().nbytes() >= self.q_len * self.k_len * t.element_size()):
+                self.seen.append((str(func), tuple(t.shape), t.dtype))
+        return out
+
+
+def _configs():
+    c = {
+        "llama": transformers.LlamaConfig(**SMALL),
+        "mistral sliding window": transformers.MistralConfig(**SMALL, sliding_window=5),
+        "qwen3": transformers.Qwen3Config(**SMALL, head_dim=16),
+        "gemma3 sliding and full": transformers.Gemma3TextConfig(
+            **SMALL, head_dim=16, sliding_window=6,
+            layer_types=["sliding_attention", "sliding_attention", "full_attention"]),
+    }
+    if hasattr(transformers, "Qwen3_5TextConfig"):
+        c["qwen3.5 hybrid"] = transformers.Qwen3_5TextConfig(
+            **{**SMALL, "num_hidden_layers": 4}, head_dim=16,
+            layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"])
+    if hasattr(transformers, "Llama4TextConfig"):
+        c["llama4 chunked"] = transformers.Llama4TextConfig(
+            **{**SMALL, "num_hidden_layers": 2}, head_dim=16, attention_chunk_size=6, num_local_experts=2,
+            intermediate_size_mlp=128, no_rope_layers=[1, 0], interleave_moe_layer_step=2)
+    return c
+
+
+def _pair(cfg):
+    torch.manual_seed(0)
+    ref = AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation="sdpa").float()
+    ours = AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation="masklens").float()
+    ours.load_state_dict(ref.state_dict())
+    return ref, ours
+
+
+def _run(model, inputs, keep, q_len):
+    with MaskAllocations(q_len, q_len) as watch:
+        logits = model(**inputs).logits
+        logits[keep].logsumexp(-1).sum().backward()
+    return logits.detach(), watch.seen
+
+
+def _grads_differ(ref, ours):
+    worst = 0.0
+    for p, q in zip(ref.parameters(), ours.parameters()):
+        if p.grad is not None:
+            worst = max(worst, (p.grad - q.grad).abs().max().item() / (p.grad.abs().max().item() + 1e-6))
+    return worst
+
+
+def _batch(kind, L=20):
+    g = torch.Generator().manual_seed(1)
+    if kind == "packed":
+        ids = torch.randint(3, 97, (1, L), generator=g)
+        position_ids = torch.tensor([list(range(7)) + list(range(9)) + list(range(L - 16))])
+        return dict(input_ids=ids, position_ids=position_ids, use_cache=False), torch.ones(1, L, dtype=torch.bool)
+    ids = torch.randint(3, 97, (3, L), generator=g)
+    attention = torch.ones(3, L, dtype=torch.long)
+    for b, n in enumerate((0, 4, 9)):
+        if kind == "left":
+            attention[b, :n] = 0
+        else:
+            attention[b, L - n:] = 0
+    return dict(input_ids=ids, attention_mask=attention), attention.bool()
+
+
+CASES = [(name, kind) for name in _configs() for kind in ("left", "right", "packed")
+         if not (kind == "packed" and name in ("qwen3.5 hybrid", "llama4 chunked"))]
+
+
+@pytest.fixture
+def never_build(monkeypatch):
+    """The CPU's math kernel with the mask kept beats a plan of is_causal slices on these
+    small batches: the tests ask for no build at all (on a GPU the calls that win drop
+    the mask anyway: varlen_attn, FlexAttention, is_causal)."""
+    monkeypatch.setattr(masklens.transformers, "build_masks", "never")
+
+
+@pytest.mark.parametrize("name,kind", CASES)
+def test_forward_and_backward_equal_sdpa_without_a_dense_mask(name, kind, never_build):
+    ref, ours = _pair(_configs()[name])
+    inputs, keep = _batch(kind)
+    L = inputs["input_ids"].shape[1]
+    a, ref_masks = _run(ref, inputs, keep, L)
+    masklens.transformers._masks.clear()
+    b, our_masks = _run(ours, inputs, keep, L)
+    assert ref_masks, "sdpa built no mask: the count would prove nothing"
+    assert our_masks == [], our_masks
+    assert any(how == "definition" for how, _ in masklens.transformers.masks()), masklens.transformers.masks()
+    assert all(how == "definition" for how, _ in masklens.transformers.masks()), masklens.transformers.masks()
+    err = (a - b).abs()[keep].max().item()
+    assert err < 1e-4, err
+    assert _grads_differ(ref, ours) < 1e-3
+
+
+def test_gradient_checkpointing(never_build):
+    ref, ours = _pair(_configs()["llama"])
+    for m in (ref, ours):
+        m.gradient_checkpointing_enable()
+        m.train()
+    inputs, keep = _batch("left")
+    a, _ = _run(ref, inputs, keep, 20)
+    b, ours_masks = _run(ours, inputs, keep, 20)
+    assert ours_masks == []
+    assert (a - b).abs()[keep].max().item() < 1e-4
+    assert _grads_differ(ref, ours) < 1e-3
+
+
+def test_a_build_that_is_cheaper_is_made_once_per_forward():
+    """By default a call that keeps the mask may still win where building it costs less
+    than what dropping it would (the CPU's math kernel on a small batch): then the mask is
+    built once for the forward, and every layer reads that one."""
+    ref, ours = _pair(_configs()["llama"])
+    inputs, keep = _batch("left")
+    a, _ = _run(ref, inputs, keep, 20)
+    b, seen = _run(ours, inputs, keep, 20)
+    # sdpa_mask's last step: the causal rows AND each batch's padding, [3, 1, 20, 20].
+    builds = [s for s in seen if s[0] == "aten.bitwise_and.Tensor" and s[1] == (3, 1, 20, 20)]
+    assert len(builds) == 1, seen
+    assert (a - b).abs()[keep].max().item() < 1e-4
+
+
+def test_prefill_over_a_cache_and_decode():
+    """A second chunk of prompt over a cache (q_offset, kv_offset: Q != K), then decode
+    steps: tokens equal sdpa's."""
+    ref, ours = _pair(_configs()["mistral sliding window"])
+    inputs, _ = _batch("left", L=12)
+    kwargs = dict(**inputs, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    assert torch.equal(ref.generate(**kwargs), ours.generate(**kwargs))
+    # Prefill in two chunks: the second's mask is [B, 1, 5, 12], offsets from the cache.
+    for model in (ref, ours):
+        model.train(False)
+    ids, attention = inputs["input_ids"], inputs["attention_mask"]
+    outs = []
+    for model in (ref, ours):
+        masklens.transformers._masks.clear()
+        cache = transformers.DynamicCache(config=model.config)
+        model(input_ids=ids[:, :7], attention_mask=attention[:, :7], past_key_values=cache, use_cache=True)
+        outs.append(model(input_ids=ids[:, 7:], attention_mask=attention, past_key_values=cache,
+                          use_cache=True).logits)
+    assert any(how == "definition" for how, _ in masklens.transformers.masks())
+    keep = attention[:, 7:].bool()
+    assert (outs[0] - outs[1]).abs()[keep].max().item() < 1e-4
+
+
+def test_a_mask_touched_by_model_code_is_built_once():
+    """Code that reads the mask between the mask function and attention gets the dense
+    mask transformers would have built (and masklens says why it built it)."""
+    import transformers.masking_utils as mu
+    am = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]]).bool()
+    kw = dict(batch_size=2, q_length=5, kv_length=5, attention_mask=am, mask_function=mu.causal_mask_function,
+              device=torch.device("cpu"))
+    dm = masklens.transformers.masklens_mask(**kw)
+    dense = mu.sdpa_mask(**kw, allow_is_causal_skip=False)
+    assert isinstance(dm, masklens.transformers.DefinedMask) and not dm.built
+    assert dm.shape == dense.shape and dm.dtype == torch.bool and dm.device == dense.device
+    assert torch.equal(dm[:, :, :, :3], dense[:, :, :, :3])
+    assert dm.built
+    assert torch.equal(torch.where(dm, 1.0, 0.0), dense.float())
+    assert torch.equal(dm.float() + 0, dense.float())
+    assert torch.equal(~dm, ~dense)
+
+
+def test_an_unrecognised_function_is_built_and_named():
+    import transformers.masking_utils as mu
+    fn = mu.or_masks(mu.causal_mask_function, lambda b, h, q, k: q == k)
+    masklens.transformers._masks.clear()
+    out = masklens.transformers.masklens_mask(batch_size=1, q_length=4, kv_length=4, mask_function=fn,
+                                              allow_is_causal_skip=False, device=torch.device("cpu"))
+    assert isinstance(out, torch.Tensor) and out.shape == (1, 1, 4, 4)
+    (how, why), = masklens.transformers.masks()
+    assert how == "built" and "lambda" in why and "not a recognised mask primitive" in why
