@@ -175,6 +175,100 @@ TEST_CASE("the shortest exact description, by brute force: every small mask of o
 }
 
 
+// Where the completeness gaps live, beyond the brute force's 5 x 6 of one batch: every
+// verdict is exact and takes no more numbers than the structure that made the mask.
+// `check` returns whether the verdict is as short as the spec.
+namespace {
+bool as_short_as(const MaskStructure& spec, const std::string& what) {
+  REQUIRE(spec.validate().ok());
+  const SmallMask m = small_mask_of(spec);
+  const MaskStructure verdict = classify_both(span_table_of(m));
+  INFO(what << ": " << describe(spec) << "\n  verdict " << describe(verdict));
+  if (verdict.kind != StructureKind::arbitrary) REQUIRE(small_mask_of(verdict).rows == m.rows);  // sound
+  return verdict.kind != StructureKind::arbitrary && verdict.description_cost() <= spec.description_cost();
+}
+}  // namespace
+
+TEST_CASE("chunked with packed documents and left padding, 20-24 tokens: a document between two chunk boundaries") {
+  // Batch 1, keys [p, L) valid, one or two document starts; the chunk boundaries left of
+  // p are hidden, and a document starting between two visible ones puts its own fresh
+  // row between them (chunk 4 over 22, p = 13, documents from 14 and 19). A structured
+  // search: every chunk, padding and first document start, the second a few rows on.
+  std::int64_t masks = 0, short_ones = 0;
+  for (std::int64_t L = 20; L <= 24; ++L)
+    for (std::int64_t chunk = 2; chunk <= L / 2; ++chunk)
+      for (std::int64_t pad = 0; pad < L; pad += (L == 22 ? 1 : 3))
+        for (std::int64_t d1 = std::max<std::int64_t>(1, pad); d1 < L; ++d1)
+          for (std::int64_t gap = 0; gap <= 5; gap += (gap == 0 ? 2 : 3)) {  // none, 2 rows on, 5 rows on
+            const std::int64_t d2 = gap == 0 ? L : d1 + gap;
+            if (d2 > L) continue;
+            MaskStructure s = make_structure(StructureKind::chunked, 1, L, L);
+            s.chunk = chunk;
+            if (pad > 0) s.kv_valid = {{pad, L}};
+            s.segments = {d2 < L ? std::vector<std::int64_t>{0, d1, d2, L} : std::vector<std::int64_t>{0, d1, L}};
+            ++masks;
+            short_ones += as_short_as(s, "L=" + std::to_string(L));
+          }
+  CHECK(short_ones == masks);
+  {
+    MaskStructure s = make_structure(StructureKind::chunked, 1, 22, 22);
+    s.chunk = 4;
+    s.kv_valid = {{13, 22}};
+    s.segments = {{0, 14, 19, 22}};
+    const MaskStructure verdict = classify_both(span_table_of(small_mask_of(s)));
+    CHECK(describe(verdict) == "chunked top_left chunk 4, kv_valid [[13,22]], segments [[0,14,19,22]], 13 empty rows");
+  }
+  MESSAGE(masks << " chunked masks with documents and left padding at 20-24 tokens");
+}
+
+TEST_CASE("causal blocks cut apart by padding: two batches at 6 x 6") {
+  // A block, each batch's keys padded on the right and its queries on the left (or not):
+  // one batch shows the block's first rows (its keys stop), another its last (its
+  // queries start late), and the rows between show it in none, so the pieces lie apart
+  // ([1, 3) and [4, 6) of block [1, 6)). Every single block at 6 x 6, every such padding
+  // pair: as short as the spec; and a sample held to the brute force.
+  const std::int64_t L = 6;
+  std::vector<KeyRange> kv_ends, q_starts;
+  for (std::int64_t e = 1; e <= L; ++e) kv_ends.push_back({0, e});
+  for (std::int64_t s = 0; s < L; ++s) q_starts.push_back({s, L});
+  std::int64_t masks = 0, short_ones = 0;
+  for (std::int64_t bs = 0; bs + 2 <= L; ++bs)
+    for (std::int64_t be = bs + 2; be <= L; ++be)
+      for (const KeyRange& kv0 : kv_ends)
+        for (const KeyRange& q0 : q_starts)
+          for (const KeyRange& kv1 : kv_ends)
+            for (const KeyRange& q1 : q_starts) {
+              if (bs == 0 && be == L) continue;  // a block over every row: full by rule
+              MaskStructure s = make_structure(StructureKind::causal_blocks, 2, L, L);
+              s.blocks = {{bs, be}};
+              s.kv_valid = {kv0, kv1};
+              s.q_valid = {q0, q1};
+              ++masks;
+              short_ones += as_short_as(s, "blocks with padding, B = 2");
+            }
+  CHECK(short_ones == masks);
+  {
+    MaskStructure s = make_structure(StructureKind::causal_blocks, 2, L, L);
+    s.blocks = {{1, 6}};
+    s.kv_valid = {{0, 3}, {0, 6}};
+    s.q_valid = {{0, 6}, {4, 6}};
+    const MaskStructure verdict = classify_both(span_table_of(small_mask_of(s)));
+    CHECK(describe(verdict) == "causal_blocks top_left blocks [[1,6]], kv_valid [[0,3],[0,6]], q_valid [[0,6],[4,6]], 4 empty rows");
+  }
+  // Two batches at 6 x 6 with blocks, padding and documents drawn together, each held to
+  // the brute force's shortest description.
+  const std::vector<MaskStructure> bases = small_bases(L, L);
+  std::vector<MaskStructure> block_bases;
+  for (const MaskStructure& b : bases)
+    if (b.kind == StructureKind::causal_blocks) block_bases.push_back(b);
+  Rng rng(test_seed(20264202));
+  for (int i = 0; i < 300; ++i) {
+    MaskStructure spec = small_structure(rng, block_bases, 2);
+    check_shortest(small_mask_of(spec), bases, describe(spec));
+  }
+  MESSAGE(masks << " padded block masks, and 300 drawn, two batches at 6 x 6");
+}
+
 TEST_CASE("canonical forms named in the design") {
   SUBCASE("plain causal") {
     auto m = classify_bool(9, 9, [](auto q, auto k) { return k <= q; });

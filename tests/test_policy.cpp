@@ -766,4 +766,30 @@ TEST_CASE("a mask known without its tensor: building it is a cost, and +inf neve
   }
 }
 
+TEST_CASE("a plan of one step that is the chosen call is not listed as rejected") {
+  // On the CPU (sm 10, torch only) plain causal runs torch's math kernel with is_causal;
+  // a plan of that one call over the whole mask is the same call, not an alternative
+  // "correct as a plan of 1 call and no faster".
+  AttentionCall c;
+  c.dtype = DType::float32;
+  c.head_dim = 32;
+  c.heads = 4;
+  c.q_len = c.k_len = 64;
+  Environment cpu;
+  cpu.sm = 10;
+  cpu.torch = version(2, 11);
+  cpu.available = kFamilyTorch;
+  auto p = decide(structure(1, 64, 64, StructureKind::causal), c, cpu);
+  REQUIRE(p.ok());
+  CHECK(drops_mask_as_plain_causal(*p));
+  for (const Rejection& r : p->rejected) CHECK_MESSAGE(r.backend != p->call.backend, r.reason());
+  // A plan of several calls is an alternative, and listed where it is not chosen.
+  auto padded = structure(2, 64, 64, StructureKind::causal);
+  padded.kv_valid = {{0, 64}, {8, 64}};
+  c.batch = 2;
+  auto q = decide(padded, c, cpu);
+  REQUIRE(q.ok());
+  if (!q->is_plan()) CHECK(rejected(*q, q->call.backend, "as a plan of"));
+}
+
 }  // TEST_SUITE

@@ -189,15 +189,22 @@ inline void add_cross_batch_starts(BaseEvidence& ev, std::vector<std::int64_t> s
 // batches, or two boundaries, show it) and padding hides the first boundary (left
 // padding empties the rows of chunk 5, and 10 and 15 show it only by their gap). So,
 // in order of the key positions `fresh_positions` visits (fresh or empty in every
-// batch, and some batch's row there attends), each gap from the previous such position
-// and the position itself are tried, and the first three that hold at every multiple
-// and that `shown_twice(c)` (fresh attending rows at multiples of c, counted over
-// logical batches, at least 2) are kept.
+// batch, and some batch's row there attends), each gap from the few previous such
+// positions and the position itself are tried, and the first three that hold at every
+// multiple and that `shown_twice(c)` (fresh attending rows at multiples of c, counted
+// over logical batches, at least 2) are kept. Not only the gap from the previous
+// position: a document starting between two visible chunk boundaries (left padding
+// hiding the ones before) puts its own fresh row between them, and the chunk is the gap
+// that skips it (chunk 4 over 22 keys, keys [13, 22) valid, documents from 14 and 19:
+// the positions 13, 14, 16, 19, 20 show 4 only as 20 - 16).
 template <class Positions, class EveryMultipleFresh, class ShownTwice>
 void add_joint_chunks(BaseEvidence& ev, const Positions& fresh_positions, const EveryMultipleFresh& every_multiple_fresh,
                       const ShownTwice& shown_twice) {
+  // Positions looked back over: each document start between two boundaries takes one.
+  constexpr std::size_t kLookBack = 8;
   int found = 0;
-  std::int64_t previous = 0;
+  std::array<std::int64_t, kLookBack> previous{};  // the last positions, a ring
+  std::size_t seen = 0;
   std::vector<std::int64_t> gaps_tried;  // sorted: distinct gaps are few (they sum to at most Q)
   const auto try_chunk = [&](std::int64_t c) {
     if (found < 3 && every_multiple_fresh(c) && shown_twice(c)) {
@@ -206,8 +213,10 @@ void add_joint_chunks(BaseEvidence& ev, const Positions& fresh_positions, const 
     }
   };
   fresh_positions([&](std::int64_t p) {
-    if (previous > 0) {
-      const std::int64_t gap = p - previous;
+    for (std::size_t back = 1; back <= std::min(seen, kLookBack) && found < 3; ++back) {
+      const std::int64_t earlier = previous[(seen - back) % kLookBack];
+      if (earlier <= 0) continue;
+      const std::int64_t gap = p - earlier;
       const auto at = std::lower_bound(gaps_tried.begin(), gaps_tried.end(), gap);
       if (at == gaps_tried.end() || *at != gap) {
         gaps_tried.insert(at, gap);
@@ -215,7 +224,8 @@ void add_joint_chunks(BaseEvidence& ev, const Positions& fresh_positions, const 
       }
     }
     try_chunk(p);
-    previous = p;
+    previous[seen % kLookBack] = p;
+    ++seen;
     return found < 3;
   });
 }
@@ -348,12 +358,17 @@ std::optional<MaskStructure> search_candidates(const MaskStructure& out, const F
             // hides a row of it): join neighbours while the rows still agree. Padding cuts
             // it too, into touching pieces (a batch's rows stop at its last valid key, and
             // another's show the block from its first valid key or query row on): those
-            // are joined pair by pair, where the all-at-once join above fails.
+            // are joined pair by pair, where the all-at-once join above fails. Padded
+            // query rows hide rows of a block as a document edge does, so with q_valid
+            // the pieces may also lie apart ([2, 1, 6, 6] block [1, 6): one batch's keys
+            // stop at 3, showing [1, 3), the other's queries start at 4, showing [4, 6);
+            // row 3 shows the block in neither).
             if (best && best->kind == StructureKind::causal_blocks &&
                 (best->has_segments() || best->has_kv_valid() || best->has_q_valid())) {
               MaskStructure trial = *best;
+              const bool rows_hidden = best->has_segments() || best->has_q_valid();
               for (std::size_t i = 0; i + 1 < trial.blocks.size();) {
-                if (!best->has_segments() && trial.blocks[i].end != trial.blocks[i + 1].start) {
+                if (!rows_hidden && trial.blocks[i].end != trial.blocks[i + 1].start) {
                   ++i;
                   continue;
                 }

@@ -539,7 +539,12 @@ inline Result<Policy> decide(const MaskStructure& structure, const AttentionCall
     };
     for (std::size_t i = 0; i < n_candidates; ++i)
       if (&candidates[i] != best) slower(candidates[i], 0);
-    if (plan && best != &*plan) slower(*plan, static_cast<std::int64_t>(plan_steps.size()));
+    // A plan of one step that is the chosen call over the whole mask (one causal call of
+    // the kernel chosen natively) is that call again, not an alternative: not listed.
+    const bool plan_is_the_call = plan_steps.size() == 1 && s.batch == 1 && plan_steps[0].batch == 0 &&
+                                  plan_steps[0].q_range == KeyRange{0, s.q_len} &&
+                                  plan_steps[0].k_range == KeyRange{0, s.k_len} && plan_steps[0].call == policy.call;
+    if (plan && best != &*plan && !plan_is_the_call) slower(*plan, static_cast<std::int64_t>(plan_steps.size()));
     for (std::size_t i = 0; i < n_refused; ++i) policy.rejected.push_back(std::move(refused[i]));
     if (!plan_note.empty() && best->usage != Usage::plan_step)
       policy.hazards.push_back({HazardKind::plan, "no plan: " + plan_note});

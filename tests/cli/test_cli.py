@@ -634,9 +634,33 @@ with tempfile.TemporaryDirectory() as tmp:
                         ('{"kind": "causal", "window": 3}', "structure.window applies to sliding_window"),
                         ('{"kind": "causal", "kv_valid": []}', "structure.kv_valid must list one entry per batch (2)"),
                         ('{"kind": "causal", "kind": "full"}', "'kind' twice"),
-                        ('{"kind": "sliding_window", "window": 18446744073709551615}', "got 18446744073709551615")):
+                        ('{"kind": "sliding_window", "window": 18446744073709551615}', "got 18446744073709551615"),
+                        # tile_fractions' own keys, a number no double holds, a NUL kept visible
+                        ('{"kind": "arbitrary", "tile_fractions": {"block": [4, 4], "partial": 0.1, "full": 0.2, '
+                         '"ful": 0.5}}', "structure.tile_fractions.ful is not a tile_fractions field (block, partial, "
+                                         "full)"),
+                        ('{"kind": "sliding_window", "window": 1e400}',
+                         "not valid JSON: number overflow parsing '1e400' (the value of structure.window)"),
+                        ('{"kind": "causal", "kv_valid": [[0, 1e400]]}', "(the value of structure.kv_valid)"),
+                        ('{"kind": "causal\\u0000x"}', "structure.kind 'causal\\u0000x' is not a known kind"),
+                        ('{"kind": "causal", "bad\\u0000key": 1}', "structure.bad\\u0000key is not a structure field"),
+                        # a whole inspect document: its schema and its shape are read
+                        ('{"schema": 1, "shape": [2, 1, 8, 8], "structure": {"kind": "causal"}, "policy": null}',
+                         "the inspect document has schema 1; this masklens reads schema 2"),
+                        ('{"structure": {"kind": "causal"}}', 'an inspect document gives its "schema" (2) and "shape"'),
+                        ('{"schema": 2, "shape": [2, 1, 6, 6], "structure": {"kind": "causal", "kv_valid": '
+                         '[[0, 6], [0, 4]]}, "policy": null}', "the inspect document's shape [2,1,6,6] is not the "
+                                                                "shape asked for, [2, 1, 8, 8]"),
+                        ('{"schema": 2, "shape": [3, 1, 8, 8], "structure": {"kind": "causal"}, "policy": null}',
+                         "the inspect document's shape [3,1,8,8]"),
+                        ('{"schema": 2, "shape": [2, 1, 8], "structure": {"kind": "causal"}, "policy": null}',
+                         "the inspect document's shape must be [B, H, Q, K], four integers")):
         p = bad_argument(["policy", "--structure", text, "--shape", "2,1,8,8"], "--structure", f"--structure {text}")
         check(named in p.stderr, f"--structure {text}: {p.stderr!r} does not name {named!r}")
+    # A document of batch and heads 1 describes every batch and head, as a structure of batch 1 does.
+    broadcast = '{"schema": 2, "shape": [1, 1, 8, 8], "structure": {"kind": "causal"}, "policy": null}'
+    p = run("policy", "--structure", broadcast, "--shape", "2,4,8,8", "--json")
+    check(json.loads(p.stdout)["shape"] == [2, 4, 8, 8], f"a [1, 1, 8, 8] document for 2,4,8,8: {p.stdout[:200]!r}")
     path = os.path.join(tmp, "kv_vaild.json")
     with open(path, "w") as f:
         f.write('{"kind": "causal", "kv_vaild": [[0, 8], [0, 6]]}')

@@ -459,27 +459,54 @@ Result<nlohmann::json> parse_structure_json(const std::string& text) {
   bool too_deep = false;
   std::optional<std::string> repeated_key;
   std::vector<std::vector<std::string>> keys_at_depth;  // the keys seen so far in the open object at each depth
+  // The key whose value is being read at each depth (empty once it is read): where the
+  // text stops being JSON (a number that overflows a double, 1e400), the field is named.
+  std::vector<std::string> open_key;
   const nlohmann::json::parser_callback_t keep = [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& value) {
+    using Event = nlohmann::json::parse_event_t;
     if (depth > kMaxStructureDepth) too_deep = true;
     const auto level = static_cast<std::size_t>(depth);
-    if (event == nlohmann::json::parse_event_t::object_start && depth < kMaxStructureDepth) {
+    if (event == Event::object_start && depth < kMaxStructureDepth) {
       if (keys_at_depth.size() <= level + 1) keys_at_depth.resize(level + 2);
       keys_at_depth[level + 1].clear();  // objects at one depth come one after the other
-    } else if (event == nlohmann::json::parse_event_t::key && level < keys_at_depth.size() && value.is_string()) {
+    } else if (event == Event::key && level < keys_at_depth.size() && value.is_string()) {
       auto& seen = keys_at_depth[level];
       const std::string& key = value.get_ref<const std::string&>();
       if (std::find(seen.begin(), seen.end(), key) != seen.end() && !repeated_key) repeated_key = key;
       seen.push_back(key);
+    }
+    if (depth <= kMaxStructureDepth) {
+      if (open_key.size() <= level) open_key.resize(level + 1);
+      if (event == Event::key && value.is_string()) open_key[level] = value.get<std::string>();
+      else if (event == Event::value || event == Event::object_end || event == Event::array_end) open_key[level].clear();
     }
     return depth <= kMaxStructureDepth;
   };
   // The parser takes a NUL byte for the end of the text and would read what precedes it.
   if (const auto nul = text.find('\0'); nul != std::string::npos)
     return error(ErrorCode::parse_error, "not valid JSON: a NUL byte at byte " + std::to_string(nul));
-  nlohmann::json j = nlohmann::json::parse(text, keep, /*allow_exceptions=*/false);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text, keep, /*allow_exceptions=*/true);
+  } catch (const nlohmann::json::exception& e) {
+    // nlohmann's own words past its "[json.exception.…] " tag, and the field being read.
+    std::string what = e.what();
+    if (const auto tag = what.find("] "); what.rfind("[json.exception.", 0) == 0 && tag != std::string::npos)
+      what.erase(0, tag + 2);
+    std::string field;
+    for (const std::string& key : open_key)
+      if (!key.empty()) field += (field.empty() ? "" : ".") + key;
+    static constexpr std::string_view kDocumentKeys[] = {"schema", "shape", "structure", "policy", "tiles"};
+    const bool document_key = std::find(std::begin(kDocumentKeys), std::end(kDocumentKeys),
+                                        field.substr(0, field.find('.'))) != std::end(kDocumentKeys);
+    if (!field.empty() && !document_key) field = "structure." + field;
+    return error(ErrorCode::parse_error, "not valid JSON: " + detail::printable(what) +
+                                             (field.empty() ? "" : " (the value of " + detail::printable(field) + ")"));
+  }
   if (j.is_discarded()) return error(ErrorCode::parse_error, "not valid JSON");
   if (too_deep) return error(ErrorCode::parse_error, "JSON nested deeper than " + std::to_string(kMaxStructureDepth) + " levels");
-  if (repeated_key) return error(ErrorCode::parse_error, "a JSON object has the key '" + *repeated_key + "' twice");
+  if (repeated_key)
+    return error(ErrorCode::parse_error, "a JSON object has the key '" + detail::printable(*repeated_key) + "' twice");
   return j;
 }
 

@@ -232,18 +232,27 @@ class HeaderParser {
   // is the integer 5 in Python, not a tuple, and numpy refuses it.
   Result<std::vector<std::int64_t>> tuple() {
     const auto not_tuple = [] { return error(ErrorCode::parse_error, "'shape' is not a tuple"); };
+    const auto unclosed = [] { return error(ErrorCode::parse_error, "'shape' is not a tuple: its '(' is never closed"); };
+    const auto not_integer = [] { return error(ErrorCode::parse_error, "'shape' holds something other than integers"); };
     if (!take('(')) return not_tuple();
     std::vector<std::int64_t> dims;
     bool comma = false;
     for (skip_space(); !take(')');) {
+      // A dimension is followed by a comma or the ')'; the dict going on (or the header
+      // ending) means the tuple was never closed; a number going on (8.5, 1e3, 8j, 8L) is
+      // no integer.
+      if (at_ >= text_.size() || peek('}')) return unclosed();
       if (!dims.empty() && !comma) return not_tuple();
       auto d = integer();
       if (!d) return d.status();
+      if (at_ < text_.size()) {
+        const char c = text_[at_];
+        if (c == '.' || c == '_' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')) return not_integer();
+      }
       dims.push_back(*d);
       skip_space();
       comma = take(',');
       skip_space();
-      if (at_ >= text_.size()) return not_tuple();
     }
     if (dims.size() == 1 && !comma) return not_tuple();
     return dims;
