@@ -32,6 +32,8 @@ enum class Backend : std::uint8_t {
   transformer_engine,
   flashinfer,
   cudnn_frontend,
+  jax_cudnn,  // jax.nn.dot_product_attention(implementation="cudnn")
+  jax_xla,    // jax.nn.dot_product_attention(implementation="xla")
   // Each id is its row's index in the registry (backends/registry.hpp); a row a test
   // adds takes the next one (tests/fake_backend/hook.hpp). zeros is no row.
   zeros = 0xff,  // a plan step that writes zeros: rows that attend to nothing
@@ -92,9 +94,13 @@ struct Sequence {
 struct VarlenArgs {
   std::vector<Sequence> sequences;
   bool packed = true;
-  bool causal = false;             // bottom-right within each sequence
+  bool causal = false;             // within each sequence, at `alignment`
   std::int64_t window_left = -1;   // as KernelArgs
   std::int64_t window_right = -1;
+  // Where the causal diagonal and the window sit within a sequence: bottom-right (the
+  // varlen kernels), or top-left (a padded layout whose sequences start at 0 and whose
+  // rule counts from row 0 and key 0: JAX's is_causal with key_value_seq_lengths).
+  Alignment alignment = Alignment::bottom_right;
 
   [[nodiscard]] std::vector<std::int64_t> cu_seqlens_q() const { return offsets(&Sequence::q); }
   [[nodiscard]] std::vector<std::int64_t> cu_seqlens_k() const { return offsets(&Sequence::k); }

@@ -74,6 +74,7 @@ enum BackendFamily : std::uint32_t {
   kFamilyTransformerEngine = 1u << 5,
   kFamilyFlashInfer = 1u << 6,
   kFamilyCudnnFrontend = 1u << 7,
+  kFamilyJax = 1u << 8,
 };
 
 // A double as a user writes it (1, 0.5, nan), not std::to_string's 1.000000.
@@ -153,6 +154,7 @@ struct Environment {
   Version torch = version(2, 11);
   Version cudnn = version(9, 19);
   Version flash_attn{}, flash_attn3{}, xformers{}, transformer_engine{}, flashinfer{}, cudnn_frontend{};
+  Version jax{};  // the JAX host (masklens.jax); cudnn is then the cuDNN jax sees
   std::uint32_t available = kFamilyTorch;
 
   [[nodiscard]] bool has(BackendFamily f) const noexcept { return (available & f) != 0; }
@@ -210,6 +212,10 @@ inline constexpr FamilyInfo kFamilies[] = {
      .version_field = "cudnn_frontend", .version_option = "--cudnn-frontend-version",
      .library = "cudnn_frontend", .default_version = version(1, 16), .python_module = "cudnn",
      .distributions = "nvidia-cudnn-frontend,cudnn-frontend"},
+    // A host of its own: masklens.jax decides for it alone, so no python_module (torch's
+    // environment never finds it installed beside torch's kernels).
+    {.name = "jax", .bit = kFamilyJax, .version = &Environment::jax, .version_field = "jax",
+     .version_option = "--jax-version", .library = "jax", .default_version = version(0, 11)},
 #ifdef MASKLENS_EXTRA_FAMILY_ROWS
     MASKLENS_EXTRA_FAMILY_ROWS  // a test's families (tests/fake_backend/hook.hpp)
 #endif

@@ -8,7 +8,7 @@
 namespace masklens::backends::fake_attn {
 
 // The next id after the last built-in row (registry.hpp checks that ids are row indexes).
-inline constexpr Backend kId = static_cast<Backend>(static_cast<int>(Backend::cudnn_frontend) + 1);
+inline constexpr Backend kId = static_cast<Backend>(static_cast<int>(Backend::jax_xla) + 1);
 inline constexpr BackendFamily kFamily = family_named("fake_attn")->bit;
 
 inline constexpr Rule kRules[] = {

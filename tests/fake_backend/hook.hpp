@@ -9,7 +9,7 @@
 
 // The fake family: the first bit the real table leaves free.
 #define MASKLENS_EXTRA_FAMILY_ROWS \
-  {.name = "fake_attn", .bit = static_cast<BackendFamily>(1u << 8), .python_module = "fake_attn"},
+  {.name = "fake_attn", .bit = static_cast<BackendFamily>(1u << 9), .python_module = "fake_attn"},
 
 #define MASKLENS_EXTRA_BACKEND_HEADER "fake_backend/fake_attn.hpp"
 

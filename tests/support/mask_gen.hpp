@@ -260,7 +260,8 @@ inline RowSpan call_row(const Call& c, std::int64_t b, std::int64_t q, std::int6
   if (const auto* a = c.get<VarlenArgs>()) {
     for (const Sequence& s : a->sequences) {
       if (s.batch != b || q < s.q.start || q >= s.q.end) continue;
-      const RowSpan local = band(q - s.q.start, s.q.end - s.q.start, s.k.end - s.k.start, a->causal, true,
+      const RowSpan local = band(q - s.q.start, s.q.end - s.q.start, s.k.end - s.k.start, a->causal,
+                                 a->alignment == Alignment::bottom_right,
                                  a->window_left, a->causal ? 0 : a->window_right, 0);
       return local.empty() ? local : RowSpan::interval(local.first + s.k.start, local.last + s.k.start);
     }

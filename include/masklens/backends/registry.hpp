@@ -19,6 +19,7 @@
 #include "flash_attn.hpp"
 #include "flashinfer.hpp"
 #include "flex_attention.hpp"
+#include "jax.hpp"
 #include "torch_sdpa.hpp"
 #include "torch_varlen.hpp"
 #include "transformer_engine.hpp"
@@ -116,6 +117,14 @@ inline constexpr BackendInfo kRegistry[] = {
     {.id = Backend::cudnn_frontend, .name = "cudnn_frontend", .family = kFamilyCudnnFrontend,
      .rules = cudnn_frontend::kRules, .native = cudnn_frontend::native, .dense = cudnn_frontend::dense,
      .rates = {3.6, 6.4, false}, .args = cudnn_frontend::args, .python = cudnn_frontend::python},
+    // JAX (masklens.jax): cuDNN's fused attention as JAX reaches it, and XLA's einsum /
+    // softmax / einsum, which computes every pair whatever the mask (as torch's math kernel).
+    {.id = Backend::jax_cudnn, .name = "jax.cudnn", .family = kFamilyJax, .rules = jax::kCudnnRules,
+     .native = jax::cudnn_native, .dense = jax::dense<Backend::jax_cudnn>, .rates = {3.6, 6.4, false},
+     .args = jax::args<Backend::jax_cudnn>, .python = jax::python},
+    {.id = Backend::jax_xla, .name = "jax.xla", .family = kFamilyJax, .rules = jax::kXlaRules,
+     .native = jax::xla_native, .dense = jax::dense<Backend::jax_xla>, .rates = {51.7, 51.6, false},
+     .work = WorkModel::every_pair, .args = jax::args<Backend::jax_xla>, .python = jax::python},
 #ifdef MASKLENS_EXTRA_BACKEND_ROWS
     MASKLENS_EXTRA_BACKEND_ROWS  // a test's backends (tests/fake_backend/hook.hpp)
 #endif
