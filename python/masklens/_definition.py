@@ -106,10 +106,12 @@ def _int(x, what):
     return int(x)
 
 
-def _host(t, what):
+def _meta(t, what, device):
+    """An O(B·L) tensor of the definition, on the device the rows are worked out on (the
+    mask's: a CUDA model's metadata is read where it is, never copied to the host)."""
     if not isinstance(t, torch.Tensor) or t.dim() != 2:
         raise Unrecognised(f"{what} is not a 2-D tensor")
-    return t.detach().to("cpu")
+    return t.detach().to(device)
 
 
 def _name_of(fn) -> str:
@@ -117,10 +119,11 @@ def _name_of(fn) -> str:
 
 
 # A parsed node: (name, params, children). Tensors are read (on the host) when parsed.
-def parse(fn, scope=None):
-    """The tree of a mask function, or Unrecognised naming the first node that is not a
-    recognised primitive. `scope` carries the packed documents an enclosing AND restricts
-    to (remap_positions_for_packed_sequence is exact only inside one)."""
+def parse(fn, device, scope=None):
+    """The tree of a mask function, its tensors on `device`, or Unrecognised naming the
+    first node that is not a recognised primitive. `scope` carries the packed documents an
+    enclosing AND restricts to (remap_positions_for_packed_sequence is exact only inside
+    one)."""
     name = _primitives().get(_code(fn))
     if name is None:
         raise Unrecognised(f"{_name_of(fn)} (from {getattr(fn, '__module__', '?')}) is not a recognised mask "
@@ -136,8 +139,8 @@ def parse(fn, scope=None):
         if name == "and":
             for f in fns:  # a packed-documents child makes this AND a documents scope
                 if _primitives().get(_code(f)) == "packed":
-                    inner_scope = _host(_free(f)["packed_sequence_mask"], "packed_sequence_mask")
-        return (name, (), tuple(parse(f, inner_scope) for f in fns))
+                    inner_scope = _meta(_free(f)["packed_sequence_mask"], "packed_sequence_mask", device)
+        return (name, (), tuple(parse(f, device, inner_scope) for f in fns))
     if name in ("sliding", "sliding_bidirectional"):
         return (name, (_int(free["sliding_window"], "sliding_window"),), ())
     if name == "chunked":
@@ -147,24 +150,24 @@ def parse(fn, scope=None):
         chunk = _int(free["chunk_size"], "chunk_size")
         if chunk < 1:
             raise Unrecognised(f"chunk_size {chunk}")
-        return (name, (chunk, lp.detach().to("cpu").long()), ())
+        return (name, (chunk, lp.detach().to(device).long()), ())
     if name == "padding":
-        return (name, (_host(free["padding_mask"], "padding_mask").bool(),), ())
+        return (name, (_meta(free["padding_mask"], "padding_mask", device).bool(),), ())
     if name == "packed":
-        return (name, (_host(free["packed_sequence_mask"], "packed_sequence_mask").long(),), ())
+        return (name, (_meta(free["packed_sequence_mask"], "packed_sequence_mask", device).long(),), ())
     if name == "blocks":
-        return (name, (_host(free["block_sequence_ids"], "block_sequence_ids").long(),), ())
+        return (name, (_meta(free["block_sequence_ids"], "block_sequence_ids", device).long(),), ())
     if name == "offsets":
         return (name, (_int(free["q_offset"], "q_offset"), _int(free["kv_offset"], "kv_offset")),
-                (parse(free["mask_function"], scope),))
+                (parse(free["mask_function"], device, scope),))
     if name == "remap":
-        pos = _host(free["position_ids"], "position_ids").long()
+        pos = _meta(free["position_ids"], "position_ids", device).long()
         if scope is None:
             raise Unrecognised("remap_positions_for_packed_sequence outside and_masks(..., "
                                "packed_sequence_mask_function(...))")
         if pos.shape != scope.shape or not torch.equal(_documents_of_positions(pos), scope - scope[:, :1]):
             raise Unrecognised("position_ids whose documents are not the packed_sequence_mask's")
-        return (name, (pos,), (parse(free["mask_function"], scope),))
+        return (name, (pos,), (parse(free["mask_function"], device, scope),))
     return (name, (), ())
 
 
@@ -182,12 +185,12 @@ def _runs(ids, only_nonnegative=False):
     values, and whether every value's positions (every non-negative value's, with
     only_nonnegative) form one run per batch (False: a value appears in two runs)."""
     B, L = ids.shape
-    idx = torch.arange(L).expand(B, L)
-    new = torch.ones((B, L), dtype=torch.bool)
+    idx = torch.arange(L, device=ids.device).expand(B, L)
+    new = torch.ones((B, L), dtype=torch.bool, device=ids.device)
     new[:, 1:] = ids[:, 1:] != ids[:, :-1]
     start = torch.cummax(torch.where(new, idx, torch.zeros_like(idx)), dim=-1).values
     # The end of a run: the first run start after the position (a suffix minimum), or L.
-    next_start = torch.full((B, L), L, dtype=torch.long)
+    next_start = torch.full((B, L), L, dtype=torch.long, device=ids.device)
     next_start[:, :-1] = torch.where(new[:, 1:], idx[:, 1:], torch.full_like(idx[:, 1:], L))
     end = torch.flip(torch.cummin(torch.flip(next_start, [-1]), dim=-1).values, [-1])
     values = [ids[b][new[b]] for b in range(B)]
@@ -301,17 +304,18 @@ def _evaluate(node, rows):
     raise Unrecognised(f"no rule for {name}")
 
 
-def row_intervals(tree, batch: int, q_len: int, k_len: int, q_offset: int, kv_offset: int):
+def row_intervals(tree, batch: int, q_len: int, k_len: int, q_offset: int, kv_offset: int, device="cpu"):
     """(begin, end) int64 numpy [batch, q_len]: each row's keys, clipped to [0, k_len); an
-    empty row is (0, 0)."""
-    b = torch.arange(batch).view(-1, 1).expand(batch, q_len)
-    q = torch.arange(q_len).view(1, -1).expand(batch, q_len) + q_offset
-    begin, end = _evaluate(tree, _Rows(b, q, torch.full((batch, q_len), kv_offset, dtype=torch.long)))
+    empty row is (0, 0). Worked out on `device` (the tree's tensors'), brought back once."""
+    b = torch.arange(batch, device=device).view(-1, 1).expand(batch, q_len)
+    q = torch.arange(q_len, device=device).view(1, -1).expand(batch, q_len) + q_offset
+    shift = torch.full((batch, q_len), kv_offset, dtype=torch.long, device=device)
+    begin, end = _evaluate(tree, _Rows(b, q, shift))
     begin, end = begin.clamp(0, k_len), end.clamp(0, k_len)
     empty = begin >= end
     begin = torch.where(empty, torch.zeros_like(begin), begin)
     end = torch.where(empty, torch.zeros_like(end), end)
-    return begin.numpy(), end.numpy()
+    return begin.cpu().numpy(), end.cpu().numpy()
 
 
 # ---- semantics pinned: the installed transformers' primitives against the rules above ----
@@ -439,9 +443,11 @@ class Definition:
 
 
 def recognise(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None, attention_mask=None,
-              **_):
+              device="cpu", **_):
     """The Definition of the mask sdpa_mask would build from these arguments (its own
-    keyword names), or Unrecognised saying which node or value is not read back."""
+    keyword names), or Unrecognised saying which node or value is not read back. The rows
+    are worked out on `device` (the mask's)."""
+    device = torch.device(device)
     mu = _mu()
     if mask_function is None:
         mask_function = mu.causal_mask_function
@@ -449,14 +455,14 @@ def recognise(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_fun
     qo, ko = _int(q_offset, "q_offset"), _int(kv_offset, "kv_offset")
     if min(B, Q, K) < 1:
         raise Unrecognised(f"an empty mask [{B}, 1, {Q}, {K}]")
-    tree = parse(mask_function)
+    tree = parse(mask_function, device)
     if attention_mask is not None:
         if not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() != 2:
             raise Unrecognised("an attention_mask that is not 2-D")
         padding = mu.prepare_padding_mask(attention_mask, K, ko)
-        tree = ("and", (), (tree, ("padding", (_host(padding, "padding_mask").bool(),), ())))
+        tree = ("and", (), (tree, ("padding", (_meta(padding, "padding_mask", device).bool(),), ())))
     pin(tree)
-    begin, end = row_intervals(tree, B, Q, K, qo, ko)
+    begin, end = row_intervals(tree, B, Q, K, qo, ko, device)
     if B > 1 and (begin == begin[:1]).all() and (end == end[:1]).all():
         begin, end = begin[:1], end[:1]  # one row table holds every batch (a broadcast mask)
     verdict = _core.classify_intervals(B, Q, K, np.ascontiguousarray(begin), np.ascontiguousarray(end))
