@@ -240,6 +240,25 @@ inline Result<std::int64_t> integer(const nlohmann::json& j, const char* key) {
   return int_from_json(j[key], std::string("structure.") + key);
 }
 
+// A string from the input as a message quotes it: control characters (a NUL, which ends
+// a C string and would cut the message there; a newline) written as JSON escapes.
+inline std::string printable(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (const char c : text) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u < 0x20 || u == 0x7f) {
+      static constexpr char kHex[] = "0123456789abcdef";
+      out += "\\u00";
+      out += kHex[u >> 4];
+      out += kHex[u & 0xf];
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
 // Every key of a structure object is one the reader knows, and a kind's own parameter
 // (window, chunk, prefix, blocks; alignment) appears only on the kinds that take it: a
 // misspelt "kv_vaild" or a "window" on a causal structure would otherwise be dropped
@@ -252,7 +271,7 @@ inline Status check_structure_keys(const nlohmann::json& j, StructureKind kind) 
   for (const auto& [key, value] : j.items()) {
     if (std::find(std::begin(kKeys), std::end(kKeys), key) == std::end(kKeys))
       return error(ErrorCode::parse_error,
-                   "structure." + key + " is not a structure field (kind, alignment, window, chunk, prefix, blocks, "
+                   "structure." + printable(key) + " is not a structure field (kind, alignment, window, chunk, prefix, blocks, "
                                         "segments, kv_valid, q_valid, empty_rows, finite_masked_rows, bias, tile_fractions)");
   }
   const std::pair<const char*, StructureKind> owned[] = {{"window", StructureKind::sliding_window},
@@ -270,13 +289,58 @@ inline Status check_structure_keys(const nlohmann::json& j, StructureKind kind) 
   return {};
 }
 
-// A whole inspect document holds these besides its structure (docs/json.md).
-inline Status check_document_keys(const nlohmann::json& doc) {
+// A whole inspect document holds these besides its structure (docs/json.md), and says
+// which schema it is written in and the shape its structure describes: a document of
+// another schema, or of another mask's query and key lengths (its kv_valid ranges,
+// segments and blocks are positions in that mask), is refused, not read as this shape's.
+// Its batch and heads may be 1 where the shape has more (a structure of batch 1 describes
+// every batch, as SDPA broadcasts a mask).
+inline Status check_document(const nlohmann::json& doc, std::int64_t batch, std::int64_t heads, std::int64_t q_len,
+                             std::int64_t k_len) {
   static constexpr std::string_view kKeys[] = {"schema", "shape", "structure", "policy", "tiles"};
   for (const auto& [key, value] : doc.items())
     if (std::find(std::begin(kKeys), std::end(kKeys), key) == std::end(kKeys))
-      return error(ErrorCode::parse_error, "'" + key + "' is not a key of an inspect document (schema, shape, "
-                                                       "structure, policy, tiles)");
+      return error(ErrorCode::parse_error, "'" + printable(key) + "' is not a key of an inspect document (schema, "
+                                                                  "shape, structure, policy, tiles)");
+  if (!doc.contains("schema") || !doc.contains("shape"))
+    return error(ErrorCode::parse_error, "an inspect document gives its \"schema\" (" + std::to_string(kJsonSchema) +
+                                             ") and \"shape\" [B, H, Q, K]; pass the structure object alone to "
+                                             "read it for any shape");
+  if (!doc["schema"].is_number_integer() || doc["schema"].get<std::int64_t>() != kJsonSchema)
+    return error(ErrorCode::parse_error, "the inspect document has schema " + printable(doc["schema"].dump()) +
+                                             "; this masklens reads schema " + std::to_string(kJsonSchema) +
+                                             " (docs/json.md): inspect the mask again");
+  const nlohmann::json& shape = doc["shape"];
+  const bool four_integers = shape.is_array() && shape.size() == 4 &&
+                             std::all_of(shape.begin(), shape.end(), [](const auto& n) { return n.is_number_integer(); });
+  if (!four_integers)
+    return error(ErrorCode::parse_error, "the inspect document's shape must be [B, H, Q, K], four integers, got " +
+                                             printable(shape.dump()));
+  const std::int64_t want[4] = {batch, heads, q_len, k_len};
+  bool fits = true;
+  for (std::size_t d = 0; d < 4; ++d) {
+    const auto n = shape[d].is_number_unsigned() && shape[d].get<std::uint64_t>() > 0x7fffffffffffffffull
+                       ? std::int64_t{-1}
+                       : shape[d].get<std::int64_t>();
+    fits = fits && (n == want[d] || (d < 2 && n == 1));
+  }
+  if (!fits)
+    return error(ErrorCode::invalid_shape,
+                 "the inspect document's shape " + printable(shape.dump()) + " is not the shape asked for, [" +
+                     std::to_string(batch) + ", " + std::to_string(heads) + ", " + std::to_string(q_len) + ", " +
+                     std::to_string(k_len) + "]: its structure (its ranges, documents and blocks) describes a mask " +
+                     "of its own shape; ask for that shape (its batch and heads may be 1 for any), or pass a " +
+                     "structure object alone");
+  return {};
+}
+
+// tile_fractions holds exactly its three fields: a misspelt one would be dropped.
+inline Status check_tile_fraction_keys(const nlohmann::json& t) {
+  if (!t.is_object()) return {};
+  for (const auto& [key, value] : t.items())
+    if (key != "block" && key != "partial" && key != "full")
+      return error(ErrorCode::parse_error, "structure.tile_fractions." + printable(key) +
+                                               " is not a tile_fractions field (block, partial, full)");
   return {};
 }
 
@@ -292,7 +356,7 @@ inline Result<MaskStructure> structure_from_json(const nlohmann::json& doc, std:
   return catch_alloc([&]() -> Result<MaskStructure> {
     const bool whole_document = doc.is_object() && doc.contains("structure");
     if (whole_document)
-      if (Status s = detail::check_document_keys(doc); !s.ok()) return s;
+      if (Status s = detail::check_document(doc, batch, heads, q_len, k_len); !s.ok()) return s;
     const nlohmann::json& j = whole_document ? doc["structure"] : doc;
     if (!j.is_object()) return error(ErrorCode::parse_error, "structure must be a JSON object");
     MaskStructure s;
@@ -306,7 +370,7 @@ inline Result<MaskStructure> structure_from_json(const nlohmann::json& doc, std:
     for (StructureKind k : {StructureKind::full, StructureKind::causal, StructureKind::sliding_window, StructureKind::chunked,
                             StructureKind::prefix_lm, StructureKind::causal_blocks, StructureKind::arbitrary})
       if (kind == to_string(k)) s.kind = k, found = true;
-    if (!found) return error(ErrorCode::parse_error, "structure.kind '" + kind + "' is not a known kind");
+    if (!found) return error(ErrorCode::parse_error, "structure.kind '" + detail::printable(kind) + "' is not a known kind");
     if (Status keys = detail::check_structure_keys(j, s.kind); !keys.ok()) return keys;
     for (const char* list : {"kv_valid", "q_valid", "segments"})
       if (j.contains(list))
@@ -376,6 +440,7 @@ inline Result<MaskStructure> structure_from_json(const nlohmann::json& doc, std:
     }
     if (j.contains("tile_fractions") && !j["tile_fractions"].is_null()) {
       const nlohmann::json& t = j["tile_fractions"];
+      if (Status keys = detail::check_tile_fraction_keys(t); !keys.ok()) return keys;
       const bool well_typed = t.is_object() && t.contains("block") && t["block"].is_array() && t["block"].size() == 2 &&
                               t["block"][0].is_number_integer() && t["block"][1].is_number_integer() &&
                               t.contains("partial") && t["partial"].is_number() && t.contains("full") &&
