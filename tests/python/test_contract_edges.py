@@ -344,3 +344,31 @@ def test_a_bad_argument_on_one_rank_fails_every_rank(tmp_path):
         port = s.getsockname()[1]
     mp.spawn(_bad_on_one_rank, args=(2, port, str(tmp_path)), nprocs=2, join=True)
     assert sorted(os.listdir(tmp_path)) == ["rank0.ok", "rank1.ok"]
+
+
+# --- explain on the CPU ----------------------------------------------------------------
+
+def test_explain_on_the_cpu_lists_the_chosen_call_once():
+    import io
+    q = torch.randn(1, 4, 64, 32)
+    out = io.StringIO()
+    report = masklens.explain(causal_bool(64, 64), q, q, q, file=out)
+    chosen = report.policy.call.backend
+    assert chosen == "torch.sdpa.math"
+    rejected = [line for line in out.getvalue().splitlines() if line.startswith("rejected")]
+    assert rejected and not any(line.split()[1] == chosen for line in rejected), out.getvalue()
+
+
+# --- the README's Python block runs as pasted ---------------------------------------
+
+def test_the_readmes_python_block_runs_as_pasted(capsys):
+    pytest.importorskip("transformers")
+    readme = open(os.path.join(DOCS, "..", "README.md")).read()
+    section = readme[readme.index("## Python"):]
+    block = section[section.index("```python\n") + len("```python\n"):]
+    block = block[:block.index("```")]
+    names = {}
+    exec(compile(block, "README.md", "exec"), names)  # noqa: S102 - the README's own text
+    assert names["out"].shape == (2, 8, 256, 64)
+    assert names["logits"].shape == (2, 16, 97)
+    assert "torch.sdpa" in capsys.readouterr().out  # explain printed the decision
