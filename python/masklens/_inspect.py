@@ -100,7 +100,8 @@ def inspect(mask, query=None, key=None, value=None, *, masked_threshold: float =
     from its fields, an arbitrary one from a host copy). An arbitrary mask's structure
     then carries its tile fractions, which decide() charges flex on."""
     call_fields, env_fields = split_fields(dict(fields))
-    mask = _scan.readable(mask)
+    # With a query, the mask's dims are checked against the call (broadcast_to_call names it).
+    mask = _scan.readable(mask, check_dims=query is None)
     masked_threshold = _scan.threshold_value(masked_threshold)
     view = broadcast_to_call(mask, query, key) if query is not None else mask
     summary = None

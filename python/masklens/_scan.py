@@ -372,12 +372,13 @@ def threshold_value(value) -> float:
     return float(value)
 
 
-def readable(mask, is_tensor=None):
+def readable(mask, is_tensor=None, check_dims=True):
     """`mask` as the scanners read it, or a MaskError naming what they cannot read: a torch
     tensor of a mask dtype and the strided layout; a numpy array of a mask dtype (one of
     another byte order is read as its values, through a native copy); any other object
     that carries DLPack. A list, None, an object, string or structured array would
-    otherwise meet nanobind's list of the signatures it accepts."""
+    otherwise meet nanobind's list of the signatures it accepts. A mask has 2 to 4 dims
+    (check_dims=False: the caller checks them against a call, naming it)."""
     if is_tensor is None:
         try:
             import torch
@@ -396,13 +397,14 @@ def readable(mask, is_tensor=None):
             raise _core.MaskError(f"invalid_argument: a mask of layout {mask.layout} cannot be scanned: masklens reads "
                                   "dense (strided) tensors; pass mask.to_dense()")
         device_dtype(mask)
-        return _check_dims(mask)
+        return _check_dims(mask) if check_dims else mask
     import numpy as np
     if isinstance(mask, np.ndarray):
         if mask.dtype.name not in _NUMPY_ELEMENTS:
             raise _core.MaskError(f"unsupported_dtype: mask dtype {mask.dtype} (numpy) is not a mask type "
                                   f"({_MASK_TYPES})")
-        _check_dims(mask)
+        if check_dims:
+            _check_dims(mask)
         return mask if mask.dtype.isnative else mask.astype(mask.dtype.newbyteorder("="))
     if not hasattr(mask, "__dlpack__"):
         raise _core.MaskError(f"invalid_argument: a mask is a torch tensor or a numpy array (or another DLPack "

@@ -394,7 +394,7 @@ def inspect(local_mask, query=None, key=None, value=None, *, group=None, shardin
     masklens.inspect(whole_mask, whole_q, whole_k, whole_v).to_dict()."""
     try:
         call_fields, env_fields = _inspect.split_fields(dict(fields))
-        mask = view = _scan.readable(local_mask)
+        mask = view = _scan.readable(local_mask, check_dims=query is None)
         if query is not None:
             # Broadcast as SDPA reads it, against the local query and the mask's own keys
             # (the key shard is not the keys the rows attend to).
