@@ -168,8 +168,7 @@ def host_scan(mask, target, masked_threshold):
         warnings.warn(f"masklens.jax: a CUDA mask is copied to the host to be scanned: {_scan.cuda_reason()}",
                       stacklevel=4)
     host = np.asarray(mask)
-    host = _scan.readable(host)
-    host = host.reshape((1,) * (4 - host.ndim) + host.shape)
+    host = _scan.readable(host.reshape((1,) * (4 - host.ndim) + host.shape))  # jax's leading dims first
     t0 = time.perf_counter()
     verdict = _core.scan(np.broadcast_to(host, target), masked_threshold)
     _scan.host_timing(t0)
