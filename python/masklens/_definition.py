@@ -118,7 +118,7 @@ def _name_of(fn) -> str:
     return getattr(fn, "__qualname__", None) or type(fn).__name__
 
 
-# A parsed node: (name, params, children). Tensors are read (on the host) when parsed.
+# A parsed node: (name, params, children), its tensors on the rows' device.
 def parse(fn, device, scope=None):
     """The tree of a mask function, its tensors on `device`, or Unrecognised naming the
     first node that is not a recognised primitive. `scope` carries the packed documents an

@@ -70,8 +70,9 @@ from_definition = True
 build_masks = "when_faster"
 # Bytes of bool mask a build writes per millisecond (a few broadcast passes over it).
 _BUILD_BYTES_PER_MS = {"cuda": 5e8, "cpu": 5e6}
-_masks = []            # this forward's masks: (how, what) per mask function call (masks())
+_masks = []            # the last mask function calls: (how, what) each (masks())
 _MASKS_KEPT = 16
+_definitions = 0       # masks read from their definition in this process (definition_count())
 _devices_seen = set()  # the mask functions' `device` arguments seen (as given: no conversion per call)
 _loaders = {}          # CUDA device index -> the thread that loads masklens' kernels there
 
@@ -134,6 +135,12 @@ def _note(how, what) -> None:
     _masks.append((how, what))
 
 
+def definition_count() -> int:
+    """Masks read from their definition in this process (no tensor built, no scan): beside
+    masklens.scan_count(), the proofs made."""
+    return _definitions
+
+
 def masks() -> list:
     """The last mask function calls (up to 16), oldest first: ("definition", the
     structure's description) for a mask read from its definition, ("built", why) for one
@@ -157,6 +164,8 @@ def _defined_mask(args, kwargs):
         _note("built", str(e))
         logger.debug("masklens: building the mask: %s", e)
         return _BUILD
+    global _definitions
+    _definitions += 1
     s = definition.verdict.structure
     _note("definition", s.describe())
     plain = s.segments is None and s.kv_valid is None and s.q_valid is None and s.empty_rows == 0

@@ -44,6 +44,13 @@ def forward_backward(model, ids, attention):
     return logits.detach()
 
 
+def proofs() -> int:
+    """Masks proven so far: scanned, or read from their definition (masklens.transformers)."""
+    import masklens
+    import masklens.transformers
+    return masklens.scan_count() + masklens.transformers.definition_count()
+
+
 def break_sites():
     """The graph breaks Dynamo recorded, by reason (one reason per site)."""
     return {reason.split("\n")[0]: n for reason, n in counters["graph_break"].items()}

@@ -20,7 +20,7 @@ import masklens.transformers  # noqa: E402,F401  (registers "masklens")
 from torch._dynamo.utils import counters  # noqa: E402
 from transformers import AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, MistralConfig  # noqa: E402
 
-from models import SMALL, break_sites, forward_backward, left_padded, max_grad_difference, pair  # noqa: E402
+from models import SMALL, break_sites, forward_backward, left_padded, max_grad_difference, pair, proofs  # noqa: E402
 
 # --- torch.compile(model) ---------------------------------------------------------------
 
@@ -32,9 +32,9 @@ def test_compiled_model_breaks_only_at_the_mask_function_and_equals_sdpa():
     for step, pads in enumerate([(0, 4, 9), (2, 0, 7), (5, 1, 0)]):  # new padding each step, one shape
         ids, attention = left_padded(pads, seed=step)
         counters.clear()
-        before = masklens.scan_count()
+        before = proofs()
         b = forward_backward(compiled, ids, attention)
-        assert masklens.scan_count() - before == 1, "one scan per forward, outside the graph"
+        assert proofs() - before == 1, "one scan per forward, outside the graph"
         sites = break_sites()
         if step == 0:
             # One site: the mask function's call outside the graph. Dynamo records it once
@@ -182,13 +182,13 @@ def test_checkpointed_recompute_does_not_scan_again(how):
         model.train()
     ids, attention = left_padded((0, 4, 9))
     a = forward_backward(ref, ids, attention)
-    before = masklens.scan_count()
+    before = proofs()
     if how.endswith("offloaded"):
         with torch.autograd.graph.save_on_cpu():
             b = forward_backward(ours, ids, attention)
     else:
         b = forward_backward(ours, ids, attention)
-    assert masklens.scan_count() - before == 1, "the recomputed forward scanned the mask again"
+    assert proofs() - before == 1, "the recomputed forward scanned the mask again"
     keep = attention.bool()
     assert (a - b).abs()[keep].max().item() < 1e-4
     assert max_grad_difference(ref, ours) < 1e-3
@@ -223,9 +223,9 @@ def test_hybrid_model_scans_once_per_mask_kind_and_forward(name):
     for seed, pads in enumerate([(0, 4, 9), (6, 0, 2)]):
         ids, attention = left_padded(pads, seed=seed)
         a = forward_backward(ref, ids, attention)
-        before = masklens.scan_count()
+        before = proofs()
         b = forward_backward(ours, ids, attention)
-        assert masklens.scan_count() - before == kinds
+        assert proofs() - before == kinds
         keep = attention.bool()
         assert (a - b).abs()[keep].max().item() < 1e-4
         assert max_grad_difference(ref, ours) < 1e-3
@@ -286,10 +286,10 @@ def train(cfg, impl, collator, tmp_path, steps=20, compile_backend=None):
                              use_cpu=True, disable_tqdm=True, dataloader_num_workers=0, remove_unused_columns=False,
                              **compiled)
     trainer = Trainer(model=model, args=args, train_dataset=sft_examples(), data_collator=collator)
-    before = masklens.scan_count()
+    before = proofs()
     trainer.train()
     logs = [h for h in trainer.state.log_history if "loss" in h]
-    return [h["loss"] for h in logs], [h["grad_norm"] for h in logs], masklens.scan_count() - before
+    return [h["loss"] for h in logs], [h["grad_norm"] for h in logs], proofs() - before
 
 
 def flattening():
@@ -326,7 +326,7 @@ def test_cuda_graph_replays_a_call_decided_before_capture():
     unseen = window_mask(512, 32, "cuda")
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    before = masklens.scan_count()
+    before = proofs()
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -336,7 +336,7 @@ def test_cuda_graph_replays_a_call_decided_before_capture():
     with torch.cuda.graph(graph):
         out = mt.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         out_unseen = mt.scaled_dot_product_attention(q, k, v, attn_mask=unseen)  # torch's call: no scan
-    assert masklens.scan_count() == before, "a scan ran during capture"
+    assert proofs() == before, "a scan ran during capture"
     q.copy_(torch.randn_like(q))
     graph.replay()
     torch.cuda.synchronize()
@@ -354,9 +354,9 @@ def test_one_token_decode_keeps_sdpa_and_scans_nothing():
     ids, attention = left_padded((0, 4, 9))
     ids, attention = ids.cuda(), attention.cuda()
     out_ref = ref.generate(input_ids=ids, attention_mask=attention, max_new_tokens=8, do_sample=False)
-    before = masklens.scan_count()
+    before = proofs()
     out = ours.generate(input_ids=ids, attention_mask=attention, max_new_tokens=8, do_sample=False)
-    assert masklens.scan_count() - before == 1, "only the prefill's mask is scanned"
+    assert proofs() - before == 1, "only the prefill's mask is scanned"
     assert torch.equal(out, out_ref)
 
 
