@@ -2,8 +2,6 @@
 and backward of each model family that builds its masks with transformers' mask functions
 equals "sdpa"'s, and allocates no [B, 1, Q, K] tensor (a TorchDispatchMode watches every
 op's outputs for storage of Q·K elements or more laid out as a mask)."""
-import copy
-
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -12,7 +10,7 @@ from torch.utils._pytree import tree_leaves
 transformers = pytest.importorskip("transformers")
 import masklens  # noqa: E402
 import masklens.transformers  # noqa: E402  (registers "masklens")
-from transformers import AutoModelForCausalLM  # noqa: E402
+from models import max_grad_difference, pair  # noqa: E402
 
 SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
              num_key_value_heads=2, vocab_size=97, max_position_embeddings=256)
@@ -57,27 +55,11 @@ def _configs():
     return c
 
 
-def _pair(cfg):
-    torch.manual_seed(0)
-    ref = AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation="sdpa").float()
-    ours = AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation="masklens").float()
-    ours.load_state_dict(ref.state_dict())
-    return ref, ours
-
-
 def _run(model, inputs, keep, q_len):
     with MaskAllocations(q_len, q_len) as watch:
         logits = model(**inputs).logits
         logits[keep].logsumexp(-1).sum().backward()
     return logits.detach(), watch.seen
-
-
-def _grads_differ(ref, ours):
-    worst = 0.0
-    for p, q in zip(ref.parameters(), ours.parameters()):
-        if p.grad is not None:
-            worst = max(worst, (p.grad - q.grad).abs().max().item() / (p.grad.abs().max().item() + 1e-6))
-    return worst
 
 
 def _batch(kind, L=20):
@@ -110,7 +92,7 @@ def never_build(monkeypatch):
 
 @pytest.mark.parametrize("name,kind", CASES)
 def test_forward_and_backward_equal_sdpa_without_a_dense_mask(name, kind, never_build):
-    ref, ours = _pair(_configs()[name])
+    ref, ours = pair(_configs()[name])
     inputs, keep = _batch(kind)
     L = inputs["input_ids"].shape[1]
     a, ref_masks = _run(ref, inputs, keep, L)
@@ -122,11 +104,11 @@ def test_forward_and_backward_equal_sdpa_without_a_dense_mask(name, kind, never_
     assert all(how == "definition" for how, _ in masklens.transformers.masks()), masklens.transformers.masks()
     err = (a - b).abs()[keep].max().item()
     assert err < 1e-4, err
-    assert _grads_differ(ref, ours) < 1e-3
+    assert max_grad_difference(ref, ours) < 1e-3
 
 
 def test_gradient_checkpointing(never_build):
-    ref, ours = _pair(_configs()["llama"])
+    ref, ours = pair(_configs()["llama"])
     for m in (ref, ours):
         m.gradient_checkpointing_enable()
         m.train()
@@ -135,14 +117,14 @@ def test_gradient_checkpointing(never_build):
     b, ours_masks = _run(ours, inputs, keep, 20)
     assert ours_masks == []
     assert (a - b).abs()[keep].max().item() < 1e-4
-    assert _grads_differ(ref, ours) < 1e-3
+    assert max_grad_difference(ref, ours) < 1e-3
 
 
 def test_a_build_that_is_cheaper_is_made_once_per_forward():
     """By default a call that keeps the mask may still win where building it costs less
     than what dropping it would (the CPU's math kernel on a small batch): then the mask is
     built once for the forward, and every layer reads that one."""
-    ref, ours = _pair(_configs()["llama"])
+    ref, ours = pair(_configs()["llama"])
     inputs, keep = _batch("left")
     a, _ = _run(ref, inputs, keep, 20)
     b, seen = _run(ours, inputs, keep, 20)
@@ -155,7 +137,7 @@ def test_a_build_that_is_cheaper_is_made_once_per_forward():
 def test_prefill_over_a_cache_and_decode():
     """A second chunk of prompt over a cache (q_offset, kv_offset: Q != K), then decode
     steps: tokens equal sdpa's."""
-    ref, ours = _pair(_configs()["mistral sliding window"])
+    ref, ours = pair(_configs()["mistral sliding window"])
     inputs, _ = _batch("left", L=12)
     kwargs = dict(**inputs, max_new_tokens=6, do_sample=False, pad_token_id=0)
     assert torch.equal(ref.generate(**kwargs), ours.generate(**kwargs))
