@@ -13,7 +13,8 @@ lets attend as one interval [begin, end) in O(B·Q) over the metadata (never O(Q
 every node of the tree gives each row one interval, AND intersects, OR joins two that
 meet. That row table is exactly what a scan of sdpa_mask's [B, 1, Q, K] tensor gives
 (each row of a bool mask whose keys form one interval: no flags), so the classifier's
-verdict (_core.classify_intervals) is the scan's, proven by the same render-back.
+verdict over its runs (_core.classify_runs; the runs are cut on the metadata's device)
+is the scan's, proven by the same render-back.
 
 Nothing is guessed. A function that is not a recognised primitive (a model's own lambda,
 a custom or_mask_function), a padding mask with holes, a row whose keys are not one
@@ -304,17 +305,54 @@ def _evaluate(node, rows):
     raise Unrecognised(f"no rule for {name}")
 
 
-def row_intervals(tree, batch: int, q_len: int, k_len: int, q_offset: int, kv_offset: int, device="cpu"):
-    """(begin, end) int64 numpy [batch, q_len]: each row's keys, clipped to [0, k_len); an
-    empty row is (0, 0). Worked out on `device` (the tree's tensors'), brought back once."""
+def row_bounds(tree, batch: int, q_len: int, k_len: int, q_offset: int, kv_offset: int, device="cpu"):
+    """(begin, end) int64 tensors [batch, q_len] on `device`: each row's keys [begin, end),
+    clipped to [0, k_len); an empty row is (0, 0)."""
     b = torch.arange(batch, device=device).view(-1, 1).expand(batch, q_len)
     q = torch.arange(q_len, device=device).view(1, -1).expand(batch, q_len) + q_offset
     shift = torch.full((batch, q_len), kv_offset, dtype=torch.long, device=device)
     begin, end = _evaluate(tree, _Rows(b, q, shift))
     begin, end = begin.clamp(0, k_len), end.clamp(0, k_len)
     empty = begin >= end
-    begin = torch.where(empty, torch.zeros_like(begin), begin)
-    end = torch.where(empty, torch.zeros_like(end), end)
+    return begin.masked_fill(empty, 0), end.masked_fill(empty, 0)
+
+
+_NO_KEY = (1 << 63) - 1  # RowSpan::kNoKey: an empty row's first key
+
+
+def row_runs(begin, end):
+    """The rows as span runs (span_runs.hpp), int64 [n, 8] on the host: (row, length,
+    first, last, d_first, d_last, count, flags), a run wherever the rows' keys step alike
+    (any cutting is valid; a cut is made where the step or the emptiness changes). Cut on
+    the rows' device: only the runs, a few per document, block or padding edge, cross."""
+    D, Q = begin.shape
+    empty = begin >= end
+    first = begin.masked_fill(empty, _NO_KEY)
+    last = (end - 1).masked_fill(empty, -1)
+    start = torch.zeros((D, Q), dtype=torch.bool, device=begin.device)
+    start[:, 0] = True
+    if Q > 1:
+        start[:, 1:] |= empty[:, 1:] != empty[:, :-1]
+    if Q > 2:
+        d_first, d_last = first.diff(dim=1), last.diff(dim=1)
+        start[:, 2:] |= (d_first[:, 1:] != d_first[:, :-1]) | (d_last[:, 1:] != d_last[:, :-1])
+    flat_first, flat_last = first.flatten(), last.flatten()
+    heads = start.flatten().nonzero().flatten()
+    n = D * Q
+    lengths = torch.diff(heads, append=torch.tensor([n], device=heads.device))
+    nxt = (heads + 1).clamp(max=n - 1)
+    longer = lengths > 1
+    f, lst = flat_first[heads], flat_last[heads]
+    zero = torch.zeros_like(f)
+    runs = torch.stack([heads, lengths, f, lst,
+                        torch.where(longer, flat_first[nxt] - f, zero), torch.where(longer, flat_last[nxt] - lst, zero),
+                        torch.where(f == _NO_KEY, zero, lst - f + 1), zero], dim=1)
+    return runs.cpu().numpy()
+
+
+def row_intervals(tree, batch: int, q_len: int, k_len: int, q_offset: int, kv_offset: int, device="cpu"):
+    """row_bounds() as numpy arrays on the host."""
+    begin, end = row_bounds(tree, batch, q_len, k_len, q_offset, kv_offset, device)
     return begin.cpu().numpy(), end.cpu().numpy()
 
 
@@ -462,10 +500,12 @@ def recognise(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_fun
         padding = mu.prepare_padding_mask(attention_mask, K, ko)
         tree = ("and", (), (tree, ("padding", (_meta(padding, "padding_mask", device).bool(),), ())))
     pin(tree)
-    begin, end = row_intervals(tree, B, Q, K, qo, ko, device)
-    if B > 1 and (begin == begin[:1]).all() and (end == end[:1]).all():
+    begin, end = row_bounds(tree, B, Q, K, qo, ko, device)
+    if B > 1 and bool(((begin == begin[:1]) & (end == end[:1])).all()):
         begin, end = begin[:1], end[:1]  # one row table holds every batch (a broadcast mask)
-    verdict = _core.classify_intervals(B, Q, K, np.ascontiguousarray(begin), np.ascontiguousarray(end))
+    # The rows' spans are exactly a scan's of the dense bool mask (no flags): the
+    # classifier's verdict over their runs is the scan's.
+    verdict = _core.classify_runs([B, 1, Q, K, begin.shape[0], 1], row_runs(begin, end))
     return Definition(B, Q, K, verdict, tree)
 
 

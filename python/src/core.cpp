@@ -402,56 +402,6 @@ void bind_scan(nb::module_& m) {
       "Scan a host mask (a DLPack array: a torch CPU tensor or a numpy array; strides in elements, 0 broadcasts) "
       "and classify it. Raises MaskError naming the first bad element or field.");
 
-  // The verdict of a mask known by its rows, not read: a mask definition (masklens.
-  // _definition) gives each row's keys as one interval, which is exactly the span a scan
-  // of the dense mask gives that row (a bool mask: no flags), so the classifier's verdict
-  // is the scan's. O(rows) to encode the runs, then classify() in O(runs).
-  m.def(
-      "classify_intervals",
-      [](std::int64_t batch, std::int64_t q_len, std::int64_t k_len,
-         nb::ndarray<const std::int64_t, nb::ndim<2>, nb::c_contig, nb::device::cpu> begin,
-         nb::ndarray<const std::int64_t, nb::ndim<2>, nb::c_contig, nb::device::cpu> end) {
-        const auto text = [](std::int64_t v) { return std::to_string(v); };
-        const auto rows_of = static_cast<std::int64_t>(begin.shape(0));
-        if (begin.shape(0) != end.shape(0) || begin.shape(1) != end.shape(1))
-          raise(error(ErrorCode::invalid_argument, "begin and end must have one shape"));
-        if (static_cast<std::int64_t>(begin.shape(1)) != q_len || (rows_of != 1 && rows_of != batch))
-          raise(error(ErrorCode::invalid_argument, "begin and end must be [1 or batch (" + text(batch) + "), q_len (" +
-                                                       text(q_len) + ")], got [" + text(rows_of) + ", " +
-                                                       text(static_cast<std::int64_t>(begin.shape(1))) + "]"));
-        Verdict v;
-        SpanTable table;
-        table.batch = batch;
-        table.heads = 1;
-        table.q_len = q_len;
-        table.k_len = k_len;
-        table.distinct_batch = rows_of;
-        table.distinct_heads = 1;
-        if (Status st = masklens::detail::validate_span_shape(table, "mask definition"); !st.ok()) raise(st);
-        const std::size_t n = static_cast<std::size_t>(rows_of * q_len);
-        table.rows.resize(n);
-        const std::int64_t* b = begin.data();
-        const std::int64_t* e = end.data();
-        for (std::size_t i = 0; i < n; ++i) {
-          if (b[i] < e[i] && (b[i] < 0 || e[i] > k_len))
-            raise(error(ErrorCode::invalid_argument, "row " + text(static_cast<std::int64_t>(i)) + "'s keys [" +
-                                                         text(b[i]) + ", " + text(e[i]) + ") are not inside [0, " +
-                                                         text(k_len) + ")"));
-          table.rows[i] = RowSpan::interval(b[i], e[i] - 1);
-        }
-        Result<SpanRuns> runs = [&] {
-          nb::gil_scoped_release unlocked;
-          return SpanRuns::encode(table);
-        }();
-        if (!runs) raise(runs.status());
-        v.runs = std::move(runs).value();
-        classify_verdict_runs(v);
-        return v;
-      },
-      "batch"_a, "q_len"_a, "k_len"_a, "begin"_a, "end"_a,
-      "The Verdict of a [batch, 1, q_len, k_len] mask whose row r attends exactly the keys [begin[r], end[r]) (an "
-      "empty row where begin >= end); begin and end are int64 [1 or batch, q_len]: one row table for every batch, "
-      "or one per batch.");
 
   nb::class_<DeviceRuns>(m, "DeviceRuns",
                          "The host half of a device scan: the device block's layout, host memory masklens._cuda "
