@@ -133,17 +133,17 @@ def compiled_form(policy, structure, view, expected):
     return view
 
 
-def decide_for_layers(structure, mask, expected, dtype, training, dropout_p=0.0, batch=None):
+def decide_for_layers(structure, mask, expected, dtype, training, dropout_p=0.0, batch=None, mask_build_ms=0.0):
     """The policy of a compiled model's attention layers over `mask` ([B, 1 or H, Q, K]; the
     call's batch B unless given): `expected` = (heads, kv_heads, head_dim, head_dim_v),
     among single calls (no plans: a plan's slices are Python ints a graph would guard) of
-    the families that run here."""
+    the families that run here; mask_build_ms as decide() takes it (a mask not yet built)."""
     heads, kv_heads, head_dim, head_dim_v = expected
     B, _, Q, K = mask.shape
     B = B if batch is None else batch
     call = _run.attention_call(dtype, (B, heads, Q, head_dim), kv_heads, K, head_dim_v, training, dropout_p, mask.dtype)
     env = _env.environment(mask.device if mask.device.type == "cuda" else "cpu", runnable_only=True)
-    return _core.decide(structure, call, env, 1)
+    return _core.decide(structure, call, env, 1, 0.0, mask_build_ms)
 
 
 def prepare_compiled(mask, *, heads, kv_heads, head_dim, head_dim_v=None, dtype=torch.float32, training=None,

@@ -159,8 +159,11 @@ def parse(fn, device, scope=None):
     if name == "blocks":
         return (name, (_meta(free["block_sequence_ids"], "block_sequence_ids", device).long(),), ())
     if name == "offsets":
-        return (name, (_int(free["q_offset"], "q_offset"), _int(free["kv_offset"], "kv_offset")),
-                (parse(free["mask_function"], device, scope),))
+        offsets = (_int(free["q_offset"], "q_offset"), _int(free["kv_offset"], "kv_offset"))
+        if min(offsets) < 0:
+            raise Unrecognised(f"add_offsets_to_mask_function with a negative offset {offsets}")
+        # The documents scope holds in the coordinates of the AND that set it, not shifted ones.
+        return (name, offsets, (parse(free["mask_function"], device, None),))
     if name == "remap":
         pos = _meta(free["position_ids"], "position_ids", device).long()
         if scope is None:
@@ -168,7 +171,9 @@ def parse(fn, device, scope=None):
                                "packed_sequence_mask_function(...))")
         if pos.shape != scope.shape or not torch.equal(_documents_of_positions(pos), scope - scope[:, :1]):
             raise Unrecognised("position_ids whose documents are not the packed_sequence_mask's")
-        return (name, (pos,), (parse(free["mask_function"], device, scope),))
+        if pos.numel() and int(pos.min()) < 0:
+            raise Unrecognised("negative position_ids")
+        return (name, (pos,), (parse(free["mask_function"], device, None),))
     return (name, (), ())
 
 
@@ -404,31 +409,43 @@ def _synthetic(name, params):
         fn = mu.chunked_overlay(C, lp)
         return fn, (name, (C, lp), ()), 2, _grid_points(C, C + 3)
     if name == "padding":
-        pm = torch.zeros((3, L), dtype=torch.bool)
+        pm = torch.zeros((4, L), dtype=torch.bool)
         pm[0, :] = True
         pm[1, 5:] = True
         pm[2, :17] = True
-        return mu.padding_mask_function(pm), (name, (pm,), ()), 3, pos_pts
+        pm[3, 9:30] = True
+        return mu.padding_mask_function(pm), (name, (pm,), ()), 4, pos_pts
     if name == "packed":
-        psm = torch.tensor([[0] * 7 + [1] * 20 + [2] * 13, [0] * 40])
-        return mu.packed_sequence_mask_function(psm), (name, (psm,), ()), 2, pos_pts
+        psm = torch.tensor([[0] * 7 + [1] * 20 + [2] * 13, [0] * 40, [3] * 1 + [4] * 38 + [5] * 1])
+        return mu.packed_sequence_mask_function(psm), (name, (psm,), ()), 3, pos_pts
     if name == "blocks":
-        ids = torch.full((2, L), -1, dtype=torch.long)
+        # Text (-1) and other negative ids, blocks of one token, ids shared across batches.
+        ids = torch.full((3, L), -1, dtype=torch.long)
         ids[0, 3:9] = 0
         ids[0, 20:31] = 1
-        ids[1, 0:5] = 4
-        return mu.blockwise_overlay(ids), (name, (ids,), ()), 2, pos_pts
+        ids[0, 35:37] = -2
+        ids[1, 0:5] = 0
+        ids[1, 5:6] = 7
+        ids[1, 6:14] = -3
+        ids[2, 30:40] = 2
+        return mu.blockwise_overlay(ids), (name, (ids,), ()), 3, pos_pts
     causal = mu.causal_mask_function
-    window = mu.sliding_window_overlay(5)
+    # The joins over the two module-level primitives alone, so that a join is never blamed
+    # for a change in another primitive.
+    bidirectional = mu.bidirectional_mask_function
+    shifted = mu.add_offsets_to_mask_function(causal, 0, 6)  # kv <= q - 6
     if name == "and":
-        return mu.and_masks(causal, window), (name, (), (("causal", (), ()), ("sliding", (5,), ()))), 1, pos_pts
-    if name == "or":
-        w2 = mu.sliding_window_bidirectional_overlay(3)
-        return (mu.or_masks(causal, w2), (name, (), (("causal", (), ()), ("sliding_bidirectional", (3,), ()))), 1,
+        return (mu.and_masks(bidirectional, causal), (name, (), (("bidirectional", (), ()), ("causal", (), ()))), 1,
                 pos_pts)
+    if name == "or":
+        # causal OR (kv <= q - 6): a union whose second part lies inside the first.
+        return (mu.or_masks(shifted, causal),
+                (name, (), (("offsets", (0, 6), (("causal", (), ()),)), ("causal", (), ()))), 1, pos_pts)
     if name == "offsets":
-        return (mu.add_offsets_to_mask_function(causal, 4, 9), (name, (4, 9), (("causal", (), ()),)), 1,
-                torch.arange(L - 10))
+        qo, ko = params
+        n = max(L - max(qo, ko), 8)
+        return (mu.add_offsets_to_mask_function(causal, qo, ko), (name, (qo, ko), (("causal", (), ()),)), 1,
+                torch.arange(n))
     if name == "remap":
         pos = torch.tensor([list(range(7)) + list(range(20)) + list(range(13))])
         psm = _documents_of_positions(pos)
@@ -466,6 +483,39 @@ def _disable(name, why):
     raise Unrecognised(f"{name}: {why}")
 
 
+_sdpa_pinned = False
+
+
+def _pin_sdpa_mask() -> None:
+    """sdpa_mask's own composition, checked once per process: padding ANDed in, offsets
+    added to the indices, the padding mask padded, an empty row. A mismatch turns the
+    reading off with a warning."""
+    global _sdpa_pinned
+    if _sdpa_pinned:
+        return
+    if "sdpa_mask" in _disabled:
+        raise Unrecognised("sdpa_mask: off for this process (its behaviour differed from masklens' reading)")
+    mu = _mu()
+    am = torch.tensor([[False, False, True, True, True, True], [True, True, True, True, True, False]])
+    fn = mu.sliding_window_causal_mask_function(3)
+    kw = dict(batch_size=2, q_length=3, kv_length=6, q_offset=3, kv_offset=0, mask_function=fn, attention_mask=am)
+    want = mu.sdpa_mask(**kw, allow_is_causal_skip=False).expand(2, 1, 3, 6)[:, 0]
+    # kv_offset: keys [2, 7) of a 5-token padding mask (padded by prepare_padding_mask).
+    kw2 = dict(batch_size=2, q_length=4, kv_length=5, q_offset=2, kv_offset=2,
+               mask_function=mu.causal_mask_function, attention_mask=am[:, :5])
+    want2 = mu.sdpa_mask(**kw2, allow_is_causal_skip=False).expand(2, 1, 4, 5)[:, 0]
+    for args, dense in ((kw, want), (kw2, want2)):
+        tree = parse(args["mask_function"], torch.device("cpu"))
+        padding = mu.prepare_padding_mask(args["attention_mask"], args["kv_length"], args["kv_offset"])
+        tree = ("and", (), (tree, ("padding", (padding.bool(),), ())))
+        begin, end = row_bounds(tree, 2, args["q_length"], args["kv_length"], args["q_offset"], args["kv_offset"])
+        keys = torch.arange(args["kv_length"])
+        got = (keys >= begin.unsqueeze(-1)) & (keys < end.unsqueeze(-1))
+        if not torch.equal(got, dense):
+            _disable("sdpa_mask", "its padding or offsets differ from masklens' reading")
+    _sdpa_pinned = True
+
+
 # ---- the definition as a whole ----
 
 class Definition:
@@ -480,12 +530,34 @@ class Definition:
         self.tree = tree
 
 
+# sdpa_mask's arguments that do not change the mask it builds (the skips say whether it
+# builds one; dtype and config serve other mask functions). Any other argument is
+# something this reading does not know: the mask is built.
+_NEUTRAL_ARGUMENTS = {"local_size", "allow_is_causal_skip", "allow_is_bidirectional_skip", "allow_torch_fix",
+                      "use_vmap", "dtype", "config"}
+
+
 def recognise(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None, attention_mask=None,
-              device="cpu", **_):
+              device="cpu", **others):
     """The Definition of the mask sdpa_mask would build from these arguments (its own
     keyword names), or Unrecognised saying which node or value is not read back. The rows
     are worked out on `device` (the mask's)."""
-    device = torch.device(device)
+    unknown = sorted(set(others) - _NEUTRAL_ARGUMENTS)
+    if unknown:
+        raise Unrecognised(f"sdpa_mask arguments masklens does not read: {', '.join(unknown)}")
+    try:
+        _pin_sdpa_mask()
+        return _recognise(batch_size, q_length, kv_length, q_offset, kv_offset, mask_function, attention_mask,
+                          torch.device(device))
+    except Unrecognised:
+        raise
+    except (AttributeError, KeyError, IndexError, TypeError, ValueError, RuntimeError) as e:
+        # A closure that is not laid out as the primitive's was (a transformers that renamed
+        # a variable, say): not read, never guessed.
+        raise Unrecognised(f"the definition could not be read: {type(e).__name__}: {e}") from e
+
+
+def _recognise(batch_size, q_length, kv_length, q_offset, kv_offset, mask_function, attention_mask, device):
     mu = _mu()
     if mask_function is None:
         mask_function = mu.causal_mask_function
@@ -493,10 +565,14 @@ def recognise(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_fun
     qo, ko = _int(q_offset, "q_offset"), _int(kv_offset, "kv_offset")
     if min(B, Q, K) < 1:
         raise Unrecognised(f"an empty mask [{B}, 1, {Q}, {K}]")
+    if min(qo, ko) < 0:
+        raise Unrecognised(f"negative offsets q_offset {qo}, kv_offset {ko}")
     tree = parse(mask_function, device)
     if attention_mask is not None:
         if not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() != 2:
-            raise Unrecognised("an attention_mask that is not 2-D")
+            raise Unrecognised("an attention_mask that is not a 2-D tensor")
+        if attention_mask.dtype != torch.bool:  # transformers' create_*_mask hand a bool one
+            raise Unrecognised(f"an attention_mask of dtype {attention_mask.dtype} (sdpa_mask ANDs it as it is)")
         padding = mu.prepare_padding_mask(attention_mask, K, ko)
         tree = ("and", (), (tree, ("padding", (_meta(padding, "padding_mask", device).bool(),), ())))
     pin(tree)
@@ -513,24 +589,30 @@ class DefinedMask:
     """What the attention layers receive in place of transformers' [B, 1, Q, K] mask: the
     mask's Definition (its verdict: structure and rows), and how to build the dense mask
     should anything need it. Tensor-like: it has the mask's shape, dtype (bool) and
-    device; any other use (an operator, a torch function, an attribute of a tensor, an
-    index) builds the dense mask once, logs why, and acts on it, so code that touches the
-    mask between the mask function and attention gets the mask it expects."""
+    device, and .to(device) moves it unbuilt; any other use by the model's code (an
+    operator, a torch function, a tensor attribute or method, an index, a write) builds
+    the dense mask once, logs why, and acts on it, and the layers then take that tensor
+    (proven by a scan: the code may have written it), so code that touches the mask
+    between the mask function and attention gets the mask it expects."""
 
-    __slots__ = ("definition", "shape", "device", "entry", "_build", "_dense", "__weakref__")
+    __slots__ = ("definition", "shape", "device", "entry", "touched", "_build", "_dense", "_stand_ins",
+                 "__weakref__")
 
     dtype = torch.bool
     layout = torch.strided
     is_nested = False
     requires_grad = False
+    ndim = 4
 
     def __init__(self, definition, device, build, entry):
         self.definition = definition
         self.shape = torch.Size((definition.batch, 1, definition.q_len, definition.k_len))
         self.device = torch.device(device)
-        self.entry = entry    # the verdict as the drop-in's cache holds one (policies per call)
-        self._build = build   # () -> the dense mask (transformers' sdpa_mask with the same arguments)
+        self.entry = entry      # the verdict as the drop-in's cache holds one: its policies per call
+        self.touched = False    # the model's code used the dense mask (the layers take that tensor)
+        self._build = build     # () -> the dense mask (transformers' sdpa_mask with the same arguments)
         self._dense = None
+        self._stand_ins = {}
 
     @property
     def verdict(self):
@@ -539,10 +621,6 @@ class DefinedMask:
     @property
     def structure(self):
         return self.definition.verdict.structure
-
-    @property
-    def ndim(self):
-        return 4
 
     def dim(self):
         return 4
@@ -555,49 +633,92 @@ class DefinedMask:
         """Whether the dense mask was built."""
         return self._dense is not None
 
+    def stand_in(self, device):
+        """A zero-byte bool tensor of the mask's shape on `device` (a broadcast scalar): what
+        the drop-in's checks and call keys read of a mask."""
+        t = self._stand_ins.get(device)
+        if t is None:
+            t = self._stand_ins[device] = torch.zeros((), dtype=torch.bool, device=device).expand(self.shape)
+        return t
+
+    def to(self, *args, **kwargs):
+        """Moved to another device unbuilt (accelerate's hooks move a layer's arguments);
+        any other conversion builds the mask."""
+        target = kwargs.pop("device", None) if not args else args[0]
+        if not kwargs and len(args) <= 1 and isinstance(target, (str, torch.device)):
+            if torch.device(target) == self.device:
+                return self
+            moved = DefinedMask(self.definition, target, self._build, self.entry)
+            if self._dense is not None:
+                moved._dense, moved.touched = self._dense.to(target), self.touched
+            return moved
+        return self._used("to").to(*args, **kwargs)
+
     @torch.compiler.disable
     def materialise(self, why: str) -> torch.Tensor:
         """The dense [B, 1, Q, K] bool mask, built once (logged with `why`)."""
         if self._dense is None:
             logger.info("masklens: building the dense mask %s of %s: %s", tuple(self.shape),
                         self.structure.describe(), why)
-            self._dense = self._build().expand(self.shape)
+            self._dense = self._build().to(self.device).expand(self.shape)
         return self._dense
+
+    def _used(self, what: str) -> torch.Tensor:
+        """The dense mask for the model's own use of it: the layers take that tensor after."""
+        self.touched = True
+        return self.materialise(f"the model's code used it ({what})")
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
+        from torch.utils._pytree import tree_map_only
         name = getattr(func, "__name__", str(func))
-        args = tuple(a.materialise(f"{name} used it") if isinstance(a, DefinedMask) else a for a in args)
-        kwargs = {k: (v.materialise(f"{name} used it") if isinstance(v, DefinedMask) else v)
-                  for k, v in (kwargs or {}).items()}
+        args, kwargs = tree_map_only(DefinedMask, lambda m: m._used(name), (args, kwargs or {}))
         return func(*args, **kwargs)
 
     def __getattr__(self, name):
-        if name.startswith("__") and name.endswith("__"):
-            raise AttributeError(name)
-        return getattr(self.materialise(f"its attribute {name!r} was read"), name)
+        # Only what a tensor has: hasattr(mask, "_hf_hook") and the like answer False unbuilt.
+        if (name.startswith("__") and name.endswith("__")) or not hasattr(torch.Tensor, name):
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return getattr(self._used(f"its attribute {name!r}"), name)
 
     def __getitem__(self, index):
-        return self.materialise("it was indexed")[index]
+        return self._used("an index")[index]
+
+    def __setitem__(self, index, value):
+        self._used("a write")[index] = value
 
     def __len__(self):
         return self.shape[0]
+
+    def __contains__(self, item):
+        return item in self._used("in")
+
+    def __reduce__(self):
+        # Pickled (or deep-copied) as the tensor it stands for.
+        return (torch.Tensor.clone, (self._used("pickle").contiguous(),))
 
     def __repr__(self):
         return f"<masklens DefinedMask {tuple(self.shape)} {self.structure.describe()}>"
 
 
-# Tensor operators with a DefinedMask on either side build it (torch dispatches them to
-# __torch_function__ when the mask is the right operand; these serve the left).
 def _operator(name):
     def op(self, *args):
-        return getattr(self.materialise(f"operator {name}"), name)(*args)
+        return getattr(self._used(f"operator {name}"), name)(*args)
     op.__name__ = name
     return op
 
 
-for _name in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__and__", "__rand__", "__or__",
-              "__ror__", "__invert__", "__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__neg__",
-              "__xor__", "__bool__"):
-    setattr(DefinedMask, _name, _operator(_name))
+# Every operator a tensor has, with a DefinedMask on either side, acts on the dense mask
+# (torch dispatches a tensor's operator with the mask on the right to __torch_function__).
+_NOT_OPERATORS = {"__getattribute__", "__getattr__", "__setattr__", "__delattr__", "__init__", "__new__", "__repr__",
+                  "__str__", "__format__", "__dir__", "__class__", "__init_subclass__", "__subclasshook__",
+                  "__reduce__", "__reduce_ex__", "__getstate__", "__setstate__", "__sizeof__", "__hash__",
+                  "__getitem__", "__setitem__", "__len__", "__contains__", "__torch_function__",
+                  "__torch_dispatch__", "__deepcopy__", "__weakref__", "__dict__", "__module__", "__doc__",
+                  "__slots__", "__annotations__", "__array__", "__array_wrap__", "__array_priority__",
+                  "__cuda_array_interface__", "__dlpack__", "__dlpack_device__", "__iter__", "__reversed__"}
+for _name in dir(torch.Tensor):
+    if (_name.startswith("__") and _name.endswith("__") and _name not in _NOT_OPERATORS
+            and callable(getattr(torch.Tensor, _name, None)) and _name not in DefinedMask.__dict__):
+        setattr(DefinedMask, _name, _operator(_name))
 del _name

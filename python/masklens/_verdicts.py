@@ -179,18 +179,23 @@ def _check_forgettable(mask) -> None:
                     "every call, so there is nothing to forget)")
 
 
-def _outside_graph(fn):
-    """fn run eagerly where torch.compile traces a call of it (the cache is Python state a
-    graph cannot hold): a graph break, which fullgraph=True refuses with this reason."""
+def outside_graph(fn, reason):
+    """fn run eagerly where torch.compile traces a call of it: a graph break, which
+    fullgraph=True refuses naming `reason` (torch 2.8 and later take a reason; an older
+    torch breaks without one)."""
     try:
         import torch
     except ImportError:
         return fn
-    return torch.compiler.disable(fn, reason=f"masklens.{fn.__name__} changes the verdict cache, Python state "
-                                             "outside the graph: call it outside the compiled function")
+    try:
+        return torch.compiler.disable(fn, reason=reason)
+    except TypeError:
+        return torch.compiler.disable(fn)
 
 
-forget = _outside_graph(forget)
+# The cache is Python state a graph cannot hold.
+forget = outside_graph(forget, "masklens.forget changes the verdict cache, Python state outside the graph: call it "
+                               "outside the compiled function")
 
 
 def scan(mask, masked_threshold: float = -1000.0):

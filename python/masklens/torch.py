@@ -191,10 +191,14 @@ def _call_key(query, key, value, attn_mask, dropout_p, training, enable_gqa):
             torch.are_deterministic_algorithms_enabled(), query.device, enable_gqa)
 
 
-def _decide(entry, query, key, value, attn_mask, dropout_p, training, enable_gqa):
+def _decide(entry, query, key, value, attn_mask, dropout_p, training, enable_gqa, mask_build_ms=0.0):
     """The Prepared policy for this call on the entry's mask, decided once per call key
-    (None: torch's own dispatch)."""
+    (None: torch's own dispatch). mask_build_ms: what building the dense mask costs a call
+    that keeps it, where the mask is known without its tensor (masklens.transformers'
+    definitions; decide()'s DecideOptions::mask_build_ms)."""
     ck = _call_key(query, key, value, attn_mask, dropout_p, training, enable_gqa)
+    if mask_build_ms:
+        ck += (mask_build_ms,)
     hit = entry.policies.get(ck)
     if hit is not None and not hit.stale:  # a None (fallback) is decided again: strictness may have changed
         _scan.timing["decide_ms"] = 0.0
@@ -207,7 +211,7 @@ def _decide(entry, query, key, value, attn_mask, dropout_p, training, enable_gqa
     # A cold FlexAttention compile is a cost; what the rule forgoes counts toward it (_run).
     compile_ms, flex_bucket = _flex.flex_compile_charge(structure, query, key, value, env)
     try:
-        policy = _core.decide(structure, call, env, 64, compile_ms)
+        policy = _core.decide(structure, call, env, 64, compile_ms, mask_build_ms)
     except _core.MaskError as e:
         if _is_strict():
             raise RuntimeError(f"masklens (strict): no available backend computes this mask correctly: "

@@ -115,6 +115,10 @@ def masklens_mask(*args, **kwargs):
     mask is proven and decided outside the graph (_mask_outside_graph), or in it with one
     graph on (masklens.torch.set_one_graph; _mask_in_graph); a one-token decode step's mask
     is sdpa_mask's, traced (nothing to prove in one row: no break, no scan)."""
+    if isinstance(kwargs.get("attention_mask"), DefinedMask):
+        # A mask this function made, handed back (generate's masks made ahead of the
+        # forward): as it is, as transformers passes a ready 4-D mask through.
+        return kwargs["attention_mask"]
     if torch.compiler.is_compiling():
         if kwargs.get("q_length") == 1:
             return sdpa_mask(*args, **kwargs)
@@ -150,13 +154,18 @@ def masks() -> list:
 
 
 def _defined_mask(args, kwargs):
-    """The mask the layers get from the definition (a DefinedMask, or None where sdpa_mask
-    too would give None: plain causal or full), or _BUILD with the reason noted."""
+    """The mask the layers get from the definition: a DefinedMask, or None where sdpa_mask
+    too gives None (plain causal or full: the layers then run sdpa's is_causal, as with
+    "sdpa"); or _BUILD, the reason noted, where the mask is built by sdpa_mask."""
     if args or not from_definition:
         _note("built", "positional arguments" if args else "masklens.transformers.from_definition is False")
         return _BUILD
     if kwargs.get("q_length") == 1:  # one row: sdpa_mask's [B, 1, 1, K] is small, and the layers take it as it is
         _note("built", "one query row")
+        return _BUILD
+    device = torch.device(kwargs.get("device", "cpu"))
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        _note("built", "CUDA graph capture (reading the definition synchronises)")
         return _BUILD
     try:
         definition = _definition.recognise(**kwargs)
@@ -188,41 +197,20 @@ def _mask_build_ms(dm) -> float:
     return B * Q * K / _BUILD_BYTES_PER_MS["cuda" if dm.device.type == "cuda" else "cpu"]
 
 
-def _decide_defined(dm, query, key, value, dropout_p, training, enable_gqa):
-    """The drop-in's decision (masklens.torch) for a DefinedMask, with the mask's build
-    charged to a call that keeps it (build_masks); decided once per call and kept on the
-    mask's entry, which the forward's layers share."""
-    ck = ("defined", query.dtype, query.shape, key.shape, value.shape, float(dropout_p), training,
-          torch.are_deterministic_algorithms_enabled(), query.device, enable_gqa, build_masks)
-    if ck in dm.entry.policies:
-        return dm.entry.policies[ck]
-    call = _run.attention_call(query.dtype, tuple(query.shape), key.shape[1], key.shape[2], value.shape[-1], training,
-                               dropout_p, torch.bool)
-    env = _env.environment(query.device if query.device.type == "cuda" else "cpu", runnable_only=True)
-    structure = dm.structure
-    compile_ms, flex_bucket = _flex.flex_compile_charge(structure, query, key, value, env)
-    try:
-        policy = _core.decide(structure, call, env, 64, compile_ms, _mask_build_ms(dm))
-    except _core.MaskError as e:
-        logger.warning("masklens: %s: %s; building the mask for torch's own call", structure.describe(), e)
-        policy = None
-    prepared = _run.Prepared(policy, structure, flex_bucket) if policy is not None else None
-    dm.entry.policies[ck] = prepared
-    return prepared
-
-
 def _attend_defined(dm, query, key, value, dropout_p, scale, enable_gqa):
     """The drop-in's call on a DefinedMask's verdict: decided once per call (the policies
     live on the mask's entry, shared by the layers of the forward) and run with no dense
     mask unless the decided call keeps one. None where the drop-in would run torch's own
     call (a dtype, shape or scale it does not take): the caller builds the mask then."""
-    # The checks the drop-in makes of a mask, made on a zero-byte stand-in of its shape.
-    stand_in = torch.zeros((), dtype=torch.bool, device=query.device).expand(dm.shape)
+    # The checks the drop-in makes of a mask and call, made on a zero-byte stand-in of the
+    # mask's shape; the decision is the drop-in's, the mask's build charged.
+    training = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
+    stand_in = dm.stand_in(query.device)
     if (_dropin._torch_runs_it(query, key, value, stand_in, dropout_p, False, scale, enable_gqa) is not None
             or _dropin._refusal(query, key, value, stand_in, enable_gqa) is not None):
         return None
-    training = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
-    prepared = _decide_defined(dm, query, key, value, dropout_p, training, enable_gqa)
+    prepared = _dropin._decide(dm.entry, query, key, value, stand_in, dropout_p, training, enable_gqa,
+                               mask_build_ms=_mask_build_ms(dm))
     if prepared is None:
         return None
     mask = None
@@ -270,15 +258,43 @@ def _layers_mask(prepare, *args, **kwargs):
     return prepare(mask, heads=heads, kv_heads=kv_heads, head_dim=head_dim, dtype=dtype)
 
 
-@torch.compiler.disable(reason="masklens.transformers proves the mask outside the graph (one graph break per forward, "
-                                "which fullgraph=True refuses): call masklens.torch.set_one_graph(True) before compiling")
 def _mask_outside_graph(*args, **kwargs):
-    """sdpa_mask run eagerly inside a compiled model (the one graph break of a forward per
-    mask kind), its mask proven and the call decided: what the layers receive is
-    masklens.torch.prepare_compiled's (None for plain causal, a CompiledMask, or the
-    dense mask)."""
+    """The mask proven outside the graph of a compiled model (the one graph break of a
+    forward per mask kind) and the call decided: what the layers receive is what
+    masklens.torch.prepare_compiled makes of it (None for plain causal, a CompiledMask, or
+    the dense mask). A recognised definition is proven without building the mask; it is
+    built only where the layers' form is the dense mask."""
     _begin_forward(kwargs.get("device"))
-    return _layers_mask(prepare_compiled, *args, **kwargs)
+    defined = _defined_mask(args, kwargs)
+    if defined is _BUILD:
+        return _layers_mask(prepare_compiled, *args, **kwargs)
+    shape = _attention_shape(kwargs.get("config"))
+    if defined is None:
+        return None
+    if shape is None:
+        return defined.materialise("the config names no attention shape")
+    heads, kv_heads, head_dim = shape
+    dtype = _call_dtype(kwargs.get("dtype", torch.float32), defined.device)
+    if dtype not in _run.DTYPES:
+        return defined.materialise(f"the layers compute in {dtype}")
+    expected = (heads, kv_heads, head_dim, head_dim)
+    structure = defined.structure
+    try:
+        policy = _compiled.decide_for_layers(structure, defined, expected, dtype, torch.is_grad_enabled(),
+                                             mask_build_ms=_mask_build_ms(defined))
+    except _core.MaskError as e:  # no single call computes it: sdpa with the mask, as prepare_compiled gives
+        return defined.materialise(f"no single call computes it: {e}")
+    form = _compiled.compiled_form(policy, structure, defined, expected)
+    if form is defined:
+        return defined.materialise(f"the layers' form is the dense mask ({policy.backend})")
+    if isinstance(form, CompiledMask):
+        form.mask = defined  # for a call the form does not fit: built there (DefinedMask.materialise)
+    return form
+
+
+_mask_outside_graph = _verdicts.outside_graph(
+    _mask_outside_graph, "masklens.transformers proves the mask outside the graph (one graph break per forward, which "
+                         "fullgraph=True refuses): call masklens.torch.set_one_graph(True) before compiling")
 
 
 def _mask_in_graph(*args, **kwargs):
@@ -332,9 +348,13 @@ def masklens_attention_forward(module, query, key, value, attention_mask, dropou
                 return out, None
         attention_mask = attention_mask.mask
     if isinstance(attention_mask, DefinedMask):
-        # Read from its definition: the drop-in's call on its verdict, no dense mask.
+        # Read from its definition: the drop-in's call on its verdict, no dense mask; a
+        # mask the model's code used (and may have written) is its dense tensor, scanned.
+        if kwargs.get("softcap") is not None:
+            raise ValueError("`masklens` attention does not support `softcap` (as `sdpa`). Try `eager` or "
+                             "`flex_attention`")
         out = None
-        if sdpa_call and not torch.compiler.is_compiling():
+        if sdpa_call and not attention_mask.touched and not torch.compiler.is_compiling():
             k, v, enable_gqa = _gqa(module, query, key, value)
             out = _attend_defined(attention_mask, query, k, v, dropout, scaling, enable_gqa)
         if out is not None:

@@ -256,3 +256,28 @@ def test_a_primitive_that_changed_is_turned_off(monkeypatch):
     finally:
         monkeypatch.setattr(mu, "sliding_window_overlay", real)
         _definition._primitive_codes = None
+
+
+def test_compositions_transformers_never_makes_are_read_right_or_not_at_all():
+    """Offsets around a remap inside the documents' AND, a long attention mask with a 2 in
+    it (sdpa_mask ANDs it as it is), negative offsets, an argument sdpa_mask may grow: each
+    equals sdpa_mask's tensor or is not read."""
+    pos = torch.tensor([[0, 1, 2, 3, 0, 1, 2, 3]])
+    psm = mu.find_packed_sequence_indices(pos)
+    cases = [
+        dict(batch_size=1, q_length=7, kv_length=7, mask_function=mu.and_masks(mu.add_offsets_to_mask_function(
+            mu.remap_positions_for_packed_sequence(mu.causal_mask_function, pos), 1, 1),
+            mu.packed_sequence_mask_function(psm))),
+        dict(batch_size=1, q_length=5, kv_length=5, attention_mask=torch.tensor([[1, 1, 2, 2, 1]])),
+        dict(batch_size=1, q_length=4, kv_length=4, q_offset=-1),
+    ]
+    for kw in cases:
+        try:
+            d = _definition.recognise(**kw)
+        except _definition.Unrecognised:
+            continue
+        dense = mu.sdpa_mask(**kw, allow_is_causal_skip=False).expand(kw["batch_size"], 1, kw["q_length"],
+                                                                      kw["kv_length"])
+        assert _same_verdict(d.verdict.structure, masklens._core.scan(dense.numpy()).structure), kw
+    with pytest.raises(_definition.Unrecognised, match="does not read: window_shape"):
+        _definition.recognise(batch_size=1, q_length=4, kv_length=4, window_shape=(2, 2))

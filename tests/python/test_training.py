@@ -68,11 +68,16 @@ def test_compiled_attention_layers_are_one_graph():
 
 
 def captured_forms(monkeypatch):
-    """The list each form the mask function prepares for the compiled layers is appended to."""
+    """The list each form the mask function prepares for the compiled layers (outside the
+    graph: from the definition, or prepare_compiled's of a built mask) is appended to."""
     forms = []
-    prepare = mt.prepare_compiled
-    monkeypatch.setattr(masklens.transformers, "prepare_compiled",
-                        lambda *a, **k: forms.append(prepare(*a, **k)) or forms[-1])
+    inner = masklens.transformers._mask_outside_graph
+
+    @torch.compiler.disable
+    def capture(*a, **k):
+        forms.append(inner(*a, **k))
+        return forms[-1]
+    monkeypatch.setattr(masklens.transformers, "_mask_outside_graph", capture)
     return forms
 
 

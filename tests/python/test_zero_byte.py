@@ -184,3 +184,93 @@ def test_an_unrecognised_function_is_built_and_named():
     assert isinstance(out, torch.Tensor) and out.shape == (1, 1, 4, 4)
     (how, why), = masklens.transformers.masks()
     assert how == "built" and "lambda" in why and "not a recognised mask primitive" in why
+
+
+def _defined(B=2, Q=5, K=5, pads=(2, 0)):
+    import transformers.masking_utils as mu
+    am = torch.ones((B, K), dtype=torch.bool)
+    for b, n in enumerate(pads):
+        am[b, :n] = False
+    kw = dict(batch_size=B, q_length=Q, kv_length=K, attention_mask=am, mask_function=mu.causal_mask_function,
+              device=torch.device("cpu"))
+    return masklens.transformers.masklens_mask(**kw), mu.sdpa_mask(**kw, allow_is_causal_skip=False)
+
+
+def test_a_defined_mask_in_torch_functions_and_containers():
+    dm, dense = _defined()
+    other = torch.ones(2, 1, 5, 5, dtype=torch.bool)
+    assert torch.equal(torch.cat([dm, other], dim=-1), torch.cat([dense, other], dim=-1))
+    assert torch.equal(torch.stack((dm, dm)), torch.stack((dense, dense)))
+    assert torch.equal(dm.float() / 2, dense.float() / 2)
+    assert torch.equal(1 ^ dm, 1 ^ dense)
+    assert (True in dm) == (True in dense)
+    import copy
+    import pickle
+    assert torch.equal(copy.deepcopy(dm), dense)
+    assert torch.equal(pickle.loads(pickle.dumps(dm)), dense)
+
+
+def test_what_a_defined_mask_answers_without_building():
+    dm, _ = _defined()
+    assert not hasattr(dm, "_hf_hook")          # accelerate's question: no build
+    moved = dm.to("cpu")
+    assert moved is dm
+    meta = dm.to(torch.device("meta"))
+    assert isinstance(meta, masklens.transformers.DefinedMask) and meta.device.type == "meta"
+    assert dm.shape == (2, 1, 5, 5) and dm.dim() == 4 and dm.size(-1) == 5 and dm.dtype == torch.bool
+    assert not dm.built and not dm.touched
+
+
+class _Layer(torch.nn.Module):
+    num_key_value_groups = 1
+
+    def __init__(self):
+        super().__init__()
+        self.config = None
+
+
+def test_a_mask_written_by_the_models_code_is_the_mask_attended():
+    """A write into the mask between the mask function and attention (as a model's own
+    code may make) is what the layer attends: the written dense tensor, not the verdict
+    of the definition."""
+    dm, dense = _defined()
+    dm[:, :, 3, :] = False              # a row the definition lets attend, now masked
+    written = dense.clone()
+    written[:, :, 3, :] = False
+    assert dm.touched
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 5, 8, generator=g) for _ in range(3))
+    out, _ = masklens.transformers.masklens_attention_forward(_Layer(), q, k, v, dm)
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=written)
+    # Rows that attend nothing are 0 in masklens' result (torch's math kernel gives NaN there).
+    rows = written.any(-1, keepdim=True).expand(2, 4, 5, 1)
+    assert torch.allclose(out.transpose(1, 2)[rows.expand_as(ref)], ref[rows.expand_as(ref)], atol=1e-5)
+    assert (out.transpose(1, 2)[~rows.expand_as(ref)] == 0).all()
+
+
+def test_generate_with_a_static_cache():
+    """generate() makes the masks ahead of the forward and hands them back to the model's
+    own create_causal_mask: a DefinedMask passes through as a ready 4-D mask does."""
+    ref, ours = pair(_configs()["llama"])
+    inputs, _ = _batch("left", L=12)
+    kwargs = dict(**inputs, max_new_tokens=5, do_sample=False, pad_token_id=0, cache_implementation="static")
+    assert torch.equal(ref.generate(**kwargs), ours.generate(**kwargs))
+
+
+def test_a_compiled_model_decides_from_the_definition(gpu_environment):
+    """torch.compile: the mask proven outside the graph from its definition (no scan), the
+    layers given FlexAttention's form, logits equal to sdpa's."""
+    import torch._dynamo
+    gpu_environment({"flex"})
+    torch._dynamo.reset()
+    ref, ours = pair(_configs()["llama"])
+    compiled = torch.compile(ours, backend="aot_eager")
+    inputs, keep = _batch("left")
+    with torch.no_grad():  # torch 2.11's FlexAttention has no backward on the CPU
+        a = ref(**inputs).logits
+        scans = masklens.scan_count()
+        masklens.transformers._masks.clear()
+        b = compiled(**inputs).logits
+    assert masklens.scan_count() == scans
+    assert [how for how, _ in masklens.transformers.masks()] == ["definition"]
+    assert (a - b).abs()[keep].max().item() < 1e-4
