@@ -163,7 +163,11 @@ def attend(fn, c, seed):
     if not inputs or not out.requires_grad:
         return None, (out, [])
     w = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed + 1)).to(out.device, out.dtype)
-    return None, (out, list(torch.autograd.grad((out * w).sum(), inputs, allow_unused=True)))
+    try:
+        grads = list(torch.autograd.grad((out * w).sum(), inputs, allow_unused=True))
+    except Exception as e:  # noqa: BLE001 - a backward torch refuses (its kernels' "LSE is not correctly
+        return type(e), None  # aligned" on some CUDA shapes) is an outcome too, compared by type
+    return None, (out, grads)
 
 
 def math_sdpa(*args, **kwargs):

@@ -340,3 +340,18 @@ def test_gpu_prepare_attention_on_cudnn_under_jit():
         want = np.asarray(dense(*(x.astype(jnp.float32) for x in (q, k, v)), mask), np.float32)
         assert np.abs(got - want).max() <= 3e-2 * max(1.0, np.abs(want).max())
     assert len(traces) == 1
+
+
+def test_a_gpu_keeps_jaxs_own_call_until_its_decisions_are_verified(monkeypatch):
+    """On a GPU (here: the environment says sm 90) the drop-in keeps jax's call with the mask
+    while GPU_DECISIONS_VERIFIED is False, and drops it once it is True."""
+    real = mj.environment
+    monkeypatch.setattr(mj, "environment", lambda *a, **kw: real(*a, **{**kw, "sm": 90, "cudnn": None}))
+    q, k, v = qkv(16, 16)
+    m = jnp.tril(jnp.ones((1, 1, 16, 16), dtype=bool))
+    mj._decisions.clear()
+    assert mj._decide(m, q, k, v, "xla", -1000.0).own
+    monkeypatch.setattr(mj, "GPU_DECISIONS_VERIFIED", True)
+    mj._decisions.clear()
+    assert not mj._decide(m, q, k, v, "xla", -1000.0).own
+    mj._decisions.clear()
