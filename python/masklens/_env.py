@@ -80,14 +80,20 @@ def _torch_version(torch) -> str:
     return torch.__version__.split("+")[0]
 
 
+def cudnn_version_text(v) -> str | None:
+    """cuDNN's version number as its text (91900 -> 9.19.0; before 9: 8907 -> 8.9.7);
+    None for none (0 or None)."""
+    if not v:
+        return None
+    return f"{v // 10000}.{v // 100 % 100}.{v % 100}" if v >= 10000 else f"{v // 1000}.{v // 100 % 10}.{v % 100}"
+
+
 def _cudnn_version(torch) -> str | None:
     try:
         v = torch.backends.cudnn.version()
     except Exception:  # a torch built without cuDNN
         return None
-    if not v:
-        return None
-    return f"{v // 10000}.{v // 100 % 100}.{v % 100}" if v >= 10000 else f"{v // 1000}.{v // 100 % 10}.{v % 100}"
+    return cudnn_version_text(v)
 
 
 @functools.lru_cache(maxsize=None)

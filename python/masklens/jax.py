@@ -25,6 +25,7 @@ import jax.numpy as jnp
 
 from . import _core, _jax_scan
 from ._core import AttentionCall, Environment, MaskError, decide
+from ._env import cudnn_version_text
 from ._report import Report, explain_text
 
 __all__ = ["Prepared", "attention", "dot_product_attention", "environment", "explain", "forget", "inspect",
@@ -72,9 +73,7 @@ def _cudnn_version() -> str | None:
         v = int(cuda_versions.cudnn_get_version())
     except Exception:
         return None
-    if not v:
-        return None
-    return f"{v // 10000}.{v // 100 % 100}.{v % 100}" if v >= 10000 else f"{v // 1000}.{v // 100 % 10}.{v % 100}"
+    return cudnn_version_text(v)
 
 
 @functools.lru_cache(maxsize=None)
