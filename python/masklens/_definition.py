@@ -169,11 +169,12 @@ def parse(fn, device, scope=None):
         if scope is None:
             raise Unrecognised("remap_positions_for_packed_sequence outside and_masks(..., "
                                "packed_sequence_mask_function(...))")
-        if pos.shape != scope.shape or not torch.equal(_documents_of_positions(pos), scope - scope[:, :1]):
+        docs = _documents_of_positions(pos)
+        if pos.shape != scope.shape or not torch.equal(docs, scope - scope[:, :1]):
             raise Unrecognised("position_ids whose documents are not the packed_sequence_mask's")
         if pos.numel() and int(pos.min()) < 0:
             raise Unrecognised("negative position_ids")
-        return (name, (pos,), (parse(free["mask_function"], device, None),))
+        return (name, (pos, docs), (parse(free["mask_function"], device, None),))
     return (name, (), ())
 
 
@@ -199,10 +200,17 @@ def _runs(ids, only_nonnegative=False):
     next_start = torch.full((B, L), L, dtype=torch.long, device=ids.device)
     next_start[:, :-1] = torch.where(new[:, 1:], idx[:, 1:], torch.full_like(idx[:, 1:], L))
     end = torch.flip(torch.cummin(torch.flip(next_start, [-1]), dim=-1).values, [-1])
-    values = [ids[b][new[b]] for b in range(B)]
-    if only_nonnegative:
-        values = [v[v >= 0] for v in values]
-    one_run = all(torch.unique(v).numel() == v.numel() for v in values)
+    # One run per value and batch: the (batch, value) pairs of the runs' first positions are
+    # distinct (one unique over all batches: one synchronisation).
+    keep = new & (ids >= 0) if only_nonnegative else new
+    batch_of = torch.arange(B, device=ids.device).view(-1, 1).expand(B, L)[keep]
+    values = ids[keep]
+    if values.numel():
+        low = values.min()
+        keys = batch_of * (values.max() - low + 1) + (values - low)
+        one_run = torch.unique(keys).numel() == keys.numel()
+    else:
+        one_run = True
     return start, end, one_run
 
 
@@ -252,7 +260,9 @@ def _evaluate(node, rows):
         return qv - W - shift, qv + W - shift + 1
     if name == "chunked":                                   # (kv - lp) // C == (q - lp) // C
         C, lp = params
-        left = _gather(lp.view(-1, 1).expand(-1, 1), rows.b, torch.zeros_like(rows.b), "left_padding")
+        if int(rows.b.max()) >= lp.shape[0]:
+            raise Unrecognised(f"left_padding has {lp.shape[0]} batch rows")
+        left = lp[rows.b]
         start = left + torch.div(qv - left, C, rounding_mode="floor") * C
         return start - shift, start + C - shift
     if name == "padding":                                   # padding_mask[b, kv]
@@ -300,9 +310,8 @@ def _evaluate(node, rows):
         # Inside one document positions rise by 1 a token (parse() checked the documents
         # are packed_sequence_mask's): the key at index j has position pos[q] + j - q. The
         # rows are restricted to their document, as the enclosing AND restricts them.
-        (position_ids,) = params
+        position_ids, docs = params
         pq = _gather(position_ids, rows.b, qv, "position_ids")
-        docs = _documents_of_positions(position_ids)
         ds, de = _interval_of_value(docs, rows.b, qv, "position_ids")
         new_shift = shift + pq - qv
         b, e = _evaluate(children[0], _Rows(rows.b, pq, new_shift))
@@ -451,7 +460,7 @@ def _synthetic(name, params):
         psm = _documents_of_positions(pos)
         fn = mu.and_masks(mu.remap_positions_for_packed_sequence(mu.chunked_overlay(4, torch.tensor([0])), pos),
                           mu.packed_sequence_mask_function(psm))
-        tree = ("and", (), (("remap", (pos,), (("chunked", (4, torch.tensor([0])), ()),)), ("packed", (psm,), ())))
+        tree = ("and", (), (("remap", (pos, psm), (("chunked", (4, torch.tensor([0])), ()),)), ("packed", (psm,), ())))
         return fn, tree, 1, pos_pts
     raise Unrecognised(f"no pin for {name}")
 
