@@ -167,6 +167,9 @@ def _defined_mask(args, kwargs):
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         _note("built", "CUDA graph capture (reading the definition synchronises)")
         return _BUILD
+    if _sdpa_skips(kwargs):
+        _note("definition", "none: sdpa_mask's own skip (sdpa's is_causal, or no mask)")
+        return None
     try:
         definition = _definition.recognise(**kwargs)
     except _definition.Unrecognised as e:
@@ -195,6 +198,24 @@ def _mask_build_ms(dm) -> float:
         raise ValueError(f"masklens.transformers.build_masks is {build_masks!r}; it takes 'when_faster' or 'never'")
     B, _, Q, K = dm.shape
     return B * Q * K / _BUILD_BYTES_PER_MS["cuda" if dm.device.type == "cuda" else "cpu"]
+
+
+def _sdpa_skips(kwargs) -> bool:
+    """Whether sdpa_mask gives None for these arguments (its first step: plain causal that
+    sdpa's is_causal computes, or full attention without padding), decided by transformers'
+    own tests, so that the layers run what "sdpa" runs; False where they cannot be asked."""
+    import transformers.masking_utils as mu
+    try:
+        padding = mu.prepare_padding_mask(kwargs.get("attention_mask"), kwargs["kv_length"],
+                                          kwargs.get("kv_offset", 0))
+        if kwargs.get("allow_is_causal_skip", True) and mu._ignore_causal_mask_sdpa(
+                padding, kwargs["q_length"], kwargs["kv_length"], kwargs.get("q_offset", 0),
+                kwargs.get("kv_offset", 0), kwargs.get("local_size")):
+            return True
+        return bool(kwargs.get("allow_is_bidirectional_skip", False) and mu._ignore_bidirectional_mask_sdpa(
+            padding, kwargs["kv_length"], kwargs.get("local_size")))
+    except (AttributeError, KeyError, TypeError):  # another transformers: the definition decides
+        return False
 
 
 def _attend_defined(dm, query, key, value, dropout_p, scale, enable_gqa):

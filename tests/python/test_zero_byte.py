@@ -274,3 +274,14 @@ def test_a_compiled_model_decides_from_the_definition(gpu_environment):
     assert masklens.scan_count() == scans
     assert [how for how, _ in masklens.transformers.masks()] == ["definition"]
     assert (a - b).abs()[keep].max().item() < 1e-4
+
+
+def test_none_where_sdpa_mask_gives_none():
+    """The layers run what "sdpa" runs: where transformers' sdpa_mask skips the mask (sdpa's
+    is_causal, Q = K, whatever the offsets), the mask function gives None too."""
+    import transformers.masking_utils as mu
+    for kw in (dict(batch_size=2, q_length=4, kv_length=4), dict(batch_size=1, q_length=4, kv_length=4, q_offset=2),
+               dict(batch_size=1, q_length=6, kv_length=6, attention_mask=torch.ones(1, 6, dtype=torch.bool))):
+        kw["device"] = torch.device("cpu")
+        assert mu.sdpa_mask(**kw) is None
+        assert masklens.transformers.masklens_mask(**kw) is None, kw
