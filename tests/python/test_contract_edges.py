@@ -371,4 +371,5 @@ def test_the_readmes_python_block_runs_as_pasted(capsys):
     exec(compile(block, "README.md", "exec"), names)  # noqa: S102 - the README's own text
     assert names["out"].shape == (2, 8, 256, 64)
     assert names["logits"].shape == (2, 16, 97)
+    assert names["masklens"].transformers.masks()[-1][0] == "definition"  # as its comment says: never built
     assert "torch.sdpa" in capsys.readouterr().out  # explain printed the decision
