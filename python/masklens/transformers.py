@@ -46,6 +46,7 @@ import threading
 import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
+from transformers import masking_utils
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from . import _compiled, _core, _definition, _env, _flex, _one_graph, _run, _scan, _verdicts
@@ -147,7 +148,8 @@ def definition_count() -> int:
 
 def masks() -> list:
     """The last mask function calls (up to 16), oldest first: ("definition", the
-    structure's description) for a mask read from its definition, ("built", why) for one
+    structure's description) for a mask read from its definition, ("none", why) where
+    sdpa_mask too gives none (the layers run sdpa's is_causal), ("built", why) for one
     built by sdpa_mask and scanned (the node of the composition that is not recognised,
     or why the definition was not read)."""
     return list(_masks)
@@ -168,7 +170,7 @@ def _defined_mask(args, kwargs):
         _note("built", "CUDA graph capture (reading the definition synchronises)")
         return _BUILD
     if _sdpa_skips(kwargs):
-        _note("definition", "none: sdpa_mask's own skip (sdpa's is_causal, or no mask)")
+        _note("none", "sdpa_mask's own skip: sdpa's is_causal, or no mask")
         return None
     try:
         definition = _definition.recognise(**kwargs)
@@ -204,7 +206,7 @@ def _sdpa_skips(kwargs) -> bool:
     """Whether sdpa_mask gives None for these arguments (its first step: plain causal that
     sdpa's is_causal computes, or full attention without padding), decided by transformers'
     own tests, so that the layers run what "sdpa" runs; False where they cannot be asked."""
-    import transformers.masking_utils as mu
+    mu = masking_utils
     try:
         padding = mu.prepare_padding_mask(kwargs.get("attention_mask"), kwargs["kv_length"],
                                           kwargs.get("kv_offset", 0))
