@@ -12,7 +12,8 @@ and four ways per batch:
   definition  "masklens": the mask read from its definition, no [1, 1, L, L] tensor
   no mask     "sdpa" given no mask at all (plain causal: a lower bound, not the same
               attention for these batches)
-Per way: the mask function's time (synchronised) and the bytes it allocates, the median
+Per way: the mask function's time (synchronised) and the bytes it allocates (and, in the
+JSON, layer_builds: masks read from their definition that a layer built after all), the median
 time of a training step (forward + backward + an SGD step) over --steps after --warm, its
 peak memory, and the gradient norm. For the packed batch the reference gradient norm is
 the documents trained one by one (plain causal each, the same weights): the true one.
@@ -83,6 +84,19 @@ def timed(fn):
 mu.AttentionMaskInterface._global_mapping["sdpa"] = timed(mu.sdpa_mask)
 mu.AttentionMaskInterface._global_mapping["masklens"] = timed(mlt.masklens_mask)
 
+# Masks read from their definition that the layers built after all (a call that keeps the
+# mask): counted, since the mask function's own bytes do not show them.
+builds = [0]
+_materialise = mlt.DefinedMask.materialise
+
+
+def counted_materialise(self, why):
+    builds[0] += not self.built
+    return _materialise(self, why)
+
+
+mlt.DefinedMask.materialise = counted_materialise
+
 
 def config(L):
     return transformers.LlamaConfig(hidden_size=1024, intermediate_size=2816, num_hidden_layers=4,
@@ -139,6 +153,7 @@ def run_way(cfg, state, way, inputs):
             step(model, inputs)
         times, norms = [], []
         mask_calls.clear()
+        builds[0] = 0
         if cuda:
             torch.cuda.reset_peak_memory_stats()
         for _ in range(args.steps):
@@ -150,7 +165,7 @@ def run_way(cfg, state, way, inputs):
         row.update(step_ms=statistics.median(times), grad_norm=norms[-1],
                    peak_gb=(torch.cuda.max_memory_allocated() / 1e9) if cuda else None,
                    mask_ms=statistics.median(ms for ms, _ in mask_calls) if mask_calls else 0.0,
-                   mask_bytes=max((b for _, b in mask_calls), default=0),
+                   mask_bytes=max((b for _, b in mask_calls), default=0), layer_builds=builds[0],
                    masks=[how for how, _ in mlt.masks()[-1:]] if impl == "masklens" else None)
     except torch.OutOfMemoryError as e:
         row["error"] = f"out of memory: {str(e).splitlines()[0][:120]}"
