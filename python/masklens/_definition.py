@@ -651,10 +651,11 @@ class DefinedMask:
         return t
 
     def to(self, *args, **kwargs):
-        """Moved to another device unbuilt (accelerate's hooks move a layer's arguments);
-        any other conversion builds the mask."""
-        target = kwargs.pop("device", None) if not args else args[0]
-        if not kwargs and len(args) <= 1 and isinstance(target, (str, torch.device)):
+        """Moved to another device unbuilt (accelerate's hooks move a layer's arguments with
+        .to(device, non_blocking=...)); any other conversion builds the mask."""
+        moving = {k: v for k, v in kwargs.items() if k not in ("non_blocking", "copy")}
+        target = moving.pop("device", None) if not args else args[0]
+        if not moving and len(args) <= 1 and isinstance(target, (str, torch.device)):
             if torch.device(target) == self.device:
                 return self
             moved = DefinedMask(self.definition, target, self._build, self.entry)

@@ -215,6 +215,7 @@ def test_what_a_defined_mask_answers_without_building():
     assert not hasattr(dm, "_hf_hook")          # accelerate's question: no build
     moved = dm.to("cpu")
     assert moved is dm
+    assert dm.to(torch.device("cpu"), non_blocking=True) is dm   # as accelerate's send_to_device moves it
     meta = dm.to(torch.device("meta"))
     assert isinstance(meta, masklens.transformers.DefinedMask) and meta.device.type == "meta"
     assert dm.shape == (2, 1, 5, 5) and dm.dim() == 4 and dm.size(-1) == 5 and dm.dtype == torch.bool
