@@ -37,7 +37,6 @@ import torch
 import transformers
 import transformers.masking_utils as mu
 
-import masklens
 import masklens.transformers as mlt
 
 ap = argparse.ArgumentParser()

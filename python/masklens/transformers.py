@@ -49,7 +49,7 @@ from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_f
 from transformers import masking_utils
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from . import _compiled, _core, _definition, _env, _flex, _one_graph, _run, _scan, _verdicts
+from . import _compiled, _core, _definition, _one_graph, _run, _scan, _verdicts
 from . import torch as _dropin
 from ._definition import DefinedMask
 from ._one_graph import GraphMask, attend_graph, constant_scale, graph_mask
