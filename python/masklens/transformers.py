@@ -40,6 +40,7 @@ that wants them loaded before any forward calls masklens.load_kernels() itself:
 """
 from __future__ import annotations
 
+import collections
 import logging
 import threading
 
@@ -71,8 +72,7 @@ from_definition = True
 build_masks = "when_faster"
 # Bytes of bool mask a build writes per millisecond (a few broadcast passes over it).
 _BUILD_BYTES_PER_MS = {"cuda": 5e8, "cpu": 5e6}
-_masks = []            # the last mask function calls: (how, what) each (masks())
-_MASKS_KEPT = 16
+_masks = collections.deque(maxlen=16)  # the last mask function calls: (how, what) each (masks())
 _definitions = 0       # masks read from their definition in this process (definition_count())
 _devices_seen = set()  # the mask functions' `device` arguments seen (as given: no conversion per call)
 _loaders = {}          # CUDA device index -> the thread that loads masklens' kernels there
@@ -135,8 +135,6 @@ _BUILD = object()  # _defined_mask's answer where the mask is built as before
 
 
 def _note(how, what) -> None:
-    if len(_masks) >= _MASKS_KEPT:
-        del _masks[0]
     _masks.append((how, what))
 
 
@@ -190,7 +188,7 @@ def _defined_mask(args, kwargs):
 
     def build():
         return sdpa_mask(**{**kwargs, "allow_is_causal_skip": False, "allow_is_bidirectional_skip": False})
-    return DefinedMask(definition, kwargs.get("device", "cpu"), build, _verdicts.Entry(None, definition.verdict))
+    return DefinedMask(definition, device, build, _verdicts.Entry(None, definition.verdict))
 
 
 def _mask_build_ms(dm) -> float:
@@ -206,7 +204,7 @@ def _sdpa_skips(kwargs) -> bool:
     """Whether sdpa_mask gives None for these arguments (its first step: plain causal that
     sdpa's is_causal computes, or full attention without padding), decided by transformers'
     own tests, so that the layers run what "sdpa" runs; False where they cannot be asked."""
-    mu = masking_utils
+    mu = masking_utils  # its private skip tests, asked as sdpa_mask asks them
     try:
         padding = mu.prepare_padding_mask(kwargs.get("attention_mask"), kwargs["kv_length"],
                                           kwargs.get("kv_offset", 0))
