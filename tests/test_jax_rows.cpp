@@ -142,6 +142,16 @@ TEST_CASE("jax: bottom-right and empty rows: XLA's window arithmetic, never cuDN
   empty.kv_valid = {{0, 8}, {0, 0}};
   CHECK(info(Backend::jax_xla).native(empty, gpu, nullptr));
   CHECK_FALSE(info(Backend::jax_cudnn).native(empty, gpu, nullptr));
+  // cuDNN with the dense mask gives those rows neither the mean of V nor a finite grad_q
+  // (measured): the mask is kept on XLA, cuDNN is rejected by the defect.
+  empty.empty_rows = 8;
+  auto p = decide(empty, bf16_call(), jax_gpu());
+  REQUIRE(p.ok());
+  CHECK(p->backend() == Backend::jax_xla);
+  CHECK(std::any_of(p->rejected.begin(), p->rejected.end(), [](const Rejection& r) {
+    return r.backend == Backend::jax_cudnn && r.kind == RejectionKind::defect &&
+           r.defect != nullptr && r.defect->id == "jax_cudnn_empty_rows";
+  }));
   // Top-left causal Q != K: is_causal on XLA (jnp.tril over [T, S]), cuDNN only when square.
   auto tl = make_structure(StructureKind::causal, 1, 16, 64, Alignment::top_left);
   REQUIRE(info(Backend::jax_xla).native(tl, gpu, &c));

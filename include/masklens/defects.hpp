@@ -80,6 +80,12 @@ inline constexpr Defect kDefects[] = {
      [](const DefectContext& c) {
        return c.usage == Usage::dense_mask && c.structure.empty_rows > c.structure.finite_masked_rows;
      }},
+    {"jax_cudnn_empty_rows", Backend::jax_cudnn, Effect::silently_wrong,
+     "a dense mask with a query row that attends no key: the row's output is not the mean of V that JAX's XLA "
+     "call gives, and grad_q holds NaN",
+     "measured on an H100, jax 0.11.2, 2026-12-06 (tests/python/test_jax.py test_gpu_cudnn_equals_dense, "
+     "'a batch without keys')",
+     [](const DefectContext& c) { return c.usage == Usage::dense_mask && c.structure.empty_rows > 0; }},
     {"cudnn_fp32_mask_reinterpreted", Backend::sdpa_cudnn, Effect::silently_wrong,
      "an fp32 attn_mask with fp16/bf16 q/k/v is reinterpreted without an error",
      "pytorch#191612, reproduced on 2.11",

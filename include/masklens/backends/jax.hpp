@@ -18,8 +18,9 @@
 // grouped heads as they are): no expansion. The cuDNN path (L1230-1269) maps is_causal
 // to CAUSAL, lengths to PADDING(_CAUSAL), (l, 0) to a sliding window of l + 1 keys, and
 // a dense bool mask to an additive bias (fused_attention_stablehlo.py
-// combine_bias_and_mask, L1826-1845): a row with no key averages there too, so cuDNN's
-// native forms are taken only where every row attends some key.
+// combine_bias_and_mask, L1826-1845). A row with no key does not average V there (measured:
+// defects.hpp jax_cudnn_empty_rows), so cuDNN's native forms are taken only where every row
+// attends some key, and its kept-mask call only without empty rows.
 #pragma once
 
 #include <climits>
