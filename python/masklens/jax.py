@@ -275,18 +275,6 @@ _decisions_lock = threading.Lock()
 _MAX_DECISIONS = 4096
 
 
-# The decided calls' first run on a GPU (an H100, jax 0.11.2, 2026-12-06) gave values that
-# differ from jax's dense-mask call, the plain causal mask included (tests/python/test_jax.py
-# test_gpu_cudnn_equals_dense); the cause is not found. Until that test passes on a GPU, a
-# call on a GPU keeps jax's own call with the mask (the decision is still reported by
-# inspect and explain): never a wrong result. True only once verified there.
-GPU_DECISIONS_VERIFIED = False
-
-
-def _gpu_unverified(env) -> bool:
-    return env.sm > 10 and not GPU_DECISIONS_VERIFIED
-
-
 def _decide(mask, query, key, value, implementation, masked_threshold, stable_lengths=False):
     """(_Decision, Report) for the call, the decision cached per (structure, call)."""
     target = _broadcast_target(mask, query, key)
@@ -306,7 +294,7 @@ def _decide(mask, query, key, value, implementation, masked_threshold, stable_le
         policy = decide(structure, call, env, 64)
     except MaskError:
         policy = None
-    decision = _native(policy, implementation, q_len, k_len, batch) if not _gpu_unverified(env) else None
+    decision = _native(policy, implementation, q_len, k_len, batch)
     if stable_lengths and decision is not None and decision.lengths is None:
         spelled = _with_lengths(structure)
         if spelled is not None:

@@ -299,9 +299,7 @@ GPU_CORPUS = corpus(8)  # lengths of 64 to 192: what cuDNN takes
 @needs_jax_gpu
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
 @pytest.mark.parametrize("name,mask,t,s,drops", GPU_CORPUS, ids=[c[0] for c in GPU_CORPUS])
-def test_gpu_cudnn_equals_dense(name, mask, t, s, drops, dtype, monkeypatch):
-    monkeypatch.setattr(mj, "GPU_DECISIONS_VERIFIED", True)  # the decided calls themselves
-    mj._decisions.clear()
+def test_gpu_cudnn_equals_dense(name, mask, t, s, drops, dtype):
     kq, kk, kv = jax.random.split(jax.random.PRNGKey(1), 3)
     q = jax.random.normal(kq, (B, t, N, 64), dtype)
     k = jax.random.normal(kk, (B, s, K, 64), dtype)
@@ -327,9 +325,7 @@ def test_gpu_cudnn_equals_dense(name, mask, t, s, drops, dtype, monkeypatch):
 
 @pytest.mark.gpu
 @needs_jax_gpu
-def test_gpu_prepare_attention_on_cudnn_under_jit(monkeypatch):
-    monkeypatch.setattr(mj, "GPU_DECISIONS_VERIFIED", True)
-    mj._decisions.clear()
+def test_gpu_prepare_attention_on_cudnn_under_jit():
     q, k, v = (x.astype(jnp.bfloat16) for x in qkv(192, 192))
     q, k, v = (jnp.concatenate([x] * 4, axis=-1) for x in (q, k, v))  # head dim 64
     traces = []
@@ -347,18 +343,3 @@ def test_gpu_prepare_attention_on_cudnn_under_jit(monkeypatch):
         want = np.asarray(dense(*(x.astype(jnp.float32) for x in (q, k, v)), mask), np.float32)
         assert np.abs(got - want).max() <= 3e-2 * max(1.0, np.abs(want).max())
     assert len(traces) == 1
-
-
-def test_a_gpu_keeps_jaxs_own_call_until_its_decisions_are_verified(monkeypatch):
-    """On a GPU (here: the environment says sm 90) the drop-in keeps jax's call with the mask
-    while GPU_DECISIONS_VERIFIED is False, and drops it once it is True."""
-    real = mj.environment
-    monkeypatch.setattr(mj, "environment", lambda *a, **kw: real(*a, **{**kw, "sm": 90, "cudnn": None}))
-    q, k, v = qkv(16, 16)
-    m = jnp.tril(jnp.ones((1, 1, 16, 16), dtype=bool))
-    mj._decisions.clear()
-    assert mj._decide(m, q, k, v, "xla", -1000.0).own
-    monkeypatch.setattr(mj, "GPU_DECISIONS_VERIFIED", True)
-    mj._decisions.clear()
-    assert not mj._decide(m, q, k, v, "xla", -1000.0).own
-    mj._decisions.clear()
