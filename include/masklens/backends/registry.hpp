@@ -119,8 +119,10 @@ inline constexpr BackendInfo kRegistry[] = {
      .rates = {3.6, 6.4, false}, .args = cudnn_frontend::args, .python = cudnn_frontend::python},
     // JAX (masklens.jax): cuDNN's fused attention as JAX reaches it, and XLA's einsum /
     // softmax / einsum, which computes every pair whatever the mask (as torch's math kernel).
+    // jax.cudnn's rates: bench/jax_cudnn_forms.py on an H100, jax 0.11.2, 2026-12-06 (causal
+    // and the dense mask at 1 x 16384 x 8 x 128, bf16; bench/README.md).
     {.id = Backend::jax_cudnn, .name = "jax.cudnn", .family = kFamilyJax, .rules = jax::kCudnnRules,
-     .native = jax::cudnn_native, .dense = jax::dense<Backend::jax_cudnn>, .rates = {3.6, 6.4, false},
+     .native = jax::cudnn_native, .dense = jax::dense<Backend::jax_cudnn>, .rates = {3.5, 6.3, true},
      .args = jax::args<Backend::jax_cudnn>, .python = jax::python},
     {.id = Backend::jax_xla, .name = "jax.xla", .family = kFamilyJax, .rules = jax::kXlaRules,
      .native = jax::xla_native, .dense = jax::dense<Backend::jax_xla>, .rates = {51.7, 51.6, false},
