@@ -182,6 +182,11 @@ struct FamilyInfo {
   // wins. Empty for torch and flex, which come with torch.
   std::string_view python_module{};
   std::string_view distributions{};
+  // The Python package that decides for it: "torch" (masklens.torch's drop-in and
+  // masklens.inspect) or "jax" (masklens.jax). A family of the torch host without a
+  // python_module comes with torch, so the drop-in may choose its backends wherever torch
+  // runs: each of them needs a runner (masklens._run.RUNNERS).
+  std::string_view host = "torch";
 };
 
 inline constexpr FamilyInfo kFamilies[] = {
@@ -215,7 +220,7 @@ inline constexpr FamilyInfo kFamilies[] = {
     // A host of its own: masklens.jax decides for it alone, so no python_module (torch's
     // environment never finds it installed beside torch's kernels).
     {.name = "jax", .bit = kFamilyJax, .version = &Environment::jax, .version_field = "jax",
-     .version_option = "--jax-version", .library = "jax", .default_version = version(0, 11)},
+     .version_option = "--jax-version", .library = "jax", .default_version = version(0, 11), .host = "jax"},
 #ifdef MASKLENS_EXTRA_FAMILY_ROWS
     MASKLENS_EXTRA_FAMILY_ROWS  // a test's families (tests/fake_backend/hook.hpp)
 #endif
@@ -234,10 +239,12 @@ constexpr const FamilyInfo* family_named(std::string_view name) noexcept {
   return nullptr;
 }
 
-// "torch, flash_attn, ...": every family's name, for help and error texts.
-inline std::string family_names() {
+// "torch, flash_attn, ...": the names of the families in `bits` (every family's by
+// default, for help and error texts), joined by `separator`.
+inline std::string family_names(std::uint32_t bits = kEveryFamily, std::string_view separator = ", ") {
   std::string out;
-  for (const FamilyInfo& f : kFamilies) out += (out.empty() ? "" : ", ") + std::string(f.name);
+  for (const FamilyInfo& f : kFamilies)
+    if ((bits & f.bit) != 0) out += (out.empty() ? "" : std::string(separator)) + std::string(f.name);
   return out;
 }
 

@@ -913,6 +913,8 @@ void bind_tables(nb::module_& m) {
             rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
           }
           d["distributions"] = distributions;
+          d["host"] = std::string(f.host);
+          d["default_available"] = Environment{}.has(f.bit);
           out.append(d);
         }
         return out;
@@ -921,7 +923,8 @@ void bind_tables(nb::module_& m) {
       "Environment property holding its library's version; None: it has none of its own), default_version (the "
       "CLI's; None without a version_field), python_module (the module whose import finds it installed; None for "
       "torch and flex, which come with torch), distributions (the distributions whose metadata carry its version, "
-      "the first installed wins)}.");
+      "the first installed wins), host (the Python package deciding for it: 'torch' or 'jax'), default_available "
+      "(in a default Environment's available)}.");
   m.def(
       "backends",
       [] {
