@@ -46,9 +46,11 @@ namespace {
 // The call options as written: integers are read by parse_integer (exactly, refusing
 // what does not fit) and every range is the library's own AttentionCall/Environment
 // validate(), so the CLI and the Python package accept the same calls.
+// The defaults are the library's own (AttentionCall{}, Environment{}), written once there.
 struct CallOptions {
-  std::string dtype = "bf16";
-  std::string head_dim = "128", heads = "16", sm = "90";
+  std::string dtype{to_string(AttentionCall{}.dtype)};
+  std::string head_dim = std::to_string(AttentionCall{}.head_dim), heads = std::to_string(AttentionCall{}.heads),
+              sm = std::to_string(Environment{}.sm);
   std::optional<std::string> head_dim_v, kv_heads;  // unset: the head dim, the heads
   bool heads_given = false;                          // inspect, policy: unset, the heads follow the mask
   // Set by inspect and policy until the mask's heads are known (match_mask_heads): the
@@ -56,8 +58,8 @@ struct CallOptions {
   bool heads_follow_mask = false;
   bool training = false, deterministic = false;
   double dropout = 0;
-  std::string torch = "2.11", cudnn = "9.19";
-  std::string available = "torch";
+  std::string torch = Environment{}.torch.to_string(), cudnn = Environment{}.cudnn.to_string();
+  std::string available = family_names(Environment{}.available, ",");
   // Each family's library version as written, in kFamilies' order: its default until
   // given (families without a version of their own keep an empty, unused one).
   std::array<std::string, std::size(kFamilies)> versions = [] {
@@ -175,7 +177,7 @@ void add_call_options(CLI::App& app, CallOptions& o) {
   app.add_option_function<std::string>("--head-dim-v", [&o](const std::string& v) { o.head_dim_v = v; },
                                        "head dim of v (default: head dim)")->group("Call");
   app.add_option_function<std::string>("--heads", [&o](const std::string& v) { o.heads = v, o.heads_given = true; },
-                                       "query heads (default 16; inspect: the mask's heads)")->group("Call");
+                                       "query heads (default " + std::to_string(AttentionCall{}.heads) + "; inspect: the mask's heads)")->group("Call");
   app.add_option_function<std::string>("--kv-heads", [&o](const std::string& v) { o.kv_heads = v; },
                                        "key/value heads (default: heads)")->group("Call");
   app.add_flag("--training", o.training, "a backward pass follows")->group("Call");
