@@ -1,0 +1,109 @@
+"""Everything masklens.distributed says to the other ranks, and how every rank raises
+together. The runs' gather (one all_gather of a fixed-size int64 tensor a rank, a second
+only where some rank has more than EAGER_RUNS runs) and the exchange that checks a
+constructor's arguments: each rank checks its own first, then one collective tells every
+rank what the others found, so that a bad argument on one rank is an error on every rank
+at once rather than one rank raising alone and the others waiting in their next
+collective until the group's timeout. Every decision to take a further collective is read from what was
+gathered, which is the same on every rank: no rank takes a collective the others skip."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from . import _core
+from ._cp_runs import HEADER, OK, RUN_COLUMNS
+from ._cp_shards import SHARDINGS
+
+# Runs that travel in the first all_gather: a structured shard has a handful, so one
+# collective settles it; more (an arbitrary mask) take a second, sized by the largest.
+EAGER_RUNS = 256
+
+
+def group_of(group, mesh=None):
+    if mesh is not None:
+        return mesh.get_group()
+    return group if group is not None else dist.group.WORLD
+
+
+def collective_device(group, mask):
+    """Where the gathered tensors live: the current CUDA device for NCCL (it takes CUDA
+    tensors only), the CPU for gloo (and a CPU mask under a group that has both)."""
+    backend = str(dist.get_backend(group)).lower()
+    on_cuda = isinstance(mask, torch.Tensor) and mask.device.type == "cuda"
+    if "nccl" in backend and ("gloo" not in backend or on_cuda):
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def all_gather_array(array: np.ndarray, group, device) -> np.ndarray:
+    """[world, *array.shape]: every rank's array (same shape on every rank)."""
+    mine = torch.from_numpy(np.ascontiguousarray(array)).to(device)
+    out = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(out, mine, group=group)
+    return torch.stack(out).cpu().numpy()
+
+
+def _messages(error, group) -> list:
+    """Every rank's error text (None where it has none): one all_gather_object, taken only
+    where the gathered statuses say some rank failed (the same on every rank)."""
+    messages = [None] * dist.get_world_size(group)
+    dist.all_gather_object(messages, error, group=group)
+    return messages
+
+
+def _by_rank(messages) -> str:
+    return "; ".join(f"rank {r}: {m}" for r, m in enumerate(messages) if m is not None)
+
+
+def agree_on_values(group, what: str, error: str | None, values: dict) -> None:
+    """For arguments checked once (a constructor): one all_gather_object of this rank's
+    error text (None: its arguments are good) and the values every rank must pass alike.
+    Where any rank has an error, or the values differ, every rank raises a MaskError."""
+    said = [None] * dist.get_world_size(group)
+    dist.all_gather_object(said, (error, tuple(values.values())), group=group)
+    failed = _by_rank([e for e, _ in said])
+    if failed:
+        raise _core.MaskError(f"{what}: {failed}")
+    if len({v for _, v in said}) > 1:
+        raise _core.MaskError(f"invalid_argument: {what}: the ranks differ in {' or '.join(values)}: "
+                              f"{[v for _, v in said]} by rank; every rank of the group must pass the same")
+
+
+# ---------------------------------------------------------------------------------
+# The runs' gather
+
+def _check_asked_alike(headers) -> None:
+    """A MaskError on every rank where the ranks scanned with different shardings or
+    thresholds (every rank sees the same headers, so every rank raises)."""
+    shardings = [SHARDINGS[int(c)] for c in headers[:, 8]]
+    thresholds = headers[:, 9].astype(np.int64).view(np.float64).tolist()
+    if len(set(shardings)) > 1 or len(set(headers[:, 9].tolist())) > 1:
+        raise _core.MaskError(f"invalid_argument: the ranks scanned their rows differently: sharding {shardings}, "
+                              f"masked_threshold {thresholds} by rank; every rank of the group must pass the same")
+
+
+def gather_runs(header, runs, error, group, device):
+    """Every rank's header and runs (a list of int64 [n_r, 8]), identical on every rank; a
+    MaskError on every rank naming each rank whose scan failed."""
+    first = np.zeros((EAGER_RUNS, RUN_COLUMNS), dtype=np.int64)
+    first[:min(len(runs), EAGER_RUNS)] = runs[:EAGER_RUNS]
+    gathered = all_gather_array(np.concatenate([header, first.ravel()]), group, device)
+    headers = gathered[:, :HEADER]
+    if (headers[:, 0] != OK).any():
+        # Every rank saw the same headers, so every rank takes this path: one more gather,
+        # of the messages, and the same error everywhere (no rank left waiting).
+        raise _core.MaskError(f"{_by_rank(_messages(error, group))} (rows numbered within the rank's shard)")
+    _check_asked_alike(headers)
+    counts = headers[:, 7]
+    gathered_runs = [gathered[r, HEADER:].reshape(EAGER_RUNS, RUN_COLUMNS)[:min(n, EAGER_RUNS)]
+                     for r, n in enumerate(counts)]
+    most = int(counts.max())
+    if most > EAGER_RUNS:  # the same decision on every rank: all take the second gather
+        rest = np.zeros((most - EAGER_RUNS, RUN_COLUMNS), dtype=np.int64)
+        rest[:max(len(runs) - EAGER_RUNS, 0)] = runs[EAGER_RUNS:]
+        more = all_gather_array(rest, group, device)
+        gathered_runs = [np.concatenate([g, more[r, :max(int(n) - EAGER_RUNS, 0)]])
+                         for r, (g, n) in enumerate(zip(gathered_runs, counts))]
+    return headers, gathered_runs
