@@ -147,7 +147,8 @@ meson_subproject() {
   case "$installed" in *include/masklens*) ;; *) fail "-Dmasklens:install=enabled installs no headers"; return 1;; esac
   case "$installed" in *share/pkgconfig/masklens.pc*) ;; *) fail "-Dmasklens:install=enabled installs no .pc"; return 1;; esac
   tests=$(meson test -C "$b" --list --no-rebuild 2>/dev/null | tr '\n' ' ')
-  case "$tests" in *"masklens:examples / example-quickstart"*) ;;
+  # Meson 1.0 lists "masklens:examples / example-quickstart", later ones "examples - masklens:example-quickstart".
+  case "$tests" in *"masklens:examples / example-quickstart"* | *"examples - masklens:example-quickstart"*) ;;
     *) fail "-Dmasklens:examples=enabled adds no tests: '$tests'"; return 1;; esac
 }
 check meson-subproject meson_subproject
