@@ -94,7 +94,7 @@ static_assert(RowReader<TableRows>);
 inline std::vector<UniqueBatch<TableRows>> unique_batches(const SpanTable& t) {
   std::vector<UniqueBatch<TableRows>> out;
   // A hash table of the batches seen, chained through vectors (<unordered_map> would
-  // cost every consumer's parse more than it saves here: bench/README.md, issue 15):
+  // cost every consumer's parse more than it saves here: bench/HISTORY.md, issue 15):
   // bucket h % buckets holds the last unique batch of such a hash, `next` the one before.
   constexpr std::size_t kNone = SIZE_MAX;
   const std::size_t buckets = std::bit_ceil(static_cast<std::size_t>(t.distinct_batch));

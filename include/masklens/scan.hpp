@@ -3,7 +3,7 @@
 // fast enough to be the real thing for host masks: 1-byte masks with unit key stride
 // read 8 bytes at a time, additive masks 16 bytes at a time (additive_bits.hpp). This
 // header scans on the calling thread; scan_threads.hpp splits the rows over threads (kept
-// apart: <thread> is a tenth of a second of every consumer's parse, bench/README.md).
+// apart: <thread> is a tenth of a second of every consumer's parse, bench/HISTORY.md).
 #pragma once
 
 #include <algorithm>

@@ -1,7 +1,7 @@
 // The host scanner with its rows split over threads: scan() and inspect() of scan.hpp
 // and inspect.hpp, taking ScanOptions. A header of its own because <thread> (in C++20
 // with <stop_token> and <semaphore>) costs a tenth of a second of parse in every file
-// that includes it (bench/README.md), and a framework's call site scans on the device
+// that includes it (bench/HISTORY.md), and a framework's call site scans on the device
 // or on one thread; the umbrella masklens.hpp includes it.
 #pragma once
 

@@ -219,7 +219,7 @@ def to_device(array, device):
     masklens._cuda it crosses through the module's pinned staging (_cuda.upload), enqueued
     on the device's current stream without waiting: a copy from pageable memory is staged
     by the driver and can wait, and torch's pinned host blocks were measured to stall
-    copies now and then by milliseconds on an H200 host (bench/README.md, tiles_torch)."""
+    copies now and then by milliseconds on an H200 host (bench/HISTORY.md, tiles_torch)."""
     import numpy as np
     import torch
     host = np.ascontiguousarray(array)
@@ -240,7 +240,7 @@ def stream_of(device) -> int:
     """The cudaStream_t of the device's current stream, as an int (0: the legacy default).
     Through torch's raw-stream getter where there is one (the one compiled kernels use):
     torch.cuda.current_stream() builds a Stream object through several Python layers,
-    tens of microseconds of host time on each device read (bench/README.md)."""
+    tens of microseconds of host time on each device read (bench/HISTORY.md, tiles_torch)."""
     import torch
     device = torch.device(device)
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
@@ -259,7 +259,7 @@ def device_dtype(mask):
 # Runs past which a BlockMask's scan skips the verdict (classify_many_runs=False): one run
 # for every 8 rows or more. Exact structures stay far below (a run per document, a few
 # per padded batch slice); block-sparse masks reach about one run per row, whose copy to
-# the host and classification cost ~10x the device read at 65536^2 (bench/README.md).
+# the host and classification cost ~10x the device read at 65536^2 (bench/HISTORY.md).
 MANY_RUNS = 8
 
 
