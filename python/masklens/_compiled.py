@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from . import _block_mask, _core, _env, _run, _scan, _verdicts
+from . import _block_mask, _core, _env, _registry, _run, _scan, _verdicts
 
 
 class CompiledMask:
@@ -103,19 +103,22 @@ def _flex_form(policy, structure, view, expected):
 
 def decided_form(policy, structure, q_len: int, k_len: int) -> str:
     """The form a compiled layer takes for a decided policy: "causal" (sdpa's is_causal:
-    the policy drops the mask for is_causal with Q = K and no empty row), "flex", "varlen",
-    or "dense" (torch's sdpa with the mask: an SDPA kernel that keeps it, a plan, anything
-    else)."""
+    the policy drops the mask for is_causal with Q = K and no empty row), "flex" (a backend
+    computing BlockMask tiles), "varlen" (torch's own varlen kernel), or "dense" (torch's
+    sdpa with the mask: an SDPA kernel that keeps it, a plan, another library's kernel,
+    anything else). The forms call torch's own functions, so only a backend whose family
+    comes with torch takes one of them; the call's arguments say which."""
     call = policy.call
-    if policy.is_plan:
+    if policy.is_plan or not _registry.torch_backend(call.backend):
         return "dense"
-    if call.backend in _run.SDPA_KERNELS:
-        a = call.args
-        causal = call.mask == "drop" and a is not None and a.is_causal
+    a = call.args
+    kind = a.type if a is not None else None
+    if kind == "sdpa":
+        causal = call.mask == "drop" and a.is_causal
         return "causal" if causal and q_len == k_len and structure.empty_rows == 0 else "dense"
-    if call.backend == "torch.flex_attention":
+    if _registry.computes_flex_tiles(call.backend):
         return "flex"
-    if call.backend == "torch.varlen_attn":
+    if kind == "varlen":
         return "varlen"
     return "dense"
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from . import _block_mask, _core
+from . import _block_mask, _core, _registry
 
 
 # What a cold compile is charged, ms: _core.FLEX_COLD_COMPILE_MS (measured, cost.hpp) or
@@ -120,7 +120,7 @@ def flex_bucket(key) -> FlexBucket:
 def flex_compile_charge(structure, query, key, value, env=None):
     """(ms, bucket): what decide() should charge a flex call on these tensors for its
     compile, and the bucket (None where flex is not available to the decision)."""
-    if env is not None and "flex" not in env.available:
+    if env is not None and not (_registry.flex_tile_families() & set(env.available)):
         return 0.0, None
     bucket = flex_bucket(flex_bucket_key(structure, query, key, value))
     return bucket.compile_charge(), bucket
@@ -301,10 +301,10 @@ def forgone_saving_ms(policy) -> float:
     """What each call of `policy` gives up by not running a flex that was passed over only
     for its cold compile: the chosen call's estimate less flex's without the compile (0
     where flex would not win warm either)."""
-    if policy.backend == "torch.flex_attention" and not policy.is_plan:
+    if not policy.is_plan and _registry.computes_flex_tiles(policy.backend):
         return 0.0
     for r in policy.rejected:
-        if r.backend == "torch.flex_attention" and r.kind == "slower" and r.compile_ms:
+        if _registry.computes_flex_tiles(r.backend) and r.kind == "slower" and r.compile_ms:
             return max(0.0, policy.cost_ms - (r.cost_ms - r.compile_ms))
     return 0.0
 

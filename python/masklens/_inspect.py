@@ -2,15 +2,17 @@
 call read from the tensors, and the decision, as a Report."""
 from __future__ import annotations
 
-from . import _block_mask, _env, _scan, _verdicts
+from . import _block_mask, _env, _registry, _scan, _verdicts
 from ._core import AttentionCall, MaskError, decide
 from ._report import Report, explain_text
 
 
 _CALL_FIELDS = ("dtype", "head_dim", "head_dim_v", "batch", "heads", "kv_heads", "q_len", "k_len", "training",
                 "dropout", "deterministic", "mask_dtype")
-_ENV_FIELDS = ("sm", "torch", "cudnn", "flash_attn", "flash_attn3", "xformers", "transformer_engine", "flashinfer",
-               "cudnn_frontend", "available")
+# The Environment's keywords: the GPU, torch and cuDNN (every host's fields, not a
+# family's), each family's library version (kFamilies' version fields: a new family's
+# keyword is accepted with its row), and the families available.
+_ENV_FIELDS = ("sm", "torch", "cudnn", *_registry.version_fields(), "available")
 
 
 def _is_training(*tensors) -> bool:

@@ -29,7 +29,7 @@ import os
 import numpy as np
 import torch
 
-from . import _block_mask, _compiled, _core, _run, _scan, _verdicts
+from . import _block_mask, _compiled, _core, _registry, _run, _scan, _verdicts
 
 # Whether torch.compile'd code decides in the graph (the drop-in and masklens.transformers'
 # mask function read it while tracing: Dynamo guards it). MASKLENS_ONE_GRAPH=1: on at import.
@@ -67,10 +67,11 @@ def _field_shapes(B, H, Q, K):
 
 
 def _flex_fits(policy) -> bool:
-    """Whether the decided call could be FlexAttention: decided so, or passed over only as
-    slower (not refused, defective or unavailable)."""
-    return policy.call.backend == "torch.flex_attention" or any(
-        r.backend == "torch.flex_attention" and r.kind == "slower" for r in policy.rejected)
+    """Whether the decided call could be FlexAttention (a backend computing BlockMask
+    tiles): decided so, or passed over only as slower (not refused, defective or
+    unavailable)."""
+    return _registry.computes_flex_tiles(policy.call.backend) or any(
+        _registry.computes_flex_tiles(r.backend) and r.kind == "slower" for r in policy.rejected)
 
 
 def _host_bounds(allowed):

@@ -10,6 +10,7 @@ string or copies a struct) and runs only the torch calls themselves."""
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect as _pyinspect
 
 import torch
@@ -19,6 +20,8 @@ from torch.nn.attention import SDPBackend
 from . import _core, _env, _flex, _scan
 
 
+# The SDPA kernels each torch.sdpa backend selects: how _sdpa_runner runs it (part of the
+# runners' table, RUNNERS below, so named by backend as it is).
 SDPA_KERNELS = {
     "torch.sdpa.flash": [SDPBackend.FLASH_ATTENTION],
     "torch.sdpa.efficient": [SDPBackend.EFFICIENT_ATTENTION],
@@ -205,9 +208,10 @@ def _varlen_layout(a, t: Tensors, q):
     return layout
 
 
-def run_varlen(call, t: Tensors, q, k, v, attend=None, args=None):
+def run_varlen(call, t: Tensors, q, k, v, attend=None, args=None, kernel=None):
     """Packs the sequences into [total, heads, dim], runs the varlen kernel, unpacks into a
-    zero [B, H, Q, Dv] output. `attend` replaces the kernel (tests run the packing on the
+    zero [B, H, Q, Dv] output. `kernel(qp, kp, vp, cu_q, cu_k, max_q, max_k, a, t)` is the
+    backend's (its runner passes it); `attend` replaces it (tests run the packing on the
     CPU with it). GQA goes in as it is: K and V keep their fewer heads, which every
     varlen kernel here takes (flash's varlen forward and backward, behind torch's
     varlen_attn as behind flash-attn 2 and 3, need only heads % kv_heads == 0)."""
@@ -218,35 +222,43 @@ def run_varlen(call, t: Tensors, q, k, v, attend=None, args=None):
     if attend is not None:
         outp = attend(qp, kp, vp, cu_q, cu_k, max_q, max_k, causal=a.causal, window=(a.window_left, a.window_right),
                       scale=t.scale)
-    elif call.backend == "torch.varlen_attn":
-        varlen_attn, params = varlen_params()
-        if t.scale is not None and "scale" not in params:
-            raise RuntimeError("masklens: this torch's varlen_attn takes no scale; a scale was given")
-        kwargs = {"scale": t.scale} if "scale" in params else {}
-        window = (a.window_left, a.window_right)
-        if "window_size" in params:
-            kwargs["window_size"] = window
-        elif a.window_left >= 0 or a.causal:
-            raise RuntimeError("masklens: this torch's varlen_attn has no window_size argument")
-        outp = varlen_attn(qp, kp, vp, cu_q, cu_k, max_q, max_k, **kwargs)
-    elif call.backend in ("flash_attn.varlen", "flash_attn3.varlen"):
-        if call.backend == "flash_attn.varlen":
-            from flash_attn import flash_attn_varlen_func
-        else:
-            from flash_attn_interface import flash_attn_varlen_func
-        kwargs = {"causal": a.causal, "softmax_scale": t.scale}
-        if a.window_left >= 0 or a.window_right >= 0:
-            kwargs["window_size"] = (a.window_left, a.window_right)
-        if call.backend == "flash_attn.varlen":
-            kwargs["dropout_p"] = t.dropout_p
-        outp = flash_attn_varlen_func(qp, kp, vp, cu_q, cu_k, max_q, max_k, **kwargs)
-        if isinstance(outp, tuple):
-            outp = outp[0]
+    elif kernel is not None:
+        outp = kernel(qp, kp, vp, cu_q, cu_k, max_q, max_k, a, t)
     else:
-        raise RuntimeError(f"masklens: no varlen runner for {call.backend}")
+        raise RuntimeError(f"masklens: no varlen kernel given for {call.backend}")
     out = qt.new_zeros(q.shape[0], q.shape[2], q.shape[1], v.shape[-1])
     out = out.index_put((qb, qi), outp)
     return out.transpose(1, 2)
+
+
+def _torch_varlen_kernel(qp, kp, vp, cu_q, cu_k, max_q, max_k, a, t):
+    """torch's varlen_attn on packed rows, with the window and scale where this torch's
+    varlen_attn takes them (refused where it would run without them)."""
+    varlen_attn, params = varlen_params()
+    if t.scale is not None and "scale" not in params:
+        raise RuntimeError("masklens: this torch's varlen_attn takes no scale; a scale was given")
+    kwargs = {"scale": t.scale} if "scale" in params else {}
+    window = (a.window_left, a.window_right)
+    if "window_size" in params:
+        kwargs["window_size"] = window
+    elif a.window_left >= 0 or a.causal:
+        raise RuntimeError("masklens: this torch's varlen_attn has no window_size argument")
+    return varlen_attn(qp, kp, vp, cu_q, cu_k, max_q, max_k, **kwargs)
+
+
+def _flash_attn_varlen_kernel(module: str, takes_dropout: bool):
+    """flash-attn's flash_attn_varlen_func from `module` (flash_attn: version 2, with
+    dropout; flash_attn_interface: version 3, without) on packed rows."""
+    def kernel(qp, kp, vp, cu_q, cu_k, max_q, max_k, a, t):
+        flash_attn_varlen_func = importlib.import_module(module).flash_attn_varlen_func
+        kwargs = {"causal": a.causal, "softmax_scale": t.scale}
+        if a.window_left >= 0 or a.window_right >= 0:
+            kwargs["window_size"] = (a.window_left, a.window_right)
+        if takes_dropout:
+            kwargs["dropout_p"] = t.dropout_p
+        outp = flash_attn_varlen_func(qp, kp, vp, cu_q, cu_k, max_q, max_k, **kwargs)
+        return outp[0] if isinstance(outp, tuple) else outp
+    return kernel
 
 
 def run_flash_attn(call, t: Tensors, q, k, v, args=None):
@@ -260,9 +272,12 @@ def run_flash_attn(call, t: Tensors, q, k, v, args=None):
     return out.transpose(1, 2)
 
 
-def _varlen_runner(call):
-    a = call.args
-    return lambda t, q, k, v, mask: run_varlen(call, t, q, k, v, args=a)
+def _varlen_runner(kernel):
+    """make(call) for a varlen backend whose packed rows `kernel` runs."""
+    def make(call):
+        a = call.args
+        return lambda t, q, k, v, mask: run_varlen(call, t, q, k, v, args=a, kernel=kernel)
+    return make
 
 
 def _flex_runner(call):
@@ -277,12 +292,17 @@ def _flash_attn_runner(call):
 
 # The runner of each backend masklens.torch runs, by the backend's name (the registry's,
 # as Call.backend gives it): make(call) -> run(t, q, k, v, mask), the call's arguments
-# read once. A backend decide() may choose that has no runner here is one the drop-in
-# does not run (_env.RUNNABLE keeps its family out of the drop-in's environment).
+# read once. The one place the runtime names backends (with SDPA_KERNELS, the SDPA
+# runner's own table): everything else reads the registry's rows (_registry). A backend
+# decide() may choose that has no runner here is one the drop-in does not run
+# (_env.RUNNABLE keeps its family out of the drop-in's environment); every backend of a
+# family that comes with torch has one (tests/python/test_registry_facts.py).
 RUNNERS = {name: _sdpa_runner for name in SDPA_KERNELS}
-RUNNERS.update({"torch.varlen_attn": _varlen_runner, "flash_attn.varlen": _varlen_runner,
-                "flash_attn3.varlen": _varlen_runner, "torch.flex_attention": _flex_runner,
-                "flash_attn": _flash_attn_runner})
+RUNNERS.update({"torch.varlen_attn": _varlen_runner(_torch_varlen_kernel),
+                "flash_attn.varlen": _varlen_runner(_flash_attn_varlen_kernel("flash_attn", takes_dropout=True)),
+                "flash_attn3.varlen": _varlen_runner(_flash_attn_varlen_kernel("flash_attn_interface",
+                                                                               takes_dropout=False)),
+                "torch.flex_attention": _flex_runner, "flash_attn": _flash_attn_runner})
 
 
 _env.set_runnable(RUNNERS)
