@@ -1,10 +1,10 @@
 """Everything masklens.distributed says to the other ranks, and how every rank raises
 together. The runs' gather (one all_gather of a fixed-size int64 tensor a rank, a second
-only where some rank has more than EAGER_RUNS runs) and the exchange that checks a
-constructor's arguments: each rank checks its own first, then one collective tells every
-rank what the others found, so that a bad argument on one rank is an error on every rank
-at once rather than one rank raising alone and the others waiting in their next
-collective until the group's timeout. Every decision to take a further collective is read from what was
+only where some rank has more than EAGER_RUNS runs) and the exchanges that check
+arguments: each rank checks its own first, then one collective tells every rank what the
+others found, so that a bad argument on one rank is an error on every rank at once rather
+than one rank raising alone and the others waiting in their next collective until the
+group's timeout. Every decision to take a further collective is read from what was
 gathered, which is the same on every rank: no rank takes a collective the others skip."""
 from __future__ import annotations
 
@@ -13,12 +13,18 @@ import torch
 import torch.distributed as dist
 
 from . import _core
-from ._cp_runs import HEADER, OK, RUN_COLUMNS
+from ._cp_runs import FAILED, HEADER, OK, RUN_COLUMNS
 from ._cp_shards import SHARDINGS
 
 # Runs that travel in the first all_gather: a structured shard has a handful, so one
 # collective settles it; more (an arbitrary mask) take a second, sized by the largest.
 EAGER_RUNS = 256
+
+
+class ArgumentError(_core.MaskError, ValueError):
+    """An argument of a collective call that is impossible on some rank, or that the ranks
+    must pass alike and do not: raised on every rank of the group together, naming each
+    rank and its error. A MaskError, as masklens' other refusals, and a ValueError."""
 
 
 def group_of(group, mesh=None):
@@ -27,12 +33,14 @@ def group_of(group, mesh=None):
     return group if group is not None else dist.group.WORLD
 
 
-def collective_device(group, mask):
-    """Where the gathered tensors live: the current CUDA device for NCCL (it takes CUDA
-    tensors only), the CPU for gloo (and a CPU mask under a group that has both)."""
+def collective_device(group):
+    """Where the gathered tensors live: the CPU where the group has gloo, else the current
+    CUDA device (NCCL takes CUDA tensors only). Chosen from the group alone, never from a
+    rank's tensors: ranks whose tensors sit on different devices still meet in one
+    backend (in a group of both, a CPU tensor on one rank and a CUDA one on another would
+    send them to different backends, each waiting for the other)."""
     backend = str(dist.get_backend(group)).lower()
-    on_cuda = isinstance(mask, torch.Tensor) and mask.device.type == "cuda"
-    if "nccl" in backend and ("gloo" not in backend or on_cuda):
+    if "nccl" in backend and "gloo" not in backend:
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
@@ -57,18 +65,42 @@ def _by_rank(messages) -> str:
     return "; ".join(f"rank {r}: {m}" for r, m in enumerate(messages) if m is not None)
 
 
+# ---------------------------------------------------------------------------------
+# Arguments: checked on each rank, then agreed
+
 def agree_on_values(group, what: str, error: str | None, values: dict) -> None:
     """For arguments checked once (a constructor): one all_gather_object of this rank's
     error text (None: its arguments are good) and the values every rank must pass alike.
-    Where any rank has an error, or the values differ, every rank raises a MaskError."""
+    Where any rank has an error, or the values differ, every rank raises ArgumentError."""
     said = [None] * dist.get_world_size(group)
     dist.all_gather_object(said, (error, tuple(values.values())), group=group)
     failed = _by_rank([e for e, _ in said])
     if failed:
-        raise _core.MaskError(f"{what}: {failed}")
+        raise ArgumentError(f"{what}: {failed}")
     if len({v for _, v in said}) > 1:
-        raise _core.MaskError(f"invalid_argument: {what}: the ranks differ in {' or '.join(values)}: "
-                              f"{[v for _, v in said]} by rank; every rank of the group must pass the same")
+        raise ArgumentError(f"invalid_argument: {what}: the ranks differ in {' or '.join(values)}: "
+                            f"{[v for _, v in said]} by rank; every rank of the group must pass the same")
+
+
+def agree_on_call(group, what: str, error: str | None, signature: dict) -> None:
+    """For the arguments of every call (attention): one all_gather of an int64 row a rank,
+    its status and `signature` (what every rank must pass alike: shapes, dtype, device,
+    whether gradients flow, the verdict's rule; the same names in the same order on every
+    rank, their values integers). Only where some rank failed is a second collective taken
+    (the error texts). Where any rank failed, or a value differs, every rank raises
+    ArgumentError, naming the ranks and values."""
+    row = np.zeros(1 + len(signature), dtype=np.int64)
+    row[0] = FAILED if error is not None else OK
+    if error is None:
+        row[1:] = list(signature.values())
+    rows = all_gather_array(row, group, collective_device(group))
+    if (rows[:, 0] != OK).any():
+        raise ArgumentError(f"{what}: {_by_rank(_messages(error, group))}")
+    differ = [f"{name} {rows[:, 1 + i].tolist()}" for i, name in enumerate(signature)
+              if len(set(rows[:, 1 + i].tolist())) > 1]
+    if differ:
+        raise ArgumentError(f"invalid_argument: {what}: the ranks differ in {'; '.join(differ)} by rank; every rank "
+                            "of the group passes the same")
 
 
 # ---------------------------------------------------------------------------------

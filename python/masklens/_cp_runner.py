@@ -7,6 +7,7 @@ flex_cp_allgather, with masklens' BlockMask of this rank's rows."""
 from __future__ import annotations
 
 import contextlib
+import zlib
 
 import numpy as np
 import torch
@@ -14,13 +15,20 @@ import torch.distributed as dist
 
 from . import _core, _scan, _verdicts
 from ._cp_block_mask import build_block_mask
-from ._cp_collectives import agree_on_values
+from ._cp_collectives import agree_on_call, agree_on_values
+from ._cp_runs import error_text
 from ._cp_flex import flex_for
 from ._cp_shards import check_sharding, sequence_order, shard
 from ._cp_transformers import stepping
 from ._cp_verdict import inspect, scan
 
 _KEPT_BLOCK_MASKS = 8  # a training step's masks (one per mask kind), not every step's
+# What every rank's attention() call must share (agreed before its collectives).
+_CALL_SIGNATURE = ("Q", "verdict", "engine (1: SDPA ring)", "batch", "heads", "key heads", "head dim", "value dim",
+                   "rows", "dtype", "device type", "gradients")
+_RING_OUTSIDE_CP = ("masklens.distributed: the SDPA ring's backward is dispatched by torch's CP dispatcher: run the "
+                    "forward and the backward inside `with cp:`")
+_UNSHARD_DIMS = 8  # the dims unshard() compares between ranks (a tensor of more is refused)
 
 
 def is_plain_causal(structure) -> bool:
@@ -45,23 +53,63 @@ def _gqa(query, key):
     return {"enable_gqa": True} if query.shape[1] != key.shape[1] else {}
 
 
-def _agreed_arguments(group, sharding, block_size):
-    """ContextParallel's sharding and block size, checked on this rank and then with every
-    rank of the group (one all_gather_object): a bad or differing argument on any rank is
-    a MaskError on every rank, where one rank raising alone would leave the others waiting
-    in their next collective. The block size as (q, k)."""
+def _agreed_arguments(group, sharding, block_size, check_calls):
+    """ContextParallel's arguments, checked on this rank and then with every rank of the
+    group (one all_gather_object): a bad or differing argument on any rank is an
+    ArgumentError on every rank, where one rank raising alone would leave the others
+    waiting in their next collective. The block size as (q, k)."""
     error, size = None, None
     try:
         check_sharding(sharding)
-        size = _scan.tile_size(block_size)
+        try:
+            size = _scan.tile_size(block_size)
+        except _core.MaskError:
+            size = (0, 0)
         if min(size) < 1:
             raise _core.MaskError(f"invalid_argument: block_size must be a tile size N or (q, k), integers >= 1, got "
                                   f"{block_size!r}")
-    except _core.MaskError as e:
-        error = str(e)
+        if not isinstance(check_calls, bool):
+            raise _core.MaskError(f"invalid_argument: check_calls takes True or False, got {check_calls!r}")
+    except Exception as e:  # noqa: BLE001 - every rank hears of it in the exchange below
+        error = error_text(e)
     agree_on_values(group, "ContextParallel", error,
-                    {"sharding": sharding if isinstance(sharding, str) else repr(sharding), "block_size": size})
+                    {"sharding": sharding if isinstance(sharding, str) else repr(sharding), "block_size": size,
+                     "check_calls": check_calls if isinstance(check_calls, bool) else repr(check_calls)})
     return size
+
+
+def _code(text: str) -> int:
+    """A name (a dtype, a device type, a verdict's description) as an integer that travels in
+    the call's signature: equal names, equal codes, on every rank."""
+    return zlib.crc32(text.encode())
+
+
+def _check_tensors(query, key, value) -> None:
+    """q, k, v as attention takes them on one rank: [B, H, rows, D] tensors of one dtype on
+    one device, the keys' and values' rows and batch the query's, the query's heads a
+    multiple of the keys' (GQA)."""
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            shape = list(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+            raise _core.MaskError(f"invalid_shape: ContextParallel.attention takes {name} as a [B, H, rows, D] tensor, "
+                                  f"got {shape}")
+    if len({t.dtype for t in (query, key, value)}) > 1 or len({t.device for t in (query, key, value)}) > 1:
+        raise _core.MaskError("invalid_argument: query, key and value have one dtype and one device, got dtype "
+                              f"{[str(t.dtype) for t in (query, key, value)]}, device "
+                              f"{[str(t.device) for t in (query, key, value)]}")
+    b, h, rows, d = query.shape
+    if (key.shape[0], key.shape[2], key.shape[3]) != (b, rows, d) or key.shape[:3] != value.shape[:3] \
+            or h % key.shape[1]:
+        raise _core.MaskError(f"invalid_shape: query {list(query.shape)}, key {list(key.shape)}, value "
+                              f"{list(value.shape)}: the key and value hold the query's batch and rows, the key its "
+                              "head dim, and the query's heads are a multiple of theirs")
+
+
+def _check_local_mask(local_mask, rows: int, q_len: int) -> None:
+    shape = getattr(local_mask, "shape", None)
+    if shape is None or not 2 <= len(shape) <= 4 or tuple(shape[-2:]) != (rows, q_len):
+        raise _core.MaskError(f"invalid_shape: local_mask holds this rank's {rows} rows of the mask's {q_len} keys "
+                              f"([..., {rows}, {q_len}]), got {list(shape) if shape is not None else type(local_mask)}")
 
 
 class ContextParallel:
@@ -71,11 +119,14 @@ class ContextParallel:
     load-balance option to match the sharding) for the forward and the backward: SDPA ring
     attention dispatches through it."""
 
-    def __init__(self, mesh, sharding: str = "contiguous", block_size: int = 128):
+    def __init__(self, mesh, sharding: str = "contiguous", block_size: int = 128, check_calls: bool = True):
         self.mesh = mesh
         self.group = mesh.get_group()
         self.sharding = sharding
-        self.block_size = _agreed_arguments(self.group, sharding, block_size)
+        self.block_size = _agreed_arguments(self.group, sharding, block_size, check_calls)
+        # Whether attention() and unshard() agree on their arguments with every rank before
+        # their collectives (one all_gather of a few integers a call).
+        self.check_calls = check_calls
         self.rank = dist.get_rank(self.group)
         self.world_size = dist.get_world_size(self.group)
         self._active = 0
@@ -110,12 +161,35 @@ class ContextParallel:
     def unshard(self, tensor, dim: int):
         """The whole sequence from every rank's part along `dim` (an all_gather, put back in
         global order): for checking outputs."""
+        self._agreed_part(tensor, dim)
         parts = [torch.empty_like(tensor) for _ in range(self.world_size)]
         dist.all_gather(parts, tensor.contiguous(), group=self.group)
         whole = torch.cat(parts, dim)
         order = torch.as_tensor(np.argsort(sequence_order(whole.shape[dim], self.world_size, self.sharding)),
                                 device=whole.device)
         return whole.index_select(dim, order)
+
+    def _agreed_part(self, tensor, dim: int) -> None:
+        """unshard()'s all_gather takes parts of one shape, dtype and device type on every
+        rank: checked here and (check_calls) agreed with every rank first."""
+        error, signature = None, dict.fromkeys(("dims", "dim", *(f"size {i}" for i in range(_UNSHARD_DIMS)),
+                                                "dtype", "device type"), 0)
+        try:
+            if not isinstance(tensor, torch.Tensor) or not 1 <= tensor.dim() <= _UNSHARD_DIMS:
+                raise _core.MaskError(f"invalid_argument: unshard takes a tensor of 1 to {_UNSHARD_DIMS} dims, got "
+                                      f"{list(tensor.shape) if isinstance(tensor, torch.Tensor) else type(tensor)}")
+            if not isinstance(dim, int) or not -tensor.dim() <= dim < tensor.dim():
+                raise _core.MaskError(f"invalid_argument: unshard's dim must index the tensor's {tensor.dim()} dims, "
+                                      f"got {dim!r}")
+            shape = list(tensor.shape) + [0] * (_UNSHARD_DIMS - tensor.dim())
+            signature = dict(zip(signature, (tensor.dim(), dim % tensor.dim(), *shape, _code(str(tensor.dtype)),
+                                             _code(tensor.device.type))))
+        except Exception as e:  # noqa: BLE001 - every rank hears of it in the exchange below
+            if not self.check_calls:
+                raise
+            error = error_text(e)
+        if self.check_calls:
+            agree_on_call(self.group, "ContextParallel.unshard", error, signature)
 
     def inspect(self, local_mask, query=None, key=None, value=None, **kwargs):
         return inspect(local_mask, query, key, value, group=self.group, sharding=self.sharding, **kwargs)
@@ -139,23 +213,57 @@ class ContextParallel:
         backward reduce-scatters the gradients), with masklens' BlockMask of this rank's rows
         (cp.block_mask). compiled: torch.compile'd flex (default on CUDA; eager on the CPU,
         where flex has no backward)."""
-        structure = report.structure
-        if structure.q_len != structure.k_len:
-            raise _core.MaskError("invalid_argument: CP shards queries and keys alike: the mask must have as many keys "
-                                  f"as queries, got Q={structure.q_len}, K={structure.k_len}")
-        self._check_shards(structure.q_len, query)
-        if self.uses_ring(structure, query.device):
+        ring, block_mask = self._agreed_call(query, key, value, report, local_mask)
+        if ring:
             return self._ring_causal(query, key, value, scale)
-        _check_flex_structure(structure)
-        if structure.kind == "arbitrary" and local_mask is None:
-            raise _core.MaskError("invalid_argument: an arbitrary mask's BlockMask reads the mask: pass local_mask")
         from torch.distributed.tensor.experimental._context_parallel import flex_cp_allgather
         from torch.distributed.distributed_c10d import _get_process_group_name
-        block_mask = self.block_mask(report, local_mask, query.device)
         whole_key, whole_value = flex_cp_allgather(key.contiguous(), value.contiguous(), 2,
                                                    _get_process_group_name(self.group))
         return flex_for(compiled, query.device)(query, whole_key, whole_value, block_mask=block_mask, scale=scale,
-                                            **_gqa(query, key))
+                                                **_gqa(query, key))
+
+    def _agreed_call(self, query, key, value, report, local_mask):
+        """(whether the SDPA ring runs the call, the BlockMask where flex does): the call's
+        arguments checked on this rank, then (check_calls) agreed with every rank before any
+        collective: one all_gather of the call's signature, which every rank must share
+        (the verdict, the engine, shapes, dtype, device type, whether gradients flow: ranks
+        that differ there would enter different collectives, or collectives of different
+        sizes). An error on any rank, or a difference, is an ArgumentError on every rank."""
+        error, ring, block_mask, signature = None, False, None, dict.fromkeys(_CALL_SIGNATURE, 0)
+        try:
+            structure = getattr(report, "structure", None)
+            if structure is None:
+                raise _core.MaskError("invalid_argument: report is the ranks' agreed Report or Verdict (cp.inspect(), "
+                                      f"cp.scan()), got {type(report).__name__}")
+            _check_tensors(query, key, value)
+            if structure.q_len != structure.k_len:
+                raise _core.MaskError("invalid_argument: CP shards queries and keys alike: the mask must have as many "
+                                      f"keys as queries, got Q={structure.q_len}, K={structure.k_len}")
+            self._check_shards(structure.q_len, query)
+            ring = self.uses_ring(structure, query.device)
+            needs_backward = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+            if ring and needs_backward and not self._active:
+                raise RuntimeError(_RING_OUTSIDE_CP)
+            if not ring:
+                _check_flex_structure(structure)
+                if structure.kind == "arbitrary" and local_mask is None:
+                    raise _core.MaskError("invalid_argument: an arbitrary mask's BlockMask reads the mask: pass "
+                                          "local_mask")
+                if local_mask is not None:
+                    _check_local_mask(local_mask, query.shape[2], structure.q_len)
+                block_mask = self.block_mask(report, local_mask, query.device)
+            b, h, rows, d = query.shape
+            signature = dict(zip(_CALL_SIGNATURE, (
+                structure.q_len, _code(structure.describe()), int(ring), b, h, key.shape[1], d, value.shape[3], rows,
+                _code(str(query.dtype)), _code(query.device.type), int(needs_backward))))
+        except Exception as e:  # noqa: BLE001 - every rank hears of it in the exchange below
+            if not self.check_calls:
+                raise
+            error = error_text(e)
+        if self.check_calls:
+            agree_on_call(self.group, "ContextParallel.attention", error, signature)
+        return ring, block_mask
 
     def _check_shards(self, q_len: int, query) -> None:
         """torch's CP gathers and rotates equal shards (all_gather_tensor): Q must divide by
@@ -175,8 +283,7 @@ class ContextParallel:
         import torch.nn.functional as F
         needs_backward = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
         if needs_backward and not self._active:
-            raise RuntimeError("masklens.distributed: the SDPA ring's backward is dispatched by torch's CP "
-                               "dispatcher: run the forward and the backward inside `with cp:`")
+            raise RuntimeError(_RING_OUTSIDE_CP)
         if key.shape[1] != query.shape[1]:
             # GQA: CP's ring calls the flash / efficient / cuDNN ops, which take as many key
             # heads as query heads: repeat them, as SDPA does without enable_gqa.

@@ -24,7 +24,7 @@ def scan(local_mask, *, group=None, sharding: str = "contiguous", masked_thresho
     every rank raise the same MaskError, naming it."""
     group = group_of(group)
     header, runs, error = scan_shard(local_mask, masked_threshold, sharding)
-    headers, gathered = gather_runs(header, runs, error, group, collective_device(group, local_mask))
+    headers, gathered = gather_runs(header, runs, error, group, collective_device(group))
     table, merged = merge_runs(headers, gathered, sharding)
     return _core.classify_runs(table, merged)
 

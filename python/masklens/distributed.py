@@ -30,13 +30,13 @@ The package's modules under it, each of one job (bottom to top):
   _cp_verdict      scan() and inspect(): the agreed verdict and decision
   _cp_block_mask   FlexAttention's BlockMask of a rank's rows (local work only)
   _cp_flex         the flex_attention CP calls, compiled on CUDA
-  _cp_runner       ContextParallel: torch's CP dispatcher, the SDPA ring, FlexAttention CP
   _cp_transformers attn_implementation="masklens_cp"
+  _cp_runner       ContextParallel: torch's CP dispatcher, the SDPA ring, FlexAttention CP,
+                   each call's arguments agreed with every rank before its collectives
 """
 from __future__ import annotations
 
-from ._cp_collectives import EAGER_RUNS
-from ._cp_collectives import collective_device as _collective_device  # noqa: F401  (bench/distributed.py)
+from ._cp_collectives import EAGER_RUNS, ArgumentError, collective_device
 from ._cp_collectives import gather_runs as _gather  # noqa: F401  (bench/distributed.py)
 from ._cp_merge import merge_runs
 from ._cp_runner import ContextParallel, is_plain_causal
@@ -45,5 +45,12 @@ from ._cp_shards import SHARDINGS, positions, row_ranges, sequence_order, shard
 from ._cp_transformers import TRANSFORMERS_NAME, register_transformers
 from ._cp_verdict import inspect, scan
 
-__all__ = ["SHARDINGS", "EAGER_RUNS", "row_ranges", "positions", "sequence_order", "shard", "merge_runs", "scan",
-           "inspect", "is_plain_causal", "ContextParallel", "TRANSFORMERS_NAME", "register_transformers"]
+__all__ = ["ArgumentError", "SHARDINGS", "EAGER_RUNS", "row_ranges", "positions", "sequence_order", "shard",
+           "merge_runs", "scan", "inspect", "is_plain_causal", "ContextParallel", "TRANSFORMERS_NAME",
+           "register_transformers"]
+
+
+def _collective_device(group, mask=None):
+    """Where the agreement's gathers run (bench/distributed.py times them there): chosen by
+    the group alone, whatever device the mask is on."""
+    return collective_device(group)
