@@ -27,12 +27,14 @@ def set_field(target, where: str, name: str, value) -> None:
 _FAMILY_ROWS = _core.families()
 _FAMILIES = {f["name"]: (f["python_module"], tuple(f["distributions"])) for f in _FAMILY_ROWS if f["python_module"]}
 _VERSION_FIELDS = {f["name"]: f["version_field"] for f in _FAMILY_ROWS if f["version_field"]}
+# The families every Environment holds (a default Environment's available: torch's own).
+_DEFAULT_FAMILIES = frozenset(f["name"] for f in _FAMILY_ROWS if f["default_available"])
 
 # The families whose calls masklens.torch runs itself (docs/python.md): every backend of
 # the family has a runner; the others are reported by inspect() but never chosen by the
 # drop-in. masklens._run sets it from its runners when it is imported (set_runnable),
 # before anything asks for a runnable_only environment (masklens.torch imports it).
-RUNNABLE = frozenset({"torch"})
+RUNNABLE = _DEFAULT_FAMILIES
 
 
 def set_runnable(backends_run) -> None:
@@ -104,7 +106,10 @@ def _environment_for(device_type: str, index: int | None, runnable_only: bool) -
     if device_type == "cuda":
         major, minor = torch.cuda.get_device_capability(index)
         fields["sm"] = major * 10 + minor
-        available = {"torch"}
+        available = set(_DEFAULT_FAMILIES)
+        # FlexAttention comes with torch (no module of its own in its family row) but
+        # compiles through Triton: found by torch's flex module and Triton, a probe of
+        # that family alone.
         if _find("torch.nn.attention.flex_attention") and _find("triton"):
             available.add("flex")
         for family, version in installed_families().items():
@@ -115,7 +120,7 @@ def _environment_for(device_type: str, index: int | None, runnable_only: bool) -
                 fields[_VERSION_FIELDS[family]] = version
     else:
         fields["sm"] = CPU_SM
-        available = {"torch"}
+        available = set(_DEFAULT_FAMILIES)
     fields["available"] = available
     return tuple(sorted((k, frozenset(v) if isinstance(v, set) else v) for k, v in fields.items()))
 
