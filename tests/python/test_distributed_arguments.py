@@ -103,6 +103,13 @@ def _attention(mesh, rank):
     # unshard gathers equal parts: one rank's part of another length is refused on both
     _refused_on_every_rank(lambda: cp.unshard(out[:, :, :5] if bad else out, 2), "the ranks differ in size 2")
     torch.testing.assert_close(cp.unshard(out, 2), reference, atol=1e-5, rtol=1e-5)
+    # check_calls=False, agreed by every rank: no exchange, the same output; an error is
+    # then this rank's own (here every rank's alike, so none is left waiting)
+    unchecked = mld.ContextParallel(mesh, block_size=8, check_calls=False)
+    torch.testing.assert_close(unchecked.attention(lq, lk, lv, report, local), out)
+    with pytest.raises(masklens.MaskError, match="^invalid_shape: this rank's query holds 3 rows") as raised:
+        unchecked.attention(*(t[:, :, :3] for t in (lq, lk, lv)), report, local)
+    assert not isinstance(raised.value, mld.ArgumentError)
 
 
 def _worker(rank, port, result_dir):
