@@ -120,11 +120,11 @@ def _name_of(fn) -> str:
 
 
 # A parsed node: (name, params, children), its tensors on the rows' device.
-def parse(fn, device, scope=None):
+def parse(fn, device, checks, scope=None):
     """The tree of a mask function, its tensors on `device`, or Unrecognised naming the
-    first node that is not a recognised primitive. `scope` carries the packed documents an
-    enclosing AND restricts to (remap_positions_for_packed_sequence is exact only inside
-    one)."""
+    first node that is not a recognised primitive; what only the tensors' values can say
+    is added to `checks` (a _Checks). `scope` carries the packed documents an enclosing
+    AND restricts to (remap_positions_for_packed_sequence is exact only inside one)."""
     name = _primitives().get(_code(fn))
     if name is None:
         raise Unrecognised(f"{_name_of(fn)} (from {getattr(fn, '__module__', '?')}) is not a recognised mask "
@@ -141,7 +141,7 @@ def parse(fn, device, scope=None):
             for f in fns:  # a packed-documents child makes this AND a documents scope
                 if _primitives().get(_code(f)) == "packed":
                     inner_scope = _meta(_free(f)["packed_sequence_mask"], "packed_sequence_mask", device)
-        return (name, (), tuple(parse(f, device, inner_scope) for f in fns))
+        return (name, (), tuple(parse(f, device, checks, inner_scope) for f in fns))
     if name in ("sliding", "sliding_bidirectional"):
         return (name, (_int(free["sliding_window"], "sliding_window"),), ())
     if name == "chunked":
@@ -163,18 +163,19 @@ def parse(fn, device, scope=None):
         if min(offsets) < 0:
             raise Unrecognised(f"add_offsets_to_mask_function with a negative offset {offsets}")
         # The documents scope holds in the coordinates of the AND that set it, not shifted ones.
-        return (name, offsets, (parse(free["mask_function"], device, None),))
+        return (name, offsets, (parse(free["mask_function"], device, checks),))
     if name == "remap":
         pos = _meta(free["position_ids"], "position_ids", device).long()
         if scope is None:
             raise Unrecognised("remap_positions_for_packed_sequence outside and_masks(..., "
                                "packed_sequence_mask_function(...))")
         docs = _documents_of_positions(pos)
-        if pos.shape != scope.shape or not torch.equal(docs, scope - scope[:, :1]):
+        if pos.shape != scope.shape:
             raise Unrecognised("position_ids whose documents are not the packed_sequence_mask's")
-        if pos.numel() and int(pos.min()) < 0:
-            raise Unrecognised("negative position_ids")
-        return (name, (pos, docs), (parse(free["mask_function"], device, None),))
+        checks.add((docs != scope - scope[:, :1]).any(), "position_ids whose documents are not the "
+                                                          "packed_sequence_mask's")
+        checks.add((pos < 0).any(), "negative position_ids")
+        return (name, (pos, docs), (parse(free["mask_function"], device, checks),))
     return (name, (), ())
 
 
@@ -187,10 +188,43 @@ def _documents_of_positions(pos):
     return step.long().cumsum(-1)
 
 
-def _runs(ids, only_nonnegative=False):
+class _Checks:
+    """What makes a definition unreadable, found on the rows' device: each a 0-d bool
+    tensor and its reason, read back together with the rows' runs in one copy to the host
+    rather than one synchronisation each (a CUDA model's metadata stays where it is until
+    then). Indices are clamped where a check stands for them, so nothing reads outside a
+    table before the checks are read."""
+
+    def __init__(self):
+        self.flags, self.reasons = [], []
+
+    def add(self, flag, reason: str) -> None:
+        self.flags.append(flag.reshape(1))
+        self.reasons.append(reason)
+
+    def tensor(self, device):
+        return torch.cat(self.flags) if self.flags else torch.zeros(0, dtype=torch.bool, device=device)
+
+    def raise_first(self, values) -> None:
+        """Unrecognised with the first reason whose flag is set (values: the flags on the host)."""
+        for value, reason in zip(values, self.reasons):
+            if value:
+                raise Unrecognised(reason)
+
+    def raise_now(self) -> None:
+        """The checks read back on their own (one synchronisation)."""
+        if self.flags:
+            self.raise_first(self.tensor(self.flags[0].device).cpu().tolist())
+
+
+_LONG_MAX = torch.iinfo(torch.long).max
+
+
+def _runs(ids, checks, what, only_nonnegative=False):
     """For each position of ids [B, L]: the start and end [start, end) of its run of equal
-    values, and whether every value's positions (every non-negative value's, with
-    only_nonnegative) form one run per batch (False: a value appears in two runs)."""
+    values; checks that every value's positions (every non-negative value's, with
+    only_nonnegative) form one run per batch (a value in two runs: its rows attend two
+    key ranges)."""
     B, L = ids.shape
     idx = torch.arange(L, device=ids.device).expand(B, L)
     new = torch.ones((B, L), dtype=torch.bool, device=ids.device)
@@ -200,46 +234,50 @@ def _runs(ids, only_nonnegative=False):
     next_start = torch.full((B, L), L, dtype=torch.long, device=ids.device)
     next_start[:, :-1] = torch.where(new[:, 1:], idx[:, 1:], torch.full_like(idx[:, 1:], L))
     end = torch.flip(torch.cummin(torch.flip(next_start, [-1]), dim=-1).values, [-1])
-    # One run per value and batch: the (batch, value) pairs of the runs' first positions are
-    # distinct (one unique over all batches: one synchronisation).
+    # One run per value and batch: sorted along each batch, the runs' first values hold no
+    # value twice (the positions that start no run sort last as the largest integer, which
+    # an id itself may not be).
     keep = new & (ids >= 0) if only_nonnegative else new
-    batch_of = torch.arange(B, device=ids.device).view(-1, 1).expand(B, L)[keep]
-    values = ids[keep]
-    if values.numel():
-        low = values.min()
-        keys = batch_of * (values.max() - low + 1) + (values - low)
-        one_run = torch.unique(keys).numel() == keys.numel()
-    else:
-        one_run = True
-    return start, end, one_run
+    firsts = torch.where(keep, ids, torch.full_like(ids, _LONG_MAX)).sort(dim=-1).values
+    twice = (firsts[:, 1:] == firsts[:, :-1]) & (firsts[:, 1:] != _LONG_MAX)
+    checks.add(twice.any() | (keep & (ids == _LONG_MAX)).any(),
+               f"{what}: a value appears in two separate runs (its rows attend two key ranges)")
+    return start, end
 
 
 class _Rows:
     """What a node sees of each row (b, q) [B, Q]: the query value it is given (qv), and
-    the shift that maps a key index k to the key value it is given (kv = k + shift)."""
+    the shift that maps a key index k to the key value it is given (kv = k + shift); the
+    batch count (b runs over 0..batch-1) and the checks the nodes add to."""
 
-    __slots__ = ("b", "qv", "shift")
+    __slots__ = ("b", "qv", "shift", "batch", "checks")
 
-    def __init__(self, b, qv, shift):
-        self.b, self.qv, self.shift = b, qv, shift
+    def __init__(self, b, qv, shift, batch, checks):
+        self.b, self.qv, self.shift, self.batch, self.checks = b, qv, shift, batch, checks
+
+    def derived(self, qv, shift):
+        return _Rows(self.b, qv, shift, self.batch, self.checks)
 
 
-def _gather(table, b, idx, what):
-    """table[b, idx] for [B, Q] indices, Unrecognised where an index lies outside the
-    table (transformers would fail to index it there)."""
-    if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= table.shape[1]):
-        raise Unrecognised(f"{what} of length {table.shape[1]} is indexed outside it")
-    if int(b.max()) >= table.shape[0]:
+def _batch_rows(table, rows, what):
+    """Unrecognised where a table has fewer batch rows than the mask (known on the host)."""
+    if table.shape[0] < rows.batch:
         raise Unrecognised(f"{what} has {table.shape[0]} batch rows")
-    return table[b, idx]
 
 
-def _interval_of_value(table, b, idx, what, only_nonnegative=False):
+def _gather(table, rows, idx, what):
+    """table[b, idx] for [B, Q] indices; an index outside the table (transformers would
+    fail to index it there) is a check, read with the others."""
+    _batch_rows(table, rows, what)
+    length = table.shape[1]
+    rows.checks.add(((idx < 0) | (idx >= length)).any(), f"{what} of length {length} is indexed outside it")
+    return table[rows.b, idx.clamp(0, max(length - 1, 0))]
+
+
+def _interval_of_value(table, rows, idx, what, only_nonnegative=False):
     """The run of equal values of `table` [B, L] holding table[b, idx], as [start, end)."""
-    start, end, one_run = _runs(table, only_nonnegative)
-    if not one_run:
-        raise Unrecognised(f"{what}: a value appears in two separate runs (its rows attend two key ranges)")
-    return _gather(start, b, idx, what), _gather(end, b, idx, what)
+    start, end = _runs(table, rows.checks, what, only_nonnegative)
+    return _gather(start, rows, idx, what), _gather(end, rows, idx, what)
 
 
 def _evaluate(node, rows):
@@ -260,31 +298,30 @@ def _evaluate(node, rows):
         return qv - W - shift, qv + W - shift + 1
     if name == "chunked":                                   # (kv - lp) // C == (q - lp) // C
         C, lp = params
-        if int(rows.b.max()) >= lp.shape[0]:
+        if lp.shape[0] < rows.batch:
             raise Unrecognised(f"left_padding has {lp.shape[0]} batch rows")
         left = lp[rows.b]
         start = left + torch.div(qv - left, C, rounding_mode="floor") * C
         return start - shift, start + C - shift
     if name == "padding":                                   # padding_mask[b, kv]
         (pm,) = params
-        if pm.shape[0] <= int(rows.b.max()):
-            raise Unrecognised(f"padding_mask has {pm.shape[0]} batch rows")
+        _batch_rows(pm, rows, "padding_mask")
         any_key = pm.any(-1)
         first = pm.int().argmax(-1)
         last = pm.shape[1] - 1 - pm.flip(-1).int().argmax(-1)
-        if bool((any_key & (pm.sum(-1) != last - first + 1)).any()):
-            raise Unrecognised("padding_mask with holes (a batch's valid keys are not one range)")
+        rows.checks.add((any_key & (pm.sum(-1) != last - first + 1)).any(),
+                        "padding_mask with holes (a batch's valid keys are not one range)")
         s = torch.where(any_key, first, torch.zeros_like(first))[rows.b]
         e = torch.where(any_key, last + 1, torch.zeros_like(last))[rows.b]
         return s - shift, e - shift
     if name == "packed":                                    # same document
         (psm,) = params
-        s, e = _interval_of_value(psm, rows.b, qv, "packed_sequence_mask")
+        s, e = _interval_of_value(psm, rows, qv, "packed_sequence_mask")
         return s - shift, e - shift
     if name == "blocks":                                    # same block, when in one
         (ids,) = params
-        s, e = _interval_of_value(ids, rows.b, qv, "block_sequence_ids", only_nonnegative=True)
-        inside = _gather(ids, rows.b, qv, "block_sequence_ids") >= 0
+        s, e = _interval_of_value(ids, rows, qv, "block_sequence_ids", only_nonnegative=True)
+        inside = _gather(ids, rows, qv, "block_sequence_ids") >= 0
         return torch.where(inside, s - shift, pos), torch.where(inside, e - shift, neg)
     if name == "and":
         begin, end = neg, pos
@@ -298,34 +335,40 @@ def _evaluate(node, rows):
             b, e = _evaluate(child, rows)
             empty, child_empty = begin >= end, b >= e
             both = ~empty & ~child_empty
-            if bool((both & ((b > end) | (begin > e))).any()):
-                raise Unrecognised("or_masks: a row attends two separate key ranges")
+            rows.checks.add((both & ((b > end) | (begin > e))).any(), "or_masks: a row attends two separate key ranges")
             begin = torch.where(child_empty, begin, torch.where(empty, b, torch.minimum(begin, b)))
             end = torch.where(child_empty, end, torch.where(empty, e, torch.maximum(end, e)))
         return begin, end
     if name == "offsets":
         qo, ko = params
-        return _evaluate(children[0], _Rows(rows.b, qv + qo, shift + ko))
+        return _evaluate(children[0], rows.derived(qv + qo, shift + ko))
     if name == "remap":
         # Inside one document positions rise by 1 a token (parse() checked the documents
         # are packed_sequence_mask's): the key at index j has position pos[q] + j - q. The
         # rows are restricted to their document, as the enclosing AND restricts them.
         position_ids, docs = params
-        pq = _gather(position_ids, rows.b, qv, "position_ids")
-        ds, de = _interval_of_value(docs, rows.b, qv, "position_ids")
+        pq = _gather(position_ids, rows, qv, "position_ids")
+        ds, de = _interval_of_value(docs, rows, qv, "position_ids")
         new_shift = shift + pq - qv
-        b, e = _evaluate(children[0], _Rows(rows.b, pq, new_shift))
+        b, e = _evaluate(children[0], rows.derived(pq, new_shift))
         return torch.maximum(b, ds - shift), torch.minimum(e, de - shift)
     raise Unrecognised(f"no rule for {name}")
 
 
-def row_bounds(tree, batch: int, q_len: int, k_len: int, q_offset: int, kv_offset: int, device="cpu"):
+def row_bounds(tree, batch: int, q_len: int, k_len: int, q_offset: int, kv_offset: int, device="cpu",
+               checks=None):
     """(begin, end) int64 tensors [batch, q_len] on `device`: each row's keys [begin, end),
-    clipped to [0, k_len); an empty row is (0, 0)."""
+    clipped to [0, k_len); an empty row is (0, 0). With `checks` (a _Checks) what makes
+    the definition unreadable is added there, to be read with the runs; without, it is
+    read here (one synchronisation) and raised."""
+    own = checks is None
+    checks = _Checks() if own else checks
     b = torch.arange(batch, device=device).view(-1, 1).expand(batch, q_len)
     q = torch.arange(q_len, device=device).view(1, -1).expand(batch, q_len) + q_offset
     shift = torch.full((batch, q_len), kv_offset, dtype=torch.long, device=device)
-    begin, end = _evaluate(tree, _Rows(b, q, shift))
+    begin, end = _evaluate(tree, _Rows(b, q, shift, batch, checks))
+    if own:
+        checks.raise_now()
     begin, end = begin.clamp(0, k_len), end.clamp(0, k_len)
     empty = begin >= end
     return begin.masked_fill(empty, 0), end.masked_fill(empty, 0)
@@ -334,11 +377,33 @@ def row_bounds(tree, batch: int, q_len: int, k_len: int, q_offset: int, kv_offse
 _NO_KEY = (1 << 63) - 1  # RowSpan::kNoKey: an empty row's first key
 
 
-def row_runs(begin, end):
+# Runs read back in the first copy: a recognised structure has a few a document, block or
+# padding edge; more take a second, exact copy.
+_RUN_ROOM = 4096
+
+
+def _runs_at(heads, first, last, n):
+    """The runs [len(heads), 8] starting at flat row indices `heads` (ascending; entries
+    equal to n are room left over and come out as runs of length 0)."""
+    at = heads.clamp(max=n - 1)
+    lengths = torch.diff(heads, append=torch.full((1,), n, dtype=heads.dtype, device=heads.device))
+    nxt = (at + 1).clamp(max=n - 1)
+    longer = lengths > 1
+    f, lst = first[at], last[at]
+    zero = torch.zeros_like(f)
+    return torch.stack([heads, lengths, f, lst, torch.where(longer, first[nxt] - f, zero),
+                        torch.where(longer, last[nxt] - lst, zero), torch.where(f == _NO_KEY, zero, lst - f + 1), zero],
+                       dim=1)
+
+
+def row_runs(begin, end, checks=None):
     """The rows as span runs (span_runs.hpp), int64 [n, 8] on the host: (row, length,
     first, last, d_first, d_last, count, flags), a run wherever the rows' keys step alike
-    (any cutting is valid; a cut is made where the step or the emptiness changes). Cut on
-    the rows' device: only the runs, a few per document, block or padding edge, cross."""
+    (any cutting is valid; a cut is made where the step, the emptiness or the batch
+    changes), and whether every batch's rows are the first's. Cut on the rows' device; the
+    runs, that flag and the checks' flags cross in one copy (a second only past
+    _RUN_ROOM runs), and a set check raises Unrecognised."""
+    checks = _Checks() if checks is None else checks
     D, Q = begin.shape
     empty = begin >= end
     first = begin.masked_fill(empty, _NO_KEY)
@@ -350,18 +415,20 @@ def row_runs(begin, end):
     if Q > 2:
         d_first, d_last = first.diff(dim=1), last.diff(dim=1)
         start[:, 2:] |= (d_first[:, 1:] != d_first[:, :-1]) | (d_last[:, 1:] != d_last[:, :-1])
-    flat_first, flat_last = first.flatten(), last.flatten()
-    heads = start.flatten().nonzero().flatten()
     n = D * Q
-    lengths = torch.diff(heads, append=torch.tensor([n], device=heads.device))
-    nxt = (heads + 1).clamp(max=n - 1)
-    longer = lengths > 1
-    f, lst = flat_first[heads], flat_last[heads]
-    zero = torch.zeros_like(f)
-    runs = torch.stack([heads, lengths, f, lst,
-                        torch.where(longer, flat_first[nxt] - f, zero), torch.where(longer, flat_last[nxt] - lst, zero),
-                        torch.where(f == _NO_KEY, zero, lst - f + 1), zero], dim=1)
-    return runs.cpu().numpy()
+    room = min(n, _RUN_ROOM)
+    flat_start, flat_first, flat_last = start.flatten(), first.flatten(), last.flatten()
+    heads = torch.nonzero_static(flat_start, size=room, fill_value=n).flatten()
+    alike = ((begin == begin[:1]) & (end == end[:1])).all()
+    flags = checks.tensor(begin.device)
+    payload = torch.cat([flat_start.sum().reshape(1), alike.reshape(1).long(), flags.long(),
+                         _runs_at(heads, flat_first, flat_last, n).flatten()]).cpu().numpy()
+    count, alike, nflags = int(payload[0]), bool(payload[1]), flags.numel()
+    checks.raise_first(payload[2:2 + nflags])
+    if count <= room:
+        return payload[2 + nflags:].reshape(room, 8)[:count], alike
+    heads = flat_start.nonzero().flatten()
+    return _runs_at(heads, flat_first, flat_last, n).cpu().numpy(), alike
 
 
 def row_intervals(tree, batch: int, q_len: int, k_len: int, q_offset: int, kv_offset: int, device="cpu"):
@@ -474,9 +541,10 @@ def _check_primitive(name, params) -> None:
     want = torch.as_tensor(want).bool().expand(batch, 1, n, n)
     # The rule: each row's interval over the key values (indices are the values here).
     rows = _Rows(torch.arange(batch).view(-1, 1).expand(batch, n), pts.view(1, -1).expand(batch, n),
-                 torch.zeros((batch, n), dtype=torch.long))
+                 torch.zeros((batch, n), dtype=torch.long), batch, _Checks())
     try:
         begin, end = _evaluate(tree, rows)
+        rows.checks.raise_now()
     except Unrecognised as e:
         _disable(name, f"its rule could not be evaluated: {e}")
     k = pts.view(1, 1, -1)
@@ -514,7 +582,7 @@ def _pin_sdpa_mask() -> None:
                mask_function=mu.causal_mask_function, attention_mask=am[:, :5])
     want2 = mu.sdpa_mask(**kw2, allow_is_causal_skip=False).expand(2, 1, 4, 5)[:, 0]
     for args, dense in ((kw, want), (kw2, want2)):
-        tree = parse(args["mask_function"], torch.device("cpu"))
+        tree = parse(args["mask_function"], torch.device("cpu"), _Checks())
         padding = mu.prepare_padding_mask(args["attention_mask"], args["kv_length"], args["kv_offset"])
         tree = ("and", (), (tree, ("padding", (padding.bool(),), ())))
         begin, end = row_bounds(tree, 2, args["q_length"], args["kv_length"], args["q_offset"], args["kv_offset"])
@@ -576,7 +644,8 @@ def _recognise(batch_size, q_length, kv_length, q_offset, kv_offset, mask_functi
         raise Unrecognised(f"an empty mask [{B}, 1, {Q}, {K}]")
     if min(qo, ko) < 0:
         raise Unrecognised(f"negative offsets q_offset {qo}, kv_offset {ko}")
-    tree = parse(mask_function, device)
+    checks = _Checks()
+    tree = parse(mask_function, device, checks)
     if attention_mask is not None:
         if not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() != 2:
             raise Unrecognised("an attention_mask that is not a 2-D tensor")
@@ -585,12 +654,14 @@ def _recognise(batch_size, q_length, kv_length, q_offset, kv_offset, mask_functi
         padding = mu.prepare_padding_mask(attention_mask, K, ko)
         tree = ("and", (), (tree, ("padding", (_meta(padding, "padding_mask", device).bool(),), ())))
     pin(tree)
-    begin, end = row_bounds(tree, B, Q, K, qo, ko, device)
-    if B > 1 and bool(((begin == begin[:1]) & (end == end[:1])).all()):
-        begin, end = begin[:1], end[:1]  # one row table holds every batch (a broadcast mask)
+    begin, end = row_bounds(tree, B, Q, K, qo, ko, device, checks)
+    runs, alike = row_runs(begin, end, checks)  # the one copy to the host
+    tables = B
+    if B > 1 and alike:  # one row table holds every batch (a broadcast mask): the first batch's runs
+        runs, tables = runs[runs[:, 0] < Q], 1
     # The rows' spans are exactly a scan's of the dense bool mask (no flags): the
     # classifier's verdict over their runs is the scan's.
-    verdict = _core.classify_runs([B, 1, Q, K, begin.shape[0], 1], row_runs(begin, end))
+    verdict = _core.classify_runs([B, 1, Q, K, tables, 1], np.ascontiguousarray(runs))
     return Definition(B, Q, K, verdict, tree)
 
 

@@ -226,6 +226,56 @@ def test_holed_padding_is_not_guessed():
         _definition.recognise(batch_size=1, q_length=5, kv_length=5, attention_mask=am.bool())
 
 
+@pytest.mark.parametrize("case,reason", [
+    ("negative positions", "negative position_ids"),
+    ("documents not the packed mask's", "documents are not the packed_sequence_mask's"),
+    ("a document in two runs", "two separate runs"),
+    ("block ids in two runs", "two separate runs"),
+    ("two ranges of an or", "or_masks: a row attends two separate key ranges"),
+])
+def test_what_only_the_values_say_is_read_with_the_runs_and_named(case, reason):
+    """The checks on the metadata's values are read back in the runs' one copy: each
+    still raises, naming what it found."""
+    L = 8
+    causal = mu.causal_mask_function
+    if case == "negative positions":
+        pos = torch.tensor([[0, 1, 2, 3, -4, 5, 6, 7]])
+        psm = torch.tensor([[0, 0, 0, 0, 1, 2, 2, 2]])  # the documents the positions start
+        fn = mu.and_masks(mu.packed_sequence_mask_function(psm),
+                          mu.remap_positions_for_packed_sequence(causal, pos))
+    elif case == "documents not the packed mask's":
+        pos = torch.tensor([[0, 1, 2, 0, 1, 2, 3, 4]])
+        psm = torch.tensor([[0, 0, 0, 0, 1, 1, 1, 1]])
+        fn = mu.and_masks(mu.packed_sequence_mask_function(psm),
+                          mu.remap_positions_for_packed_sequence(causal, pos))
+    elif case == "a document in two runs":
+        fn = mu.and_masks(causal, mu.packed_sequence_mask_function(torch.tensor([[0, 0, 1, 1, 0, 0, 2, 2]])))
+    elif case == "block ids in two runs":
+        fn = mu.or_masks(causal, mu.blockwise_overlay(torch.tensor([[-1, 3, 3, -1, 3, 3, -1, -1]])))
+    else:
+        # keys [q - 1, q] or, shifted by 4, [q - 5, q - 4]: two ranges
+        window = mu.sliding_window_causal_mask_function(2)
+        fn = mu.or_masks(window, mu.add_offsets_to_mask_function(window, 0, 4))
+    if not all(hasattr(mu, name) for name in ("remap_positions_for_packed_sequence", "blockwise_overlay")):
+        pytest.skip("this transformers lacks a primitive the case composes")
+    with pytest.raises(_definition.Unrecognised, match=reason):
+        _definition.recognise(batch_size=1, q_length=L, kv_length=L, mask_function=fn)
+
+
+def test_more_runs_than_the_first_copy_holds_are_read_exactly():
+    """Past _RUN_ROOM runs the exact runs are read in a second copy: the verdict is the
+    scan's of the built mask."""
+    L = 2 * _definition._RUN_ROOM + 6
+    ids = torch.arange(L).view(1, -1) * 2 // 3  # documents of 2 and 1 tokens: a run or two each
+    fn = mu.and_masks(mu.causal_mask_function, mu.packed_sequence_mask_function(ids))
+    runs, _ = _definition.row_runs(*_definition.row_bounds(_definition.parse(fn, torch.device("cpu"),
+                                                                              _definition._Checks()), 1, L, L, 0, 0))
+    assert len(runs) > _definition._RUN_ROOM
+    d = _definition.recognise(batch_size=1, q_length=L, kv_length=L, mask_function=fn)
+    dense = mu.sdpa_mask(batch_size=1, q_length=L, kv_length=L, mask_function=fn, allow_is_causal_skip=False)
+    assert d.verdict.structure.describe() == masklens._core.scan(dense.numpy()).structure.describe()
+
+
 def test_every_batch_one_table_when_the_same():
     d = _definition.recognise(batch_size=3, q_length=6, kv_length=6,
                               mask_function=mu.sliding_window_causal_mask_function(2))
