@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 
 import numpy as np
@@ -28,6 +27,7 @@ import jax.numpy as jnp
 
 import masklens
 import masklens.jax as mj
+from jax_cudnn_forms import timed  # bench/, the script's own folder
 
 
 def masks(kind, batch, length, window, rng):
@@ -40,17 +40,6 @@ def masks(kind, batch, length, window, rng):
     lengths[0] = length
     m = causal[None] & (t[None, None, :] < lengths[:, None, None])
     return m[:, None], lengths
-
-
-def timed(fn, *args, reps, warmup=2):
-    for _ in range(warmup):
-        jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
 
 
 def fwd_bwd(attend, jit=True):

@@ -22,9 +22,11 @@ import jax
 import jax.numpy as jnp
 
 
-def timed(fn, *args, reps):
-    jax.block_until_ready(fn(*args))  # compile
-    jax.block_until_ready(fn(*args))
+def timed(fn, *args, reps, warmup=2):
+    """Median milliseconds of fn(*args) over `reps`, after `warmup` calls (the first
+    compiles). bench/jax_attention.py times with it too."""
+    for _ in range(warmup):
+        jax.block_until_ready(fn(*args))
     times = []
     for _ in range(reps):
         t0 = time.perf_counter()
