@@ -258,15 +258,35 @@ def test_generate_with_a_static_cache():
     assert torch.equal(ref.generate(**kwargs), ours.generate(**kwargs))
 
 
+def _recording_backend(shapes):
+    """aot_eager, recording the shape of every value of every graph it compiles."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    def record(gm, example_inputs):
+        for node in gm.graph.nodes:
+            shapes.extend(tuple(t.shape) for t in tree_leaves(node.meta.get("val"))
+                          if isinstance(t, torch.Tensor))
+        return gm
+    return aot_autograd(fw_compiler=record, bw_compiler=record)
+
+
+def _mask_shaped(shape, q_len, k_len):
+    """MaskAllocations' test on a shape: last dims (Q, K), one head or none."""
+    return len(shape) >= 2 and tuple(shape[-2:]) == (q_len, k_len) and (len(shape) < 4 or shape[1] == 1)
+
+
 def test_a_compiled_model_decides_from_the_definition(gpu_environment):
     """torch.compile: the mask proven outside the graph from its definition (no scan), the
-    layers given FlexAttention's form, logits equal to sdpa's."""
+    layers given FlexAttention's form, logits equal to sdpa's; no value of a compiled graph
+    and no op run outside them is a [B, 1, Q, K] mask."""
     import torch._dynamo
     gpu_environment({"flex"})
     torch._dynamo.reset()
     ref, ours = pair(_configs()["llama"])
-    compiled = torch.compile(ours, backend="aot_eager")
+    shapes = []
+    compiled = torch.compile(ours, backend=_recording_backend(shapes), dynamic=False)
     inputs, keep = _batch("left")
+    L = inputs["input_ids"].shape[1]
     with torch.no_grad():  # torch 2.11's FlexAttention has no backward on the CPU
         a = ref(**inputs).logits
         scans = masklens.scan_count()
@@ -275,6 +295,8 @@ def test_a_compiled_model_decides_from_the_definition(gpu_environment):
     assert masklens.scan_count() == scans
     assert [how for how, _ in masklens.transformers.masks()] == ["definition"]
     assert (a - b).abs()[keep].max().item() < 1e-4
+    assert any(s[-2:] == (L, 16) for s in shapes), "the graphs hold the attention's [.., L, head_dim] values"
+    assert [s for s in shapes if _mask_shaped(s, L, L)] == []
 
 
 def test_none_where_sdpa_mask_gives_none():
