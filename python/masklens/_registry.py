@@ -39,6 +39,13 @@ def family_of(backend: str) -> str | None:
     return row["family"] if row is not None else None
 
 
+def host_of(backend: str) -> str | None:
+    """The host that decides for the backend's family ("torch", "jax"); None for a name the
+    registry has no row for."""
+    family = family_of(backend)
+    return FAMILIES[family]["host"] if family in FAMILIES else None
+
+
 def comes_with_torch(family: str) -> bool:
     """Whether the family is of the torch host and has no library of its own to install
     (torch's own kernels, FlexAttention): the drop-in may choose its backends wherever

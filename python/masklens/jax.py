@@ -23,7 +23,7 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
-from . import _core, _jax_scan
+from . import _core, _jax_scan, _registry
 from ._core import AttentionCall, Environment, MaskError, decide
 from ._env import cudnn_version_text
 from ._report import Report, explain_text
@@ -235,11 +235,11 @@ def _native(policy, implementation, q_len, k_len, batch):
     if policy is None or policy.plan or policy.call.mask != "drop":
         return None
     backend = policy.call.backend
-    if backend not in ("jax.cudnn", "jax.xla"):
-        return None
-    if implementation == "cudnn" and backend != "jax.cudnn":
+    if _registry.host_of(backend) != "jax":
         return None
     args, _ = policy.call.rendered(batch, q_len, k_len)
+    if implementation == "cudnn" and args.get("implementation") != "cudnn":
+        return None  # cuDNN asked for: only a call that runs on it
     static, lengths = [], None
     for name, value in args.items():
         if name == "key_value_seq_lengths":
@@ -407,7 +407,7 @@ class Prepared:
         self.mask = mask
         self.key_value_seq_lengths = key_value_seq_lengths
         self.static = tuple(static)
-        self.backend = backend  # "jax.cudnn", "jax.xla", or None (the mask kept: jax's own call)
+        self.backend = backend  # a backend of the jax family, or None (the mask kept: jax's own call)
 
     @property
     def keeps_mask(self) -> bool:
