@@ -68,34 +68,45 @@ def _by_rank(messages) -> str:
 # ---------------------------------------------------------------------------------
 # Arguments: checked on each rank, then agreed
 
-def agree_on_values(group, what: str, error: str | None, values: dict) -> None:
+def _raise_failed(what: str, failed: str, own: BaseException | None):
+    """Some rank failed: a rank whose own error is not an argument's (out of memory, a
+    fault in masklens) raises that error, its type kept; every other rank raises
+    ArgumentError naming each failing rank and its error."""
+    if own is not None and not isinstance(own, (_core.MaskError, ValueError, TypeError)):
+        raise own
+    raise ArgumentError(f"{what}: {failed}")
+
+
+def agree_on_values(group, what: str, error: str | None, values: dict, own: BaseException | None = None) -> None:
     """For arguments checked once (a constructor): one all_gather_object of this rank's
     error text (None: its arguments are good) and the values every rank must pass alike.
-    Where any rank has an error, or the values differ, every rank raises ArgumentError."""
+    Where any rank has an error, or the values differ, every rank raises (_raise_failed:
+    `own` is this rank's exception)."""
     said = [None] * dist.get_world_size(group)
     dist.all_gather_object(said, (error, tuple(values.values())), group=group)
     failed = _by_rank([e for e, _ in said])
     if failed:
-        raise ArgumentError(f"{what}: {failed}")
+        _raise_failed(what, failed, own)
     if len({v for _, v in said}) > 1:
         raise ArgumentError(f"invalid_argument: {what}: the ranks differ in {' or '.join(values)}: "
                             f"{[v for _, v in said]} by rank; every rank of the group must pass the same")
 
 
-def agree_on_call(group, what: str, error: str | None, signature: dict) -> None:
+def agree_on_call(group, what: str, error: str | None, signature: dict, own: BaseException | None = None) -> None:
     """For the arguments of every call (attention): one all_gather of an int64 row a rank,
     its status and `signature` (what every rank must pass alike: shapes, dtype, device,
     whether gradients flow, the verdict's rule; the same names in the same order on every
     rank, their values integers). Only where some rank failed is a second collective taken
     (the error texts). Where any rank failed, or a value differs, every rank raises
-    ArgumentError, naming the ranks and values."""
+    ArgumentError, naming the ranks and values (a rank whose own exception `own` is not an
+    argument's raises that: _raise_failed)."""
     row = np.zeros(1 + len(signature), dtype=np.int64)
     row[0] = FAILED if error is not None else OK
     if error is None:
         row[1:] = list(signature.values())
     rows = all_gather_array(row, group, collective_device(group))
     if (rows[:, 0] != OK).any():
-        raise ArgumentError(f"{what}: {_by_rank(_messages(error, group))}")
+        _raise_failed(what, _by_rank(_messages(error, group)), own)
     differ = [f"{name} {rows[:, 1 + i].tolist()}" for i, name in enumerate(signature)
               if len(set(rows[:, 1 + i].tolist())) > 1]
     if differ:

@@ -58,7 +58,7 @@ def _agreed_arguments(group, sharding, block_size, check_calls):
     group (one all_gather_object): a bad or differing argument on any rank is an
     ArgumentError on every rank, where one rank raising alone would leave the others
     waiting in their next collective. The block size as (q, k)."""
-    error, size = None, None
+    error, own, size = None, None, None
     try:
         check_sharding(sharding)
         try:
@@ -71,10 +71,10 @@ def _agreed_arguments(group, sharding, block_size, check_calls):
         if not isinstance(check_calls, bool):
             raise _core.MaskError(f"invalid_argument: check_calls takes True or False, got {check_calls!r}")
     except Exception as e:  # noqa: BLE001 - every rank hears of it in the exchange below
-        error = error_text(e)
+        error, own = error_text(e), e
     agree_on_values(group, "ContextParallel", error,
                     {"sharding": sharding if isinstance(sharding, str) else repr(sharding), "block_size": size,
-                     "check_calls": check_calls if isinstance(check_calls, bool) else repr(check_calls)})
+                     "check_calls": check_calls if isinstance(check_calls, bool) else repr(check_calls)}, own)
     return size
 
 
@@ -172,8 +172,9 @@ class ContextParallel:
     def _agreed_part(self, tensor, dim: int) -> None:
         """unshard()'s all_gather takes parts of one shape, dtype and device type on every
         rank: checked here and (check_calls) agreed with every rank first."""
-        error, signature = None, dict.fromkeys(("dims", "dim", *(f"size {i}" for i in range(_UNSHARD_DIMS)),
-                                                "dtype", "device type"), 0)
+        error, own = None, None
+        signature = dict.fromkeys(("dims", "dim", *(f"size {i}" for i in range(_UNSHARD_DIMS)), "dtype", "device type"),
+                                  0)
         try:
             if not isinstance(tensor, torch.Tensor) or not 1 <= tensor.dim() <= _UNSHARD_DIMS:
                 raise _core.MaskError(f"invalid_argument: unshard takes a tensor of 1 to {_UNSHARD_DIMS} dims, got "
@@ -187,9 +188,9 @@ class ContextParallel:
         except Exception as e:  # noqa: BLE001 - every rank hears of it in the exchange below
             if not self.check_calls:
                 raise
-            error = error_text(e)
+            error, own = error_text(e), e
         if self.check_calls:
-            agree_on_call(self.group, "ContextParallel.unshard", error, signature)
+            agree_on_call(self.group, "ContextParallel.unshard", error, signature, own)
 
     def inspect(self, local_mask, query=None, key=None, value=None, **kwargs):
         return inspect(local_mask, query, key, value, group=self.group, sharding=self.sharding, **kwargs)
@@ -229,8 +230,9 @@ class ContextParallel:
         collective: one all_gather of the call's signature, which every rank must share
         (the verdict, the engine, shapes, dtype, device type, whether gradients flow: ranks
         that differ there would enter different collectives, or collectives of different
-        sizes). An error on any rank, or a difference, is an ArgumentError on every rank."""
-        error, ring, block_mask, signature = None, False, None, dict.fromkeys(_CALL_SIGNATURE, 0)
+        sizes). An error on any rank, or a difference, is an ArgumentError on every rank; a
+        rank's own error that is no argument's (out of memory) is raised there as it is."""
+        error, own, ring, block_mask, signature = None, None, False, None, dict.fromkeys(_CALL_SIGNATURE, 0)
         try:
             structure = getattr(report, "structure", None)
             if structure is None:
@@ -260,9 +262,9 @@ class ContextParallel:
         except Exception as e:  # noqa: BLE001 - every rank hears of it in the exchange below
             if not self.check_calls:
                 raise
-            error = error_text(e)
+            error, own = error_text(e), e
         if self.check_calls:
-            agree_on_call(self.group, "ContextParallel.attention", error, signature)
+            agree_on_call(self.group, "ContextParallel.attention", error, signature, own)
         return ring, block_mask
 
     def _check_shards(self, q_len: int, query) -> None:

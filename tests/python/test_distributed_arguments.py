@@ -96,6 +96,18 @@ def _attention(mesh, rank):
     ]
     for call, message in cases:
         _refused_on_every_rank(call, message)
+    # an error that is no argument's (out of memory building the BlockMask) keeps its type
+    # on its rank; the other rank raises ArgumentError naming it, at once
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("no room for the BlockMask")
+    if bad:
+        cp.block_mask = out_of_memory
+    start = time.monotonic()
+    with pytest.raises(torch.OutOfMemoryError if bad else mld.ArgumentError,
+                       match=("" if bad else named + "OutOfMemoryError: ") + "no room for the BlockMask"):
+        cp.attention(lq, lk, lv, report, local)
+    assert time.monotonic() - start < PROMPT_S
+    cp.__dict__.pop("block_mask", None)
     # the ranks still meet: a good call gives SDPA's output on the whole sequence
     out = cp.attention(lq, lk, lv, report, local)
     reference = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=window)
