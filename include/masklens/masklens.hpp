@@ -23,3 +23,4 @@
 #include "tile_grid.hpp"
 #include "structure_tiles.hpp"
 #include "tiles.hpp"
+#include "verdict.hpp"

@@ -25,6 +25,26 @@ struct ScanOptions {
   int threads = 1;
 };
 
+// The mask bytes from which a scan whose caller names no thread count takes every
+// hardware thread; a smaller mask is scanned on the calling thread. Threads pay off only
+// where the scan outlasts starting and joining them, and one thread reads about 6 GB/s
+// (bench/HISTORY.md, 2026-12-02), so 8 MiB is about 1.3 ms of scan. The value was set
+// when the Python package first scanned, not swept: bench/ holds no measurement of where
+// a second thread starts to pay, only that it does at 256 MiB (6.30 -> 10.62 GB/s).
+inline constexpr std::int64_t kThreadedScanBytes = std::int64_t{8} << 20;
+
+// ScanOptions for scanning `view` on `threads` threads, where 0 (or less) chooses: one
+// thread under kThreadedScanBytes of distinct mask (a broadcast dim is read once), one
+// per hardware thread from there. The Python package's scans choose so (threads=0).
+inline ScanOptions scan_options_for(const MaskView& view, int threads = 0) noexcept {
+  if (threads > 0) return ScanOptions{threads};
+  const double bytes = static_cast<double>(view.q_len()) * static_cast<double>(view.k_len()) *
+                       (view.stride(kBatch) ? static_cast<double>(view.batch()) : 1.0) *
+                       (view.stride(kHeads) ? static_cast<double>(view.heads()) : 1.0) *
+                       static_cast<double>(element_size(view.dtype()));
+  return ScanOptions{bytes < static_cast<double>(kThreadedScanBytes) ? 1 : 0};
+}
+
 namespace detail {
 
 // The threads to split `units` of work over: options.threads (0 = one per hardware
