@@ -240,8 +240,8 @@ def _runs(ids, checks, what, only_nonnegative=False):
     keep = new & (ids >= 0) if only_nonnegative else new
     firsts = torch.where(keep, ids, torch.full_like(ids, _LONG_MAX)).sort(dim=-1).values
     twice = (firsts[:, 1:] == firsts[:, :-1]) & (firsts[:, 1:] != _LONG_MAX)
-    checks.add(twice.any() | (keep & (ids == _LONG_MAX)).any(),
-               f"{what}: a value appears in two separate runs (its rows attend two key ranges)")
+    checks.add(twice.any(), f"{what}: a value appears in two separate runs (its rows attend two key ranges)")
+    checks.add((keep & (ids == _LONG_MAX)).any(), f"{what} holds the id 2**63 - 1, which the check above sorts last")
     return start, end
 
 
@@ -270,6 +270,8 @@ def _gather(table, rows, idx, what):
     fail to index it there) is a check, read with the others."""
     _batch_rows(table, rows, what)
     length = table.shape[1]
+    if length == 0:  # nothing to clamp an index into (known on the host)
+        raise Unrecognised(f"{what} is empty")
     rows.checks.add(((idx < 0) | (idx >= length)).any(), f"{what} of length {length} is indexed outside it")
     return table[rows.b, idx.clamp(0, max(length - 1, 0))]
 
@@ -396,6 +398,17 @@ def _runs_at(heads, first, last, n):
                        dim=1)
 
 
+def _first_heads(flat_start, room: int, n: int):
+    """The first `room` run starts, then n for the room left over: torch.nonzero_static,
+    which needs no synchronisation; where the device has none (CUDA before torch 2.6) the
+    exact starts, padded (one synchronisation more)."""
+    try:
+        return torch.nonzero_static(flat_start, size=room, fill_value=n).flatten()
+    except (AttributeError, NotImplementedError, RuntimeError):
+        heads = flat_start.nonzero().flatten()[:room]
+        return torch.cat([heads, heads.new_full((room - heads.numel(),), n)])
+
+
 def row_runs(begin, end, checks=None):
     """The rows as span runs (span_runs.hpp), int64 [n, 8] on the host: (row, length,
     first, last, d_first, d_last, count, flags), a run wherever the rows' keys step alike
@@ -418,7 +431,7 @@ def row_runs(begin, end, checks=None):
     n = D * Q
     room = min(n, _RUN_ROOM)
     flat_start, flat_first, flat_last = start.flatten(), first.flatten(), last.flatten()
-    heads = torch.nonzero_static(flat_start, size=room, fill_value=n).flatten()
+    heads = _first_heads(flat_start, room, n)
     alike = ((begin == begin[:1]) & (end == end[:1])).all()
     flags = checks.tensor(begin.device)
     payload = torch.cat([flat_start.sum().reshape(1), alike.reshape(1).long(), flags.long(),

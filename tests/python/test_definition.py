@@ -232,11 +232,16 @@ def test_holed_padding_is_not_guessed():
     ("a document in two runs", "two separate runs"),
     ("block ids in two runs", "two separate runs"),
     ("two ranges of an or", "or_masks: a row attends two separate key ranges"),
+    ("positions indexed outside", "of length 8 is indexed outside it"),
+    ("too few batch rows", "packed_sequence_mask has 1 batch rows"),
+    ("an empty table", "packed_sequence_mask is empty"),
 ])
 def test_what_only_the_values_say_is_read_with_the_runs_and_named(case, reason):
     """The checks on the metadata's values are read back in the runs' one copy: each
-    still raises, naming what it found."""
-    L = 8
+    still raises, naming what it found; nothing is indexed outside a table meanwhile."""
+    if not all(hasattr(mu, name) for name in ("remap_positions_for_packed_sequence", "blockwise_overlay")):
+        pytest.skip("this transformers lacks a primitive the case composes")
+    L, batch, q_length = 8, 1, 8
     causal = mu.causal_mask_function
     if case == "negative positions":
         pos = torch.tensor([[0, 1, 2, 3, -4, 5, 6, 7]])
@@ -252,14 +257,49 @@ def test_what_only_the_values_say_is_read_with_the_runs_and_named(case, reason):
         fn = mu.and_masks(causal, mu.packed_sequence_mask_function(torch.tensor([[0, 0, 1, 1, 0, 0, 2, 2]])))
     elif case == "block ids in two runs":
         fn = mu.or_masks(causal, mu.blockwise_overlay(torch.tensor([[-1, 3, 3, -1, 3, 3, -1, -1]])))
-    else:
+    elif case == "two ranges of an or":
         # keys [q - 1, q] or, shifted by 4, [q - 5, q - 4]: two ranges
         window = mu.sliding_window_causal_mask_function(2)
         fn = mu.or_masks(window, mu.add_offsets_to_mask_function(window, 0, 4))
-    if not all(hasattr(mu, name) for name in ("remap_positions_for_packed_sequence", "blockwise_overlay")):
-        pytest.skip("this transformers lacks a primitive the case composes")
+    elif case == "positions indexed outside":
+        # 10 queries over 8 positions: queries 8 and 9 index past position_ids
+        pos, psm = torch.arange(L).view(1, -1), torch.zeros((1, L), dtype=torch.long)
+        fn = mu.and_masks(mu.packed_sequence_mask_function(psm),
+                          mu.remap_positions_for_packed_sequence(causal, pos))
+        q_length = 10
+    elif case == "too few batch rows":
+        fn = mu.and_masks(causal, mu.packed_sequence_mask_function(torch.zeros((1, L), dtype=torch.long)))
+        batch = 2
+    else:
+        fn = mu.and_masks(causal, mu.packed_sequence_mask_function(torch.zeros((1, 0), dtype=torch.long)))
     with pytest.raises(_definition.Unrecognised, match=reason):
-        _definition.recognise(batch_size=1, q_length=L, kv_length=L, mask_function=fn)
+        _definition.recognise(batch_size=batch, q_length=q_length, kv_length=L, mask_function=fn)
+
+
+def test_a_definition_is_read_back_in_one_copy(monkeypatch):
+    """Once its primitives are pinned, a packed and padded definition crosses to the host
+    once (the runs, their flags and the checks together): no other copy, item or truth
+    value of a tensor is taken on the way (each is a synchronisation on a GPU)."""
+    L = 24
+    psm = torch.tensor([[0] * 7 + [1] * 9 + [2] * 8] * 2)
+    fn = mu.and_masks(mu.causal_mask_function, mu.packed_sequence_mask_function(psm))
+    attention_mask = torch.ones((2, L), dtype=torch.bool)
+    attention_mask[1, :3] = False
+    kw = dict(batch_size=2, q_length=L, kv_length=L, mask_function=fn, attention_mask=attention_mask)
+    _definition.recognise(**kw)  # pins the primitives (grids on the host, once per process)
+    reads = []
+    for name in ("cpu", "item", "tolist", "numpy", "__bool__", "__int__", "__index__", "__float__"):
+        real = getattr(torch.Tensor, name)
+
+        def counted(self, *args, _real=real, _name=name, **kwargs):
+            reads.append(_name)
+            return _real(self, *args, **kwargs)
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    d = _definition.recognise(**kw)
+    monkeypatch.undo()
+    assert reads == ["cpu", "numpy"], reads  # the payload's copy, viewed as NumPy
+    dense = mu.sdpa_mask(**kw, allow_is_causal_skip=False)
+    assert d.verdict.structure.describe() == masklens._core.scan(dense.numpy()).structure.describe()
 
 
 def test_more_runs_than_the_first_copy_holds_are_read_exactly():
