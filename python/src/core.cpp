@@ -17,6 +17,7 @@
 #include <masklens/describe.hpp>
 #include <masklens/json.hpp>
 #include <masklens/masklens.hpp>
+#include <masklens/verdict.hpp>
 
 #include "device_runs.hpp"
 #include "device_view.hpp"
@@ -144,36 +145,14 @@ nb::dict py_args(const std::vector<NamedArg>& args) {
   return d;
 }
 
-// The scan's result: the structure, and the rows it was proven from (kept for the rows
-// that attend to nothing, which an arbitrary structure cannot list): the span table of
-// a host scan, or the span runs of a device scan (O(runs); expanded only where a caller
-// asks for every row).
-struct Verdict {
-  MaskStructure structure;
-  SpanTable spans;               // a host scan's rows
-  std::optional<SpanRuns> runs;  // a device scan's runs (then `spans` is empty)
-};
-
-// The structure of a Verdict whose runs are in host memory (a device scan's, or row
-// shards' put in order): a NaN / +inf row named as gpu::scan_runs() names it (the first
-// flagged run's first row), then classify() in O(runs), without the GIL.
-void classify_verdict_runs(Verdict& v) {
-  const SpanRuns& runs = *v.runs;
-  for (const SpanRun& r : runs.runs)
-    if (r.flags & kRowInvalid) raise(masklens::detail::invalid_row_error(runs, r.row));
-  Result<MaskStructure> s = [&] {
+// Verdict, attends() and verdict_of() are the library's (verdict.hpp); a run's Verdict
+// is classified with the GIL released, and its error raised once it is held again.
+Verdict verdict_unlocked(SpanRuns runs) {
+  Result<Verdict> v = [&] {
     nb::gil_scoped_release unlocked;
-    return classify(runs);
+    return verdict_of(std::move(runs));
   }();
-  if (!s) raise(s.status());
-  v.structure = std::move(s).value();
-}
-
-// A row attends (1) when it has a key, or is masked only by finite values: those attend
-// uniformly in torch's dense softmax (only rows with no key at all come out 0).
-inline bool attends(const RowSpan& r) noexcept { return !r.empty() || (r.flags & kRowFiniteMasked); }
-inline bool attends(const SpanRun& r) noexcept {
-  return r.row_class() != RowClass::empty || (r.flags & kRowFiniteMasked);
+  return take(std::move(v));
 }
 
 // The host half of a device scan (masklens._scan.device_scan): the layout of the one
@@ -214,15 +193,6 @@ MaskView host_view(const nb::ndarray<nb::ro, nb::device::cpu>& mask, float maske
   enc.masked_threshold = masked_threshold;
   return take(MaskView::make(mask.data(), type, std::span<const std::int64_t>(shape.data(), mask.ndim()),
                              std::span<const std::int64_t>(strides.data(), mask.ndim()), enc));
-}
-
-// Threads pay off only on large masks: spawning them costs more than a small scan.
-ScanOptions scan_options(const MaskView& view, int threads) {
-  const double bytes = static_cast<double>(view.q_len()) * static_cast<double>(view.k_len()) *
-                       (view.stride(kBatch) ? static_cast<double>(view.batch()) : 1.0) *
-                       (view.stride(kHeads) ? static_cast<double>(view.heads()) : 1.0) *
-                       static_cast<double>(element_size(view.dtype()));
-  return ScanOptions{threads > 0 ? threads : (bytes < (8 << 20) ? 1 : 0)};
 }
 
 TileSize tile_size(std::int64_t block_q, std::int64_t block_k) {
@@ -339,20 +309,13 @@ void bind_scan(nb::module_& m) {
           "attending_rows",
           [](const Verdict& v) {
             // [distinct batch, distinct heads, Q]: broadcasts against [B, H, Q] as the mask did.
-            const std::int64_t db = v.runs ? v.runs->distinct_batch : v.spans.distinct_batch;
-            const std::int64_t dh = v.runs ? v.runs->distinct_heads : v.spans.distinct_heads;
-            const std::int64_t q_len = v.runs ? v.runs->q_len : v.spans.q_len;
-            const auto n = static_cast<std::size_t>(db * dh * q_len);
+            const auto n = static_cast<std::size_t>(v.rows());
             auto* rows = new std::uint8_t[n];
-            if (v.runs) {
-              for (const SpanRun& r : v.runs->runs)  // a run at a time: one fill per run
-                std::memset(rows + r.row, attends(r) ? 1 : 0, static_cast<std::size_t>(r.length));
-            } else {
-              for (std::size_t i = 0; i < n; ++i) rows[i] = attends(v.spans.rows[i]) ? 1 : 0;
-            }
+            attending_rows(v, std::span<std::uint8_t>(rows, n));
             nb::capsule owner(rows, [](void* p) noexcept { delete[] static_cast<std::uint8_t*>(p); });
-            const std::size_t shape[3] = {static_cast<std::size_t>(db), static_cast<std::size_t>(dh),
-                                          static_cast<std::size_t>(q_len)};
+            const std::size_t shape[3] = {static_cast<std::size_t>(v.distinct_batch()),
+                                          static_cast<std::size_t>(v.distinct_heads()),
+                                          static_cast<std::size_t>(v.q_len())};
             return nb::ndarray<nb::numpy, bool, nb::ndim<3>>(reinterpret_cast<bool*>(rows), 3, shape, owner);
           },
           "Whether each row attends to any key (or is masked only by finite values): bool [distinct batch, "
@@ -380,23 +343,11 @@ void bind_scan(nb::module_& m) {
       "scan",
       [](nb::ndarray<nb::ro, nb::device::cpu> mask, float masked_threshold, int threads) {
         const MaskView view = host_view(mask, masked_threshold);
-        Verdict v;
-        {
+        Result<Verdict> v = [&] {
           nb::gil_scoped_release unlocked;
-          Result<SpanTable> spans = scan(view, scan_options(view, threads));
-          if (!spans) {
-            nb::gil_scoped_acquire locked;
-            raise(spans.status());
-          }
-          v.spans = std::move(spans).value();
-          Result<MaskStructure> s = classify(v.spans);
-          if (!s) {
-            nb::gil_scoped_acquire locked;
-            raise(s.status());
-          }
-          v.structure = std::move(s).value();
-        }
-        return v;
+          return scan_verdict(view, scan_options_for(view, threads));
+        }();
+        return take(std::move(v));
       },
       "mask"_a, "masked_threshold"_a = -1000.0f, "threads"_a = 0,
       "Scan a host mask (a DLPack array: a torch CPU tensor or a numpy array; strides in elements, 0 broadcasts) "
@@ -484,14 +435,12 @@ void bind_scan(nb::module_& m) {
               raise(error(ErrorCode::invalid_argument,
                           std::to_string(count) + " runs, of which " + std::to_string(d.rest.size()) +
                               " past the first copy were brought: call rest_buffer(count)"));
-            Verdict v;
-            SpanRuns& runs = v.runs.emplace(std::move(d.shape));
+            SpanRuns runs = std::move(d.shape);
             runs.runs.resize(static_cast<std::size_t>(count));
             std::memcpy(runs.runs.data(), d.head.get() + d.block.runs_at,
                         static_cast<std::size_t>(first) * sizeof(SpanRun));
             std::copy(d.rest.begin(), d.rest.end(), runs.runs.begin() + first);
-            classify_verdict_runs(v);  // the mask is on the device: a NaN row is named, not an element
-            return v;
+            return verdict_unlocked(std::move(runs));  // the mask is on the device: a NaN row is named, not an element
           },
           "The Verdict of the runs now in host memory, classified in O(runs) (MaskError naming a NaN / +inf row).");
 
@@ -658,24 +607,17 @@ void bind_tiles(nb::module_& m) {
          int threads) {
         const MaskView view = host_view(mask, masked_threshold);
         const TileSize size = tile_size(block_q, block_k);
-        Verdict v;
-        TileSummary tiles;
-        {
+        Result<SpansAndTiles> both = [&] {
           nb::gil_scoped_release unlocked;
-          Result<SpansAndTiles> both = scan_with_tiles(view, size, scan_options(view, threads));
-          if (!both) {
-            nb::gil_scoped_acquire locked;
-            raise(both.status());
-          }
-          v.spans = std::move(both->spans);
-          tiles = std::move(both->tiles);
-          Result<MaskStructure> s = classify(v.spans);
-          if (!s) {
-            nb::gil_scoped_acquire locked;
-            raise(s.status());
-          }
-          v.structure = std::move(s).value();
-        }
+          return scan_with_tiles(view, size, scan_options_for(view, threads));
+        }();
+        if (!both) raise(both.status());
+        TileSummary tiles = std::move(both->tiles);
+        Result<Verdict> made = [&] {
+          nb::gil_scoped_release unlocked;
+          return verdict_of(std::move(both->spans));
+        }();
+        Verdict v = take(std::move(made));
         // An arbitrary mask is charged for flex on its tiles (an exact structure's follow
         // from its fields), as the CLI's inspect --tiles does.
         if (v.structure.kind == StructureKind::arbitrary) v.structure.tile_fractions = tiles.fractions();
@@ -984,7 +926,7 @@ void bind_context_parallelism(nb::module_& m) {
         nb::capsule owner(runs, [](void* p) noexcept { delete static_cast<SpanRuns*>(p); });
         {
           nb::gil_scoped_release unlocked;
-          Result<SpanTable> spans = scan(view, scan_options(view, threads));
+          Result<SpanTable> spans = scan(view, scan_options_for(view, threads));
           Status failed = spans ? Status{} : spans.status();
           if (failed.ok()) {
             // Not classified here: a shard's own verdict means nothing, only the merge's.
@@ -1023,8 +965,7 @@ void bind_context_parallelism(nb::module_& m) {
           raise(error(ErrorCode::invalid_argument,
                       "runs must be int64 [n, 8], got [" + std::to_string(rows.shape(0)) + ", " +
                           std::to_string(rows.shape(1)) + "]"));
-        Verdict v;
-        SpanRuns& runs = v.runs.emplace();
+        SpanRuns runs;
         runs.batch = table[0], runs.heads = table[1], runs.q_len = table[2], runs.k_len = table[3];
         runs.distinct_batch = table[4], runs.distinct_heads = table[5];
         runs.runs.resize(rows.shape(0));
@@ -1039,8 +980,7 @@ void bind_context_parallelism(nb::module_& m) {
           run.flags = static_cast<std::uint32_t>(r[7]);
         }
         if (Status st = runs.validate(); !st.ok()) raise(st);
-        classify_verdict_runs(v);  // as a device scan's finish() words a NaN row
-        return v;
+        return verdict_unlocked(std::move(runs));  // as a device scan's finish() words a NaN row
       },
       "table"_a, "runs"_a,
       "The Verdict of span runs that tile a whole table (any cutting: the runs of row shards put in row order), "
