@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from . import _block_mask, _scan
+from ._mask_mods import attends, mask_mod_for
 from ._cp_runs import as_4d
 from ._cp_shards import positions, sequence_order
 
@@ -30,7 +31,7 @@ def _structure_rows(structure, mine, device):
 def _global_rule(structure, device, mine, order):
     """The structure's mask_mod (its rule from its fields) at global positions: local query
     row qi is global mine[qi]; gathered key ki is global order[ki] (None: the identity)."""
-    rule = _block_mask.mask_mod_for(structure, device)
+    rule = mask_mod_for(structure, device)
     rows, keys = len(mine), structure.k_len
     contiguous_from = int(mine[0]) if np.array_equal(mine, np.arange(mine[0], mine[0] + rows)) else None
     q_table = None if contiguous_from is not None else torch.as_tensor(mine, device=device)
@@ -50,10 +51,9 @@ def _local_block_mask(rows, size, mask_mod, device):
     on the device from one device read where masklens._cuda writes tiles, else from a host
     read (masklens' tile summary, the tensors moved to `device`)."""
     if rows.device.type == "cuda" and _scan.has_device_tiles():
-        _, arrays = _block_mask.device_scan_tiles(rows.detach(), size, classify_many_runs=False)
-        return _block_mask.block_mask_from_arrays(arrays, rows.shape[-2:], size, mask_mod)
+        return _block_mask.from_device_read(rows, size, mask_mod, classify_many_runs=False)[1]
     _, tiles = _scan.scan_with_tiles(rows.detach(), size)
-    return _block_mask.block_mask_from_tiles(tiles, mask_mod, device)
+    return _block_mask.from_tiles(tiles, mask_mod, device)
 
 
 def build_block_mask(structure, local_mask, device, *, rank: int, world_size: int, sharding: str, block_size):
@@ -72,7 +72,7 @@ def build_block_mask(structure, local_mask, device, *, rank: int, world_size: in
     if not identity:
         rows = rows.index_select(3, torch.as_tensor(order, device=device))
     if structure.kind == "arbitrary":
-        mask_mod = _block_mask.mask_mod_for(structure, device, _block_mask.attends(rows))
+        mask_mod = mask_mod_for(structure, device, attends(rows))
     else:
         mask_mod = _global_rule(structure, device, mine, None if identity else order)
     return _local_block_mask(rows, block_size, mask_mod, device)

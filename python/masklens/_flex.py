@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 
 from . import _block_mask, _core, _registry
+from ._block_mask_storage import BLOCK_MASK_FIELDS
+from ._mask_mods import mask_mod_for
 
 
 # What a cold compile is charged, ms: _core.FLEX_COLD_COMPILE_MS (measured, cost.hpp) or
@@ -170,7 +172,7 @@ def _mark_static_dims(q, k, v, block_mask):
     for t in (q, k, v):
         for dim in (0, 1, 3):
             mark(t, dim)
-    for name in _block_mask.BLOCK_MASK_FIELDS:
+    for name in BLOCK_MASK_FIELDS:
         t = getattr(block_mask, name, None)
         if t is not None:
             mark(t, 0)
@@ -245,7 +247,7 @@ def _flex_block_mask_for(t, a, q, k):
         from torch.nn.attention.flex_attention import create_block_mask
         block_mask = _block_mask.flex_block_mask(t.structure, t.mask, a, q.device)
         if block_mask is None:
-            mask_mod = _block_mask.mask_mod_for(t.structure, q.device, t.mask if a.mask_mod_reads_mask else None)
+            mask_mod = mask_mod_for(t.structure, q.device, t.mask if a.mask_mod_reads_mask else None)
             # A kept mask may differ per head: its block mask then spans the mask's heads.
             H = t.mask.shape[1] if a.mask_mod_reads_mask and t.mask.shape[1] > 1 else None
             block_mask = create_block_mask(mask_mod, B, H, Q, K, device=q.device, BLOCK_SIZE=(a.block_q, a.block_k))

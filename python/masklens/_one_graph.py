@@ -30,6 +30,8 @@ import numpy as np
 import torch
 
 from . import _block_mask, _compiled, _core, _registry, _run, _scan, _verdicts
+from ._block_mask_storage import BLOCK_MASK_FIELDS, block_mask_shapes
+from ._mask_mods import attends, bounds_mask_mod, span_bounds
 
 # Whether torch.compile'd code decides in the graph (the drop-in and masklens.transformers'
 # mask function read it while tracing: Dynamo guards it). MASKLENS_ONE_GRAPH=1: on at import.
@@ -63,7 +65,7 @@ forms_taken = collections.Counter()
 def _field_shapes(B, H, Q, K):
     """The shapes of the BlockMask's eight tensors over a mask of B x H slices at BLOCK;
     from sizes alone, as the fake op must give them."""
-    return _block_mask.block_mask_shapes(B, H, -(-Q // BLOCK), -(-K // BLOCK))
+    return block_mask_shapes(B, H, -(-Q // BLOCK), -(-K // BLOCK))
 
 
 def _flex_fits(policy) -> bool:
@@ -98,11 +100,11 @@ def _read(mask, with_tiles: bool):
         verdict, arrays = _block_mask.device_scan_tiles(mask.detach(), (BLOCK, BLOCK), threshold,
                                                         classify_many_runs=False, spans_out=spans)
         db, dh = arrays["kv_num_blocks"].shape[:2]
-        return verdict, lambda: _block_mask.span_bounds(spans[0](), db, dh), arrays
+        return verdict, lambda: span_bounds(spans[0](), db, dh), arrays
     verdict, tiles = _scan.scan_with_tiles(mask, (BLOCK, BLOCK), threshold)
     t = tiles.block_mask()
     arrays = {name: _scan.to_device(np.ascontiguousarray(getattr(t, name)), mask.device) for name in t.fields}
-    return verdict, lambda: _host_bounds(_block_mask.attends(mask.detach(), threshold)), arrays
+    return verdict, lambda: _host_bounds(attends(mask.detach(), threshold)), arrays
 
 
 def _want_flex() -> None:
@@ -146,7 +148,7 @@ def graph_form(mask: torch.Tensor, batch: int, heads: int, kv_heads: int, head_d
     if form == "flex":
         # Copies, each of its own: the device read writes the eight tensors as views of one
         # allocation, and an op's outputs may share no storage.
-        fields = [arrays[name] for name in _block_mask.BLOCK_MASK_FIELDS]
+        fields = [arrays[name] for name in BLOCK_MASK_FIELDS]
         out = [t.expand(shape).clone(memory_format=torch.contiguous_format)
                for t, shape in zip([bounds(), *fields], [(B, H, Q, 2), *shapes])]
     else:  # never read (the flex branch is not taken); zeros, not whatever memory held
@@ -269,9 +271,8 @@ def attend_graph(gm, query, key, value, sdpa, dropout_p=0.0, scale=None):
 
     def flex(q, k, v, mask, bounds, *arrays):
         from torch.nn.attention.flex_attention import flex_attention
-        block_mask = _block_mask.block_mask_from_arrays(dict(zip(_block_mask.BLOCK_MASK_FIELDS, arrays)),
-                                                        (q.shape[2], k.shape[2]), (BLOCK, BLOCK),
-                                                        _block_mask.bounds_mask_mod(bounds))
+        block_mask = _block_mask.from_arrays(dict(zip(BLOCK_MASK_FIELDS, arrays)), (q.shape[2], k.shape[2]),
+                                             (BLOCK, BLOCK), bounds_mask_mod(bounds))
         return flex_attention(q, k, v, block_mask=block_mask, **flex_kwargs).transpose(1, 2).contiguous()
 
     def contiguous_gradients(branch):

@@ -353,12 +353,12 @@ def flex_only(monkeypatch):
                         lambda *a, **kw: real(*a, **{**kw, "sm": 90, "available": {"flex"}}))
     monkeypatch.setattr(_flex, "_compiled_flex", fa.flex_attention)
     built = []
-    real_from_tiles = _block_mask.block_mask_from_tiles
+    real_from_tiles = _block_mask.from_tiles
 
     def from_tiles(*a, **kw):
         built.append(real_from_tiles(*a, **kw))
         return built[-1]
-    monkeypatch.setattr(_block_mask, "block_mask_from_tiles", from_tiles)
+    monkeypatch.setattr(_block_mask, "from_tiles", from_tiles)
     created = []
     real_create = fa.create_block_mask
     monkeypatch.setattr(fa, "create_block_mask", lambda *a, **kw: created.append(a) or real_create(*a, **kw))
