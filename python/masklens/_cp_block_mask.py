@@ -5,10 +5,12 @@ every tile with a compiled create_block_mask) and writes the mask_mod from the a
 structure's rule at global positions. Local work only: no collective."""
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 import torch
 
-from . import _block_mask, _scan
+from . import _block_mask, _flex, _scan
 from ._mask_mods import attends, mask_mod_for
 from ._cp_runs import as_4d
 from ._cp_shards import positions, sequence_order
@@ -56,6 +58,18 @@ def _local_block_mask(rows, size, mask_mod, device):
     return _block_mask.from_tiles(tiles, mask_mod, device)
 
 
+# What each BlockMask built here has its mask_mod branch on (rule_of): CP's compiled flex
+# keys its bucket on it, so that masks of other rules do not recompile one bucket's function.
+_rules = weakref.WeakKeyDictionary()
+
+
+def rule_of(block_mask):
+    """The rule a BlockMask of build_block_mask's mask_mod branches on (hashable; None for
+    another BlockMask): the sharding (its position tables) and the structure's rule as
+    the drop-in's buckets sign it (masklens._flex.rule_signature)."""
+    return _rules.get(block_mask)
+
+
 def build_block_mask(structure, local_mask, device, *, rank: int, world_size: int, sharding: str, block_size):
     """FlexAttention's BlockMask of rank `rank`'s query rows against the whole sequence in
     the order the ranks' shards gather (flex CP's coordinates: local q, gathered kv). Its
@@ -75,4 +89,6 @@ def build_block_mask(structure, local_mask, device, *, rank: int, world_size: in
         mask_mod = mask_mod_for(structure, device, attends(rows))
     else:
         mask_mod = _global_rule(structure, device, mine, None if identity else order)
-    return _local_block_mask(rows, block_size, mask_mod, device)
+    block_mask = _local_block_mask(rows, block_size, mask_mod, device)
+    _rules[block_mask] = (sharding, _flex.rule_signature(structure, structure.kind == "arbitrary"))
+    return block_mask

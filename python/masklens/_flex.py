@@ -14,7 +14,10 @@ win warm is counted: once the calls that ran without it have given up as much as
 compile costs, the bucket's compile is charged no more (renting until buying pays).
 
 run_flex is the runner masklens._run looks up for "torch.flex_attention"; its BlockMask
-comes from masklens._block_mask.
+comes from masklens._block_mask. flex_in_bucket runs other callers' flex (context
+parallelism's) the same way, in buckets tagged with the caller: they neither share nor
+warm the drop-in's, and decide() never charges for them; where a bucket would run
+uncompiled it raises FlexRanEager, the caller choosing its fallback.
 """
 from __future__ import annotations
 
@@ -61,7 +64,7 @@ def length_bucket(n: int) -> int:
     return 128 << max(0, (max(n, 1) - 1).bit_length() - 7)
 
 
-def _rule_signature(structure, reads_mask: bool):
+def rule_signature(structure, reads_mask: bool):
     """What a mask_mod's Python branches read of the structure (mask_mod_for): what a
     compiled flex is specialised on besides the shapes."""
     s = structure
@@ -84,7 +87,20 @@ def flex_bucket_key(structure, query, key, value, reads_mask=None):
     B, H, Q, D = query.shape
     device = query.device
     return (device.type, device.index, query.dtype, B, H, key.shape[1], D, value.shape[-1],
-            _rule_signature(structure, reads_mask), length_bucket(max(Q, key.shape[2])))
+            rule_signature(structure, reads_mask), length_bucket(max(Q, key.shape[2])))
+
+
+def tagged_bucket_key(tag: str, query, key, value, block_size, rule=None):
+    """The bucket of a flex call made outside the drop-in (`tag` names the caller: "cp" for
+    context parallelism): the tag first, so that no key of flex_bucket_key (the drop-in's,
+    which decide()'s compile charge reads) is ever one of these; then what flex_bucket_key
+    keeps static, with the tile size and `rule` (hashable: what the caller's mask_mod
+    branches on, as rule_signature gives it; None where unknown, and then a new rule
+    compiles again within the bucket, under its recompile limit)."""
+    B, H, Q, D = query.shape
+    device = query.device
+    return (tag, device.type, device.index, query.dtype, B, H, key.shape[1], D, value.shape[-1],
+            rule, tuple(block_size), length_bucket(max(Q, key.shape[2])))
 
 
 class FlexBucket:
@@ -209,6 +225,30 @@ def _compiled_in_bucket(bucket: FlexBucket, q, k, v, block_mask, scale, enable_g
     return out if wants_grad or not training_form else out.detach()
 
 
+def _run_in_bucket(bucket: FlexBucket, q, k, v, block_mask, scale, enable_gqa):
+    """_compiled_in_bucket, or FlexRanEager where the bucket cannot run compiled: Dynamo
+    ran it uncompiled now (the bucket is then broken) or on an earlier call."""
+    if bucket.broken:
+        raise FlexRanEager(f"masklens: the compiled FlexAttention of bucket {bucket.key} ran uncompiled before")
+    try:
+        return _compiled_in_bucket(bucket, q, k, v, block_mask, scale, enable_gqa)
+    except FlexRanEager:
+        bucket.broken = True
+        raise
+
+
+def flex_in_bucket(query, key, value, block_mask, *, tag: str, rule=None, scale=None, enable_gqa=False):
+    """flex_attention on `block_mask`, compiled in the bucket of `tag` and these shapes
+    (tagged_bucket_key): as the drop-in's calls, one compiled function a bucket with
+    dynamic lengths (a new length in it compiles nothing), in one grad form; but in
+    buckets of their own, so that the caller neither warms nor shares the drop-in's nor
+    enters decide()'s compile charge. Never flex's unfused path: where Dynamo runs the
+    bucket uncompiled (its recompile limit, a fallback to eager) it raises FlexRanEager,
+    then and on every later call in the bucket; the caller picks its own fallback."""
+    bucket = flex_bucket(tagged_bucket_key(tag, query, key, value, block_mask.BLOCK_SIZE, rule))
+    return _run_in_bucket(bucket, query, key, value, block_mask, scale, enable_gqa)
+
+
 def _call_in_form(training_form, fn, q, k, v, block_mask, scale, enable_gqa):
     with torch.enable_grad() if training_form else torch.no_grad():
         return fn(q, k, v, block_mask, scale, enable_gqa)
@@ -289,7 +329,7 @@ def run_flex(call, t, q, k, v, compiled=True, args=None):
     if bucket.broken:
         return _dense_fallback(t, q, k, v)
     try:
-        return _compiled_in_bucket(bucket, q, k, v, block_mask, t.scale, gqa)
+        return _run_in_bucket(bucket, q, k, v, block_mask, t.scale, gqa)
     except FlexRanEager:
         _flex_unusable(bucket, "Dynamo ran it uncompiled: its recompile limit, or a fallback to eager")
     except dynamo.exc.TorchDynamoException as e:
