@@ -311,7 +311,7 @@ def bench_split(L, device, reps):
                     written = _core.tiles_from_structure(structure, 128, 128).block_mask()
                     return {f: torch.from_numpy(getattr(written, f)).to(device) for f in FIELDS}
                 t_tensors, arrays = timed(host_tensors, reps, device)
-            t_bm, _ = timed(lambda: _block_mask.block_mask_from_arrays(arrays, (L, L), (128, 128), mod), reps, device)
+            t_bm, _ = timed(lambda: _block_mask.from_arrays(arrays, (L, L), (128, 128), mod), reps, device)
             t_all, _ = timed(lambda: _block_mask.block_mask_from_structure(structure, (128, 128),
                                                                     _block_mask.mask_mod_for(structure, device), device),
                              reps, device)
@@ -325,7 +325,7 @@ def bench_split(L, device, reps):
             reads = verdict is not None and verdict.structure.kind == "arbitrary" or verdict is None
             kept = verdict.structure if verdict is not None else None
             t_mod, mod = timed(lambda: _block_mask.mask_mod_for(kept, device, m if reads else None), reps, device)
-            t_bm, _ = timed(lambda: _block_mask.block_mask_from_arrays(arrays, (L, L), (128, 128), mod), reps, device)
+            t_bm, _ = timed(lambda: _block_mask.from_arrays(arrays, (L, L), (128, 128), mod), reps, device)
             t_all, _ = timed(lambda: mt.block_mask(m, 128), reps, device, before=masklens.forget)
             line.append(f"one device read {t_all:.3f} = read + tiles + verdict {t_read:.3f} (last call: prepare "
                         f"{prepare_ms:.3f}, device part {scan_ms:.3f}, classify {classify_ms:.3f}) + mask_mod "
@@ -429,7 +429,7 @@ def bench_stalls(L, device, calls):
                 r["mask_mod"], t = (time.perf_counter() - t) * 1e3, time.perf_counter()
                 arrays, lengths = _block_mask.device_block_mask_from_structure(structure, (128, 128), device)
                 r["ranges + tensors"], t = (time.perf_counter() - t) * 1e3, time.perf_counter()
-                _block_mask.block_mask_from_arrays(arrays, lengths, (128, 128), mod)
+                _block_mask.from_arrays(arrays, lengths, (128, 128), mod)
                 r["BlockMask"], t = (time.perf_counter() - t) * 1e3, time.perf_counter()
             else:
                 mt.block_mask(m, 128)
@@ -457,7 +457,7 @@ def bench_steps(L, device, calls):
     over `calls` calls, after three untimed ones. The wrappers add about a microsecond each."""
     import masklens
     import masklens.torch as mt
-    from masklens import _block_mask, _core, _scan
+    from masklens import _block_mask, _core, _device_tiles, _scan
     if device != "cuda" or _scan.cuda_module() is None:
         print("--steps times the device read: it needs CUDA and masklens._cuda")
         return
@@ -481,10 +481,10 @@ def bench_steps(L, device, calls):
         def __getattr__(self, name):
             return getattr(self._module, name)
     targets = [(mt, "block_mask"), (_block_mask, "_device_block_mask"), (_block_mask, "_structure_slices"),
-               (_block_mask, "device_scan_tiles"), (_scan, "device_runs"), (_block_mask, "_block_mask_storage"),
+               (_block_mask, "device_scan_tiles"), (_scan, "device_runs"), (_device_tiles, "_block_mask_storage"),
                (_scan, "stream_of"), (_scan, "counted_scan"), (_core, "DeviceRuns"),
                (_block_mask, "rule_reads_tables"), (_block_mask, "span_mask_mod"), (_block_mask, "mask_mod_for"),
-               (_block_mask, "block_mask_from_arrays")]
+               (_block_mask, "from_arrays")]
     saved = [(obj, name, getattr(obj, name)) for obj, name in targets] + [(_scan, "_cuda", _scan._cuda)]
     index = torch.cuda.current_device()
     try:

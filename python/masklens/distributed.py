@@ -29,7 +29,7 @@ The package's modules under it, each of one job (bottom to top):
   _cp_merge        every rank's runs merged into the whole mask's, in global row order
   _cp_verdict      scan() and inspect(): the agreed verdict and decision
   _cp_block_mask   FlexAttention's BlockMask of a rank's rows (local work only)
-  _cp_flex         the flex_attention CP calls, compiled on CUDA
+  _cp_flex         the flex_attention CP calls, compiled on CUDA in buckets of their own
   _cp_transformers attn_implementation="masklens_cp"
   _cp_runner       ContextParallel: torch's CP dispatcher, the SDPA ring, FlexAttention CP,
                    each call's arguments agreed with every rank before its collectives
