@@ -223,6 +223,9 @@ def _worker(rank, world, port, result_dir):
         if rank < 3:
             _flex_cp(groups[3], rank, 3)
         open(os.path.join(result_dir, f"rank{rank}.ok"), "w").close()
+        # Every rank done before any tears the group down: gloo aborts a process whose
+        # peer closes the connection while its last send is still in flight.
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
@@ -347,6 +350,9 @@ def _gpu_worker(rank, world, port, backend, result_dir):
                 for mine, theirs in zip((lq, lk, lv), ref_in):
                     torch.testing.assert_close(mine.grad, cp.shard(theirs.grad, 2), **tol)
         open(os.path.join(result_dir, f"rank{rank}.ok"), "w").close()
+        # Every rank done before any tears the group down: gloo aborts a process whose
+        # peer closes the connection while its last send is still in flight.
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 

@@ -134,6 +134,9 @@ def _worker(rank, port, result_dir):
         _constructor(mesh, rank)
         _attention(mesh, rank)
         open(os.path.join(result_dir, f"rank{rank}.ok"), "w").close()
+        # Every rank done before any tears the group down: gloo aborts a process whose
+        # peer closes the connection while its last send is still in flight.
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
