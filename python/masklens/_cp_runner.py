@@ -172,10 +172,9 @@ class ContextParallel:
     def _agreed_part(self, tensor, dim: int) -> None:
         """unshard()'s all_gather takes parts of one shape, dtype and device type on every
         rank: checked here and (check_calls) agreed with every rank first."""
-        error, own = None, None
-        signature = dict.fromkeys(("dims", "dim", *(f"size {i}" for i in range(_UNSHARD_DIMS)), "dtype", "device type"),
-                                  0)
-        try:
+        names = ("dims", "dim", *(f"size {i}" for i in range(_UNSHARD_DIMS)), "dtype", "device type")
+
+        def check():
             if not isinstance(tensor, torch.Tensor) or not 1 <= tensor.dim() <= _UNSHARD_DIMS:
                 raise _core.MaskError(f"invalid_argument: unshard takes a tensor of 1 to {_UNSHARD_DIMS} dims, got "
                                       f"{list(tensor.shape) if isinstance(tensor, torch.Tensor) else type(tensor)}")
@@ -183,14 +182,24 @@ class ContextParallel:
                 raise _core.MaskError(f"invalid_argument: unshard's dim must index the tensor's {tensor.dim()} dims, "
                                       f"got {dim!r}")
             shape = list(tensor.shape) + [0] * (_UNSHARD_DIMS - tensor.dim())
-            signature = dict(zip(signature, (tensor.dim(), dim % tensor.dim(), *shape, _code(str(tensor.dtype)),
-                                             _code(tensor.device.type))))
+            return dict(zip(names, (tensor.dim(), dim % tensor.dim(), *shape, _code(str(tensor.dtype)),
+                                    _code(tensor.device.type))))
+        self._checked_and_agreed("ContextParallel.unshard", check, names)
+
+    def _checked_and_agreed(self, what: str, check, names) -> None:
+        """check() on this rank (it raises, or gives the call's signature: a value for each
+        of `names`), then, with check_calls, agree_on_call with every rank: an error is
+        every rank's (its own type kept on its rank where it is no argument's). Without
+        check_calls the error is this rank's alone."""
+        error, own, signature = None, None, dict.fromkeys(names, 0)
+        try:
+            signature = check()
         except Exception as e:  # noqa: BLE001 - every rank hears of it in the exchange below
             if not self.check_calls:
                 raise
             error, own = error_text(e), e
         if self.check_calls:
-            agree_on_call(self.group, "ContextParallel.unshard", error, signature, own)
+            agree_on_call(self.group, what, error, signature, own)
 
     def inspect(self, local_mask, query=None, key=None, value=None, **kwargs):
         return inspect(local_mask, query, key, value, group=self.group, sharding=self.sharding, **kwargs)
@@ -232,8 +241,9 @@ class ContextParallel:
         that differ there would enter different collectives, or collectives of different
         sizes). An error on any rank, or a difference, is an ArgumentError on every rank; a
         rank's own error that is no argument's (out of memory) is raised there as it is."""
-        error, own, ring, block_mask, signature = None, None, False, None, dict.fromkeys(_CALL_SIGNATURE, 0)
-        try:
+        decided = {"ring": False, "block_mask": None}
+
+        def check():
             structure = getattr(report, "structure", None)
             if structure is None:
                 raise _core.MaskError("invalid_argument: report is the ranks' agreed Report or Verdict (cp.inspect(), "
@@ -243,7 +253,7 @@ class ContextParallel:
                 raise _core.MaskError("invalid_argument: CP shards queries and keys alike: the mask must have as many "
                                       f"keys as queries, got Q={structure.q_len}, K={structure.k_len}")
             self._check_shards(structure.q_len, query)
-            ring = self.uses_ring(structure, query.device)
+            ring = decided["ring"] = self.uses_ring(structure, query.device)
             needs_backward = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
             if ring and needs_backward and not self._active:
                 raise RuntimeError(_RING_OUTSIDE_CP)
@@ -254,18 +264,13 @@ class ContextParallel:
                                           "local_mask")
                 if local_mask is not None:
                     _check_local_mask(local_mask, query.shape[2], structure.q_len)
-                block_mask = self.block_mask(report, local_mask, query.device)
+                decided["block_mask"] = self.block_mask(report, local_mask, query.device)
             b, h, rows, d = query.shape
-            signature = dict(zip(_CALL_SIGNATURE, (
+            return dict(zip(_CALL_SIGNATURE, (
                 structure.q_len, _code(structure.describe()), int(ring), b, h, key.shape[1], d, value.shape[3], rows,
                 _code(str(query.dtype)), _code(query.device.type), int(needs_backward))))
-        except Exception as e:  # noqa: BLE001 - every rank hears of it in the exchange below
-            if not self.check_calls:
-                raise
-            error, own = error_text(e), e
-        if self.check_calls:
-            agree_on_call(self.group, "ContextParallel.attention", error, signature, own)
-        return ring, block_mask
+        self._checked_and_agreed("ContextParallel.attention", check, _CALL_SIGNATURE)
+        return decided["ring"], decided["block_mask"]
 
     def _check_shards(self, q_len: int, query) -> None:
         """torch's CP gathers and rotates equal shards (all_gather_tensor): Q must divide by
