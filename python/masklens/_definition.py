@@ -265,21 +265,27 @@ def _batch_rows(table, rows, what):
         raise Unrecognised(f"{what} has {table.shape[0]} batch rows")
 
 
-def _gather(table, rows, idx, what):
-    """table[b, idx] for [B, Q] indices; an index outside the table (transformers would
-    fail to index it there) is a check, read with the others."""
-    _batch_rows(table, rows, what)
-    length = table.shape[1]
+def _gather_all(tables, rows, idx, what):
+    """[table[b, idx] for each table] for [B, Q] indices into tables of one shape; an index
+    outside them (transformers would fail to index it there) is one check, read with the
+    others."""
+    _batch_rows(tables[0], rows, what)
+    length = tables[0].shape[1]
     if length == 0:  # nothing to clamp an index into (known on the host)
         raise Unrecognised(f"{what} is empty")
     rows.checks.add(((idx < 0) | (idx >= length)).any(), f"{what} of length {length} is indexed outside it")
-    return table[rows.b, idx.clamp(0, max(length - 1, 0))]
+    clamped = idx.clamp(0, length - 1)
+    return [table[rows.b, clamped] for table in tables]
+
+
+def _gather(table, rows, idx, what):
+    return _gather_all((table,), rows, idx, what)[0]
 
 
 def _interval_of_value(table, rows, idx, what, only_nonnegative=False):
     """The run of equal values of `table` [B, L] holding table[b, idx], as [start, end)."""
     start, end = _runs(table, rows.checks, what, only_nonnegative)
-    return _gather(start, rows, idx, what), _gather(end, rows, idx, what)
+    return tuple(_gather_all((start, end), rows, idx, what))
 
 
 def _evaluate(node, rows):
