@@ -618,12 +618,21 @@ class Definition:
     """A mask read from its definition: the verdict (its structure and rows) without a
     [B, 1, Q, K] tensor."""
 
-    __slots__ = ("batch", "q_len", "k_len", "verdict", "tree")
+    __slots__ = ("batch", "q_len", "k_len", "verdict", "tree", "begin", "end")
 
-    def __init__(self, batch, q_len, k_len, verdict, tree):
+    def __init__(self, batch, q_len, k_len, verdict, tree, begin=None, end=None):
         self.batch, self.q_len, self.k_len = batch, q_len, k_len
         self.verdict = verdict
         self.tree = tree
+        self.begin, self.end = begin, end  # [B, Q] int64 on the rows' device: each row's keys [begin, end)
+
+    def bounds(self):
+        """[B, 1, Q, 2] int64 on the rows' device: each row's first and last key, (K, -1) for
+        a row that attends nothing (the table _mask_mods.bounds_mask_mod reads)."""
+        empty = self.begin >= self.end
+        first = self.begin.masked_fill(empty, self.k_len)
+        last = (self.end - 1).masked_fill(empty, -1)
+        return torch.stack([first, last], -1).unsqueeze(1)
 
 
 # sdpa_mask's arguments that do not change the mask it builds (the skips say whether it
@@ -681,7 +690,7 @@ def _recognise(batch_size, q_length, kv_length, q_offset, kv_offset, mask_functi
     # The rows' spans are exactly a scan's of the dense bool mask (no flags): the
     # classifier's verdict over their runs is the scan's.
     verdict = _core.classify_runs([B, 1, Q, K, tables, 1], np.ascontiguousarray(runs))
-    return Definition(B, Q, K, verdict, tree)
+    return Definition(B, Q, K, verdict, tree, begin, end)
 
 
 class DefinedMask:

@@ -195,24 +195,44 @@ graph_operands.register_autograd(_graph_operands_backward)
 
 
 class GraphMask:
-    """What a compiled model's attention layers receive in one-graph mode: the dense mask,
-    the op's decision (code) and the FlexAttention form's tensors, made in the graph. A
-    plain object: Dynamo traces its tensors and guards its Python values (expected, forms)."""
+    """What a compiled model's attention layers receive in one-graph mode: the op's decision
+    (code), the FlexAttention form's tensors, and the dense mask or how to build it, made in
+    the graph. A plain object: Dynamo traces its tensors and guards its Python values
+    (expected, forms).
 
-    def __init__(self, mask, code, bounds, arrays, expected, forms):
-        self.mask = mask
+    The dense form's mask is `build_mask(*mask_operands)`: for graph_form's answer the
+    operands are the mask itself (built before the op, which scans it); for a mask read from
+    its definition (masklens._graph_definition) they are the definition's O(B·L) tensors and
+    the build is transformers' own, so attend_graph builds the [B, 1, Q, K] mask inside the
+    dense branch of its torch.cond, where it exists only while that branch runs. `mask`
+    builds it where a call takes none of the forms (dropout, another scale), once."""
+
+    def __init__(self, mask, code, bounds, arrays, expected, forms, *, shape=None, mask_operands=None,
+                 build_mask=None):
+        self._mask = mask
         self.code = code
         self.bounds = bounds
         self.arrays = arrays
         self.expected = expected  # (heads, kv_heads, head_dim, head_dim_v) the decision was for
         self.forms = forms
+        self.shape = tuple(mask.shape) if shape is None else tuple(shape)
+        self.mask_operands = (mask,) if mask_operands is None else tuple(mask_operands)
+        self.build_mask = _as_is if build_mask is None else build_mask
 
     @property
-    def shape(self):
-        return self.mask.shape
+    def mask(self):
+        """The dense mask: built (in the graph, outside any branch) on first use where the
+        GraphMask holds only its definition."""
+        if self._mask is None:
+            self._mask = self.build_mask(*self.mask_operands)
+        return self._mask
 
     def __repr__(self):
-        return f"<masklens GraphMask {tuple(self.mask.shape)}>"
+        return f"<masklens GraphMask {self.shape}>"
+
+
+def _as_is(mask):
+    return mask
 
 
 def graph_mask(mask, *, heads, kv_heads, head_dim, head_dim_v=None, dtype=torch.float32, training=None, batch=None):
@@ -257,20 +277,24 @@ def attend_graph(gm, query, key, value, sdpa, dropout_p=0.0, scale=None):
     (_compiled.fits_decided_call, another batch): the caller then runs sdpa with gm.mask."""
     B, H, Q, _ = query.shape
     Hk, K = key.shape[1], key.shape[2]
-    if not _compiled.fits_decided_call(gm.mask, gm.expected, query, key, value, dropout_p, H % Hk == 0):
+    if not _compiled.fits_decided_call(gm, gm.expected, query, key, value, dropout_p, H % Hk == 0):
         return None
-    if gm.mask.shape[0] not in (1, B):
+    if gm.shape[0] not in (1, B):
         return None
     flex_kwargs = {"scale": scale, **({"enable_gqa": True} if H != Hk else {})}
 
-    def dense(q, k, v, mask, bounds, *arrays):
-        return sdpa(q, k, v, mask)
+    n = len(gm.mask_operands)  # the dense mask's operands, then bounds and the BlockMask's tensors
 
-    def causal(q, k, v, mask, bounds, *arrays):
+    def dense(q, k, v, *rest):
+        # The mask built here where it is a definition's: it exists while this branch runs.
+        return sdpa(q, k, v, gm.build_mask(*rest[:n]))
+
+    def causal(q, k, v, *rest):
         return sdpa(q, k, v, None)
 
-    def flex(q, k, v, mask, bounds, *arrays):
+    def flex(q, k, v, *rest):
         from torch.nn.attention.flex_attention import flex_attention
+        bounds, *arrays = rest[n:]
         block_mask = _block_mask.from_arrays(dict(zip(BLOCK_MASK_FIELDS, arrays)), (q.shape[2], k.shape[2]),
                                              (BLOCK, BLOCK), bounds_mask_mod(bounds))
         return flex_attention(q, k, v, block_mask=block_mask, **flex_kwargs).transpose(1, 2).contiguous()
@@ -283,7 +307,7 @@ def attend_graph(gm, query, key, value, sdpa, dropout_p=0.0, scale=None):
         return run
     dense, causal, flex = contiguous_gradients(dense), contiguous_gradients(causal), contiguous_gradients(flex)
 
-    operands = (*torch.ops.masklens.graph_operands(query, key, value), gm.mask, gm.bounds, *gm.arrays)
+    operands = (*torch.ops.masklens.graph_operands(query, key, value), *gm.mask_operands, gm.bounds, *gm.arrays)
     not_causal = dense
     if gm.forms >> FLEX & 1:
         def not_causal(*ops):

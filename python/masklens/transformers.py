@@ -50,7 +50,7 @@ from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_f
 from transformers import masking_utils
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from . import _compiled, _core, _definition, _one_graph, _run, _scan, _verdicts
+from . import _compiled, _core, _definition, _graph_definition, _one_graph, _run, _scan, _verdicts
 from . import torch as _dropin
 from ._definition import DefinedMask
 from ._one_graph import GraphMask, attend_graph, constant_scale, graph_mask
@@ -319,9 +319,30 @@ _mask_outside_graph = _verdicts.outside_graph(
 
 
 def _mask_in_graph(*args, **kwargs):
-    """One graph: sdpa_mask traced into the graph, its form decided at run time by an op
-    of the graph (masklens._one_graph.graph_mask): no graph break."""
+    """One graph, no graph break. A composition of transformers' primitives made while
+    tracing (masklens._graph_definition: the factories give objects Dynamo reads) is handed
+    to an op as its O(B·L) tensors and a spec, read from its definition at run time, and the
+    dense mask is built only inside the layers' dense branch; anything else is sdpa_mask
+    traced into the graph, its form decided at run time by an op that scans it
+    (masklens._one_graph.graph_mask)."""
+    if not args and from_definition and not _sdpa_skips(kwargs):
+        shape = _attention_shape(kwargs.get("config"))
+        if shape is not None:
+            heads, kv_heads, head_dim = shape
+            dtype = _call_dtype(kwargs.get("dtype", torch.float32), kwargs.get("device", "cpu"))
+            gm = _graph_definition.graph_mask_defined(kwargs, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
+                                                      dtype=dtype)
+            if gm is not None:
+                return gm
     return _layers_mask(graph_mask, *args, **kwargs)
+
+
+def _graph_read(how, what) -> None:
+    """The in-graph op's reading of a definition, noted as the eager path notes its own."""
+    global _definitions
+    if how == "definition":
+        _definitions += 1
+    _note(how, what)
 
 
 def _skip_scan(query, attention_mask) -> bool:
@@ -410,6 +431,11 @@ def register() -> None:
     CUDA device: the kernels load at the first forward on one (preload_kernels)."""
     AttentionInterface.register(NAME, masklens_attention_forward)
     AttentionMaskInterface.register(NAME, masklens_mask)
+    # One graph reads transformers' compositions while tracing: its factories give objects
+    # Dynamo can read there (closures everywhere else: nothing changes outside compile).
+    _graph_definition.install()
+    _graph_definition.on_read = _graph_read
+    _graph_definition.mask_build_ms = _mask_build_ms
 
 
 register()

@@ -37,20 +37,34 @@ def taken_since(before):
     return {form: n - before.get(form, 0) for form, n in one_graph.forms_taken.items() if n - before.get(form, 0)}
 
 
-@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
-def test_fullgraph_model_equals_sdpa_without_a_break(one_graph_mode, backend):
+def proofs_since(before):
+    """(scans, definitions read) since `before` (a proofs_now())."""
+    scans, definitions = proofs_now()
+    return scans - before[0], definitions - before[1]
+
+
+def proofs_now():
+    return masklens.scan_count(), masklens.transformers.definition_count()
+
+
+@pytest.mark.parametrize("backend,reading", [("aot_eager", "definition"), ("inductor", "definition"),
+                                             ("aot_eager", "scan")])
+def test_fullgraph_model_equals_sdpa_without_a_break(one_graph_mode, monkeypatch, backend, reading):
     """fullgraph=True compiles (it refuses the default path's break); plain causal and
     padded batches take the causal and dense branches of one graph, new padding compiles
-    nothing, forward and backward equal sdpa's (eager), one scan a forward."""
+    nothing, forward and backward equal sdpa's (eager). The mask is read once a forward:
+    from its definition (transformers' composition, read by the op: no scan), or, with
+    from_definition off, by one scan of sdpa_mask's tensor in the op."""
+    monkeypatch.setattr(masklens.transformers, "from_definition", reading == "definition")
     ref, ours = pair(LlamaConfig(**SMALL))
     compiled = torch.compile(ours, backend=backend, fullgraph=True)
     steps = [((0, 0, 0), "causal"), ((0, 4, 9), "dense"), ((2, 0, 7), "dense"), ((0, 0, 0), "causal")]
     for step, (pads, form) in enumerate(steps):
         ids, attention = left_padded(pads, seed=step)
         counters.clear()
-        before, taken = masklens.scan_count(), dict(one_graph.forms_taken)
+        before, taken = proofs_now(), dict(one_graph.forms_taken)
         b = forward_backward(compiled, ids, attention)
-        assert masklens.scan_count() - before == 1, "one scan per forward, in the graph's op"
+        assert proofs_since(before) == ((0, 1) if reading == "definition" else (1, 0)), "one reading a forward"
         assert taken_since(taken) == {form: 1}
         assert not break_sites()
         if step:
@@ -130,16 +144,16 @@ def test_prefill_over_a_cache_decides_and_gets_the_flex_branch(one_graph_mode, g
         for step in range(3):
             chunk = torch.randint(3, 97, (2, 6), generator=torch.Generator().manual_seed(step))
             attention = torch.cat([attention, torch.ones(2, 6, dtype=attention.dtype)], 1)
-            taken, before = dict(one_graph.forms_taken), masklens.scan_count()
+            taken, before = dict(one_graph.forms_taken), proofs_now()
             a = ref(input_ids=chunk, attention_mask=attention, past_key_values=caches[0], use_cache=True).logits
             b = compiled(input_ids=chunk, attention_mask=attention, past_key_values=caches[1], use_cache=True).logits
-            assert masklens.scan_count() - before == 1
+            assert proofs_since(before) == (0, 1), "read from its definition (offsets from the cache)"
             assert taken_since(taken) == {"dense" if step == 0 else "flex": 1}
             assert (a - b).abs().max().item() < 1e-4
 
 
 def test_hybrid_model_decides_once_per_mask_kind(one_graph_mode):
-    """Gemma3's sliding and full layers: two ops a forward (two scans), one graph."""
+    """Gemma3's sliding and full layers: two ops a forward (two definitions read), one graph."""
     cfg = Gemma3TextConfig(**SMALL, head_dim=16, sliding_window=6,
                            layer_types=["sliding_attention", "sliding_attention", "full_attention"])
     ref, ours = pair(cfg)
@@ -147,9 +161,9 @@ def test_hybrid_model_decides_once_per_mask_kind(one_graph_mode):
     for step, pads in enumerate([(0, 4, 9), (3, 0, 11)]):
         ids, attention = left_padded(pads, seed=step)
         counters.clear()
-        before = masklens.scan_count()
+        before = proofs_now()
         b = forward_backward(compiled, ids, attention)
-        assert masklens.scan_count() - before == 2
+        assert proofs_since(before) == (0, 2)
         assert not break_sites()
         assert_matches_reference(ref, ours, ids, attention, b)
 
@@ -267,7 +281,7 @@ def test_trainer_compiled_in_one_graph_matches_sdpa(one_graph_mode, tmp_path, ca
     """transformers' Trainer with torch_compile, lengths new nearly every step (dynamic
     padding, padding-free packing through position_ids, a Mistral sliding window): 20
     steps with no graph break and at most two graphs (the first shape's, then Dynamo's
-    dynamic one: the op's fake kernel takes symbolic sizes), a scan a step, the losses and
+    dynamic one: the op's fake kernel takes symbolic sizes), a reading a step, the losses and
     gradient norms of eager sdpa."""
     pytest.importorskip("accelerate")  # transformers' Trainer needs it
     from test_training import flattening, pad_to_longest, train
