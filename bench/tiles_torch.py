@@ -18,7 +18,7 @@ Per mask (sliding window 4096, packed documents, random block-sparse; bool [1, 1
   masklens, device scan      CUDA, arbitrary masks, where masklens._cuda is built:
                              masklens.torch.block_mask(mask), one device read that gives
                              the verdict and writes the eight tensors on the device
-                             (scan_runs_tiles; one synchronisation)
+                             (scan_runs planned with tiles; one synchronisation)
   masklens, host scan        one host read that gives spans and tiles (scan_with_tiles); a
                              CUDA mask is copied to the host first (the copy is counted):
                              what block_mask() does for an arbitrary CUDA mask without
@@ -457,7 +457,7 @@ def bench_steps(L, device, calls):
     over `calls` calls, after three untimed ones. The wrappers add about a microsecond each."""
     import masklens
     import masklens.torch as mt
-    from masklens import _block_mask, _core, _device_tiles, _scan
+    from masklens import _block_mask, _device_tiles, _scan
     if device != "cuda" or _scan.cuda_module() is None:
         print("--steps times the device read: it needs CUDA and masklens._cuda")
         return
@@ -475,14 +475,14 @@ def bench_steps(L, device, calls):
     class Module:  # masklens._cuda with its scan's entry points wrapped
         def __init__(self, module):
             self._module = module
-            for name in ("query_runs_tiles", "scan_runs_tiles", "wait_runs"):
+            for name in ("plan_runs", "scan_runs", "wait_runs"):
                 setattr(self, name, wrapped(getattr(module, name), "_cuda." + name))
 
         def __getattr__(self, name):
             return getattr(self._module, name)
     targets = [(mt, "block_mask"), (_block_mask, "_device_block_mask"), (_block_mask, "_structure_slices"),
                (_block_mask, "device_scan_tiles"), (_scan, "device_runs"), (_device_tiles, "_block_mask_storage"),
-               (_scan, "stream_of"), (_scan, "counted_scan"), (_core, "DeviceRuns"),
+               (_scan, "stream_of"), (_scan, "counted_scan"),
                (_block_mask, "rule_reads_tables"), (_block_mask, "span_mask_mod"), (_block_mask, "mask_mod_for"),
                (_block_mask, "from_arrays")]
     saved = [(obj, name, getattr(obj, name)) for obj, name in targets] + [(_scan, "_cuda", _scan._cuda)]

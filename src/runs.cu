@@ -1,7 +1,7 @@
-// The run reduction's entry points (declared in masklens/cuda/runs.hpp), compiled once
-// with nvcc into masklens_cuda_dep beside scan.cu. Every CUDA call's result is checked and
-// returned as a Status naming the call; cleanup failures are reported too, after any
-// earlier failure.
+// The run reduction's entry points and the composite run scan in the caller's memory
+// (declared in masklens/cuda/runs.hpp), compiled once with nvcc into masklens_cuda_dep
+// beside scan.cu and tiles.cu. Every CUDA call's result is checked and returned as a
+// Status naming the call; cleanup failures are reported too, after any earlier failure.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -15,7 +15,9 @@
 #include <masklens/cuda/check.cuh>
 #include <masklens/cuda/dispatch_runs.cuh>
 #include <masklens/cuda/runs.hpp>
+#include <masklens/cuda/runs_block.hpp>
 #include <masklens/cuda/temp_storage.hpp>
+#include <masklens/cuda/tiles.hpp>
 
 namespace masklens::gpu {
 
@@ -24,16 +26,6 @@ namespace {
 using detail::allocate;
 using detail::check;
 using detail::keep_first;
-
-// The rows one reduction takes (64 GiB of spans): its tiles, a grid's blocks, stay under
-// 2^20, and the grid dimensions are unsigned.
-constexpr std::int64_t kMaxRows = (std::int64_t{1} << 31) - 1;
-
-// Runs copied back with the count in the first copy (16 KiB), and the room scan_runs
-// allocates: the masks frameworks pass have far fewer, so one copy and one
-// synchronisation bring everything; more than kRunRoom are reduced a second time.
-constexpr std::int64_t kEagerRuns = 256;
-constexpr std::int64_t kRunRoom = 4096;
 
 }  // namespace
 
@@ -53,7 +45,7 @@ Status reduce_runs(void* d_temp_storage, std::size_t& temp_storage_bytes, const 
   if (rows < 1 || q_len < 1 || rows % q_len != 0)
     return error(ErrorCode::invalid_argument, "rows (" + std::to_string(rows) + ") must be a positive multiple of q_len (" +
                                                   std::to_string(q_len) + ")");
-  if (rows > kMaxRows)
+  if (rows > kMaxRunRows)
     return error(ErrorCode::invalid_argument, "rows (" + std::to_string(rows) + ") must be at most 2^31 - 1");
   // 255 spare bytes: the tile arrays start at the first 256-byte boundary of the storage.
   const std::size_t needed = detail::runs_temp_layout(rows, nullptr, nullptr) + detail::kStorageAlignment - 1;
@@ -78,95 +70,165 @@ Status reduce_runs(void* d_temp_storage, std::size_t& temp_storage_bytes, const 
                "cudaLaunchKernelEx(run kernels)");
 }
 
-Result<SpanRuns> scan_runs(const MaskView& device_view, Stream stream) {
-  if (device_view.data() == nullptr) return error(ErrorCode::invalid_argument, "view is empty (data is null)");
-  SpanRuns out;
-  masklens::detail::span_shape_of(out, device_view);
-  const std::int64_t rows = span_rows(device_view);
-  if (rows > kMaxRows)
+
+namespace {
+
+// The block of `view` given the scan's temporary size (the plain scan's or the tile scan's).
+Result<RunsBlock> block_with_scan_temp(const MaskView& view, std::size_t scan_temp) {
+  const std::int64_t rows = span_rows(view);
+  if (rows > kMaxRunRows)
     return error(ErrorCode::invalid_argument, "the view has " + std::to_string(rows) +
                                                   " rows to scan; runs are reduced for at most 2^31 - 1");
-  std::size_t scan_temp = 0, runs_temp = 0;
-  Status st = scan_spans(nullptr, scan_temp, device_view, nullptr, stream);
-  if (st.ok()) st = reduce_runs(nullptr, runs_temp, nullptr, rows, out.q_len, nullptr, 1, nullptr, nullptr, stream);
-  if (!st.ok()) return st;
-  const std::int64_t room = std::min(rows, kRunRoom), eager = std::min(room, kEagerRuns);
-  // One device block: [count, first invalid row, padded to 64 bytes][runs][spans][temps].
-  detail::StorageLayout layout;
-  const std::size_t count_at = layout.add(2 * sizeof(std::int64_t));
-  const std::size_t runs_at = layout.add(static_cast<std::size_t>(room) * sizeof(SpanRun), 64);
-  const std::size_t spans_at = layout.add(static_cast<std::size_t>(rows) * sizeof(RowSpan));
-  const std::size_t scan_temp_at = layout.add(std::max<std::size_t>(scan_temp, 1));
-  const std::size_t reduce_temp_at = layout.add(runs_temp);
-  void* block = nullptr;
-  st = allocate(&block, layout.bytes(), stream, "cudaMallocAsync(runs)");
-  if (!st.ok()) return st;
-  auto* base = static_cast<std::uint8_t*>(block);
-  auto* d_count = reinterpret_cast<std::int64_t*>(base + count_at);
-  std::int64_t* d_first_invalid = d_count + 1;
-  auto* d_runs = reinterpret_cast<SpanRun*>(base + runs_at);
-  auto* d_rows = reinterpret_cast<RowSpan*>(base + spans_at);
-  void* runs_temp_at = base + reduce_temp_at;
-  // The count and the first runs come back in one copy of bytes [0, 64 + eager runs) of
-  // the block: zeroed before the run reduction, so that the copy reads no byte the kernels
-  // leave unwritten (the count's padding, the runs past the count; compute-sanitizer
-  // initcheck), and after the scan's launch, which it would delay (the scan writes none).
-  const std::size_t head_bytes = runs_at + static_cast<std::size_t>(eager) * sizeof(SpanRun);
-  st = scan_spans(base + scan_temp_at, scan_temp, device_view, d_rows, stream);
-  if (st.ok()) st = check(cudaMemsetAsync(block, 0, head_bytes, stream), "cudaMemsetAsync(run count and first runs)");
+  std::size_t reduce_temp = 0;
+  if (Status st = reduce_runs(nullptr, reduce_temp, nullptr, rows, view.q_len(), nullptr, 1, nullptr); !st.ok())
+    return st;
+  return runs_block_layout(rows, view.q_len(), scan_temp, reduce_temp);
+}
+
+// The checks scan_runs_into() and scan_runs_tiles_into() share: the block is the view's,
+// the pointers are there.
+Status check_block(const RunsBlock& block, const Result<RunsBlock>& expected, const void* d_block,
+                   const void* h_head) {
+  if (!expected) return expected.status();
+  if (block != *expected)
+    return error(ErrorCode::invalid_argument, "the block (" + std::to_string(block.bytes) +
+                                                  " bytes) was laid out for another view; this one's is " +
+                                                  std::to_string(expected->bytes) + " bytes (runs_block_for)");
+  if (d_block == nullptr) return error(ErrorCode::invalid_argument, "d_block is null");
+  if (reinterpret_cast<std::uintptr_t>(d_block) % detail::kStorageAlignment != 0)
+    return error(ErrorCode::misaligned_pointer, "d_block is not 256-byte aligned");
+  if (h_head == nullptr) return error(ErrorCode::invalid_argument, "h_head is null");
+  return {};
+}
+
+// What both composite scans do around their scan: scan(temp, its bytes, spans, stream)
+// into the block, the head zeroed (after the scan's launches, which it would delay; the
+// scan writes none of it), the run reduction, the head's copy.
+template <class Scan>
+Status scan_reduce_copy(const RunsBlock& b, void* d_block, void* h_head, Stream stream, Scan&& scan) {
+  auto* base = static_cast<std::uint8_t*>(d_block);
+  auto* spans = reinterpret_cast<RowSpan*>(base + b.spans_at);
+  std::size_t scan_temp = b.scan_temp_bytes, reduce_temp = b.reduce_temp_bytes;
+  Status st = scan(base + b.scan_temp_at, scan_temp, spans, stream);
+  if (st.ok()) st = check(cudaMemsetAsync(base, 0, b.head_bytes(), stream), "cudaMemsetAsync(run count and first runs)");
   if (st.ok())
-    st = reduce_runs(runs_temp_at, runs_temp, d_rows, rows, out.q_len, d_runs, room, d_count, d_first_invalid, stream);
-  std::vector<std::uint8_t> head;
-  std::int64_t count = 0, first_invalid = -1;
+    st = reduce_runs(base + b.reduce_temp_at, reduce_temp, spans, b.rows, b.q_len,
+                     reinterpret_cast<SpanRun*>(base + b.runs_at), b.room,
+                     reinterpret_cast<std::int64_t*>(base + b.count_at),
+                     reinterpret_cast<std::int64_t*>(base + b.first_invalid_at), stream);
   if (st.ok())
-    st = catch_alloc([&]() -> Status {
-      head.resize(head_bytes);
-      return {};
-    });
-  if (st.ok())
-    st = check(cudaMemcpyAsync(head.data(), block, head.size(), cudaMemcpyDeviceToHost, stream),
+    st = check(cudaMemcpyAsync(h_head, base, b.head_bytes(), cudaMemcpyDeviceToHost, stream),
                "cudaMemcpyAsync(run count and first runs to the host)");
+  return st;
+}
+
+}  // namespace
+
+Result<RunsBlock> runs_block_for(const MaskView& device_view) {
+  if (device_view.data() == nullptr) return error(ErrorCode::invalid_argument, "view is empty (data is null)");
+  std::size_t scan_temp = 0;
+  if (Status st = scan_spans(nullptr, scan_temp, device_view, nullptr); !st.ok()) return st;
+  return block_with_scan_temp(device_view, scan_temp);
+}
+
+Result<RunsBlock> runs_block_for(const MaskView& device_view, TileSize tiles) {
+  if (device_view.data() == nullptr) return error(ErrorCode::invalid_argument, "view is empty (data is null)");
+  std::size_t scan_temp = 0;
+  if (Status st = scan_spans_tiles(nullptr, scan_temp, device_view, tiles, nullptr, BlockMaskArrays{}); !st.ok())
+    return st;
+  return block_with_scan_temp(device_view, scan_temp);
+}
+
+Status scan_runs_into(const RunsBlock& block, void* d_block, const MaskView& device_view, void* h_head,
+                      Stream stream) {
+  if (Status st = check_block(block, runs_block_for(device_view), d_block, h_head); !st.ok()) return st;
+  return scan_reduce_copy(block, d_block, h_head, stream,
+                          [&](void* temp, std::size_t& temp_bytes, RowSpan* spans, Stream s) {
+                            return scan_spans(temp, temp_bytes, device_view, spans, s);
+                          });
+}
+
+Status scan_runs_tiles_into(const RunsBlock& block, void* d_block, const MaskView& device_view, TileSize tiles,
+                            const BlockMaskArrays& d_block_mask, TileState* d_states, void* h_head, Stream stream) {
+  if (Status st = check_block(block, runs_block_for(device_view, tiles), d_block, h_head); !st.ok()) return st;
+  return scan_reduce_copy(block, d_block, h_head, stream,
+                          [&](void* temp, std::size_t& temp_bytes, RowSpan* spans, Stream s) {
+                            return scan_spans_tiles(temp, temp_bytes, device_view, tiles, spans, d_block_mask,
+                                                    d_states, s);
+                          });
+}
+
+Status copy_rest_runs(const RunsBlock& block, void* d_block, std::int64_t count, SpanRun* d_more, SpanRun* h_rest,
+                      Stream stream) {
+  if (count <= block.eager || count > block.rows)
+    return error(ErrorCode::invalid_argument, "copy_rest_runs is for counts in (" + std::to_string(block.eager) +
+                                                  ", " + std::to_string(block.rows) + "], got " +
+                                                  std::to_string(count));
+  if (d_block == nullptr) return error(ErrorCode::invalid_argument, "d_block is null");
+  if (h_rest == nullptr) return error(ErrorCode::invalid_argument, "h_rest is null");
+  if (count > block.room && d_more == nullptr)
+    return error(ErrorCode::invalid_argument, std::to_string(count) + " runs exceed the block's room (" +
+                                                  std::to_string(block.room) + "): pass d_more with room for them all");
+  auto* base = static_cast<std::uint8_t*>(d_block);
+  const SpanRun* from = reinterpret_cast<const SpanRun*>(base + block.runs_at);
+  Status st;
+  if (count > block.room) {  // reduced again into room for every run: the spans are still in the block
+    std::size_t reduce_temp = block.reduce_temp_bytes;
+    st = reduce_runs(base + block.reduce_temp_at, reduce_temp, reinterpret_cast<const RowSpan*>(base + block.spans_at),
+                     block.rows, block.q_len, d_more, count, reinterpret_cast<std::int64_t*>(base + block.count_at),
+                     nullptr, stream);
+    from = d_more;
+  }
+  if (st.ok())
+    st = check(cudaMemcpyAsync(h_rest, from + block.eager, static_cast<std::size_t>(count - block.eager) * sizeof(SpanRun),
+                               cudaMemcpyDeviceToHost, stream),
+               "cudaMemcpyAsync(runs to the host)");
+  return st;
+}
+
+Result<SpanRuns> scan_runs(const MaskView& device_view, Stream stream) {
+  Result<RunsBlock> planned = runs_block_for(device_view);
+  if (!planned) return planned.status();
+  const RunsBlock& b = *planned;
+  SpanRuns out;
+  masklens::detail::span_shape_of(out, device_view);
+  std::vector<std::uint8_t> head;
+  Status st = catch_alloc([&]() -> Status {
+    head.resize(b.head_bytes());
+    return {};
+  });
+  void* block = nullptr;
+  if (st.ok()) st = allocate(&block, b.bytes, stream, "cudaMallocAsync(runs)");
+  if (!st.ok()) return st;
+  st = scan_runs_into(b, block, device_view, head.data(), stream);
   if (st.ok()) st = check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  RunsHead h;
   if (st.ok()) {
-    std::memcpy(&count, head.data(), sizeof count);
-    std::memcpy(&first_invalid, head.data() + sizeof count, sizeof first_invalid);
-    if (count < 1 || count > rows)
-      st = error(ErrorCode::device_error, "the run reduction returned " + std::to_string(count) + " runs for " +
-                                              std::to_string(rows) + " rows");
-    else if (first_invalid < -1 || first_invalid >= rows)
-      st = error(ErrorCode::device_error, "the run reduction named row " + std::to_string(first_invalid) +
-                                              " invalid of " + std::to_string(rows) + " rows");
+    Result<RunsHead> read = read_runs_head(b, head.data());
+    if (read) h = *read;
+    else st = read.status();
   }
   // A NaN / +inf row: named as scan() names it, with no run copied past the first ones.
-  if (st.ok() && first_invalid >= 0) st = masklens::detail::invalid_row_error(out, first_invalid);
+  if (st.ok() && h.first_invalid_row >= 0) st = masklens::detail::invalid_row_error(out, h.first_invalid_row);
   if (st.ok())
     st = catch_alloc([&]() -> Status {
-      out.runs.resize(static_cast<std::size_t>(count));
+      out.runs.resize(static_cast<std::size_t>(h.count));
       return {};
     });
-  void* more = nullptr;  // room for every run, where there are more than `room`
+  void* more = nullptr;  // room for every run, where there are more than the block holds
   if (st.ok()) {
-    const std::int64_t first = std::min(count, eager);
-    std::memcpy(out.runs.data(), head.data() + runs_at, static_cast<std::size_t>(first) * sizeof(SpanRun));
-    const SpanRun* from = d_runs;
-    if (count > room) {
-      st = allocate(&more, static_cast<std::size_t>(count) * sizeof(SpanRun), stream, "cudaMallocAsync(every run)");
-      if (st.ok())
-        st = reduce_runs(runs_temp_at, runs_temp, d_rows, rows, out.q_len, static_cast<SpanRun*>(more), count, d_count,
-                         nullptr, stream);
-      from = static_cast<const SpanRun*>(more);
-    }
-    if (st.ok() && count > first)
-      st = check(cudaMemcpyAsync(out.runs.data() + first, from + first,
-                                 static_cast<std::size_t>(count - first) * sizeof(SpanRun), cudaMemcpyDeviceToHost,
-                                 stream),
-                 "cudaMemcpyAsync(runs to the host)");
+    std::memcpy(out.runs.data(), head.data() + b.runs_at,
+                static_cast<std::size_t>(std::min(h.count, b.eager)) * sizeof(SpanRun));
+    if (h.count > b.room)
+      st = allocate(&more, static_cast<std::size_t>(h.count) * sizeof(SpanRun), stream, "cudaMallocAsync(every run)");
+    if (st.ok() && h.count > b.eager)
+      st = copy_rest_runs(b, block, h.count, static_cast<SpanRun*>(more), out.runs.data() + b.eager, stream);
   }
   if (more) keep_first(st, check(cudaFreeAsync(more, stream), "cudaFreeAsync(every run)"));
   keep_first(st, check(cudaFreeAsync(block, stream), "cudaFreeAsync(runs)"));
   // The runs past the first copy are read only after a second synchronisation; with none
   // (or after a failure, whatever was enqueued) the frees need no wait.
-  const bool copied_more = st.ok() && count > eager;
+  const bool copied_more = st.ok() && h.count > b.eager;
   if (copied_more || !st.ok()) keep_first(st, check(cudaStreamSynchronize(stream), "cudaStreamSynchronize"));
   if (!st.ok()) return st;
   return out;

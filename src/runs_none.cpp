@@ -18,6 +18,16 @@ Status reduce_runs(void*, std::size_t&, const RowSpan*, std::int64_t, std::int64
   return without_cuda();
 }
 
+// The block's size query too: its temporaries are the kernels', and there are none.
+Result<RunsBlock> runs_block_for(const MaskView&) { return without_cuda(); }
+Result<RunsBlock> runs_block_for(const MaskView&, TileSize) { return without_cuda(); }
+Status scan_runs_into(const RunsBlock&, void*, const MaskView&, void*, Stream) { return without_cuda(); }
+Status scan_runs_tiles_into(const RunsBlock&, void*, const MaskView&, TileSize, const BlockMaskArrays&, TileState*,
+                            void*, Stream) {
+  return without_cuda();
+}
+Status copy_rest_runs(const RunsBlock&, void*, std::int64_t, SpanRun*, SpanRun*, Stream) { return without_cuda(); }
+
 Result<SpanRuns> scan_runs(const MaskView&, Stream) { return without_cuda(); }
 
 }  // namespace masklens::gpu

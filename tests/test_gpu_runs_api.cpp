@@ -8,6 +8,7 @@
 #include <masklens/cuda/runs.hpp>
 
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,45 @@ bool begins_with(const std::string& s, const std::string& prefix) { return s.rfi
 }  // namespace
 
 TEST_SUITE("host") {
+
+TEST_CASE("gpu runs block: one layout, parts 256-byte aligned, the head its first bytes") {
+  const gpu::RunsBlock b = gpu::runs_block_layout(5000, 1000, 24, 777);
+  CHECK(b.room == gpu::kRunRoom);
+  CHECK(b.eager == gpu::kEagerRuns);
+  CHECK(b.count_at == 0);
+  CHECK(b.first_invalid_at == 8);
+  CHECK(b.runs_at == 64);
+  CHECK(b.head_bytes() == 64 + 256 * sizeof(SpanRun));
+  for (std::size_t at : {b.spans_at, b.scan_temp_at, b.reduce_temp_at}) CHECK(at % 256 == 0);
+  CHECK(b.spans_at >= b.runs_at + 4096 * sizeof(SpanRun));
+  CHECK(b.scan_temp_at >= b.spans_at + 5000 * sizeof(RowSpan));
+  CHECK(b.reduce_temp_at >= b.scan_temp_at + 24);
+  CHECK(b.bytes == b.reduce_temp_at + 777);
+  const gpu::RunsBlock small = gpu::runs_block_layout(7, 7, 0, 0);  // room and head bounded by the rows
+  CHECK(small.room == 7);
+  CHECK(small.eager == 7);
+  CHECK(small.reduce_temp_at > small.scan_temp_at);  // a temporary of 0 bytes still has its own byte
+}
+
+TEST_CASE("gpu runs head: the count and the first invalid row, each checked against the block") {
+  const gpu::RunsBlock b = gpu::runs_block_layout(16, 8, 1, 1);
+  std::vector<std::uint8_t> head(b.head_bytes(), 0);
+  const auto write = [&](std::int64_t count, std::int64_t invalid) {
+    std::memcpy(head.data() + b.count_at, &count, 8);
+    std::memcpy(head.data() + b.first_invalid_at, &invalid, 8);
+    return gpu::read_runs_head(b, head.data());
+  };
+  auto ok = write(3, -1);
+  REQUIRE(ok.ok());
+  CHECK(ok->count == 3);
+  CHECK(ok->first_invalid_row == -1);
+  CHECK(write(16, 15)->first_invalid_row == 15);
+  CHECK(write(0, -1).status().message() == "the run reduction returned 0 runs for 16 rows");
+  CHECK(write(17, -1).status().code() == ErrorCode::device_error);
+  CHECK(write(3, 16).status().message() ==
+        "the run reduction named row 16 as holding NaN or +inf; the view has 16 rows");
+  CHECK(write(3, -2).status().code() == ErrorCode::device_error);
+}
 
 #if !MASKLENS_TEST_CUDA_BUILT
 
@@ -39,6 +79,17 @@ TEST_CASE("gpu runs API: built without CUDA, every call says so") {
   auto verdict = gpu::inspect_runs(*view);
   REQUIRE_FALSE(verdict.ok());
   CHECK(begins_with(verdict.status().message(), why));
+  CHECK(begins_with(gpu::runs_block_for(*view).status().message(), why));
+  CHECK(begins_with(gpu::runs_block_for(*view, TileSize{2, 2}).status().message(), why));
+  const gpu::RunsBlock block = gpu::runs_block_layout(6, 6, 1, 1);
+  std::vector<std::uint8_t> head(block.head_bytes());
+  CHECK(begins_with(gpu::scan_runs_into(block, bytes.data(), *view, head.data()).message(), why));
+  CHECK(begins_with(
+      gpu::scan_runs_tiles_into(block, bytes.data(), *view, TileSize{2, 2}, BlockMaskArrays{}, nullptr, head.data())
+          .message(),
+      why));
+  std::vector<SpanRun> rest(6);
+  CHECK(begins_with(gpu::copy_rest_runs(block, bytes.data(), 6, nullptr, rest.data()).message(), why));
 }
 
 #else
@@ -75,6 +126,52 @@ TEST_CASE("gpu runs API: the size query needs no device; arguments are checked b
   auto empty = gpu::scan_runs(MaskView{});
   REQUIRE_FALSE(empty.ok());
   CHECK(empty.status().message() == "view is empty (data is null)");
+}
+
+TEST_CASE("gpu runs API: the composite scan's block is the library's; its arguments are checked before any CUDA call") {
+  std::vector<std::uint8_t> bytes(3 * 40 * 24, 1);
+  const std::int64_t shape[] = {3, 40, 24};
+  auto view = MaskView::contiguous(bytes.data(), ElementType::boolean, shape);
+  REQUIRE(view.ok());
+  auto plain = gpu::runs_block_for(*view);
+  auto tiled = gpu::runs_block_for(*view, TileSize{16, 8});
+  REQUIRE(plain.ok());
+  REQUIRE(tiled.ok());
+  std::size_t scan_temp = 0, reduce_temp = 0;
+  REQUIRE(gpu::scan_spans(nullptr, scan_temp, *view, nullptr).ok());
+  REQUIRE(gpu::reduce_runs(nullptr, reduce_temp, nullptr, 120, 40, nullptr, 1, nullptr).ok());
+  CHECK(*plain == gpu::runs_block_layout(120, 40, scan_temp, reduce_temp));  // the size queries, laid out
+  CHECK(tiled->scan_temp_bytes > plain->scan_temp_bytes);                    // a count per tile too
+  CHECK(tiled->spans_at == plain->spans_at);
+  CHECK(gpu::runs_block_for(*view, TileSize{0, 8}).status().code() == ErrorCode::invalid_argument);
+  CHECK(gpu::runs_block_for(MaskView{}).status().message() == "view is empty (data is null)");
+
+  const auto fake = [](std::uintptr_t p) { return reinterpret_cast<void*>(p); };
+  std::vector<std::uint8_t> head(plain->head_bytes());
+  const Status other = gpu::scan_runs_into(*tiled, fake(1 << 20), *view, head.data());
+  CHECK(other.code() == ErrorCode::invalid_argument);
+  CHECK(begins_with(other.message(), "the block (" + std::to_string(tiled->bytes) +
+                                         " bytes) was laid out for another view; this one's is " +
+                                         std::to_string(plain->bytes) + " bytes"));
+  CHECK(begins_with(gpu::scan_runs_tiles_into(*plain, fake(1 << 20), *view, TileSize{16, 8}, BlockMaskArrays{},
+                                              nullptr, head.data())
+                        .message(),
+                    "the block ("));
+  CHECK(gpu::scan_runs_into(*plain, nullptr, *view, head.data()).message() == "d_block is null");
+  CHECK(gpu::scan_runs_into(*plain, fake((1 << 20) + 64), *view, head.data()).message() ==
+        "d_block is not 256-byte aligned");
+  CHECK(gpu::scan_runs_into(*plain, fake(1 << 20), *view, nullptr).message() == "h_head is null");
+
+  std::vector<SpanRun> rest(120);
+  auto* more = static_cast<SpanRun*>(fake(1 << 21));
+  CHECK(gpu::copy_rest_runs(*plain, fake(1 << 20), 120, more, rest.data()).message() ==
+        "copy_rest_runs is for counts in (120, 120], got 120");
+  const gpu::RunsBlock big = gpu::runs_block_layout(5000, 1000, 1, 1);
+  CHECK(gpu::copy_rest_runs(big, fake(1 << 20), 4097, nullptr, rest.data()).message() ==
+        "4097 runs exceed the block's room (4096): pass d_more with room for them all");
+  CHECK(gpu::copy_rest_runs(big, nullptr, 300, nullptr, rest.data()).message() == "d_block is null");
+  CHECK(gpu::copy_rest_runs(big, fake(1 << 20), 300, nullptr, nullptr).message() == "h_rest is null");
+  CHECK(gpu::copy_rest_runs(big, fake(1 << 20), 5001, more, rest.data()).code() == ErrorCode::invalid_argument);
 }
 
 TEST_CASE("gpu runs API: without a usable device, the error names the CUDA call") {

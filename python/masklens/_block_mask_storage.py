@@ -11,7 +11,7 @@ import math
 import torch
 
 
-# torch BlockMask's eight tensors, in the order masklens._cuda.scan_runs_tiles takes them.
+# torch BlockMask's eight tensors, in the order masklens._cuda.scan_runs takes them.
 BLOCK_MASK_FIELDS = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices",
                      "q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices")
 

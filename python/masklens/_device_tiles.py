@@ -53,7 +53,7 @@ def device_scan_tiles(mask, size, masked_threshold: float = -1000.0, classify_ma
                       spans_out=None):
     """device_scan() whose one read of the mask also counts its tiles of `size` (q, k) and
     writes torch BlockMask's eight int32 tensors on the mask's device (masklens._cuda.
-    scan_runs_tiles, which must be there): (Verdict, {name: tensor}) with counts
+    scan_runs on a plan with tiles, which must be there): (Verdict, {name: tensor}) with counts
     [B', H', q tiles], indices [B', H', q tiles, k tiles] and the q side [B', H', k tiles]
     / [B', H', k tiles, q tiles], B' and H' the distinct batch and heads (1 where the mask
     broadcasts them, as BlockMask broadcasts a dimension of 1). Allocated here, from
@@ -67,30 +67,26 @@ def device_scan_tiles(mask, size, masked_threshold: float = -1000.0, classify_ma
     `spans_out` (a list): a function giving the read's RowSpans appended, as _scan.device_runs()
     gives it."""
     t0 = time.perf_counter()
-    dtype = _scan.device_dtype(mask)
-    q, k = size
-    args = (mask.data_ptr(), dtype, list(mask.shape), list(mask.stride()), masked_threshold)
     cuda = _scan.cuda_module()
-    sizes, (db, dh, nq, nk) = cuda.query_runs_tiles(*args, q, k)
+    runs = cuda.plan_runs(*_scan.device_args(mask, masked_threshold), *size)
+    db, dh, nq, nk = runs.tile_grid
     pointers, nbytes, views = _block_mask_storage(mask.device, db, dh, nq, nk)
 
     extra = {} if states is None else {"d_states": states.data_ptr(), "states_bytes": states.numel()}
     _scan.timing["prepare_ms"] = (time.perf_counter() - t0) * 1e3  # the size query and the tensors' allocation
     arrays = {}
 
-    def scan_call(base, runs, stream, device):
+    def scan_call(base, stream, device):
         # Enqueued without waiting: the tensors' views are made while the device reads the
         # mask, then the one synchronisation (whatever happens between: the pending scan
         # would refuse the thread's next one). A launch that raises leaves none pending.
-        cuda.scan_runs_tiles(*args, q, k, base, runs.block_bytes, runs.head_address, runs.head_bytes,
-                             pointers, nbytes, stream, device, wait=False, **extra)
+        cuda.scan_runs(runs, base, runs.block_bytes, stream, device, pointers, nbytes, wait=False, **extra)
         try:
             arrays.update(views())
         finally:
-            count = cuda.wait_runs(runs.head_address)
+            count = cuda.wait_runs(runs)
         return count
-    verdict = _scan.device_runs(mask, masked_threshold, sizes, scan_call, tiles=(q, k),
-                                classify_many_runs=classify_many_runs, spans_out=spans_out)
+    verdict = _scan.device_runs(mask, runs, scan_call, classify_many_runs=classify_many_runs, spans_out=spans_out)
     _scan.counted_scan()
     return verdict, arrays
 
@@ -100,9 +96,7 @@ def device_tile_summary(mask, size, masked_threshold: float = -1000.0):
     BlockMask writer stores each tile's state beside the tensors, and the states cross to
     the host at one byte a tile. An arbitrary verdict's structure carries the tiles'
     fractions, as scan_with_tiles() gives it."""
-    _, (db, dh, nq, nk) = _scan.cuda_module().query_runs_tiles(mask.data_ptr(), _scan.device_dtype(mask),
-                                                               list(mask.shape), list(mask.stride()),
-                                                               masked_threshold, *size)
+    db, dh, nq, nk = _scan.cuda_module().plan_runs(*_scan.device_args(mask, masked_threshold), *size).tile_grid
     states = torch.empty((db, dh, nq, nk), dtype=torch.uint8, device=mask.device)
     verdict, _ = device_scan_tiles(mask, size, masked_threshold, states=states)
     shape = (1,) * (4 - mask.dim()) + tuple(mask.shape)

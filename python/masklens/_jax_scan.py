@@ -137,20 +137,18 @@ def device_scan(mask, target, masked_threshold):
     shape4 = (1,) * (4 - len(shape)) + tuple(shape)
     strides4 = [0] * (4 - len(strides)) + list(strides)
     args = (ptr, dtype, list(target), broadcast_strides(shape4, strides4, target), masked_threshold)
-    sizes = cuda.query_runs(*args)
-    runs = _core.DeviceRuns(*args, *sizes)
+    runs = cuda.plan_runs(*args)
     device = device_of(mask)
     index = getattr(device, "local_hardware_id", None)
     index = int(device.id if index is None else index)
     block = _empty_device_bytes(runs.block_bytes, device)
     base = block.unsafe_buffer_pointer()
     stream = 0
-    count = cuda.scan_runs(*args, base, runs.block_bytes, runs.head_address, runs.head_bytes, stream, index)
+    count = cuda.scan_runs(runs, base, runs.block_bytes, stream, index)
     if count > runs.eager:
         more = _empty_device_bytes(count * 64, device) if count > runs.room else None
-        address, nbytes = runs.rest_buffer(count)
-        cuda.copy_rest(*args, base, runs.block_bytes, 0 if more is None else more.unsafe_buffer_pointer(), count,
-                       address, nbytes, stream, index)
+        cuda.copy_rest(runs, base, runs.block_bytes, 0 if more is None else more.unsafe_buffer_pointer(), stream,
+                       index)
     t1 = time.perf_counter()
     verdict = runs.finish()
     del capsule, block

@@ -109,7 +109,7 @@ def cuda_scan_unavailable() -> str | None:
 def has_device_tiles() -> bool:
     """Whether CUDA masks get their tiles (and BlockMask tensors) on the device."""
     module = cuda_module()
-    return module is not None and hasattr(module, "scan_runs_tiles")
+    return module is not None and hasattr(module, "plan_runs")
 
 
 def has_device_writer() -> bool:
@@ -263,30 +263,27 @@ def device_dtype(mask):
 MANY_RUNS = 8
 
 
-def device_runs(mask, masked_threshold, sizes, scan_call, tiles=(0, 0), classify_many_runs=True, spans_out=None):
-    """The device scan both entry points share: the block laid out by a _core.DeviceRuns from
-    `sizes` (scan temporary bytes, run reduction temporary bytes), scan_call(block address,
-    runs, stream, device) scanning into it and returning the run count, the runs past the
-    first copy brought, the runs classified. Returns the Verdict; None where
-    classify_many_runs is False and the runs are more than one in MANY_RUNS rows (a
-    mask that is arbitrary or close to it: its runs would cost more than the scan; a NaN
-    / +inf row is still an error, found on the device). spans_out (a list): a function is
-    appended to it that gives the scan's RowSpans, an int64 [rows, 4] view of the block
-    (first, last, count, flags | reserved), made only if asked for."""
+def device_runs(mask, runs, scan_call, classify_many_runs=True, spans_out=None):
+    """The device scan both entry points share, after its size query (`runs`, the
+    _core.DeviceRuns masklens._cuda.plan_runs gave): the block allocated from torch's
+    caching allocator, scan_call(block address, stream, device) scanning into it and
+    returning the run count (the one call), the runs past the first copy brought where
+    there are, the runs classified. Returns the Verdict; None where classify_many_runs is
+    False and the runs are more than one in MANY_RUNS rows (a mask that is arbitrary or
+    close to it: its runs would cost more than the scan; a NaN / +inf row is still an
+    error, found on the device). spans_out (a list): a function is appended to it that
+    gives the scan's RowSpans, an int64 [rows, 4] view of the block (first, last, count,
+    flags | reserved), made only if asked for."""
     import torch
 
     t0 = time.perf_counter()
-    cuda = _cuda
-    dtype = device_dtype(mask)
-    shape, strides, ptr = list(mask.shape), list(mask.stride()), mask.data_ptr()
-    runs = _core.DeviceRuns(ptr, dtype, shape, strides, masked_threshold, *sizes)
     # The allocator's blocks are 512-byte aligned; the layout's parts start 256-aligned.
     block = torch.empty(runs.block_bytes, dtype=torch.uint8, device=mask.device)
     base = block.data_ptr()
     stream = stream_of(mask.device)
     device = mask.device.index
     t_call = time.perf_counter()
-    count = scan_call(base, runs, stream, device)
+    count = scan_call(base, stream, device)
     # The launches, the head's copy, the synchronisation (and the host work done meanwhile).
     timing["kernels_ms"] = (time.perf_counter() - t_call) * 1e3
     if spans_out is not None:
@@ -303,13 +300,9 @@ def device_runs(mask, masked_threshold, sizes, scan_call, tiles=(0, 0), classify
         timing["classify_ms"] = 0.0
         return None
     if count > runs.eager:  # rare: more runs than the first copy brings
-        more = None
-        if count > runs.room:  # the run reduction runs again, into room for them all
-            more = torch.empty(count * 64, dtype=torch.uint8, device=mask.device)
-        address, nbytes = runs.rest_buffer(count)
-        layout = {"block_q": tiles[0], "block_k": tiles[1]} if tiles[0] else {}  # the tile scan's block
-        cuda.copy_rest(ptr, dtype, shape, strides, masked_threshold, base, runs.block_bytes,
-                       0 if more is None else more.data_ptr(), count, address, nbytes, stream, device, **layout)
+        # Past the block's room the run reduction runs again, into room for them all.
+        more = torch.empty(count * 64, dtype=torch.uint8, device=mask.device) if count > runs.room else None
+        _cuda.copy_rest(runs, base, runs.block_bytes, 0 if more is None else more.data_ptr(), stream, device)
     t1 = time.perf_counter()
     verdict = runs.finish()
     timing["device"] = "cuda"
@@ -318,22 +311,26 @@ def device_runs(mask, masked_threshold, sizes, scan_call, tiles=(0, 0), classify
     return verdict
 
 
+def device_args(mask, masked_threshold):
+    """How masklens._cuda.plan_runs takes a CUDA tensor: its address, element type, shape,
+    strides in elements and the threshold of an additive mask."""
+    return mask.data_ptr(), device_dtype(mask), list(mask.shape), list(mask.stride()), masked_threshold
+
+
 def device_scan(mask, masked_threshold: float = -1000.0):
     """Scans a CUDA tensor on its device with masklens._cuda (which must be loaded), on the
-    tensor's current stream, into one block of torch's caching allocator laid out by a
-    _core.DeviceRuns (run count, runs, spans, the scan's and the run reduction's
-    temporary storage): the spans are reduced to runs on the device, the count and the
-    first 256 runs come back in one copy with one synchronisation of that stream (the
-    rest, if any, with a second), and the runs are classified in O(runs)."""
+    tensor's current stream: the library's protocol (include/masklens/cuda/runs.hpp) in
+    three crossings: plan_runs (the size query), scan_runs (launches, the head's one copy,
+    one synchronisation of that stream) and finish (the runs classified in O(runs)); the
+    block (run count, runs, spans, temporary storage) is one allocation of torch's caching
+    allocator. Runs past the first 256 come with a second copy."""
     t0 = time.perf_counter()
-    dtype = device_dtype(mask)
-    args = (mask.data_ptr(), dtype, list(mask.shape), list(mask.stride()), masked_threshold)
-    sizes = _cuda.query_runs(*args)
+    runs = _cuda.plan_runs(*device_args(mask, masked_threshold))
     timing["prepare_ms"] = (time.perf_counter() - t0) * 1e3  # the size query
 
-    def scan_call(base, runs, stream, device):
-        return _cuda.scan_runs(*args, base, runs.block_bytes, runs.head_address, runs.head_bytes, stream, device)
-    return device_runs(mask, masked_threshold, sizes, scan_call)
+    def scan_call(base, stream, device):
+        return _cuda.scan_runs(runs, base, runs.block_bytes, stream, device)
+    return device_runs(mask, runs, scan_call)
 
 
 def _plain_tensor(mask):

@@ -155,28 +155,7 @@ Verdict verdict_unlocked(SpanRuns runs) {
   return take(std::move(v));
 }
 
-// The host half of a device scan (masklens._scan.device_scan): the layout of the one
-// device block (device_runs.hpp), host memory for the run count and the first runs
-// (one copy, not zero-filled: the copy writes every byte of it) and for the runs past
-// them, where there are; finish() classifies the runs.
-struct DeviceRuns {
-  SpanRuns shape;  // the table's shape; runs filled by finish()
-  python::RunsBlock block;
-  std::unique_ptr<std::uint8_t[]> head;
-  std::vector<SpanRun> rest;  // runs [eager, count), sized by rest_buffer(count)
-  bool finished = false;
-
-  [[nodiscard]] std::int64_t count() const noexcept { return head_value(block.count_at); }
-  // The first span row holding NaN / +inf, as the run reduction found it (-1: none).
-  [[nodiscard]] std::int64_t first_invalid_row() const noexcept { return head_value(block.first_invalid_at); }
-
- private:
-  [[nodiscard]] std::int64_t head_value(std::size_t at) const noexcept {
-    std::int64_t n = 0;
-    std::memcpy(&n, head.get() + at, sizeof n);
-    return n;
-  }
-};
+using masklens::python::DeviceRuns;
 
 // A host mask (DLPack array) as a MaskView: its element type, 1 to 4 dims, strides in
 // elements (0 broadcasts).
@@ -354,27 +333,26 @@ void bind_scan(nb::module_& m) {
       "and classify it. Raises MaskError naming the first bad element or field.");
 
 
+  // Made by masklens._cuda.plan_runs (the library's size query); the constructor, from
+  // the temporary sizes, serves a stand-in for the device (tests/python/test_cuda_module.py).
   nb::class_<DeviceRuns>(m, "DeviceRuns",
-                         "The host half of a device scan: the device block's layout, host memory masklens._cuda "
-                         "copies the run count and runs into, and finish() to classify them.")
+                         "The host half of a device scan: the view planned, the device block's layout "
+                         "(include/masklens/cuda/runs_block.hpp), host memory the run count and runs cross into, "
+                         "and finish() to classify them. masklens._cuda.plan_runs makes one.")
       .def(
           "__init__",
           [](DeviceRuns* self, std::uintptr_t data, const std::string& dtype, const std::vector<std::int64_t>& shape,
              const std::vector<std::int64_t>& strides, float masked_threshold, std::size_t scan_temp_bytes,
-             std::size_t reduce_temp_bytes) {
+             std::size_t reduce_temp_bytes, std::int64_t block_q, std::int64_t block_k) {
             const MaskView view = take(python::view_of(data, dtype, shape, strides, masked_threshold));
-            SpanRuns runs;
-            masklens::detail::span_shape_of(runs, view);
-            if (Status st = runs.validate_shape(); !st.ok()) raise(st);
-            if (runs.distinct_slices() > ((std::int64_t{1} << 31) - 1) / runs.q_len)
-              raise(error(ErrorCode::invalid_argument, "the view has " + std::to_string(runs.rows()) +
-                                                           " rows to scan; runs are reduced for at most 2^31 - 1"));
-            const python::RunsBlock block = python::runs_block(runs.rows(), scan_temp_bytes, reduce_temp_bytes);
-            // Not zero-filled: the head copy writes every byte before finish() reads it.
-            std::unique_ptr<std::uint8_t[]> head(new std::uint8_t[block.head_bytes()]);
-            new (self) DeviceRuns{std::move(runs), block, std::move(head), {}, false};
+            const gpu::RunsBlock block =
+                gpu::runs_block_layout(gpu::span_rows(view), view.q_len(), scan_temp_bytes, reduce_temp_bytes);
+            std::optional<TileSize> tiles;
+            if (block_q != 0 || block_k != 0) tiles = tile_size(block_q, block_k);
+            new (self) DeviceRuns(take(python::device_runs(view, block, tiles)));
           },
-          "data"_a, "dtype"_a, "shape"_a, "strides"_a, "masked_threshold"_a, "scan_temp_bytes"_a, "reduce_temp_bytes"_a)
+          "data"_a, "dtype"_a, "shape"_a, "strides"_a, "masked_threshold"_a, "scan_temp_bytes"_a, "reduce_temp_bytes"_a,
+          "block_q"_a = 0, "block_k"_a = 0)
       .def_prop_ro("block_bytes", [](const DeviceRuns& d) { return d.block.bytes; })
       .def_prop_ro(
           "layout",
@@ -392,16 +370,20 @@ void bind_scan(nb::module_& m) {
           "Byte offsets of the block's parts: count, first_invalid (the first row holding NaN / +inf, -1: none), runs "
           "(room of them), spans (one per row), scan and reduce temps.")
       .def_prop_ro("rows", [](const DeviceRuns& d) { return d.block.rows; })
+      .def_prop_ro(
+          "tile_grid",
+          [](const DeviceRuns& d) -> std::optional<std::vector<std::int64_t>> {
+            if (!d.tiles) return std::nullopt;
+            const TileGrid g = take(tile_grid_for(d.view, *d.tiles));
+            return std::vector<std::int64_t>{g.distinct_batch, g.distinct_heads, g.q_tiles(), g.k_tiles()};
+          },
+          "[distinct batch, distinct heads, q tiles, k tiles] of a tile scan's BlockMask arrays (None for a scan "
+          "without tiles).")
       .def(
           "check_rows",
           [](const DeviceRuns& d) {
-            const std::int64_t row = d.first_invalid_row();
-            if (row == -1) return;
-            if (row < 0 || row >= d.block.rows)
-              raise(error(ErrorCode::device_error, "the run reduction named row " + std::to_string(row) +
-                                                       " as holding NaN or +inf; the view has " +
-                                                       std::to_string(d.block.rows) + " rows"));
-            raise(masklens::detail::invalid_row_error(d.shape, row));
+            const gpu::RunsHead h = take(d.read_head());
+            if (h.first_invalid_row >= 0) raise(masklens::detail::invalid_row_error(d.shape, h.first_invalid_row));
           },
           "Raises finish()'s MaskError where the run reduction found a row holding NaN or +inf (the first such "
           "row, in the head that came back with the count), without classifying the runs: a caller that needs no "
@@ -413,11 +395,7 @@ void bind_scan(nb::module_& m) {
       .def(
           "rest_buffer",
           [](DeviceRuns& d, std::int64_t count) {
-            if (count <= d.block.eager || count > d.block.rows)
-              raise(error(ErrorCode::invalid_argument,
-                          "rest_buffer is for counts in (" + std::to_string(d.block.eager) + ", " +
-                              std::to_string(d.block.rows) + "], got " + std::to_string(count)));
-            d.rest.resize(static_cast<std::size_t>(count - d.block.eager));
+            if (Status st = python::hold_rest(d, count); !st.ok()) raise(st);
             return std::make_pair(reinterpret_cast<std::uintptr_t>(d.rest.data()), d.rest.size() * sizeof(SpanRun));
           },
           "count"_a, "(address, bytes) of host memory for runs [eager, count).")
@@ -426,15 +404,12 @@ void bind_scan(nb::module_& m) {
           [](DeviceRuns& d) {
             if (d.finished) raise(error(ErrorCode::invalid_argument, "DeviceRuns.finish() was called already"));
             d.finished = true;
-            const std::int64_t count = d.count();
-            if (count < 1 || count > d.block.rows)
-              raise(error(ErrorCode::device_error, "the run reduction returned " + std::to_string(count) +
-                                                       " runs for " + std::to_string(d.block.rows) + " rows"));
+            const std::int64_t count = take(d.read_head()).count;
             const std::int64_t first = std::min(count, d.block.eager);
             if (count > first && static_cast<std::int64_t>(d.rest.size()) != count - first)
               raise(error(ErrorCode::invalid_argument,
                           std::to_string(count) + " runs, of which " + std::to_string(d.rest.size()) +
-                              " past the first copy were brought: call rest_buffer(count)"));
+                              " past the first copy were brought: call masklens._cuda.copy_rest"));
             SpanRuns runs = std::move(d.shape);
             runs.runs.resize(static_cast<std::size_t>(count));
             std::memcpy(runs.runs.data(), d.head.get() + d.block.runs_at,

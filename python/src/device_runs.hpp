@@ -1,58 +1,74 @@
-// The one device block of a Python device scan, as masklens._core and masklens._cuda
-// both lay it out (so the block one sizes is the block the other fills), and what
-// crosses back to the host: the run count and the first runs in one copy.
+// The host half of one device scan, as masklens._core binds it (masklens.DeviceRuns:
+// layout, the runs brought, finish()) and masklens._cuda fills it (plan_runs makes one
+// from the library's size query, scan_runs / wait_runs / copy_rest take it): the view
+// planned once, the block's layout (include/masklens/cuda/runs_block.hpp, the layout
+// gpu::scan_runs_into fills), host memory for the head and for the runs past it.
 //
-// Block, one allocation of torch's caching allocator (its blocks are 512-byte aligned;
-// every part starts on a 256-byte boundary of the block):
-//   [count: int64, first invalid row: int64, padded to 64 bytes][runs: room SpanRuns]
-//   [spans: rows RowSpans]
-//   [scan temporary storage][run reduction temporary storage]
-// Count and runs are adjacent so that the count, the first row holding NaN / +inf (-1:
-// none; gpu::reduce_runs finds it) and the first `eager` runs come back in one copy (the
-// host "head"), as gpu::scan_runs (src/runs.cu) does.
-// The room is bounded (4096 runs, the masks frameworks pass have far fewer); past it the
-// reduction runs again into a buffer with room for every run.
+// A device scan from Python: plan_runs (the size query), an allocation of block_bytes
+// by the caller's allocator, scan_runs (the one call: launches, the head's copy, the
+// one synchronisation), finish() (the runs classified on the host).
 #pragma once
 
+#include <masklens/cuda/runs_block.hpp>
+#include <masklens/cuda/scan.hpp>
+#include <masklens/mask_view.hpp>
 #include <masklens/span_runs.hpp>
+#include <masklens/span_table.hpp>
+#include <masklens/status.hpp>
+#include <masklens/tile_grid.hpp>
 
-#include <algorithm>
-#include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
 
 namespace masklens::python {
 
-inline constexpr std::int64_t kEagerRuns = 256;  // runs brought back with the count (16 KiB)
-inline constexpr std::int64_t kRunRoom = 4096;   // runs the block holds
+struct DeviceRuns {
+  MaskView view;                   // the mask's (its memory the caller's, alive through the scan)
+  SpanRuns shape;                  // the span table's shape; runs filled by finish()
+  gpu::RunsBlock block;            // the device block's layout
+  std::optional<TileSize> tiles;   // the tile scan's block (its scan temporary is another)
+  std::unique_ptr<std::uint8_t[]> head;  // the head's copy lands here (not zero-filled: it writes every byte)
+  std::vector<SpanRun> rest;       // runs [eager, count), sized by rest_buffer(count)
+  bool finished = false;
 
-struct RunsBlock {
-  std::int64_t rows = 0, room = 0, eager = 0;
-  std::size_t count_at = 0, first_invalid_at = 8, runs_at = 64, spans_at = 0, scan_temp_at = 0, reduce_temp_at = 0,
-              bytes = 0;
-  std::size_t scan_temp_bytes = 0, reduce_temp_bytes = 0;
-
-  // Bytes [0, head_bytes()) of the block: the count (with its padding) and the first
-  // `eager` runs, copied to the host in one copy.
-  [[nodiscard]] std::size_t head_bytes() const noexcept {
-    return runs_at + static_cast<std::size_t>(eager) * sizeof(SpanRun);
-  }
+  // The head's run count and first NaN / +inf row, checked against the block.
+  [[nodiscard]] Result<gpu::RunsHead> read_head() const { return gpu::read_runs_head(block, head.get()); }
 };
 
-inline std::size_t align256(std::size_t n) noexcept { return (n + 255) & ~std::size_t{255}; }
+// A DeviceRuns for `view` with this layout: the view's span table shape checked (and its
+// rows under the reduction's limit), host memory for the head.
+inline Result<DeviceRuns> device_runs(const MaskView& view, const gpu::RunsBlock& block,
+                                      std::optional<TileSize> tiles = std::nullopt) {
+  DeviceRuns d;
+  d.view = view;
+  masklens::detail::span_shape_of(d.shape, view);
+  if (Status st = d.shape.validate_shape(); !st.ok()) return st;
+  if (d.shape.distinct_slices() > gpu::kMaxRunRows / d.shape.q_len)
+    return error(ErrorCode::invalid_argument, "the view has " + std::to_string(d.shape.rows()) +
+                                                  " rows to scan; runs are reduced for at most 2^31 - 1");
+  d.block = block;
+  d.tiles = tiles;
+  Status st = catch_alloc([&]() -> Status {
+    d.head.reset(new std::uint8_t[block.head_bytes()]);
+    return {};
+  });
+  if (!st.ok()) return st;
+  return d;
+}
 
-// The layout for `rows` span rows (>= 1) and the two temporary sizes the size queries gave.
-inline RunsBlock runs_block(std::int64_t rows, std::size_t scan_temp_bytes, std::size_t reduce_temp_bytes) noexcept {
-  RunsBlock b;
-  b.rows = rows;
-  b.room = std::min(rows, kRunRoom);
-  b.eager = std::min(b.room, kEagerRuns);
-  b.scan_temp_bytes = scan_temp_bytes;
-  b.reduce_temp_bytes = reduce_temp_bytes;
-  b.spans_at = align256(b.runs_at + static_cast<std::size_t>(b.room) * sizeof(SpanRun));
-  b.scan_temp_at = align256(b.spans_at + static_cast<std::size_t>(rows) * sizeof(RowSpan));
-  b.reduce_temp_at = align256(b.scan_temp_at + std::max<std::size_t>(scan_temp_bytes, 1));
-  b.bytes = b.reduce_temp_at + std::max<std::size_t>(reduce_temp_bytes, 1);
-  return b;
+// Host memory for runs [eager, count) in d.rest (what copy_rest fills).
+inline Status hold_rest(DeviceRuns& d, std::int64_t count) {
+  if (count <= d.block.eager || count > d.block.rows)
+    return error(ErrorCode::invalid_argument, "rest_buffer is for counts in (" + std::to_string(d.block.eager) + ", " +
+                                                  std::to_string(d.block.rows) + "], got " + std::to_string(count));
+  return catch_alloc([&]() -> Status {
+    d.rest.resize(static_cast<std::size_t>(count - d.block.eager));
+    return {};
+  });
 }
 
 }  // namespace masklens::python

@@ -4,7 +4,8 @@ call, and fails with a MaskError (never a crash) where no GPU can be used. The h
 half of a device scan (the block's layout, DeviceRuns, runs past the first copy, the
 classification of runs, a NaN row named) runs here with a stand-in for the kernels that
 writes the runs a scan of the same mask reduces to; likewise the scan that writes torch
-BlockMask's eight tensors (scan_runs_tiles), with a stand-in writing masklens' host tiles."""
+BlockMask's eight tensors (scan_runs planned with tiles), with a stand-in writing masklens'
+host tiles."""
 import ctypes
 import importlib.util
 
@@ -82,10 +83,21 @@ def test_device_block_layout(name, m, slices):
 
 @needs_module
 @pytest.mark.parametrize("name,m,slices", SHAPES, ids=[s[0] for s in SHAPES])
-def test_size_queries(name, m, slices):
+def test_the_plan_is_the_librarys_size_query(name, m, slices):
+    """plan_runs() lays the block out as the library's runs_block_for (both temporaries
+    at least a byte: a null temp pointer always means "size query"), with a tile scan's
+    larger temporary and its grid where a tile size is given."""
     from masklens import _cuda
-    scan_temp, reduce_temp = _cuda.query_runs(*args_of(m))
-    assert scan_temp >= 1 and reduce_temp >= 1  # a null temp pointer always means "size query"
+    runs = _cuda.plan_runs(*args_of(m))
+    assert isinstance(runs, _core.DeviceRuns) and runs.tile_grid is None
+    lay = runs.layout
+    assert lay["reduce_temp"] > lay["scan_temp"] >= lay["spans"] + runs.rows * 32
+    assert runs.rows == slices * m.shape[-2]
+    tiled = _cuda.plan_runs(*args_of(m), 16, 8)
+    B, H, Q, K = (1,) * (4 - m.dim()) + tuple(m.shape)
+    assert tiled.tile_grid[2:] == [-(-Q // 16), -(-K // 8)]
+    assert tiled.tile_grid[0] * tiled.tile_grid[1] == slices
+    assert tiled.layout["spans"] == lay["spans"] and tiled.block_bytes > runs.block_bytes  # tile counts
 
 
 @needs_module
@@ -93,25 +105,44 @@ def test_arguments_are_checked_before_any_cuda_call():
     from masklens import _cuda
     m = torch.ones(2, 1, 8, 8, dtype=torch.bool)
     ptr, dtype, shape, strides, t = args_of(m)
-    runs = layout_of(m, *_cuda.query_runs(ptr, dtype, shape, strides, t))
+    runs = _cuda.plan_runs(ptr, dtype, shape, strides, t)
     with pytest.raises(masklens.MaskError, match="^unsupported_dtype: .*int64"):
-        _cuda.query_runs(ptr, "int64", shape, strides, t)
+        _cuda.plan_runs(ptr, "int64", shape, strides, t)
     with pytest.raises(masklens.MaskError, match="^invalid_stride: "):
-        _cuda.query_runs(ptr, dtype, shape, strides[:3], t)
+        _cuda.plan_runs(ptr, dtype, shape, strides[:3], t)
+    with pytest.raises(masklens.MaskError, match="^invalid_argument: mask data pointer is null"):
+        _cuda.plan_runs(0, dtype, shape, strides, t)
     with pytest.raises(masklens.MaskError, match="^invalid_argument: mask data pointer is null"):
         _core.DeviceRuns(0, dtype, shape, strides, t, 1, 1)
     block = 1 << 20
     with pytest.raises(masklens.MaskError, match="^invalid_argument: device block holds 32 bytes; this view's layout"):
-        _cuda.scan_runs(ptr, dtype, shape, strides, t, block, 32, runs.head_address, runs.head_bytes, 0, 0)
+        _cuda.scan_runs(runs, block, 32, 0, 0)
+    with pytest.raises(masklens.MaskError, match="^invalid_argument: device block is null"):
+        _cuda.scan_runs(runs, 0, runs.block_bytes, 0, 0)
     with pytest.raises(masklens.MaskError, match="^misaligned_pointer: device block is not 256-byte aligned"):
-        _cuda.scan_runs(ptr, dtype, shape, strides, t, block + 8, runs.block_bytes, runs.head_address,
-                        runs.head_bytes, 0, 0)
-    with pytest.raises(masklens.MaskError, match="^invalid_argument: host head buffer is null"):
-        _cuda.scan_runs(ptr, dtype, shape, strides, t, block, runs.block_bytes, 0, runs.head_bytes, 0, 0)
-    with pytest.raises(masklens.MaskError, match="^invalid_argument: host head buffer holds 64 bytes"):
-        _cuda.scan_runs(ptr, dtype, shape, strides, t, block, runs.block_bytes, runs.head_address, 64, 0, 0)
-    with pytest.raises(masklens.MaskError, match=r"^invalid_argument: copy_rest is for counts in \(16, 16\], got 3"):
-        _cuda.copy_rest(ptr, dtype, shape, strides, t, block, runs.block_bytes, 0, 3, 4096, 64, 0, 0)
+        _cuda.scan_runs(runs, block + 8, runs.block_bytes, 0, 0)
+    with pytest.raises(masklens.MaskError, match="^invalid_argument: BlockMask arrays or tile states given to a scan "
+                                                 "planned without tiles"):
+        _cuda.scan_runs(runs, block, runs.block_bytes, 0, 0, d_states=1 << 16, states_bytes=4)
+    # (a block laid out for another view is the library's to refuse: tests/test_gpu_runs_api.cpp)
+    with pytest.raises(masklens.MaskError, match="^invalid_argument: no scan enqueued with wait=False is pending"):
+        _cuda.wait_runs(runs)
+
+
+@needs_module
+def test_runs_past_the_head_are_checked_before_any_cuda_call():
+    from masklens import _cuda
+    m = torch.ones(2, 1, 8, 8, dtype=torch.bool)
+    runs = _cuda.plan_runs(*args_of(m))
+    head = np.zeros(runs.head_bytes, dtype=np.uint8)
+    head[:8] = np.frombuffer(np.int64(3).tobytes(), dtype=np.uint8)  # 3 runs: all in the head
+    ctypes.memmove(runs.head_address, head.ctypes.data, runs.head_bytes)
+    with pytest.raises(masklens.MaskError, match=r"^invalid_argument: rest_buffer is for counts in \(16, 16\], got 3"):
+        _cuda.copy_rest(runs, 1 << 20, runs.block_bytes, 0, 0, 0)
+    head[:8] = np.frombuffer(np.int64(17).tobytes(), dtype=np.uint8)  # more runs than rows: a broken reduction
+    ctypes.memmove(runs.head_address, head.ctypes.data, runs.head_bytes)
+    with pytest.raises(masklens.MaskError, match="^device_error: the run reduction returned 17 runs for 16 rows"):
+        _cuda.copy_rest(runs, 1 << 20, runs.block_bytes, 0, 0, 0)
 
 
 @needs_module
@@ -119,9 +150,9 @@ def test_arguments_are_checked_before_any_cuda_call():
 def test_without_a_gpu_the_scan_names_the_failing_cuda_call():
     from masklens import _cuda
     m = torch.ones(8, 8, dtype=torch.bool)
-    runs = layout_of(m, *_cuda.query_runs(*args_of(m)))
+    runs = _cuda.plan_runs(*args_of(m))
     with pytest.raises(masklens.MaskError, match=r"^device_error: cuda\w+: cudaError"):
-        _cuda.scan_runs(*args_of(m), 1 << 20, runs.block_bytes, runs.head_address, runs.head_bytes, 0, 0)
+        _cuda.scan_runs(runs, 1 << 20, runs.block_bytes, 0, 0)
     with pytest.raises(masklens.MaskError, match=r"^device_error: cudaGetDeviceCount"):
         _cuda.device_count()
 
@@ -191,30 +222,38 @@ class FakeCuda:
         self.spans, self.first_invalid = spans, -1 if flags_row is None else flags_row
         self.runs, self.calls = encode_runs(spans, q_len), []
 
-    def query_runs(self, data, dtype, shape, strides, threshold):
-        return 24, 1000
+    scan_temp = 24  # what the stand-in's size query answers
 
-    def scan_runs(self, data, dtype, shape, strides, threshold, d_block, block_bytes, h_head, head_bytes, stream,
-                  device):
-        self.calls.append(dict(call="scan_runs", d_block=d_block, block_bytes=block_bytes, head_bytes=head_bytes,
-                               stream=stream, dtype=dtype, shape=shape, strides=strides))
-        spans_at = _core.DeviceRuns(data, dtype, shape, strides, threshold, 24, 1000).layout["spans"]
-        ctypes.memmove(d_block + spans_at, self.spans.ctypes.data, self.spans.nbytes)  # the layout's spans
-        eager = (head_bytes - 64) // 64
-        head = np.zeros(head_bytes, dtype=np.uint8)
+    def plan_runs(self, data, dtype, shape, strides, threshold, block_q=0, block_k=0):
+        self.calls.append(dict(call="plan_runs", dtype=dtype, shape=shape, strides=strides, tiles=(block_q, block_k)))
+        return _core.DeviceRuns(data, dtype, shape, strides, threshold, self.scan_temp, 1000, block_q, block_k)
+
+    def scan_runs(self, runs, d_block, block_bytes, stream, device, arrays=(), array_bytes=(), d_states=0,
+                  states_bytes=0, wait=True):
+        assert not arrays and not d_states, "a scan without tiles given tile outputs"
+        return self.scan_into(runs, d_block, block_bytes, stream)
+
+    def scan_into(self, runs, d_block, block_bytes, stream):
+        """What the device writes: the spans into the block (host memory here: a CPU
+        mask's), the run count, the first invalid row and the first runs into the head."""
+        self.calls.append(dict(call="scan_runs", block_bytes=block_bytes, head_bytes=runs.head_bytes, stream=stream))
+        assert block_bytes == runs.block_bytes
+        ctypes.memmove(d_block + runs.layout["spans"], self.spans.ctypes.data, self.spans.nbytes)
+        head = np.zeros(runs.head_bytes, dtype=np.uint8)
         head[:8] = np.frombuffer(np.int64(len(self.runs)).tobytes(), dtype=np.uint8)
         head[8:16] = np.frombuffer(np.int64(self.first_invalid).tobytes(), dtype=np.uint8)  # the run reduction's
-        first = self.runs[:eager]
+        first = self.runs[:runs.eager]
         head[64:64 + first.nbytes] = np.frombuffer(first.tobytes(), dtype=np.uint8)
-        ctypes.memmove(h_head, head.ctypes.data, head_bytes)
+        ctypes.memmove(runs.head_address, head.ctypes.data, runs.head_bytes)
         return len(self.runs)
 
-    def copy_rest(self, data, dtype, shape, strides, threshold, d_block, block_bytes, d_more, count, h_rest,
-                  rest_bytes, stream, device):
-        self.calls.append(dict(call="copy_rest", d_more=d_more, count=count, rest_bytes=rest_bytes))
-        rest = self.runs[count - rest_bytes // 64:count]
-        assert rest.nbytes == rest_bytes
-        ctypes.memmove(h_rest, rest.ctypes.data, rest_bytes)
+    def copy_rest(self, runs, d_block, block_bytes, d_more, stream, device):
+        count = len(self.runs)
+        address, nbytes = runs.rest_buffer(count)  # what the binding holds before its copy
+        self.calls.append(dict(call="copy_rest", d_more=d_more, count=count, rest_bytes=nbytes))
+        rest = self.runs[runs.eager:count]
+        assert rest.nbytes == nbytes
+        ctypes.memmove(address, rest.ctypes.data, nbytes)
 
 
 def masks():
@@ -249,13 +288,14 @@ def test_device_scan_host_half_matches_the_host_scan(name, monkeypatch):
     assert verdict.structure.describe() == host.structure.describe()
     assert np.array_equal(verdict.attending_rows(), host.attending_rows())
     assert verdict.run_count == len(fake.runs) and host.run_count is None
-    assert [c["call"] for c in fake.calls] == ["scan_runs"]  # the runs came with the count: one synchronisation
-    call = fake.calls[0]
+    # Planned, then the runs came with the count: one call, one synchronisation.
+    assert [c["call"] for c in fake.calls] == ["plan_runs", "scan_runs"]
+    plan, call = fake.calls
     layout = _core.DeviceRuns(*args_of(m), 24, 1000)
     assert call["block_bytes"] == layout.block_bytes and call["head_bytes"] == layout.head_bytes
-    # (the block's 256-byte alignment is torch's CUDA allocator's, 512; _cuda checks it)
-    assert call["stream"] == 12345 and call["dtype"] == "bool"
-    assert call["strides"] == list(m.stride())  # stride 0 passed as it is: broadcast slices scanned once
+    # (the block's 256-byte alignment is torch's CUDA allocator's, 512; the library checks it)
+    assert call["stream"] == 12345 and plan["dtype"] == "bool" and plan["tiles"] == (0, 0)
+    assert plan["strides"] == list(m.stride())  # stride 0 passed as it is: broadcast slices scanned once
 
 
 def test_device_scan_runs_are_few():
@@ -278,8 +318,8 @@ def test_device_scan_brings_runs_past_the_first_copy(q, monkeypatch):
     fake = fake_scan(m, monkeypatch)
     assert len(fake.runs) == q
     verdict = _scan.device_scan(m)
-    assert [c["call"] for c in fake.calls] == ["scan_runs", "copy_rest"]
-    rest = fake.calls[1]
+    assert [c["call"] for c in fake.calls] == ["plan_runs", "scan_runs", "copy_rest"]
+    rest = fake.calls[2]
     assert rest["count"] == q and rest["rest_bytes"] == (q - 256) * 64
     assert (rest["d_more"] != 0) == (q > 4096)
     assert verdict.run_count == q
@@ -341,7 +381,7 @@ def test_runs_past_the_head_must_be_brought_before_finish():
     assert address != 0 and nbytes == 44 * 64
 
 
-# --- The scan that writes torch BlockMask's tensors on the device (scan_runs_tiles) -------
+# --- The scan that writes torch BlockMask's tensors on the device (planned with tiles) ----
 
 TILE_FIELDS = list(_block_mask.BLOCK_MASK_FIELDS)
 TILES_TEMP = 4096  # what FakeTileCuda's size query answers for the scan with tile counts
@@ -360,18 +400,16 @@ class FakeTileCuda(FakeCuda):
         self.states = np.ascontiguousarray(tiles.states)
         self.pending = None  # the count of a scan enqueued with wait=False
 
-    def query_runs_tiles(self, data, dtype, shape, strides, threshold, block_q, block_k):
-        assert (block_q, block_k) == self.size
-        g = self.host.kv_indices.shape
-        return (TILES_TEMP, 1000), [g[0], g[1], g[2], g[3]]
+    scan_temp = TILES_TEMP
 
-    def scan_runs_tiles(self, data, dtype, shape, strides, threshold, block_q, block_k, d_block, block_bytes, h_head,
-                        head_bytes, arrays, array_bytes, stream, device, d_states=0, states_bytes=0, wait=True):
-        self.calls.append(dict(call="scan_runs_tiles", block_bytes=block_bytes, head_bytes=head_bytes, stream=stream,
-                               arrays=list(arrays), array_bytes=list(array_bytes), tiles=(block_q, block_k),
-                               states=d_states != 0, wait=wait))
+    def scan_runs(self, runs, d_block, block_bytes, stream, device, arrays=(), array_bytes=(), d_states=0,
+                  states_bytes=0, wait=True):
+        g = self.host.kv_indices.shape
+        assert runs.tile_grid == [g[0], g[1], g[2], g[3]]
+        self.calls.append(dict(call="scan_runs_tiles", stream=stream, arrays=list(arrays),
+                               array_bytes=list(array_bytes), states=d_states != 0, wait=wait))
         assert self.pending is None, "a scan enqueued with wait=False was not waited for"
-        self.head = h_head
+        self.runs_of_pending = runs
         for name, address, nbytes in zip(TILE_FIELDS, arrays, array_bytes):
             want = np.ascontiguousarray(getattr(self.host, name))
             assert nbytes == want.nbytes, name
@@ -379,23 +417,18 @@ class FakeTileCuda(FakeCuda):
         if d_states:
             assert states_bytes == self.states.nbytes
             ctypes.memmove(d_states, self.states.ctypes.data, states_bytes)
-        count = self.scan_runs(data, dtype, shape, strides, threshold, d_block, block_bytes, h_head, head_bytes,
-                               stream, device)
+        count = self.scan_into(runs, d_block, block_bytes, stream)
         if wait:
             return count
         self.pending = count
         return None
 
-    def wait_runs(self, h_head):
+    def wait_runs(self, runs):
         assert self.pending is not None, "wait_runs() without a scan enqueued with wait=False"
-        assert h_head == self.head, "wait_runs() given another head buffer than the scan's"
+        assert runs is self.runs_of_pending, "wait_runs() given another scan's runs"
         count, self.pending = self.pending, None
         self.calls.append(dict(call="wait_runs"))
         return count
-
-    def copy_rest(self, *args, block_q=0, block_k=0):
-        assert (block_q, block_k) == self.size  # the block is the tile scan's layout
-        super().copy_rest(*args)
 
 
 def fake_tile_scan(m, size, monkeypatch, flags_row=None):
@@ -428,12 +461,12 @@ def test_device_tile_scan_host_half(name, size, monkeypatch):
     verdict, arrays = _block_mask.device_scan_tiles(m, size)
     assert _scan.scan_count() == before + 1 and masklens.last_timing()["device"] == "cuda"
     assert verdict.structure.describe() == _scan.scan(m).structure.describe()
-    assert [c["call"] for c in fake.calls] == ["scan_runs_tiles", "scan_runs", "wait_runs"]
-    call = fake.calls[0]
-    assert call["tiles"] == size and call["stream"] == 777
+    assert [c["call"] for c in fake.calls] == ["plan_runs", "scan_runs_tiles", "scan_runs", "wait_runs"]
+    plan, call, into = fake.calls[:3]
+    assert plan["tiles"] == size and call["stream"] == 777
     assert call["wait"] is False  # enqueued, the views made, then waited for: wait_runs() above
-    layout = _core.DeviceRuns(*args_of(m), TILES_TEMP, 1000)
-    assert call["block_bytes"] == layout.block_bytes and call["head_bytes"] == layout.head_bytes
+    layout = _core.DeviceRuns(*args_of(m), TILES_TEMP, 1000, *size)
+    assert into["block_bytes"] == layout.block_bytes and into["head_bytes"] == layout.head_bytes
     B, H, Q, K = m.shape
     db = 1 if m.stride(0) == 0 else B
     dh = 1 if m.stride(1) == 0 else H
@@ -578,7 +611,8 @@ def test_device_tile_summary_is_the_host_summary(name, size, monkeypatch):
     m = tile_masks()[name]
     fake = fake_tile_scan(m, size, monkeypatch)
     verdict, summary = _block_mask.device_tile_summary(m, size)
-    assert fake.calls[0]["states"]  # the writer stores the states in the same pass
+    scans = [c for c in fake.calls if c["call"] == "scan_runs_tiles"]
+    assert len(scans) == 1 and scans[0]["states"]  # the writer stores the states in the same pass
     host_verdict, host = _core.scan_with_tiles(m, size[0], size[1], -1000.0)
     assert np.array_equal(summary.states, host.states)
     assert summary.shape == host.shape and summary.block_size == host.block_size
@@ -617,7 +651,7 @@ def test_device_tile_scan_brings_runs_past_the_first_copy(monkeypatch):
     m = ((j % 2 == 0) & (i % 5 != 0))[None, None]
     fake = fake_tile_scan(m, (32, 8), monkeypatch)
     verdict, arrays = _block_mask.device_scan_tiles(m, (32, 8))
-    assert [c["call"] for c in fake.calls] == ["scan_runs_tiles", "scan_runs", "wait_runs", "copy_rest"]
+    assert [c["call"] for c in fake.calls] == ["plan_runs", "scan_runs_tiles", "scan_runs", "wait_runs", "copy_rest"]
     assert verdict.run_count == 300 and verdict.structure.describe() == "arbitrary, 60 empty rows"
     assert arrays["kv_indices"].shape == (1, 1, 10, 2)
 
@@ -635,10 +669,11 @@ def test_a_block_mask_brings_no_runs_past_the_first_copy(monkeypatch):
     before = _scan.scan_count()
     verdict, arrays = _block_mask.device_scan_tiles(m, (32, 8), classify_many_runs=False)
     assert verdict is None and _scan.scan_count() == before + 1
-    assert [c["call"] for c in fake.calls] == ["scan_runs_tiles", "scan_runs", "wait_runs"]
+    scan_calls = ["plan_runs", "scan_runs_tiles", "scan_runs", "wait_runs"]
+    assert [c["call"] for c in fake.calls] == scan_calls
     fake.calls.clear()
     structure, ours = masklens._block_mask._device_block_mask(m, (32, 8), -1000.0)
-    assert structure is None and [c["call"] for c in fake.calls] == ["scan_runs_tiles", "scan_runs", "wait_runs"]
+    assert structure is None and [c["call"] for c in fake.calls] == scan_calls
     theirs = fa.create_block_mask(lambda b, h, q, kv: m[0, 0, q.clamp(max=299), kv.clamp(max=15)], 1, 1, 300, 16,
                                   device="cpu", BLOCK_SIZE=(32, 8))
     for field in TILE_FIELDS:
@@ -733,8 +768,11 @@ def test_device_tile_scan_names_an_invalid_row(monkeypatch):
 
 
 def test_device_tiles_are_used_only_where_the_module_has_them(monkeypatch):
-    monkeypatch.setattr(_scan, "_cuda", FakeCuda(spans_of(torch.ones(1, 1, 4, 4, dtype=torch.bool)), 4))
-    assert not _scan.has_device_tiles()  # an older _cuda: block_mask() and flex keep today's paths
+    class WithoutThePlan:  # a module without the device protocol: block_mask() and flex read on the host
+        def write_block_mask(self, *args):
+            raise AssertionError("not called")
+    monkeypatch.setattr(_scan, "_cuda", WithoutThePlan())
+    assert not _scan.has_device_tiles()
     monkeypatch.setattr(_scan, "_cuda", FakeTileCuda(torch.ones(1, 1, 4, 4, dtype=torch.bool), (4, 4)))
     assert _scan.has_device_tiles()
 
@@ -772,26 +810,24 @@ def test_tile_scan_arguments_are_checked_before_any_cuda_call():
     from masklens import _cuda
     m = torch.ones(2, 1, 40, 24, dtype=torch.bool).expand(2, 3, 40, 24)  # stride-0 heads
     args = args_of(m)
-    (scan_temp, reduce_temp), grid = _cuda.query_runs_tiles(*args, 16, 8)
-    assert grid == [2, 1, 3, 3] and scan_temp >= 18 * 8 and reduce_temp >= 1
-    assert _cuda.query_runs_tiles(*args, 16, 8)[0][1] == _cuda.query_runs(*args)[1]
+    runs = _cuda.plan_runs(*args, 16, 8)
+    assert runs.tile_grid == [2, 1, 3, 3]
+    lay, plain = runs.layout, _cuda.plan_runs(*args).layout
+    assert lay["reduce_temp"] - lay["scan_temp"] >= 18 * 8  # a 64-bit count a tile
+    assert lay["bytes"] - lay["reduce_temp"] == plain["bytes"] - plain["reduce_temp"]  # the same run reduction
     with pytest.raises(masklens.MaskError, match=r"^invalid_argument: tile size q \(block_q\) must be in"):
-        _cuda.query_runs_tiles(*args, 0, 8)
-    runs = _core.DeviceRuns(*args, scan_temp, reduce_temp)
+        _cuda.plan_runs(*args, 0, 8)
     n = {"kv_num_blocks": 6, "kv_indices": 18, "q_num_blocks": 6, "q_indices": 18}
     nbytes = [4 * n[f.replace("full_", "")] for f in TILE_FIELDS]
     ptrs = [1 << 20] * 8
     block = 1 << 24
 
-    def call(**kw):
-        a = dict(block_q=16, block_k=8, d_block=block, block_bytes=runs.block_bytes, h_head=runs.head_address,
-                 head_bytes=runs.head_bytes, arrays=ptrs, array_bytes=nbytes, stream=0, device=0)
+    def call(runs=runs, **kw):
+        a = dict(d_block=block, block_bytes=runs.block_bytes, arrays=ptrs, array_bytes=nbytes, stream=0, device=0)
         a.update(kw)
-        return _cuda.scan_runs_tiles(*args, **a)
+        return _cuda.scan_runs(runs, **a)
     with pytest.raises(masklens.MaskError, match="^invalid_argument: device block holds 32 bytes; this view's layout"):
         call(block_bytes=32)
-    with pytest.raises(masklens.MaskError, match="^invalid_argument: device block holds"):
-        call(block_q=1, block_k=1)  # another tile size sizes another scan temporary
     with pytest.raises(masklens.MaskError, match="^invalid_argument: pass the eight BlockMask arrays"):
         call(arrays=ptrs[:7])
     with pytest.raises(masklens.MaskError, match="^invalid_argument: full_kv_indices is null"):
@@ -801,14 +837,8 @@ def test_tile_scan_arguments_are_checked_before_any_cuda_call():
     with pytest.raises(masklens.MaskError, match=r"^invalid_argument: kv_indices holds 4 bytes; this grid "
                                                  r"needs 18 int32 \(72 bytes\)"):
         call(array_bytes=nbytes[:1] + [4] + nbytes[2:])
-    with pytest.raises(masklens.MaskError, match="^invalid_argument: host head buffer is null"):
-        call(h_head=0)
     with pytest.raises(masklens.MaskError, match="^invalid_argument: states hold 17 bytes; this grid has 18 tiles"):
         call(d_states=1 << 20, states_bytes=17)
-    with pytest.raises(masklens.MaskError, match=r"^invalid_argument: copy_rest is for counts"):
-        _cuda.copy_rest(*args, block, runs.block_bytes, 0, 3, 4096, 64, 0, 0, block_q=16, block_k=8)
-    with pytest.raises(masklens.MaskError, match="^invalid_argument: device block holds"):
-        _cuda.copy_rest(*args, block, runs.block_bytes, 0, 200, 4096, 64, 0, 0)  # the plain scan's layout
 
 
 @needs_module
@@ -816,15 +846,13 @@ def test_tile_scan_arguments_are_checked_before_any_cuda_call():
 def test_without_a_gpu_the_tile_scan_names_the_failing_cuda_call():
     from masklens import _cuda
     m = torch.ones(8, 8, dtype=torch.bool)
-    (scan_temp, reduce_temp), grid = _cuda.query_runs_tiles(*args_of(m), 4, 4)
-    runs = _core.DeviceRuns(*args_of(m), scan_temp, reduce_temp)
+    runs = _cuda.plan_runs(*args_of(m), 4, 4)
+    arrays = ([1 << 16] * 8, [8, 16, 8, 16, 8, 16, 8, 16])
     with pytest.raises(masklens.MaskError, match=r"^device_error: cuda\w+: cudaError"):
-        _cuda.scan_runs_tiles(*args_of(m), 4, 4, 1 << 20, runs.block_bytes, runs.head_address, runs.head_bytes,
-                              [1 << 16] * 8, [8, 16, 8, 16, 8, 16, 8, 16], 0, 0)
+        _cuda.scan_runs(runs, 1 << 20, runs.block_bytes, 0, 0, *arrays)
     # Enqueued without waiting, it fails the same way and leaves nothing to wait for.
     with pytest.raises(masklens.MaskError, match=r"^device_error: cuda\w+: cudaError"):
-        _cuda.scan_runs_tiles(*args_of(m), 4, 4, 1 << 20, runs.block_bytes, runs.head_address, runs.head_bytes,
-                              [1 << 16] * 8, [8, 16, 8, 16, 8, 16, 8, 16], 0, 0, wait=False)
+        _cuda.scan_runs(runs, 1 << 20, runs.block_bytes, 0, 0, *arrays, wait=False)
     with pytest.raises(masklens.MaskError, match="^invalid_argument: no scan enqueued with wait=False is pending on "
                                                  "this thread"):
-        _cuda.wait_runs(runs.head_address)
+        _cuda.wait_runs(runs)

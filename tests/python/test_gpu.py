@@ -409,7 +409,7 @@ def test_compiled_flex_on_masklens_block_mask_matches_the_dense_reference(name):
     assert_forward_backward(out, ref, (q, k, v))
 
 
-# --- BlockMask tensors written on the device (masklens._cuda.scan_runs_tiles) --------------
+# --- BlockMask tensors written on the device (masklens._cuda.scan_runs planned with tiles) ----
 
 
 
@@ -484,22 +484,21 @@ def test_device_block_mask_equals_create_block_mask_and_host_tiles(name):
 
 @needs_device_tiles
 def test_a_tile_scan_enqueued_without_waiting_is_waited_for_once():
-    """scan_runs_tiles(wait=False) returns before the synchronisation; wait_runs() then
-    gives the run count, and the head and the tensors, of a scan with wait=True; another
-    scan on the thread before it, or a second wait_runs(), is refused by name."""
-    from masklens import _block_mask, _core, _cuda
+    """scan_runs(wait=False) on a plan with tiles returns before the synchronisation;
+    wait_runs() then gives the run count, and the head and the tensors, of a scan with
+    wait=True; another scan on the thread before it, or a second wait_runs(), is refused
+    by name."""
+    from masklens import _block_mask, _cuda
     i, j = (t.to(DEV) for t in rows_cols(1000, 1000))
     mask = ((j <= i) & (i - j < 300)).expand(2, 1, 1000, 1000).contiguous()  # a window: few runs, all in the head
-    args = (mask.data_ptr(), "bool", list(mask.shape), list(mask.stride()), -1000.0)
-    sizes, (db, dh, nq, nk) = _cuda.query_runs_tiles(*args, 128, 128)
+    args = (mask.data_ptr(), "bool", list(mask.shape), list(mask.stride()), -1000.0, 128, 128)
     stream = torch.cuda.current_stream().cuda_stream
 
     def scan(wait):
-        runs = _core.DeviceRuns(*args, *sizes)
+        runs = _cuda.plan_runs(*args)
         block = torch.empty(runs.block_bytes, dtype=torch.uint8, device=DEV)
-        arrays, pointers, nbytes = _block_mask._block_mask_tensors(mask.device, db, dh, nq, nk)
-        count = _cuda.scan_runs_tiles(*args, 128, 128, block.data_ptr(), runs.block_bytes, runs.head_address,
-                                      runs.head_bytes, pointers, nbytes, stream, 0, wait=wait)
+        arrays, pointers, nbytes = _block_mask._block_mask_tensors(mask.device, *runs.tile_grid)
+        count = _cuda.scan_runs(runs, block.data_ptr(), runs.block_bytes, stream, 0, pointers, nbytes, wait=wait)
         return runs, block, arrays, pointers, nbytes, count
 
     runs, _, want, _, _, count = scan(True)
@@ -507,17 +506,16 @@ def test_a_tile_scan_enqueued_without_waiting_is_waited_for_once():
     try:
         assert none is None and 0 < count <= later.eager
         with pytest.raises(masklens.MaskError, match=r"^invalid_argument: a scan enqueued with wait=False on this "
-                                                     r"thread was not waited for: call wait_runs\(h_head\) first"):
-            _cuda.scan_runs_tiles(*args, 128, 128, block.data_ptr(), later.block_bytes, later.head_address,
-                                  later.head_bytes, pointers, nbytes, stream, 0)
-        with pytest.raises(masklens.MaskError, match="^invalid_argument: h_head is not the head buffer of the scan "
-                                                     "pending on this thread"):
-            _cuda.wait_runs(runs.head_address)
+                                                     r"thread was not waited for: call wait_runs first"):
+            _cuda.scan_runs(later, block.data_ptr(), later.block_bytes, stream, 0, pointers, nbytes)
+        with pytest.raises(masklens.MaskError, match="^invalid_argument: these DeviceRuns are not the scan pending "
+                                                     "on this thread"):
+            _cuda.wait_runs(runs)
     finally:
-        waited = _cuda.wait_runs(later.head_address)  # whatever failed above: the thread is free again
+        waited = _cuda.wait_runs(later)  # whatever failed above: the thread is free again
     assert waited == count
     with pytest.raises(masklens.MaskError, match="^invalid_argument: no scan enqueued with wait=False is pending"):
-        _cuda.wait_runs(later.head_address)
+        _cuda.wait_runs(later)
     for f in BM_FIELDS:
         assert torch.equal(got[f], want[f]), f
     verdict = later.finish()  # from the head wait_runs() copied

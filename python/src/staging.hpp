@@ -1,0 +1,172 @@
+// Pinned host memory masklens._cuda stages its copies through: the head of a device
+// scan crossing to the host (one buffer per thread) and small host tables crossing to a
+// device (a ring of slots per device). Part of the binding, not of the library: the
+// library's entry points take the caller's host memory, and a framework stages it as it
+// sees fit.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <masklens/cuda/check.cuh>
+#include <masklens/status.hpp>
+
+#include <cstddef>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <vector>
+
+namespace masklens::python {
+
+using masklens::gpu::detail::check;
+
+// A buffer of pinned host memory, grown by freeing it and allocating anew (its contents
+// need not survive: each use writes it whole). Freed by its owner, if ever.
+struct PinnedBuffer {
+  void* data = nullptr;
+  std::size_t bytes = 0;
+
+  // At least `bytes` (an allocation of `allocate` bytes where it is smaller), or the
+  // failing call, named `what`.
+  Status hold(std::size_t bytes_needed, std::size_t allocate, const char* what) {
+    if (bytes >= bytes_needed) return {};
+    if (data != nullptr) static_cast<void>(cudaFreeHost(data));
+    data = nullptr;
+    bytes = 0;
+    Status st = check(cudaMallocHost(&data, allocate), what);
+    if (st.ok()) bytes = allocate;
+    return st;
+  }
+};
+
+// Pinned host memory the head crosses through: a device-to-host copy into pageable
+// memory is staged by the driver and waited for (0.1 ms and more for a head of 16 KiB
+// on an H200 host, against microseconds from pinned memory). One buffer per thread (the
+// GIL is released around the copies), grown as needed and kept for the thread's life;
+// its cudaFreeHost may meet a driver already unloaded at process exit, which is harmless
+// and ignored.
+class PinnedStaging {
+ public:
+  PinnedStaging() = default;
+  PinnedStaging(const PinnedStaging&) = delete;
+  PinnedStaging& operator=(const PinnedStaging&) = delete;
+  ~PinnedStaging() {
+    if (buffer_.data != nullptr) static_cast<void>(cudaFreeHost(buffer_.data));
+  }
+  // `bytes` of pinned memory for this thread, or the failing call.
+  Status reserve(std::size_t bytes, void*& out) {
+    Status st = buffer_.hold(bytes, bytes, "cudaMallocHost(pinned head staging)");
+    out = buffer_.data;
+    return st;
+  }
+
+ private:
+  PinnedBuffer buffer_;
+};
+
+inline PinnedStaging& staging() {
+  thread_local PinnedStaging buffer;
+  return buffer;
+}
+
+// Pinned host memory that small host tables cross to a device through, enqueued without
+// waiting: a copy from pageable memory is staged by the driver and can wait for the
+// copies before it (0.1-1 ms for 64-256 KiB on an H200 host). Slots per device, each
+// reused once the event recorded after its copy has completed; where every slot's copy
+// is still queued (a host running ahead of its GPU) the ring grows, up to kMaxSlots,
+// before it waits for the oldest. Never destroyed: a process's exit may find the driver
+// unloaded.
+class UploadStaging {
+ public:
+  static constexpr std::size_t kSlots = 4;      // slots reserve() allocates: the tables of a BlockMask or two
+  // Copies in flight a device may have before one waits; with slots grown to the largest
+  // table they carried (tile states of a report: up to a few MiB), this caps the pinned
+  // memory a host running ahead of its GPU holds.
+  static constexpr std::size_t kMaxSlots = 16;
+  static constexpr std::size_t kMinBytes = 1 << 20;
+
+  // Copies `bytes` at `host` to `d_dst` on stream `s` of the current device `device`. Not
+  // while `s` captures a graph: a replay would copy from a slot later uploads reuse.
+  Status upload(int device, const void* host, std::size_t bytes, void* d_dst, cudaStream_t s) {
+    if (bytes == 0) return {};
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    if (Status st = check(cudaStreamIsCapturing(s, &capturing), "cudaStreamIsCapturing"); !st.ok()) return st;
+    if (capturing != cudaStreamCaptureStatusNone)
+      return error(ErrorCode::invalid_argument,
+                   "the stream is capturing a CUDA graph: a host table's upload cannot be captured (a replay would "
+                   "read staging memory later copies reuse); build the BlockMask before the capture");
+    const std::lock_guard<std::mutex> hold(lock_);
+    Slot* slot = nullptr;
+    Status st = free_slot(rings_[device], slot);
+    if (st.ok()) st = grow(*slot, bytes);
+    if (!st.ok()) return st;
+    std::memcpy(slot->buffer.data, host, bytes);
+    st = check(cudaMemcpyAsync(d_dst, slot->buffer.data, bytes, cudaMemcpyHostToDevice, s),
+               "cudaMemcpyAsync(to the device)");
+    if (st.ok()) {
+      st = check(cudaEventRecord(slot->done, s), "cudaEventRecord(upload)");
+      // Unrecorded, the event would call the slot free while its copy may be queued.
+      if (!st.ok()) static_cast<void>(cudaStreamSynchronize(s));
+    }
+    return st;
+  }
+
+  // The first kSlots slots of the current device `device` hold `bytes` (a first upload
+  // then allocates nothing).
+  Status reserve(int device, std::size_t bytes) {
+    const std::lock_guard<std::mutex> hold(lock_);
+    std::vector<Slot>& ring = rings_[device];
+    Status st;
+    while (st.ok() && ring.size() < kSlots) st = add(ring);
+    for (std::size_t i = 0; st.ok() && i < kSlots; ++i) st = grow(ring[i], bytes);
+    return st;
+  }
+
+ private:
+  struct Slot {
+    PinnedBuffer buffer;
+    cudaEvent_t done = nullptr;  // recorded after the slot's last copy (never recorded: complete)
+  };
+
+  static Status add(std::vector<Slot>& ring) {
+    Slot slot;
+    Status st = check(cudaEventCreateWithFlags(&slot.done, cudaEventDisableTiming), "cudaEventCreateWithFlags(upload)");
+    if (st.ok()) ring.push_back(slot);
+    return st;
+  }
+
+  // A slot whose last copy has finished: the first found, else a new one, else the
+  // oldest after waiting for it.
+  Status free_slot(std::vector<Slot>& ring, Slot*& slot) {
+    for (Slot& s : ring) {
+      const cudaError_t e = cudaEventQuery(s.done);
+      if (e == cudaSuccess) {
+        slot = &s;
+        return {};
+      }
+      if (e != cudaErrorNotReady) return check(e, "cudaEventQuery(upload slot)");
+    }
+    if (ring.size() < kMaxSlots) {
+      Status st = add(ring);
+      if (st.ok()) slot = &ring.back();
+      return st;
+    }
+    slot = &ring[oldest_++ % ring.size()];
+    return check(cudaEventSynchronize(slot->done), "cudaEventSynchronize(upload slot)");
+  }
+
+  static Status grow(Slot& slot, std::size_t bytes) {
+    return slot.buffer.hold(bytes, bytes > kMinBytes ? bytes : kMinBytes, "cudaMallocHost(upload staging)");
+  }
+
+  std::mutex lock_;
+  std::map<int, std::vector<Slot>> rings_;
+  std::size_t oldest_ = 0;  // where a full ring waits next
+};
+
+inline UploadStaging& uploads() {
+  static auto* staging = new UploadStaging;  // never destroyed: see above
+  return *staging;
+}
+
+}  // namespace masklens::python
