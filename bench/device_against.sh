@@ -11,6 +11,8 @@
 # base, head, base, head (warm-up runs of their own, medians inside each), one JSON line
 # per case into OUT/<bench>-<tree>-<round>.jsonl; the summary prints each case's figure
 # for base and head and their ratio, and the suites' test case and assertion counts.
+# STEPS (default "build suites benches") names the parts to run: a session with a time
+# limit per command runs "build suites", then "benches" (the builds kept in OUT).
 set -uo pipefail
 base=${1:?usage: bench/device_against.sh BASE [OUT]}
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -34,14 +36,17 @@ build() {  # build TREE NAME
     > "$out/setup-$2.log" 2>&1 || { tail -20 "$out/setup-$2.log"; return 1; }
   ninja -C "$dir" > "$out/ninja-$2.log" 2>&1 || { tail -30 "$out/ninja-$2.log"; return 1; }
 }
-build "$base_src" base && build "$root" head || exit 1
+steps=" ${STEPS:-build suites benches} "
+has() { [[ $steps == *" $1 "* ]]; }
+if has build; then build "$base_src" base && build "$root" head || exit 1; fi
 
-for tree in base head; do
+has suites && for tree in base head; do
   "$meson_bin" test -C "$out/build-$tree" --suite cuda --print-errorlogs > "$out/cuda-$tree.log" 2>&1
   echo "cuda suite, $tree: $(grep -E '^(Ok|Fail|Skipped):' "$out/cuda-$tree.log" | tr '\n' ' ')"
   grep -hE "test cases:|assertions:" "$out/build-$tree/meson-logs/testlog.txt" | sort | uniq -c | sed 's/^/    /'
 done
 
+has benches || exit 0
 for round in 1 2; do
   for tree in base head; do
     for bench in device_scan device_step device_tiles; do
