@@ -45,9 +45,22 @@ class Unrecognised(Exception):
     """Why a mask function is not read back (its node and the reason)."""
 
 
+class _Originals:
+    """transformers.masking_utils with its factories as transformers wrote them: where
+    masklens._graph_definition has wrapped one, the factory behind the wrapper (the pins and
+    the primitives' code objects are made from these, whatever the wrappers give)."""
+
+    def __init__(self, module):
+        self._module = module
+
+    def __getattr__(self, name):
+        value = getattr(self._module, name)
+        return getattr(value, "_masklens_original", value)
+
+
 def _mu():
     import transformers.masking_utils as mu
-    return mu
+    return _Originals(mu)
 
 
 def _code(fn):
@@ -124,7 +137,9 @@ def parse(fn, device, checks, scope=None):
     """The tree of a mask function, its tensors on `device`, or Unrecognised naming the
     first node that is not a recognised primitive; what only the tensors' values can say
     is added to `checks` (a _Checks). `scope` carries the packed documents an enclosing
-    AND restricts to (remap_positions_for_packed_sequence is exact only inside one)."""
+    AND restricts to (remap_positions_for_packed_sequence is exact only inside one). An
+    object standing for a closure (masklens._graph_definition's Primitive) is read as it."""
+    fn = getattr(fn, "_masklens_closure", fn)
     name = _primitives().get(_code(fn))
     if name is None:
         raise Unrecognised(f"{_name_of(fn)} (from {getattr(fn, '__module__', '?')}) is not a recognised mask "
@@ -139,6 +154,7 @@ def parse(fn, device, checks, scope=None):
         inner_scope = scope
         if name == "and":
             for f in fns:  # a packed-documents child makes this AND a documents scope
+                f = getattr(f, "_masklens_closure", f)
                 if _primitives().get(_code(f)) == "packed":
                     inner_scope = _meta(_free(f)["packed_sequence_mask"], "packed_sequence_mask", device)
         return (name, (), tuple(parse(f, device, checks, inner_scope) for f in fns))

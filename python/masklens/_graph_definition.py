@@ -76,10 +76,23 @@ def original(attr):
     return getattr(f, "_masklens_original", f)
 
 
+def _mask_mod_call(batch_idx, head_idx, q_idx, kv_idx):
+    """The signature of a mask function (transformers' inner_mask's)."""
+
+
 class Primitive:
     """A transformers mask primitive as a callable object: calls `fn` (the closure
     transformers' factory made), and names the node (`name`), its mask-function children,
-    tensors and ints (in the factory's parameter order), which Dynamo reads while tracing."""
+    tensors and ints (in the factory's parameter order), which Dynamo reads while tracing.
+
+    `__code__` and `__defaults__` are a mask function's signature, as torch's
+    create_block_mask reads them to tell a mask_mod from a score_mod (flex_attention's mask
+    interface is given these objects too): without them it asks inspect.signature, which
+    Dynamo answers with a guard on the object's identity, so a frame starting at
+    create_block_mask would compile again at every forward."""
+
+    __code__ = _mask_mod_call.__code__
+    __defaults__ = None
 
     def __init__(self, name, fn, children, tensors, ints):
         self.name = name
@@ -91,8 +104,17 @@ class Primitive:
     def __call__(self, batch_idx, head_idx, q_idx, kv_idx):
         return self.fn(batch_idx, head_idx, q_idx, kv_idx)
 
+    @property
+    def _masklens_closure(self):  # what masklens._definition reads in its place
+        return self.fn
+
     def __repr__(self):
         return f"<masklens Primitive {self.name}>"
+
+
+def _reading() -> bool:
+    """Whether the factories give Primitives: while Dynamo traces, with one graph on."""
+    return torch.compiler.is_compiling() and _one_graph.enabled
 
 
 def _wrapper(attr, factory):
@@ -101,7 +123,7 @@ def _wrapper(attr, factory):
     @functools.wraps(factory)
     def made(*args, **kwargs):
         fn = factory(*args, **kwargs)
-        if not (torch.compiler.is_compiling() and _one_graph.enabled):
+        if not _reading():
             return fn
         if kinds == ("fns",):
             if kwargs:
