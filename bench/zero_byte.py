@@ -12,6 +12,12 @@ and four ways per batch:
   definition  "masklens": the mask read from its definition, no [1, 1, L, L] tensor
   no mask     "sdpa" given no mask at all (plain causal: a lower bound, not the same
               attention for these batches)
+  one graph   "masklens" compiled with fullgraph=True in one graph (masklens.torch.
+              set_one_graph(True); Inductor on a GPU, aot_eager on the CPU): the
+              composition read while tracing, the op masklens::graph_form_defined deciding
+              from the O(B·L) metadata, the mask built only in a dense branch; its mask
+              time and bytes are the op's own (host time, its one synchronisation
+              included; bytes of its outputs: row bounds and BlockMask tensors)
 Per way: the mask function's time (synchronised) and the bytes it allocates (and, in the
 JSON, layer_builds: masks read from their definition that a layer built after all), the median
 time of a training step (forward + backward + an SGD step) over --steps after --warm, its
@@ -37,6 +43,8 @@ import torch
 import transformers
 import transformers.masking_utils as mu
 
+import masklens._graph_definition as graph_definition
+import masklens.torch as mt
 import masklens.transformers as mlt
 
 ap = argparse.ArgumentParser()
@@ -46,7 +54,7 @@ ap.add_argument("--steps", type=int, default=3)
 ap.add_argument("--warm", type=int, default=1)
 ap.add_argument("--quick", action="store_true")
 ap.add_argument("--qwen35", action="store_true")
-ap.add_argument("--ways", default="sdpa,scan,definition,no mask")
+ap.add_argument("--ways", default="sdpa,scan,definition,no mask,one graph")
 ap.add_argument("--json")
 args = ap.parse_args()
 if args.quick:
@@ -146,12 +154,26 @@ def run_way(cfg, state, way, inputs):
     if way == "no mask":
         inputs = {k: v for k, v in inputs.items() if k not in ("attention_mask", "position_ids")}
     model = make(cfg, impl, state)
+    one_graph = way == "one graph"
+    if one_graph:
+        # The op times itself (graph_definition.timings): a timed mask function would break the graph.
+        mu.AttentionMaskInterface._global_mapping["masklens"] = mlt.masklens_mask
+        mt.set_one_graph(True)
+        torch._dynamo.reset()
+        # transformers' hub-kernels layer sets a context variable in each checkpointed layer's
+        # forward, which Dynamo refuses inside torch.utils.checkpoint unless told not to
+        # replay it in the backward (as its own message suggests); masklens mutates nothing there.
+        torch._dynamo.config.skip_fwd_side_effects_in_bwd_under_checkpoint = True
+        model = torch.compile(model, backend="inductor" if cuda else "aot_eager", fullgraph=True)
+        # What transformers sets under gradient checkpointing, given here: its warning would break the graph.
+        inputs = {**inputs, "use_cache": False}
     row = {"way": way}
     try:
         for _ in range(args.warm):
             step(model, inputs)
         times, norms = [], []
         mask_calls.clear()
+        graph_definition.timings.clear()
         builds[0] = 0
         if cuda:
             torch.cuda.reset_peak_memory_stats()
@@ -161,6 +183,8 @@ def run_way(cfg, state, way, inputs):
             norms.append(step(model, inputs))
             sync()
             times.append((time.perf_counter() - t0) * 1e3)
+        if one_graph:
+            mask_calls.extend(graph_definition.timings)
         row.update(step_ms=statistics.median(times), grad_norm=norms[-1],
                    peak_gb=(torch.cuda.max_memory_allocated() / 1e9) if cuda else None,
                    mask_ms=statistics.median(ms for ms, _ in mask_calls) if mask_calls else 0.0,
@@ -173,6 +197,10 @@ def run_way(cfg, state, way, inputs):
         gc.collect()
         if cuda:
             torch.cuda.empty_cache()
+        if one_graph:
+            mt.set_one_graph(False)
+            mu.AttentionMaskInterface._global_mapping["masklens"] = timed(mlt.masklens_mask)
+            torch._dynamo.reset()
     mlt.from_definition = True
     return row
 

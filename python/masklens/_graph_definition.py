@@ -30,8 +30,10 @@ wrong result.
 """
 from __future__ import annotations
 
+import collections
 import functools
 import inspect
+import time
 
 import numpy as np
 import torch
@@ -64,6 +66,9 @@ _LEAVES = {"causal": "causal_mask_function", "bidirectional": "bidirectional_mas
 # mask's shape and device -> milliseconds); masklens.transformers sets both.
 on_read = None
 mask_build_ms = None
+# The op's last runs: (host milliseconds, bytes of its outputs) each, for benchmarks (the
+# mask's cost per forward and mask kind in one graph).
+timings = collections.deque(maxlen=64)
 
 
 def _mu():
@@ -277,6 +282,7 @@ def graph_form_defined(tensors: list[torch.Tensor], attention_mask: torch.Tensor
     Where the definition cannot be read (padding with holes, a row of two ranges, a
     primitive whose rule is off) the answer is dense: the layers' dense branch builds
     transformers' mask."""
+    start = time.perf_counter()
     B, Q, K = batch, q_length, kv_length
     device = torch.device(device)
     flex_in_graph = bool(forms >> FLEX & 1)
@@ -314,6 +320,7 @@ def graph_form_defined(tensors: list[torch.Tensor], attention_mask: torch.Tensor
         out += [torch.zeros(shape, dtype=torch.int32, device=device) for shape in shapes]
     _one_graph.forms_taken[form] += 1
     code = {"dense": DENSE, "causal": CAUSAL, "flex": FLEX}[form]
+    timings.append(((time.perf_counter() - start) * 1e3, sum(t.untyped_storage().nbytes() for t in out)))
     return [torch.tensor(code, dtype=torch.int64), *out]
 
 

@@ -20,7 +20,11 @@ FlexAttention or varlen_attn, or the dense mask as sdpa would (masklens.torch.
 prepare_compiled). Inside the layers nothing breaks the graph. With one graph on
 (masklens.torch.set_one_graph(True)) the mask is proven and the call decided by an op
 of the graph instead, the layers choosing their form with torch.cond (masklens.
-_one_graph): no graph break, fullgraph=True works.
+_one_graph): no graph break, fullgraph=True works. A composition of transformers'
+primitives is read there from its definition (masklens._graph_definition: registering
+wraps masking_utils' factories so that, while Dynamo traces with one graph on, they give
+objects it can read): the op reads the O(B·L) metadata, and the dense mask is built only
+inside the layers' dense branch.
 A one-token decode step's mask is sdpa_mask's, traced in either mode.
 
 CUDA graph capture: a call whose mask the drop-in ran before the capture (the same
