@@ -174,15 +174,6 @@ def install() -> list:
     return wrapped
 
 
-def uninstall() -> None:
-    """transformers' own factories back (tests)."""
-    mu = _mu()
-    for attr in FACTORIES:
-        f = getattr(mu, attr, None)
-        if f is not None and hasattr(f, "_masklens_original"):
-            setattr(mu, attr, f._masklens_original)
-
-
 def _is_int(x) -> bool:
     return not isinstance(x, (bool, torch.Tensor)) and isinstance(x, (int, torch.SymInt))
 
@@ -333,7 +324,8 @@ torch.fx.node.has_side_effect(torch.ops.masklens.graph_form_defined.default)
 def _graph_form_defined_fake(tensors, attention_mask, spec, ints, batch, q_length, kv_length, q_offset, kv_offset,
                              heads, kv_heads, head_dim, head_dim_v, dtype, training, forms, device):
     B, Q, K = batch, q_length, kv_length
-    return [torch.empty((), dtype=torch.int64, device="cpu"), torch.empty((B, 1, Q, 2), dtype=torch.int64, device=device),
+    return [torch.empty((), dtype=torch.int64, device="cpu"),
+            torch.empty((B, 1, Q, 2), dtype=torch.int64, device=device),
             *(torch.empty(shape, dtype=torch.int32, device=device) for shape in _one_graph._field_shapes(B, 1, Q, K))]
 
 

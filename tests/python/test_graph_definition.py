@@ -109,7 +109,6 @@ def test_graph_form_defined_passes_opcheck(gpu_environment):
     """The op's schema and fake kernel as torch checks them: a padded batch and a packed one,
     with the CPU's decision and with FlexAttention's (BlockMask filled)."""
     pos = torch.tensor([[0, 1, 2, 0, 1, 2, 3, 4, 0, 1] * 4])
-    psm = gd.original("packed_sequence_mask_function")  # noqa: F841  (the spec names it)
     documents = (torch.diff(pos, prepend=pos[:, :1] - 1) != 1).cumsum(-1)
     am = torch.ones(2, 40, dtype=torch.bool)
     am[1, :13] = False
