@@ -73,6 +73,18 @@ inline constexpr Defect kDefects[] = {
      [](const DefectContext& c) {
        return c.usage == Usage::dense_mask && c.call.training && std::max(c.call.q_len, c.call.k_len) > 46344;
      }},
+    {"efficient_finite_masked_rows_zero", Backend::sdpa_efficient, Effect::silently_wrong,
+     "a bf16 or fp32 attn_mask with a row masked only by finite values (transformers' fill, finfo.min): the row "
+     "returns 0 where the dense softmax attends uniformly (math's mean of V); a value that low leaves float range "
+     "once the kernel scales it",
+     "measured on an H100, torch 2.11, 2026-12-06 (tests/python/test_dropin_property.py, CUDA seed 36: a bf16 "
+     "finfo.min mask, 9 of 10 rows masked)",
+     [](const DefectContext& c) {
+       // The values come from the mask as given (a cast to q's dtype keeps fp16's range).
+       const std::optional<ElementType> given = c.call.mask_dtype;
+       return c.usage == Usage::dense_mask && c.structure.finite_masked_rows > 0 &&
+              (!given || *given == ElementType::bfloat16 || *given == ElementType::float32);
+     }},
     {"cudnn_empty_rows_mean_of_v", Backend::sdpa_cudnn, Effect::silently_wrong,
      "attn_mask with fully masked query rows: bool masks are filled with -65504, so those rows return the mean of V "
      "instead of 0",

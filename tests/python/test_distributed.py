@@ -343,6 +343,11 @@ def _gpu_worker(rank, world, port, backend, result_dir):
                 with cp:
                     report = cp.inspect(local, lq, lk, lv)
                     assert cp.uses_ring(report.structure, device) == (name == "causal")
+                    if name == "causal" and backend == "gloo":
+                        # torch's SDPA ring over gloo with CUDA tensors (two ranks on one GPU)
+                        # dies in torch (SIGSEGV in _templated_ring_attention, torch 2.11,
+                        # measured on an H100): the ring runs only over NCCL, on two GPUs.
+                        continue
                     out = cp.attention(lq, lk, lv, report, local, compiled=False)
                     out.square().sum().backward()
                 tol = {"atol": 2e-3, "rtol": 2e-3}
@@ -361,8 +366,8 @@ def _gpu_worker(rank, world, port, backend, result_dir):
 def test_gpu_device_shards_and_cp_forward_backward(tmp_path):
     """Two ranks (NCCL on two GPUs; gloo sharing one GPU where there is one): CUDA masks
     scanned on the device agree with the whole mask's verdict, and ContextParallel.attention
-    (the SDPA ring for causal, FlexAttention CP otherwise) gives SDPA's output and
-    gradients on the whole sequence."""
+    (the SDPA ring for causal, on two GPUs only; FlexAttention CP otherwise) gives SDPA's
+    output and gradients on the whole sequence."""
     backend = "nccl" if torch.cuda.device_count() >= 2 else "gloo"
     mp.spawn(_gpu_worker, args=(2, _free_port(), backend, str(tmp_path)), nprocs=2, join=True)
     assert sorted(os.listdir(tmp_path)) == ["rank0.ok", "rank1.ok"]
