@@ -37,3 +37,18 @@ def gpu_environment(monkeypatch):
         monkeypatch.setattr(mt._env, "environment",
                             lambda device=None, runnable_only=False, **kw: real("cpu", sm=90, available=available))
     return use
+
+
+@pytest.fixture
+def one_graph_mode(monkeypatch):
+    """One graph on, graph_forms and forms_taken fresh (restored after), Dynamo reset."""
+    import collections
+
+    import torch
+    import masklens._one_graph as one_graph
+    monkeypatch.setattr(one_graph, "enabled", True)
+    monkeypatch.setattr(one_graph, "graph_forms", one_graph.DEFAULT_FORMS)
+    monkeypatch.setattr(one_graph, "forms_taken", collections.Counter())
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()

@@ -26,16 +26,6 @@ from test_definition import _case, _dense, _holed  # noqa: E402
 FLEX_FORMS = one_graph.DEFAULT_FORMS | 1 << one_graph.FLEX
 
 
-@pytest.fixture
-def one_graph_mode(monkeypatch):
-    monkeypatch.setattr(one_graph, "enabled", True)
-    monkeypatch.setattr(one_graph, "graph_forms", one_graph.DEFAULT_FORMS)
-    monkeypatch.setattr(one_graph, "forms_taken", __import__("collections").Counter())
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-
-
 def test_factories_give_transformers_closures_outside_a_traced_graph():
     """Installed, the factories are wrapped, and outside Dynamo's tracing (or with one graph
     off) they give transformers' own closures, unchanged: the eager path and the

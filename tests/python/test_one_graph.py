@@ -22,17 +22,6 @@ from models import (SMALL, assert_matches_reference, break_sites, forward_backwa
                     max_grad_difference, pair)
 
 
-@pytest.fixture
-def one_graph_mode(monkeypatch):
-    """One graph on, graph_forms and forms_taken fresh (restored after), Dynamo reset."""
-    monkeypatch.setattr(one_graph, "enabled", True)
-    monkeypatch.setattr(one_graph, "graph_forms", one_graph.DEFAULT_FORMS)
-    monkeypatch.setattr(one_graph, "forms_taken", __import__("collections").Counter())
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-
-
 def taken_since(before):
     return {form: n - before.get(form, 0) for form, n in one_graph.forms_taken.items() if n - before.get(form, 0)}
 
