@@ -49,6 +49,15 @@ constexpr std::int64_t round_up(std::int64_t v, std::int64_t m) { return v > INT
 constexpr bool product_at_least(std::int64_t a, std::int64_t b, std::int64_t bound) {
   return a > 0 && b >= (bound + a - 1) / a;
 }
+// A kept mask of a type whose lowest values (bf16's and fp32's finfo.min, what transformers
+// fills with) leave float range once a fused kernel scales them, with a row masked only by
+// finite values: the values come from the mask as given (a cast to q's dtype keeps fp16's
+// range), and an unknown type may be either.
+constexpr bool lowest_finite_masked_rows(const DefectContext& c) {
+  const std::optional<ElementType> given = c.call.mask_dtype;
+  return c.usage == Usage::dense_mask && c.structure.finite_masked_rows > 0 &&
+         (!given || *given == ElementType::bfloat16 || *given == ElementType::float32);
+}
 }  // namespace detail
 
 inline constexpr Defect kDefects[] = {
@@ -79,12 +88,13 @@ inline constexpr Defect kDefects[] = {
      "once the kernel scales it",
      "measured on an H100, torch 2.11, 2026-12-06 (tests/python/test_dropin_property.py, CUDA seed 36: a bf16 "
      "finfo.min mask, 9 of 10 rows masked)",
-     [](const DefectContext& c) {
-       // The values come from the mask as given (a cast to q's dtype keeps fp16's range).
-       const std::optional<ElementType> given = c.call.mask_dtype;
-       return c.usage == Usage::dense_mask && c.structure.finite_masked_rows > 0 &&
-              (!given || *given == ElementType::bfloat16 || *given == ElementType::float32);
-     }},
+     detail::lowest_finite_masked_rows},
+    {"cudnn_finite_masked_rows", Backend::sdpa_cudnn, Effect::silently_wrong,
+     "a bf16 or fp32 attn_mask with a row masked only by finite values (finfo.min): the row is not math's uniform "
+     "mean of V",
+     "measured on an H100, torch 2.11 / cuDNN 9.19, 2026-12-06 (tests/python/test_dropin_property.py, CUDA seed "
+     "75: bottom-right causal 17 x 16, its first row masked by bf16 finfo.min)",
+     detail::lowest_finite_masked_rows},
     {"cudnn_empty_rows_mean_of_v", Backend::sdpa_cudnn, Effect::silently_wrong,
      "attn_mask with fully masked query rows: bool masks are filled with -65504, so those rows return the mean of V "
      "instead of 0",
