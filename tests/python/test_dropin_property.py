@@ -231,6 +231,13 @@ def test_drop_in_behaves_as_torch_on_random_calls(block):
 CUDA_TOLERANCE = {torch.float32: (2e-3, 2e-3), torch.bfloat16: (6e-2, 6e-2), torch.float16: (2e-2, 2e-2)}
 
 
+# Cases whose call torch's own default dispatch cannot make on CUDA without faulting the
+# context (the drop-in hands them to torch as they are): seed 69, fp32 [1, 1, 12, 16] with
+# scale 0, enable_gqa and a float mask that requires grad, is an illegal memory access in
+# torch's call alone (torch 2.11, measured on an H100 with CUDA_LAUNCH_BLOCKING=1).
+TORCH_FAULTS_ON_CUDA = {69}
+
+
 @pytest.mark.gpu
 def test_drop_in_behaves_as_torch_on_random_cuda_calls(monkeypatch):
     """The same calls on a CUDA device (float16, bfloat16, float32), among torch's own
@@ -240,6 +247,8 @@ def test_drop_in_behaves_as_torch_on_random_cuda_calls(monkeypatch):
     real = _env.environment
     monkeypatch.setattr(_env, "environment", lambda *a, **kw: real(*a, **{**kw, "available": {"torch"}}))
     for seed in range(CASES // 4):
+        if seed in TORCH_FAULTS_ON_CUDA:
+            continue
         c = case(seed, dtypes=[torch.float16, torch.bfloat16, torch.float32], device="cuda")
         assert_behaves_as_torch(c, seed, CUDA_TOLERANCE, values=math_sdpa if drop_in_takes(c) else
                                 F.scaled_dot_product_attention)
