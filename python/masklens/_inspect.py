@@ -28,7 +28,8 @@ def make_call(mask, query=None, key=None, value=None, **fields) -> AttentionCall
     call.batch = shape[0] if len(shape) == 4 else 1
     call.mask_dtype = _scan.element_name(mask.dtype)
     if query is not None:
-        call.dtype = str(query.dtype).replace("torch.", "")
+        from . import _run  # torch's: imported only with tensors
+        call.dtype = _run.dtype_name(query.dtype)
         call.head_dim = query.shape[-1]
         call.heads = query.shape[-3] if query.dim() >= 3 else 1
         call.batch = max(call.batch, query.shape[0] if query.dim() == 4 else 1)

@@ -70,11 +70,18 @@ _TYPES = {"bool": torch.bool, "uint8": torch.uint8, "int8": torch.int8, "float16
 DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
 
 
+def dtype_name(dtype) -> str:
+    """A torch dtype as AttentionCall spells it ("bfloat16"); any other by torch's own name
+    ("float64"), which AttentionCall refuses naming it. The one spelling of every
+    AttentionCall made from torch tensors (the drop-in's here, masklens.inspect's)."""
+    return DTYPES.get(dtype) or str(dtype).replace("torch.", "")
+
+
 def attention_call(dtype, query_shape, kv_heads, k_len, head_dim_v, training, dropout_p, mask_dtype):
     """The AttentionCall decide() reads: the query's dtype and [B, H, Q, D] shape, the key's
     heads and length, the value's head dim, training, dropout, the mask's dtype."""
     call = _core.AttentionCall()
-    call.dtype = DTYPES[dtype]
+    call.dtype = dtype_name(dtype)
     call.batch, call.heads, call.q_len, call.head_dim = query_shape
     call.head_dim_v = head_dim_v
     call.kv_heads = kv_heads

@@ -359,14 +359,17 @@ int inspect_file(const std::string& path, const std::string& mask_dtype, const s
   const MaskView& view = file->view;
   if (Status s = match_mask_heads(call_options, view.heads(), path); !s.ok()) return fail(s);
   Result<SpanTable> spans = error(ErrorCode::invalid_argument, "--device must be cpu or cuda, got " + device);
+  // Threads as the Python package chooses them (scan_threads.hpp): one below
+  // kThreadedScanBytes of distinct mask, where starting threads costs more than it saves.
+  const ScanOptions threads = scan_options_for(view);
   if (device == "cpu" && tiles.requested) {
     // The spans and the tiles from one read of the mask.
-    auto both = scan_with_tiles(view, *tiles.requested, ScanOptions{0});
+    auto both = scan_with_tiles(view, *tiles.requested, threads);
     if (!both) return fail(about_file(path, both.status()));
     spans = std::move(both->spans);
     tiles.summary = std::move(both->tiles);
   } else if (device == "cpu") {
-    spans = scan(view, ScanOptions{0});
+    spans = scan(view, threads);
   } else if (device == "cuda" && tiles.requested) {
     // The spans and the tiles from one read of the mask on the device.
     auto both = gpu::scan_host_mask_with_tiles(view, *tiles.requested);
