@@ -21,7 +21,7 @@ def set_field(target, where: str, name: str, value) -> None:
         raise MaskError(f"invalid_argument: {where}.{name} cannot be {value!r} ({type(value).__name__}); "
                         f"validate() gives each field's range") from None
 
-# The families (call.hpp kFamilies, one table for the CLI, the binding and this module):
+# The families (families.hpp kFamilies, one table for the CLI, the binding and this module):
 # the installable ones as {name: (module that must import, distributions whose metadata
 # carry the version, first installed wins)}, and each one's Environment version field.
 _FAMILY_ROWS = _core.families()

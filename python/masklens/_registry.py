@@ -1,4 +1,4 @@
-"""The backend registry (backends/registry.hpp) and the families (call.hpp kFamilies) as
+"""The backend registry (backends/registry.hpp) and the families (families.hpp kFamilies) as
 the Python runtime asks about them. decide() judges backends by their rows; the runtime
 reads the same rows here rather than knowing backends by name: which backend computes
 whole tiles of a BlockMask (FlexAttention's work model), which families come with torch,

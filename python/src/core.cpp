@@ -809,7 +809,7 @@ void bind_policy(nb::module_& m) {
         "Milliseconds as the rejections' reasons and the CLI print them ('69.9 ms', '0.037 ms').");
 }
 
-// The families and backends tables (call.hpp kFamilies, backends/registry.hpp) as plain
+// The families and backends tables (families.hpp kFamilies, backends/registry.hpp) as plain
 // read-only lists: what the Python package builds its own tables from.
 void bind_tables(nb::module_& m) {
   m.def(

@@ -1,6 +1,6 @@
 // What a test program adds to masklens through the hook (compiled with
 // -DMASKLENS_EXTRA_BACKENDS="fake_backend/hook.hpp"): one family row, expanded at the end
-// of kFamilies (call.hpp); the backend's one header, included by registry.hpp; and one
+// of kFamilies (families.hpp); the backend's one header, included by registry.hpp; and one
 // registry row, expanded at the end of kRegistry. A backend shipped with masklens writes
 // the same rows into those tables and nothing else (docs/backends.md, "Adding a
 // backend"); the hook lets a test add them without touching the real tables. Macros
