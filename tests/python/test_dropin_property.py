@@ -232,7 +232,7 @@ CUDA_TOLERANCE = {torch.float32: (2e-3, 2e-3), torch.bfloat16: (6e-2, 6e-2), tor
 
 
 # Cases whose call torch's own default dispatch cannot make on CUDA without faulting the
-# context (the drop-in hands them to torch as they are): seed 69, fp32 [1, 1, 12, 16] with
+# context (the drop-in hands them to torch as they are): seed 69, fp32 q, k, v [1, 1, 12, 16] with
 # scale 0, enable_gqa and a float mask that requires grad, is an illegal memory access in
 # torch's call alone (torch 2.11, measured on an H100 with CUDA_LAUNCH_BLOCKING=1).
 TORCH_FAULTS_ON_CUDA = {69}
