@@ -110,7 +110,8 @@ Status scan_reduce_copy(const RunsBlock& b, void* d_block, void* h_head, Stream 
   auto* spans = reinterpret_cast<RowSpan*>(base + b.spans_at);
   std::size_t scan_temp = b.scan_temp_bytes, reduce_temp = b.reduce_temp_bytes;
   Status st = scan(base + b.scan_temp_at, scan_temp, spans, stream);
-  if (st.ok()) st = check(cudaMemsetAsync(base, 0, b.head_bytes(), stream), "cudaMemsetAsync(run count and first runs)");
+  if (st.ok())
+    st = check(cudaMemsetAsync(base, 0, b.head_bytes(), stream), "cudaMemsetAsync(run count and first runs)");
   if (st.ok())
     st = reduce_runs(base + b.reduce_temp_at, reduce_temp, spans, b.rows, b.q_len,
                      reinterpret_cast<SpanRun*>(base + b.runs_at), b.room,
@@ -180,8 +181,9 @@ Status copy_rest_runs(const RunsBlock& block, void* d_block, std::int64_t count,
     from = d_more;
   }
   if (st.ok())
-    st = check(cudaMemcpyAsync(h_rest, from + block.eager, static_cast<std::size_t>(count - block.eager) * sizeof(SpanRun),
-                               cudaMemcpyDeviceToHost, stream),
+    st = check(cudaMemcpyAsync(h_rest, from + block.eager,
+                               static_cast<std::size_t>(count - block.eager) * sizeof(SpanRun), cudaMemcpyDeviceToHost,
+                               stream),
                "cudaMemcpyAsync(runs to the host)");
   return st;
 }
