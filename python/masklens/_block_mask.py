@@ -9,6 +9,10 @@ they start from:
   from_arrays(arrays, seq_lengths, block_size, mask_mod)   the eight int32 tensors, written
   flex_block_mask(structure, mask, args, device)      a drop-in flex call's (None: not at hand)
 
+and the tensors alone, for code that returns them from an op (masklens._one_graph):
+structure_arrays(structure, size, device) and tile_arrays(tiles, device), what
+from_structure and from_tiles build on.
+
 Where the pieces live: the tensors' storage in masklens._block_mask_storage, their device
 writers in masklens._device_tiles (the only callers of masklens._cuda besides _scan), and
 the mask_mods (what a mask means to flex) in masklens._mask_mods; their names are kept
@@ -62,24 +66,37 @@ def from_arrays(arrays, seq_lengths, block_size, mask_mod):
                                     seq_lengths=tuple(seq_lengths))
 
 
-def from_tiles(tiles, mask_mod, device):
-    """A torch BlockMask over masklens' tile summary (a _core.TileSummary): its eight int32
-    tensors (the kv side, and the q side torch would derive for the backward). On a CUDA
-    device with masklens._cuda, written there from the summary's states (one byte a tile
-    crosses); otherwise written on the host and shared from numpy (moved to `device`)."""
+def tile_arrays(tiles, device):
+    """torch BlockMask's eight int32 tensors of masklens' tile summary (a _core.TileSummary)
+    on `device` (the kv side, and the q side torch would derive for the backward), with
+    their (q_len, k_len). On a CUDA device with masklens._cuda, written there from the
+    summary's states (one byte a tile crosses); otherwise written on the host and shared
+    from numpy (moved to `device`)."""
     if torch.device(device).type == "cuda" and _scan.has_device_writer():
-        arrays = device_block_mask_tensors(tiles, device)
-        return from_arrays(arrays, (tiles.q_len, tiles.k_len), tiles.block_size, mask_mod)
+        return device_block_mask_tensors(tiles, device), (tiles.q_len, tiles.k_len)
     t = tiles.block_mask()
-    arrays = {name: _scan.to_device(getattr(t, name), device) for name in t.fields}
-    return from_arrays(arrays, t.seq_lengths, t.block_size, mask_mod)
+    return {name: _scan.to_device(getattr(t, name), device) for name in t.fields}, t.seq_lengths
+
+
+def structure_arrays(structure, size, device):
+    """The same tensors of an exact structure at `size` (q, k), from its fields (no mask is
+    read): on a CUDA device with masklens._cuda, written there from the structure's tile
+    ranges (a few bytes a q tile cross; no host writer, no tile states); otherwise from
+    its tile summary (tiles_from_structure) as tile_arrays writes it."""
+    if torch.device(device).type == "cuda" and _scan.has_structure_writer():
+        return device_block_mask_from_structure(structure, size, device)
+    return tile_arrays(_core.tiles_from_structure(structure, *size), device)
+
+
+def from_tiles(tiles, mask_mod, device):
+    """A torch BlockMask over masklens' tile summary: tile_arrays' tensors."""
+    arrays, seq_lengths = tile_arrays(tiles, device)
+    return from_arrays(arrays, seq_lengths, tiles.block_size, mask_mod)
 
 
 def from_structure(structure, size, mask_mod, device):
-    """torch's BlockMask of an exact structure at `size` (q, k), from its fields (no mask is
-    read): on a CUDA device with masklens._cuda, written there from the structure's tile
-    ranges (a few bytes a q tile cross; no host writer, no tile states); otherwise from
-    its tile summary (tiles_from_structure) as from_tiles writes it."""
+    """torch's BlockMask of an exact structure at `size` (q, k): structure_arrays' tensors
+    (on the host path through from_tiles, the one constructor over a tile summary)."""
     if torch.device(device).type == "cuda" and _scan.has_structure_writer():
         arrays, seq_lengths = device_block_mask_from_structure(structure, size, device)
         return from_arrays(arrays, seq_lengths, size, mask_mod)

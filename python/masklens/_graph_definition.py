@@ -35,13 +35,11 @@ import functools
 import inspect
 import time
 
-import numpy as np
 import torch
 from transformers import masking_utils as _masking_utils
 
-from . import _block_mask, _compiled, _core, _definition, _one_graph, _run, _scan
-from ._block_mask_storage import BLOCK_MASK_FIELDS
-from ._one_graph import BLOCK, CAUSAL, DENSE, FLEX, GraphMask
+from . import _block_mask, _compiled, _core, _definition, _one_graph, _run
+from ._one_graph import BLOCK, GraphMask
 
 # masking_utils' factories read in the graph: (node name, parameter names, each parameter's
 # kind: "fns" the *mask_functions of a join, "fn" a wrapped mask function, "tensor", "int").
@@ -250,17 +248,6 @@ def _note(how, what) -> None:
         on_read(how, what)
 
 
-def _flex_arrays(structure, B, Q, K, device):
-    """torch BlockMask's eight int32 tensors of an exact structure at BLOCK, from its fields
-    (no mask read): written on a CUDA device from the structure's tile ranges where
-    masklens._cuda can, else from its tile summary on the host; [B' or 1, 1, ...]."""
-    if device.type == "cuda" and _scan.has_structure_writer():
-        arrays, _ = _block_mask.device_block_mask_from_structure(structure, (BLOCK, BLOCK), device)
-        return arrays
-    t = _core.tiles_from_structure(structure, BLOCK, BLOCK).block_mask()
-    return {name: _scan.to_device(np.ascontiguousarray(getattr(t, name)), device) for name in t.fields}
-
-
 @torch.library.custom_op("masklens::graph_form_defined", mutates_args=(), tags=_one_graph._HOST_WORK)
 def graph_form_defined(tensors: list[torch.Tensor], attention_mask: torch.Tensor | None, spec: str, ints: list[int],
                        batch: int, q_length: int, kv_length: int, q_offset: int, kv_offset: int, heads: int,
@@ -276,7 +263,6 @@ def graph_form_defined(tensors: list[torch.Tensor], attention_mask: torch.Tensor
     start = time.perf_counter()
     B, Q, K = batch, q_length, kv_length
     device = torch.device(device)
-    flex_in_graph = bool(forms >> FLEX & 1)
     form, definition = "dense", None
     try:
         fn = compose(spec, tensors, ints)
@@ -289,30 +275,17 @@ def graph_form_defined(tensors: list[torch.Tensor], attention_mask: torch.Tensor
         build_ms = mask_build_ms(stand_in) if mask_build_ms is not None else 0.0
         policy = _compiled.decide_for_layers(structure, stand_in, (heads, kv_heads, head_dim, head_dim_v), dtype,
                                              training, batch=B, mask_build_ms=build_ms)
-        form = _compiled.decided_form(policy, structure, Q, K)
-        if form in ("flex", "varlen"):
-            form = "flex" if structure.kind != "arbitrary" and _one_graph._flex_fits(policy) else "dense"
+        form = _one_graph.layers_form(policy, structure, Q, K)
     except _definition.Unrecognised as e:
         _note("built", str(e))
         form = "dense"
     except _core.MaskError:  # no single call computes it: sdpa with transformers' mask
         form = "dense"
-    if form == "flex" and not flex_in_graph:
-        _one_graph._want_flex()
-        form = "dense"
-    shapes = _one_graph._field_shapes(B, 1, Q, K)
-    if form == "flex":
-        arrays = _flex_arrays(definition.verdict.structure, B, Q, K, device)
-        fields = [arrays[name] for name in BLOCK_MASK_FIELDS]
-        out = [t.expand(shape).clone(memory_format=torch.contiguous_format)
-               for t, shape in zip([definition.bounds(), *fields], [(B, 1, Q, 2), *shapes])]
-    else:  # never read (the flex branch is not taken)
-        out = [torch.zeros((B, 1, Q, 2), dtype=torch.int64, device=device)]
-        out += [torch.zeros(shape, dtype=torch.int32, device=device) for shape in shapes]
-    _one_graph.forms_taken[form] += 1
-    code = {"dense": DENSE, "causal": CAUSAL, "flex": FLEX}[form]
-    timings.append(((time.perf_counter() - start) * 1e3, sum(t.untyped_storage().nbytes() for t in out)))
-    return [torch.tensor(code, dtype=torch.int64), *out]
+    # The FlexAttention form's BlockMask written from the structure (no mask read), [B' or 1, 1, ...].
+    out = _one_graph.answer(form, forms, (B, 1, Q, K), device, lambda: (
+        definition.bounds(), _block_mask.structure_arrays(definition.verdict.structure, (BLOCK, BLOCK), device)[0]))
+    timings.append(((time.perf_counter() - start) * 1e3, sum(t.untyped_storage().nbytes() for t in out[1:])))
+    return out
 
 
 # Its answer may be read by no layer (dropout, Q != K before the flex branch) and is still

@@ -26,7 +26,6 @@ from __future__ import annotations
 import collections
 import os
 
-import numpy as np
 import torch
 
 from . import _block_mask, _compiled, _core, _registry, _run, _scan, _verdicts
@@ -102,8 +101,7 @@ def _read(mask, with_tiles: bool):
         db, dh = arrays["kv_num_blocks"].shape[:2]
         return verdict, lambda: span_bounds(spans[0](), db, dh), arrays
     verdict, tiles = _scan.scan_with_tiles(mask, (BLOCK, BLOCK), threshold)
-    t = tiles.block_mask()
-    arrays = {name: _scan.to_device(np.ascontiguousarray(getattr(t, name)), mask.device) for name in t.fields}
+    arrays, _ = _block_mask.tile_arrays(tiles, mask.device)
     return verdict, lambda: _host_bounds(attends(mask.detach(), threshold)), arrays
 
 
@@ -135,28 +133,49 @@ def graph_form(mask: torch.Tensor, batch: int, heads: int, kv_heads: int, head_d
             structure = verdict.structure
             policy = _compiled.decide_for_layers(structure, mask, (heads, kv_heads, head_dim, head_dim_v), dtype,
                                                  training, batch=batch)
-            form = _compiled.decided_form(policy, structure, Q, K)
-            if form in ("flex", "varlen"):
-                # The bounds are exact where every row attends one interval: every exact structure.
-                form = "flex" if structure.kind != "arbitrary" and _flex_fits(policy) else "dense"
+            form = layers_form(policy, structure, Q, K)
     except _core.MaskError:  # a mask masklens cannot read: torch's sdpa reads it as it is
         form = "dense"
-    if form == "flex" and not flex_in_graph:
+    return answer(form, forms, (B, H, Q, K), mask.device, lambda: (bounds(), arrays))
+
+
+def layers_form(policy, structure, q_len: int, k_len: int) -> str:
+    """The branch of the layers' torch.cond that computes the decided call: "causal",
+    "flex" where the call is FlexAttention's or varlen_attn's (or FlexAttention was passed
+    over only as slower) and the bounds are exact (every row attends one interval: every
+    exact structure), else "dense"."""
+    form = _compiled.decided_form(policy, structure, q_len, k_len)
+    if form in ("flex", "varlen"):
+        form = "flex" if structure.kind != "arbitrary" and _flex_fits(policy) else "dense"
+    return form
+
+
+_CODES = {"dense": DENSE, "causal": CAUSAL, "flex": FLEX}
+
+
+def answer(form, forms, shape, device, flex_tensors):
+    """What the ops return for `form` over a mask of `shape` [B, H, Q, K] on `device`:
+    [code, bounds [B, H, Q, 2] int64, the BlockMask's eight int32 tensors]. A "flex" for a
+    graph without that branch (`forms`) asks for it and answers "dense". flex_tensors()
+    gives (bounds, {name: tensor}), broadcastable to those shapes, only where "flex" is
+    answered; otherwise the tensors are zeros (never read: the flex branch is not taken)."""
+    B, H, Q, K = shape
+    if form == "flex" and not forms >> FLEX & 1:
         _want_flex()
         form = "dense"
     shapes = _field_shapes(B, H, Q, K)
     if form == "flex":
+        bounds, arrays = flex_tensors()
         # Copies, each of its own: the device read writes the eight tensors as views of one
         # allocation, and an op's outputs may share no storage.
         fields = [arrays[name] for name in BLOCK_MASK_FIELDS]
-        out = [t.expand(shape).clone(memory_format=torch.contiguous_format)
-               for t, shape in zip([bounds(), *fields], [(B, H, Q, 2), *shapes])]
-    else:  # never read (the flex branch is not taken); zeros, not whatever memory held
-        out = [mask.new_zeros((B, H, Q, 2), dtype=torch.int64)]
-        out += [mask.new_zeros(shape, dtype=torch.int32) for shape in shapes]
+        out = [t.expand(s).clone(memory_format=torch.contiguous_format)
+               for t, s in zip([bounds, *fields], [(B, H, Q, 2), *shapes])]
+    else:  # zeros, not whatever memory held
+        out = [torch.zeros((B, H, Q, 2), dtype=torch.int64, device=device)]
+        out += [torch.zeros(s, dtype=torch.int32, device=device) for s in shapes]
     forms_taken[form] += 1
-    code = {"dense": DENSE, "causal": CAUSAL, "flex": FLEX}[form]
-    return [torch.tensor(code, dtype=torch.int64), *out]
+    return [torch.tensor(_CODES[form], dtype=torch.int64), *out]
 
 
 # A graph whose layers do not read the op's answer (a call with dropout; Q != K before the
