@@ -49,8 +49,8 @@ def device_block_mask_from_structure(structure, size, device):
     return views(), (q_len, k_len)
 
 
-def device_scan_tiles(mask, size, masked_threshold: float = -1000.0, classify_many_runs: bool = True, states=None,
-                      spans_out=None):
+def device_scan_tiles(mask, size, masked_threshold: float = -1000.0, classify_many_runs: bool = True,
+                      states_out=None, spans_out=None):
     """device_scan() whose one read of the mask also counts its tiles of `size` (q, k) and
     writes torch BlockMask's eight int32 tensors on the mask's device (masklens._cuda.
     scan_runs on a plan with tiles, which must be there): (Verdict, {name: tensor}) with counts
@@ -61,9 +61,10 @@ def device_scan_tiles(mask, size, masked_threshold: float = -1000.0, classify_ma
     stream before the one synchronisation. classify_many_runs=False: the Verdict is None
     where the spans reduce to more than one run in _scan.MANY_RUNS rows (a BlockMask needs no
     verdict: a mask_mod reading the mask is exact for any mask; a block-sparse mask's
-    ~one run per row would cost more on the host than the read on the device). `states`: a
-    contiguous uint8 tensor of one byte a tile on the mask's device, written with each
-    tile's state ([B', H', q tiles, k tiles], 0 empty, 1 partial, 2 full) in the same pass.
+    ~one run per row would cost more on the host than the read on the device). `states_out`
+    (a list): a uint8 tensor of one byte a tile on the mask's device is appended to it,
+    written with each tile's state ([B', H', q tiles, k tiles], 0 empty, 1 partial, 2 full)
+    in the same pass.
     `spans_out` (a list): a function giving the read's RowSpans appended, as _scan.device_runs()
     gives it."""
     t0 = time.perf_counter()
@@ -72,7 +73,11 @@ def device_scan_tiles(mask, size, masked_threshold: float = -1000.0, classify_ma
     db, dh, nq, nk = runs.tile_grid
     pointers, nbytes, views = _block_mask_storage(mask.device, db, dh, nq, nk)
 
-    extra = {} if states is None else {"d_states": states.data_ptr(), "states_bytes": states.numel()}
+    extra = {}
+    if states_out is not None:
+        states = torch.empty((db, dh, nq, nk), dtype=torch.uint8, device=mask.device)
+        states_out.append(states)
+        extra = {"d_states": states.data_ptr(), "states_bytes": states.numel()}
     _scan.timing["prepare_ms"] = (time.perf_counter() - t0) * 1e3  # the size query and the tensors' allocation
     arrays = {}
 
@@ -96,11 +101,10 @@ def device_tile_summary(mask, size, masked_threshold: float = -1000.0):
     BlockMask writer stores each tile's state beside the tensors, and the states cross to
     the host at one byte a tile. An arbitrary verdict's structure carries the tiles'
     fractions, as scan_with_tiles() gives it."""
-    db, dh, nq, nk = _scan.cuda_module().plan_runs(*_scan.device_args(mask, masked_threshold), *size).tile_grid
-    states = torch.empty((db, dh, nq, nk), dtype=torch.uint8, device=mask.device)
-    verdict, _ = device_scan_tiles(mask, size, masked_threshold, states=states)
+    states = []
+    verdict, _ = device_scan_tiles(mask, size, masked_threshold, states_out=states)
     shape = (1,) * (4 - mask.dim()) + tuple(mask.shape)
-    summary = _core.tile_summary_from_states(states.cpu().numpy(), *shape, *size)
+    summary = _core.tile_summary_from_states(states[0].cpu().numpy(), *shape, *size)
     if verdict.structure.kind == "arbitrary":
         verdict.structure.tile_fractions = summary.fractions()
     return verdict, summary
