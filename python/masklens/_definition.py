@@ -9,12 +9,14 @@ function with the lengths and offsets (sdpa_mask's arguments). Each primitive is
 closure whose free variables (a window, a chunk size, an O(B·L) tensor) can be read back.
 
 recognise() walks that tree. For each query row it works out the keys the composition
-lets attend as one interval [begin, end) in O(B·Q) over the metadata (never O(Q·K)):
-every node of the tree gives each row one interval, AND intersects, OR joins two that
-meet. That row table is exactly what a scan of sdpa_mask's [B, 1, Q, K] tensor gives
-(each row of a bool mask whose keys form one interval: no flags), so the classifier's
-verdict over its runs (_core.classify_runs; the runs are cut on the metadata's device)
-is the scan's, proven by the same render-back.
+lets attend as one interval [begin, end): every node of the tree gives each row one
+interval, AND intersects, OR joins two that meet. The rows are worked out per piece
+(masklens._pieces: runs of rows whose interval ends move linearly, cut where a table
+changes value along the rows, a chunk starts or two ends cross), from the runs of the
+O(B·L) tables read in one copy, so the work is O(pieces), not O(B·Q) and never O(Q·K).
+That row table is exactly what a scan of sdpa_mask's [B, 1, Q, K] tensor gives (each row
+of a bool mask whose keys form one interval: no flags), so the classifier's verdict over
+its pieces (_core.classify_runs) is the scan's, proven by the same render-back.
 
 Nothing is guessed. A function that is not a recognised primitive (a model's own lambda,
 a custom or_mask_function), a padding mask with holes, a row whose keys are not one
@@ -33,6 +35,7 @@ import numpy as np
 import torch
 
 from . import _core
+from . import _pieces as P
 
 logger = logging.getLogger("masklens")
 
@@ -120,25 +123,25 @@ def _int(x, what):
     return int(x)
 
 
-def _meta(t, what, device):
-    """An O(B·L) tensor of the definition, on the device the rows are worked out on (the
-    mask's: a CUDA model's metadata is read where it is, never copied to the host)."""
+def _meta(t, what):
+    """An O(B·L) tensor of the definition, read where it is (a CUDA model's metadata is
+    never copied whole to the host; its runs are)."""
     if not isinstance(t, torch.Tensor) or t.dim() != 2:
         raise Unrecognised(f"{what} is not a 2-D tensor")
-    return t.detach().to(device)
+    return t
 
 
 def _name_of(fn) -> str:
     return getattr(fn, "__qualname__", None) or type(fn).__name__
 
 
-# A parsed node: (name, params, children), its tensors on the rows' device.
-def parse(fn, device, checks, scope=None):
-    """The tree of a mask function, its tensors on `device`, or Unrecognised naming the
-    first node that is not a recognised primitive; what only the tensors' values can say
-    is added to `checks` (a _Checks). `scope` carries the packed documents an enclosing
-    AND restricts to (remap_positions_for_packed_sequence is exact only inside one). An
-    object standing for a closure (masklens._graph_definition's Primitive) is read as it."""
+# A parsed node: (name, params, children); its tables are the closures' own tensors.
+def parse(fn, scope=None):
+    """The tree of a mask function, or Unrecognised naming the first node that is not a
+    recognised primitive (what only the tables' values can say is checked where the rows
+    are evaluated). `scope` carries the packed documents an enclosing AND restricts to
+    (remap_positions_for_packed_sequence is exact only inside one). An object standing
+    for a closure (masklens._graph_definition's Primitive) is read as it."""
     fn = getattr(fn, "_masklens_closure", fn)
     name = _primitives().get(_code(fn))
     if name is None:
@@ -156,8 +159,8 @@ def parse(fn, device, checks, scope=None):
             for f in fns:  # a packed-documents child makes this AND a documents scope
                 f = getattr(f, "_masklens_closure", f)
                 if _primitives().get(_code(f)) == "packed":
-                    inner_scope = _meta(_free(f)["packed_sequence_mask"], "packed_sequence_mask", device)
-        return (name, (), tuple(parse(f, device, checks, inner_scope) for f in fns))
+                    inner_scope = _meta(_free(f)["packed_sequence_mask"], "packed_sequence_mask")
+        return (name, (), tuple(parse(f, inner_scope) for f in fns))
     if name in ("sliding", "sliding_bidirectional"):
         return (name, (_int(free["sliding_window"], "sliding_window"),), ())
     if name == "chunked":
@@ -167,31 +170,27 @@ def parse(fn, device, checks, scope=None):
         chunk = _int(free["chunk_size"], "chunk_size")
         if chunk < 1:
             raise Unrecognised(f"chunk_size {chunk}")
-        return (name, (chunk, lp.detach().to(device).long()), ())
+        return (name, (chunk, lp), ())
     if name == "padding":
-        return (name, (_meta(free["padding_mask"], "padding_mask", device).bool(),), ())
+        return (name, (_meta(free["padding_mask"], "padding_mask"),), ())
     if name == "packed":
-        return (name, (_meta(free["packed_sequence_mask"], "packed_sequence_mask", device).long(),), ())
+        return (name, (_meta(free["packed_sequence_mask"], "packed_sequence_mask"),), ())
     if name == "blocks":
-        return (name, (_meta(free["block_sequence_ids"], "block_sequence_ids", device).long(),), ())
+        return (name, (_meta(free["block_sequence_ids"], "block_sequence_ids"),), ())
     if name == "offsets":
         offsets = (_int(free["q_offset"], "q_offset"), _int(free["kv_offset"], "kv_offset"))
         if min(offsets) < 0:
             raise Unrecognised(f"add_offsets_to_mask_function with a negative offset {offsets}")
         # The documents scope holds in the coordinates of the AND that set it, not shifted ones.
-        return (name, offsets, (parse(free["mask_function"], device, checks),))
+        return (name, offsets, (parse(free["mask_function"]),))
     if name == "remap":
-        pos = _meta(free["position_ids"], "position_ids", device).long()
+        pos = _meta(free["position_ids"], "position_ids")
         if scope is None:
             raise Unrecognised("remap_positions_for_packed_sequence outside and_masks(..., "
                                "packed_sequence_mask_function(...))")
-        docs = _documents_of_positions(pos)
         if pos.shape != scope.shape:
             raise Unrecognised("position_ids whose documents are not the packed_sequence_mask's")
-        checks.add((docs != scope - scope[:, :1]).any(), "position_ids whose documents are not the "
-                                                          "packed_sequence_mask's")
-        checks.add((pos < 0).any(), "negative position_ids")
-        return (name, (pos, docs), (parse(free["mask_function"], device, checks),))
+        return (name, (pos, scope), (parse(free["mask_function"]),))
     return (name, (), ())
 
 
@@ -204,272 +203,259 @@ def _documents_of_positions(pos):
     return step.long().cumsum(-1)
 
 
-class _Checks:
-    """What makes a definition unreadable, found on the rows' device: each a 0-d bool
-    tensor and its reason, read back together with the rows' runs in one copy to the host
-    rather than one synchronisation each (a CUDA model's metadata stays where it is until
-    then). Indices are clamped where a check stands for them, so nothing reads outside a
-    table before the checks are read."""
-
-    def __init__(self):
-        self.flags, self.reasons = [], []
-
-    def add(self, flag, reason: str) -> None:
-        self.flags.append(flag.reshape(1))
-        self.reasons.append(reason)
-
-    def tensor(self, device):
-        return torch.cat(self.flags) if self.flags else torch.zeros(0, dtype=torch.bool, device=device)
-
-    def raise_first(self, values) -> None:
-        """Unrecognised with the first reason whose flag is set (values: the flags on the host)."""
-        for value, reason in zip(values, self.reasons):
-            if value:
-                raise Unrecognised(reason)
-
-    def raise_now(self) -> None:
-        """The checks read back on their own (one synchronisation)."""
-        if self.flags:
-            self.raise_first(self.tensor(self.flags[0].device).cpu().tolist())
-
-
-_LONG_MAX = torch.iinfo(torch.long).max
-
-
-def _runs(ids, checks, what, only_nonnegative=False):
-    """For each position of ids [B, L]: the start and end [start, end) of its run of equal
-    values; checks that every value's positions (every non-negative value's, with
-    only_nonnegative) form one run per batch (a value in two runs: its rows attend two
-    key ranges)."""
-    B, L = ids.shape
-    idx = torch.arange(L, device=ids.device).expand(B, L)
-    new = torch.ones((B, L), dtype=torch.bool, device=ids.device)
-    new[:, 1:] = ids[:, 1:] != ids[:, :-1]
-    start = torch.cummax(torch.where(new, idx, torch.zeros_like(idx)), dim=-1).values
-    # The end of a run: the first run start after the position (a suffix minimum), or L.
-    next_start = torch.full((B, L), L, dtype=torch.long, device=ids.device)
-    next_start[:, :-1] = torch.where(new[:, 1:], idx[:, 1:], torch.full_like(idx[:, 1:], L))
-    end = torch.flip(torch.cummin(torch.flip(next_start, [-1]), dim=-1).values, [-1])
-    # One run per value and batch: sorted along each batch, the runs' first values hold no
-    # value twice (the positions that start no run sort last as the largest integer, which
-    # an id itself may not be).
-    keep = new & (ids >= 0) if only_nonnegative else new
-    firsts = torch.where(keep, ids, torch.full_like(ids, _LONG_MAX)).sort(dim=-1).values
-    twice = (firsts[:, 1:] == firsts[:, :-1]) & (firsts[:, 1:] != _LONG_MAX)
-    checks.add(twice.any(), f"{what}: a value appears in two separate runs (its rows attend two key ranges)")
-    checks.add((keep & (ids == _LONG_MAX)).any(), f"{what} holds the id 2**63 - 1, which the check above sorts last")
-    return start, end
-
-
 class _Rows:
-    """What a node sees of each row (b, q) [B, Q]: the query value it is given (qv), and
-    the shift that maps a key index k to the key value it is given (kv = k + shift); the
-    batch count (b runs over 0..batch-1) and the checks the nodes add to."""
+    """What a node sees of the rows, as Lines on the pieces (masklens._pieces): the query
+    value each row is given (qv) and the shift that maps a key index k to the key value it
+    is given (kv = k + shift); the batch count; each table's runs by (id, positions)."""
 
-    __slots__ = ("b", "qv", "shift", "batch", "checks")
+    __slots__ = ("qv", "shift", "batch", "runs")
 
-    def __init__(self, b, qv, shift, batch, checks):
-        self.b, self.qv, self.shift, self.batch, self.checks = b, qv, shift, batch, checks
+    def __init__(self, qv, shift, batch, runs):
+        self.qv, self.shift, self.batch, self.runs = qv, shift, batch, runs
 
     def derived(self, qv, shift):
-        return _Rows(self.b, qv, shift, self.batch, self.checks)
+        return _Rows(qv, shift, self.batch, self.runs)
 
 
-def _batch_rows(table, rows, what):
-    """Unrecognised where a table has fewer batch rows than the mask (known on the host)."""
-    if table.shape[0] < rows.batch:
-        raise Unrecognised(f"{what} has {table.shape[0]} batch rows")
-
-
-def _gather_all(tables, rows, idx, what):
-    """[table[b, idx] for each table] for [B, Q] indices into tables of one shape; an index
-    outside them (transformers would fail to index it there) is one check, read with the
-    others."""
-    _batch_rows(tables[0], rows, what)
-    length = tables[0].shape[1]
-    if length == 0:  # nothing to clamp an index into (known on the host)
+def _table(rows, t, what, positions=False):
+    """The runs of table t [B, L], which must cover the rows' batches."""
+    if t.shape[0] < rows.batch:
+        raise Unrecognised(f"{what} has {t.shape[0]} batch rows")
+    if t.shape[1] == 0:
         raise Unrecognised(f"{what} is empty")
-    rows.checks.add(((idx < 0) | (idx >= length)).any(), f"{what} of length {length} is indexed outside it")
-    clamped = idx.clamp(0, length - 1)
-    return [table[rows.b, clamped] for table in tables]
+    return rows.runs[(id(t), positions)]
 
 
-def _gather(table, rows, idx, what):
-    return _gather_all((table,), rows, idx, what)[0]
+def _run_at(x, runs, what):
+    """The run of the table holding position x, per piece, after cutting the pieces where
+    x enters another run; Unrecognised where x leaves the table (transformers would fail
+    to index it there)."""
+    if ((x.first() < 0) | (x.last() >= runs.length)).any():
+        raise Unrecognised(f"{what} of length {runs.length} is indexed outside it")
+    runs.cut_at_starts(x)
+    return runs.at(x)
 
 
-def _interval_of_value(table, rows, idx, what, only_nonnegative=False):
-    """The run of equal values of `table` [B, L] holding table[b, idx], as [start, end)."""
-    start, end = _runs(table, rows.checks, what, only_nonnegative)
-    return tuple(_gather_all((start, end), rows, idx, what))
+def _two_runs(what):
+    return Unrecognised(f"{what}: a value appears in two separate runs (its rows attend two key ranges)")
 
 
 def _evaluate(node, rows):
-    """(begin, end) [B, Q]: the key indices [begin, end) each row attends under `node`."""
+    """(begin, end) Lines: the key indices [begin, end) each row attends under `node`."""
     name, params, children = node
     qv, shift = rows.qv, rows.shift
-    neg = torch.full_like(qv, _NEG)
-    pos = torch.full_like(qv, _POS)
+    grid = qv.grid
+    neg, pos = P.constant(grid, _NEG), P.constant(grid, _POS)
     if name == "causal":                                    # kv <= q
         return neg, qv - shift + 1
     if name == "bidirectional":                             # q >= 0
-        return neg, torch.where(qv >= 0, pos, neg)
+        zero = P.constant(grid, 0)
+        P.cut_flips(qv, zero)
+        return neg, P.pick(P.ge(qv, zero), pos, neg)
     if name == "sliding":                                   # kv > q - W
         (W,) = params
-        return qv - W - shift + 1, pos
+        return qv - shift - (W - 1), pos
     if name == "sliding_bidirectional":                     # |q - kv| <= W
         (W,) = params
-        return qv - W - shift, qv + W - shift + 1
+        return qv - shift - W, qv - shift + (W + 1)
     if name == "chunked":                                   # (kv - lp) // C == (q - lp) // C
         C, lp = params
-        if lp.shape[0] < rows.batch:
-            raise Unrecognised(f"left_padding has {lp.shape[0]} batch rows")
-        left = lp[rows.b]
-        start = left + torch.div(qv - left, C, rounding_mode="floor") * C
-        return start - shift, start + C - shift
+        left = rows.runs[(id(lp), False)]
+        if len(left) < rows.batch:
+            raise Unrecognised(f"left_padding has {len(left)} batch rows")
+        P.cut_every(qv, left, C)
+        origin = left[grid.b]
+        start = P.constant(grid, origin + (qv.first() - origin) // C * C)
+        return start - shift, start - shift + C
     if name == "padding":                                   # padding_mask[b, kv]
         (pm,) = params
-        _batch_rows(pm, rows, "padding_mask")
-        any_key = pm.any(-1)
-        first = pm.int().argmax(-1)
-        last = pm.shape[1] - 1 - pm.flip(-1).int().argmax(-1)
-        rows.checks.add((any_key & (pm.sum(-1) != last - first + 1)).any(),
-                        "padding_mask with holes (a batch's valid keys are not one range)")
-        s = torch.where(any_key, first, torch.zeros_like(first))[rows.b]
-        e = torch.where(any_key, last + 1, torch.zeros_like(last))[rows.b]
-        return s - shift, e - shift
+        runs = _table(rows, pm, "padding_mask")
+        valid = runs.value != 0
+        if (np.bincount(runs.b[valid], minlength=runs.batch) > 1).any():
+            raise Unrecognised("padding_mask with holes (a batch's valid keys are not one range)")
+        first, end = np.zeros(runs.batch, dtype=np.int64), np.zeros(runs.batch, dtype=np.int64)
+        first[runs.b[valid]], end[runs.b[valid]] = runs.start[valid], runs.end[valid]
+        return P.constant(grid, first[grid.b]) - shift, P.constant(grid, end[grid.b]) - shift
     if name == "packed":                                    # same document
         (psm,) = params
-        s, e = _interval_of_value(psm, rows, qv, "packed_sequence_mask")
-        return s - shift, e - shift
+        runs = _table(rows, psm, "packed_sequence_mask")
+        if runs.repeated_values():
+            raise _two_runs("packed_sequence_mask")
+        r = _run_at(qv, runs, "packed_sequence_mask")
+        return P.constant(grid, runs.start[r]) - shift, P.constant(grid, runs.end[r]) - shift
     if name == "blocks":                                    # same block, when in one
         (ids,) = params
-        s, e = _interval_of_value(ids, rows, qv, "block_sequence_ids", only_nonnegative=True)
-        inside = _gather(ids, rows, qv, "block_sequence_ids") >= 0
-        return torch.where(inside, s - shift, pos), torch.where(inside, e - shift, neg)
+        runs = _table(rows, ids, "block_sequence_ids")
+        if runs.repeated_values(only_nonnegative=True):
+            raise _two_runs("block_sequence_ids")
+        r = _run_at(qv, runs, "block_sequence_ids")
+        inside = runs.value[r] >= 0
+        begin, end = P.constant(grid, runs.start[r]) - shift, P.constant(grid, runs.end[r]) - shift
+        return P.pick(inside, begin, pos), P.pick(inside, end, neg)
     if name == "and":
         begin, end = neg, pos
         for child in children:
             b, e = _evaluate(child, rows)
-            begin, end = torch.maximum(begin, b), torch.minimum(end, e)
+            begin, end = P.maximum(begin, b), P.minimum(end, e)
         return begin, end
     if name == "or":
         begin, end = pos, neg  # empty
         for child in children:
             b, e = _evaluate(child, rows)
-            empty, child_empty = begin >= end, b >= e
-            both = ~empty & ~child_empty
-            rows.checks.add((both & ((b > end) | (begin > e))).any(), "or_masks: a row attends two separate key ranges")
-            begin = torch.where(child_empty, begin, torch.where(empty, b, torch.minimum(begin, b)))
-            end = torch.where(child_empty, end, torch.where(empty, e, torch.maximum(end, e)))
+            after_end, after_e = end + 1, e + 1
+            for f, g in ((begin, end), (b, e), (b, after_end), (begin, after_e), (begin, b), (end, e)):
+                P.cut_flips(f, g)
+            empty, child_empty = P.ge(begin, end), P.ge(b, e)
+            if (~empty & ~child_empty & (P.ge(b, after_end) | P.ge(begin, after_e))).any():
+                raise Unrecognised("or_masks: a row attends two separate key ranges")
+            lower, upper = P.pick(P.ge(begin, b), b, begin), P.pick(P.ge(end, e), end, e)
+            begin = P.pick(child_empty, begin, P.pick(empty, b, lower))
+            end = P.pick(child_empty, end, P.pick(empty, e, upper))
         return begin, end
     if name == "offsets":
         qo, ko = params
         return _evaluate(children[0], rows.derived(qv + qo, shift + ko))
     if name == "remap":
-        # Inside one document positions rise by 1 a token (parse() checked the documents
-        # are packed_sequence_mask's): the key at index j has position pos[q] + j - q. The
-        # rows are restricted to their document, as the enclosing AND restricts them.
-        position_ids, docs = params
-        pq = _gather(position_ids, rows, qv, "position_ids")
-        ds, de = _interval_of_value(docs, rows, qv, "position_ids")
-        new_shift = shift + pq - qv
-        b, e = _evaluate(children[0], rows.derived(pq, new_shift))
-        return torch.maximum(b, ds - shift), torch.minimum(e, de - shift)
+        # Inside one document positions rise by 1 a token: the key at index j has position
+        # pos[q] + j - q. The rows are restricted to their document, as the enclosing AND
+        # restricts them.
+        position_ids, scope = params
+        runs = _table(rows, position_ids, "position_ids", positions=True)
+        _same_documents(runs, rows.runs[(id(scope), False)])
+        if (runs.value + runs.start < 0).any():  # a document's first position is its least
+            raise Unrecognised("negative position_ids")
+        r = _run_at(qv, runs, "position_ids")
+        to_position = P.constant(grid, runs.value[r])  # position - index along the document
+        ds, de = P.constant(grid, runs.start[r]) - shift, P.constant(grid, runs.end[r]) - shift
+        b, e = _evaluate(children[0], rows.derived(qv + to_position, shift + to_position))
+        return P.maximum(b, ds), P.minimum(e, de)
     raise Unrecognised(f"no rule for {name}")
 
 
-def row_bounds(tree, batch: int, q_len: int, k_len: int, q_offset: int, kv_offset: int, device="cpu",
-               checks=None):
-    """(begin, end) int64 tensors [batch, q_len] on `device`: each row's keys [begin, end),
-    clipped to [0, k_len); an empty row is (0, 0). With `checks` (a _Checks) what makes
-    the definition unreadable is added there, to be read with the runs; without, it is
-    read here (one synchronisation) and raised."""
-    own = checks is None
-    checks = _Checks() if own else checks
-    b = torch.arange(batch, device=device).view(-1, 1).expand(batch, q_len)
-    q = torch.arange(q_len, device=device).view(1, -1).expand(batch, q_len) + q_offset
-    shift = torch.full((batch, q_len), kv_offset, dtype=torch.long, device=device)
-    begin, end = _evaluate(tree, _Rows(b, q, shift, batch, checks))
-    if own:
-        checks.raise_now()
-    begin, end = begin.clamp(0, k_len), end.clamp(0, k_len)
-    empty = begin >= end
-    return begin.masked_fill(empty, 0), end.masked_fill(empty, 0)
+def _same_documents(positions, scope) -> None:
+    """The documents of position_ids (a new one wherever a position is not its
+    predecessor's + 1: transformers' find_packed_sequence_indices) are the
+    packed_sequence_mask's, numbered from its first value."""
+    same = (len(positions.b) == len(scope.b) and np.array_equal(positions.b, scope.b)
+            and np.array_equal(positions.start, scope.start))
+    if same:
+        firsts = np.searchsorted(scope.b, scope.b, "left")
+        same = np.array_equal(scope.value - scope.value[firsts], np.arange(len(scope.b)) - firsts)
+    if not same:
+        raise Unrecognised("position_ids whose documents are not the packed_sequence_mask's")
+
+
+def _tables(tree, found=None) -> dict:
+    """{(id, positions): tensor} of the tables the tree reads (1-D: chunked's left padding)."""
+    found = {} if found is None else found
+    name, params, children = tree
+    if name in ("padding", "packed", "blocks"):
+        found[(id(params[0]), False)] = params[0]
+    elif name == "chunked":
+        found[(id(params[1]), False)] = params[1]
+    elif name == "remap":
+        found[(id(params[0]), True)] = params[0]
+        found[(id(params[1]), False)] = params[1]
+    for child in children:
+        _tables(child, found)
+    return found
+
+
+# Table changes read back in the first copy: a recognised definition has a few a document,
+# block or padding edge; a table with more takes a second, exact copy.
+_TABLE_ROOM = 1024
+
+
+def _read_tables(tree) -> dict:
+    """The runs of every table of the tree, in one copy to the host (empty tables left out:
+    the rules name them)."""
+    tables = {key: t for key, t in _tables(tree).items() if t.dim() == 1 or t.shape[1] > 0}
+    read = P.read_runs([(t, key[1]) for key, t in tables.items()], _TABLE_ROOM)
+    return dict(zip(tables, read))
+
+
+class RowPieces:
+    """Every row's keys [begin, end) as pieces (grid rows [lo, hi) of batch b; begin =
+    kb q + cb, end = ke q + ce), clipped to [0, k_len); an empty row is (0, 0)."""
+
+    __slots__ = ("b", "lo", "hi", "kb", "cb", "ke", "ce", "batch", "q_len")
+
+    def __init__(self, grid, begin, end, batch, q_len):
+        (self.kb, self.cb), (self.ke, self.ce) = begin.now(), end.now()
+        self.b, self.lo, self.hi = grid.b, grid.lo, grid.hi
+        self.batch, self.q_len = batch, q_len
+
+    def span_runs(self):
+        """The rows as span runs (span_runs.hpp), int64 [pieces, 8]: (row, length, first,
+        last, d_first, d_last, count, flags); any cutting is valid, a piece is one."""
+        first, last = self.kb * self.lo + self.cb, self.ke * self.lo + self.ce - 1
+        empty = first > last
+        stepping = (self.hi - self.lo > 1) & ~empty
+        return np.stack([self.b * self.q_len + self.lo, self.hi - self.lo, np.where(empty, _NO_KEY, first),
+                         np.where(empty, -1, last), np.where(stepping, self.kb, 0), np.where(stepping, self.ke, 0),
+                         np.where(empty, 0, last - first + 1), np.zeros_like(first)], axis=1)
+
+    def rows(self):
+        """(begin, end) int64 [batch, q_len] on the host."""
+        piece = np.repeat(np.arange(len(self.lo)), self.hi - self.lo)
+        q = np.tile(np.arange(self.q_len), self.batch)
+        return ((self.kb[piece] * q + self.cb[piece]).reshape(self.batch, self.q_len),
+                (self.ke[piece] * q + self.ce[piece]).reshape(self.batch, self.q_len))
+
+    def rows_on(self, device):
+        """(begin, end) int64 [batch, q_len] on `device`: the pieces cross (a few numbers
+        each) and are spread there, with no synchronisation."""
+        params = torch.from_numpy(np.stack([self.kb, self.cb, self.ke, self.ce], axis=1)).to(device, non_blocking=True)
+        lengths = torch.from_numpy(self.hi - self.lo).to(device, non_blocking=True)
+        n = self.batch * self.q_len
+        per_row = torch.repeat_interleave(params, lengths, dim=0, output_size=n)
+        q = torch.arange(self.q_len, device=device).repeat(self.batch)
+        begin, end = per_row[:, 0] * q + per_row[:, 1], per_row[:, 2] * q + per_row[:, 3]
+        return begin.view(self.batch, self.q_len), end.view(self.batch, self.q_len)
+
+
+def _evaluate_rows(tree, grid, qv, shift, batch, runs, k_len=None):
+    """(begin, end) Lines of the tree on the grid's rows; with k_len, clipped to [0,
+    k_len) and an empty row made (0, 0)."""
+    begin, end = _evaluate(tree, _Rows(qv, shift, batch, runs))
+    if k_len is None:
+        return begin, end
+    zero, keys = P.constant(grid, 0), P.constant(grid, k_len)
+    begin, end = P.minimum(P.maximum(begin, zero), keys), P.minimum(P.maximum(end, zero), keys)
+    P.cut_flips(begin, end)
+    empty = P.ge(begin, end)
+    return P.pick(empty, zero, begin), P.pick(empty, zero, end)
+
+
+def row_pieces(tree, batch: int, q_len: int, k_len: int, q_offset: int, kv_offset: int, runs=None):
+    """The RowPieces of a parsed tree (its tables read here unless `runs` are given), and
+    whether every batch's rows are the first's."""
+    runs = _read_tables(tree) if runs is None else runs
+    grid = P.Grid(np.arange(batch), np.zeros(batch), np.full(batch, q_len), q_len + 1)
+    begin, end = _evaluate_rows(tree, grid, P.Line(grid, 1, q_offset), P.constant(grid, kv_offset), batch, runs,
+                                k_len)
+    alike = True
+    if batch > 1:
+        # Every batch cut at every batch's piece starts: the batches then have the same
+        # pieces, and their rows are equal where each piece's ends are.
+        starts = np.unique(grid.lo)
+        grid.cut(np.repeat(np.arange(batch), len(starts)), np.tile(starts, batch))
+        (kb, cb), (ke, ce) = begin.now(), end.now()
+        lo = grid.lo.reshape(batch, -1)
+        longer = (grid.hi - grid.lo > 1).reshape(batch, -1)
+        fields = [kb * grid.lo + cb, ke * grid.lo + ce, np.where(longer.ravel(), kb, 0), np.where(longer.ravel(), ke, 0)]
+        alike = all(np.array_equal(f.reshape(batch, -1), np.broadcast_to(f.reshape(batch, -1)[:1], lo.shape))
+                    for f in fields)
+    return RowPieces(grid, begin, end, batch, q_len), alike
+
+
+def row_intervals(tree, batch: int, q_len: int, k_len: int, q_offset: int, kv_offset: int):
+    """Each row's keys [begin, end) as numpy arrays [batch, q_len] on the host."""
+    return row_pieces(tree, batch, q_len, k_len, q_offset, kv_offset)[0].rows()
 
 
 _NO_KEY = (1 << 63) - 1  # RowSpan::kNoKey: an empty row's first key
 
-
-# Runs read back in the first copy: a recognised structure has a few a document, block or
-# padding edge; more take a second, exact copy.
-_RUN_ROOM = 4096
-
-
-def _runs_at(heads, first, last, n):
-    """The runs [len(heads), 8] starting at flat row indices `heads` (ascending; entries
-    equal to n are room left over and come out as runs of length 0)."""
-    at = heads.clamp(max=n - 1)
-    lengths = torch.diff(heads, append=torch.full((1,), n, dtype=heads.dtype, device=heads.device))
-    nxt = (at + 1).clamp(max=n - 1)
-    longer = lengths > 1
-    f, lst = first[at], last[at]
-    zero = torch.zeros_like(f)
-    return torch.stack([heads, lengths, f, lst, torch.where(longer, first[nxt] - f, zero),
-                        torch.where(longer, last[nxt] - lst, zero), torch.where(f == _NO_KEY, zero, lst - f + 1), zero],
-                       dim=1)
-
-
-def _first_heads(flat_start, room: int, n: int):
-    """The first `room` run starts, then n for the room left over: torch.nonzero_static,
-    which needs no synchronisation; where the device has none (CUDA before torch 2.6) the
-    exact starts, padded (one synchronisation more)."""
-    try:
-        return torch.nonzero_static(flat_start, size=room, fill_value=n).flatten()
-    except (AttributeError, NotImplementedError, RuntimeError):
-        heads = flat_start.nonzero().flatten()[:room]
-        return torch.cat([heads, heads.new_full((room - heads.numel(),), n)])
-
-
-def row_runs(begin, end, checks=None):
-    """The rows as span runs (span_runs.hpp), int64 [n, 8] on the host: (row, length,
-    first, last, d_first, d_last, count, flags), a run wherever the rows' keys step alike
-    (any cutting is valid; a cut is made where the step, the emptiness or the batch
-    changes), and whether every batch's rows are the first's. Cut on the rows' device; the
-    runs, that flag and the checks' flags cross in one copy (a second only past
-    _RUN_ROOM runs), and a set check raises Unrecognised."""
-    checks = _Checks() if checks is None else checks
-    D, Q = begin.shape
-    empty = begin >= end
-    first = begin.masked_fill(empty, _NO_KEY)
-    last = (end - 1).masked_fill(empty, -1)
-    start = torch.zeros((D, Q), dtype=torch.bool, device=begin.device)
-    start[:, 0] = True
-    if Q > 1:
-        start[:, 1:] |= empty[:, 1:] != empty[:, :-1]
-    if Q > 2:
-        d_first, d_last = first.diff(dim=1), last.diff(dim=1)
-        start[:, 2:] |= (d_first[:, 1:] != d_first[:, :-1]) | (d_last[:, 1:] != d_last[:, :-1])
-    n = D * Q
-    room = min(n, _RUN_ROOM)
-    flat_start, flat_first, flat_last = start.flatten(), first.flatten(), last.flatten()
-    heads = _first_heads(flat_start, room, n)
-    alike = ((begin == begin[:1]) & (end == end[:1])).all()
-    flags = checks.tensor(begin.device)
-    payload = torch.cat([flat_start.sum().reshape(1), alike.reshape(1).long(), flags.long(),
-                         _runs_at(heads, flat_first, flat_last, n).flatten()]).cpu().numpy()
-    count, alike, nflags = int(payload[0]), bool(payload[1]), flags.numel()
-    checks.raise_first(payload[2:2 + nflags])
-    if count <= room:
-        return payload[2 + nflags:].reshape(room, 8)[:count], alike
-    heads = flat_start.nonzero().flatten()
-    return _runs_at(heads, flat_first, flat_last, n).cpu().numpy(), alike
-
-
-def row_intervals(tree, batch: int, q_len: int, k_len: int, q_offset: int, kv_offset: int, device="cpu"):
-    """row_bounds() as numpy arrays on the host."""
-    begin, end = row_bounds(tree, batch, q_len, k_len, q_offset, kv_offset, device)
-    return begin.cpu().numpy(), end.cpu().numpy()
 
 
 # ---- semantics pinned: the installed transformers' primitives against the rules above ----
@@ -574,14 +560,18 @@ def _check_primitive(name, params) -> None:
     h = torch.zeros((1, 1, 1, 1), dtype=torch.long)
     want = fn(b, h, pts.view(1, 1, -1, 1), pts.view(1, 1, 1, -1))
     want = torch.as_tensor(want).bool().expand(batch, 1, n, n)
-    # The rule: each row's interval over the key values (indices are the values here).
-    rows = _Rows(torch.arange(batch).view(-1, 1).expand(batch, n), pts.view(1, -1).expand(batch, n),
-                 torch.zeros((batch, n), dtype=torch.long), batch, _Checks())
+    # The rule: each row's interval over the key values (indices are the values here): the
+    # rows are pieces of consecutive points, the query value rising by 1 along each.
+    p = pts.numpy()
+    breaks = np.flatnonzero(np.diff(p) != 1) + 1
+    grid = P.Grid(np.arange(batch), np.zeros(batch), np.full(batch, n), n + 1)
+    grid.cut(np.repeat(np.arange(batch), len(breaks)), np.tile(breaks, batch))
     try:
-        begin, end = _evaluate(tree, rows)
-        rows.checks.raise_now()
+        begin, end = _evaluate_rows(tree, grid, P.Line(grid, 1, p[grid.lo] - grid.lo), P.constant(grid, 0), batch,
+                                    _read_tables(tree))
     except Unrecognised as e:
         _disable(name, f"its rule could not be evaluated: {e}")
+    begin, end = (torch.from_numpy(r) for r in RowPieces(grid, begin, end, batch, n).rows())
     k = pts.view(1, 1, -1)
     got = (k >= begin.unsqueeze(-1)) & (k < end.unsqueeze(-1))
     if not torch.equal(got.unsqueeze(1), want):
@@ -617,10 +607,11 @@ def _pin_sdpa_mask() -> None:
                mask_function=mu.causal_mask_function, attention_mask=am[:, :5])
     want2 = mu.sdpa_mask(**kw2, allow_is_causal_skip=False).expand(2, 1, 4, 5)[:, 0]
     for args, dense in ((kw, want), (kw2, want2)):
-        tree = parse(args["mask_function"], torch.device("cpu"), _Checks())
+        tree = parse(args["mask_function"])
         padding = mu.prepare_padding_mask(args["attention_mask"], args["kv_length"], args["kv_offset"])
-        tree = ("and", (), (tree, ("padding", (padding.bool(),), ())))
-        begin, end = row_bounds(tree, 2, args["q_length"], args["kv_length"], args["q_offset"], args["kv_offset"])
+        tree = ("and", (), (tree, ("padding", (padding,), ())))
+        begin, end = (torch.from_numpy(r) for r in row_intervals(tree, 2, args["q_length"], args["kv_length"],
+                                                                 args["q_offset"], args["kv_offset"]))
         keys = torch.arange(args["kv_length"])
         got = (keys >= begin.unsqueeze(-1)) & (keys < end.unsqueeze(-1))
         if not torch.equal(got, dense):
@@ -632,22 +623,24 @@ def _pin_sdpa_mask() -> None:
 
 class Definition:
     """A mask read from its definition: the verdict (its structure and rows) without a
-    [B, 1, Q, K] tensor."""
+    [B, 1, Q, K] tensor; the rows as pieces (RowPieces) and the device they serve."""
 
-    __slots__ = ("batch", "q_len", "k_len", "verdict", "tree", "begin", "end")
+    __slots__ = ("batch", "q_len", "k_len", "verdict", "tree", "pieces", "device")
 
-    def __init__(self, batch, q_len, k_len, verdict, tree, begin=None, end=None):
+    def __init__(self, batch, q_len, k_len, verdict, tree, pieces, device="cpu"):
         self.batch, self.q_len, self.k_len = batch, q_len, k_len
         self.verdict = verdict
         self.tree = tree
-        self.begin, self.end = begin, end  # [B, Q] int64 on the rows' device: each row's keys [begin, end)
+        self.pieces = pieces
+        self.device = torch.device(device)
 
     def bounds(self):
-        """[B, 1, Q, 2] int64 on the rows' device: each row's first and last key, (K, -1) for
-        a row that attends nothing (the table _mask_mods.bounds_mask_mod reads)."""
-        empty = self.begin >= self.end
-        first = self.begin.masked_fill(empty, self.k_len)
-        last = (self.end - 1).masked_fill(empty, -1)
+        """[B, 1, Q, 2] int64 on the mask's device: each row's first and last key, (K, -1)
+        for a row that attends nothing (the table _mask_mods.bounds_mask_mod reads)."""
+        begin, end = self.pieces.rows_on(self.device)
+        empty = begin >= end
+        first = begin.masked_fill(empty, self.k_len)
+        last = (end - 1).masked_fill(empty, -1)
         return torch.stack([first, last], -1).unsqueeze(1)
 
 
@@ -688,25 +681,24 @@ def _recognise(batch_size, q_length, kv_length, q_offset, kv_offset, mask_functi
         raise Unrecognised(f"an empty mask [{B}, 1, {Q}, {K}]")
     if min(qo, ko) < 0:
         raise Unrecognised(f"negative offsets q_offset {qo}, kv_offset {ko}")
-    checks = _Checks()
-    tree = parse(mask_function, device, checks)
+    tree = parse(mask_function)
     if attention_mask is not None:
         if not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() != 2:
             raise Unrecognised("an attention_mask that is not a 2-D tensor")
         if attention_mask.dtype != torch.bool:  # transformers' create_*_mask hand a bool one
             raise Unrecognised(f"an attention_mask of dtype {attention_mask.dtype} (sdpa_mask ANDs it as it is)")
         padding = mu.prepare_padding_mask(attention_mask, K, ko)
-        tree = ("and", (), (tree, ("padding", (_meta(padding, "padding_mask", device).bool(),), ())))
+        tree = ("and", (), (tree, ("padding", (_meta(padding, "padding_mask"),), ())))
     pin(tree)
-    begin, end = row_bounds(tree, B, Q, K, qo, ko, device, checks)
-    runs, alike = row_runs(begin, end, checks)  # the one copy to the host
+    pieces, alike = row_pieces(tree, B, Q, K, qo, ko)  # the tables' runs: the one copy to the host
+    runs = pieces.span_runs()
     tables = B
     if B > 1 and alike:  # one row table holds every batch (a broadcast mask): the first batch's runs
         runs, tables = runs[runs[:, 0] < Q], 1
     # The rows' spans are exactly a scan's of the dense bool mask (no flags): the
     # classifier's verdict over their runs is the scan's.
     verdict = _core.classify_runs([B, 1, Q, K, tables, 1], np.ascontiguousarray(runs))
-    return Definition(B, Q, K, verdict, tree, begin, end)
+    return Definition(B, Q, K, verdict, tree, pieces, device)
 
 
 class DefinedMask:

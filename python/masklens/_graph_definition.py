@@ -33,6 +33,7 @@ from __future__ import annotations
 import collections
 import functools
 import inspect
+import sys
 import time
 
 import torch
@@ -169,7 +170,30 @@ def install() -> list:
         if ok:
             setattr(mu, attr, _wrapper(attr, factory))
             wrapped.append(attr)
+    rebind_imported()
     return wrapped
+
+
+def rebind_imported() -> list:
+    """Points the model modules that imported a factory by name (Gemma3's and Gemma4's
+    `from ...masking_utils import sliding_window_overlay`) at its wrapper, as
+    masking_utils' own name is: a name bound before install() still holds transformers'
+    factory, whose closures Dynamo cannot read. Covers the transformers modules imported
+    now; install() and masklens.torch.set_one_graph(True) run it. The (module, name) pairs
+    rebound."""
+    mu = _mu()
+    wrappers = {id(w._masklens_original): w for w in (getattr(mu, attr, None) for attr in FACTORIES)
+                if w is not None and hasattr(w, "_masklens_original")}
+    rebound = []
+    for name, module in list(sys.modules.items()):
+        if not name.startswith("transformers.models.") or module is None:
+            continue
+        for attr in FACTORIES:
+            value = getattr(module, attr, None)
+            if value is not None and id(value) in wrappers:
+                setattr(module, attr, wrappers[id(value)])
+                rebound.append((name, attr))
+    return rebound
 
 
 def _is_int(x) -> bool:

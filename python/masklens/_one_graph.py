@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import collections
 import os
+import sys
 
 import torch
 
@@ -47,6 +48,9 @@ def set_one_graph(on: bool = True) -> None:
     if type(on) is not bool:  # "false" is truthy: a switch is a bool or nothing
         raise TypeError(f"masklens.torch.set_one_graph takes True or False, got {type(on).__name__} {on!r}")
     enabled = on
+    if on and "masklens._graph_definition" in sys.modules:
+        # Model modules imported since masklens.transformers was: their factory names too.
+        sys.modules["masklens._graph_definition"].rebind_imported()
 
 
 DENSE, CAUSAL, FLEX = 0, 1, 2

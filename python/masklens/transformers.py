@@ -171,24 +171,27 @@ def _defined_mask(args, kwargs):
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         _note("built", "CUDA graph capture (reading the definition synchronises)")
         return _BUILD
-    if _sdpa_skips(kwargs):
-        _note("none", "sdpa_mask's own skip: sdpa's is_causal, or no mask")
-        return None
     try:
         definition = _definition.recognise(**kwargs)
     except _definition.Unrecognised as e:
         _note("built", str(e))
         logger.debug("masklens: building the mask: %s", e)
-        return _BUILD
+        return _BUILD  # sdpa_mask: its own skip first, as with "sdpa"
     global _definitions
     _definitions += 1
     s = definition.verdict.structure
-    _note("definition", s.describe())
     plain = s.segments is None and s.kv_valid is None and s.q_valid is None and s.empty_rows == 0
-    if plain and kwargs.get("allow_is_causal_skip", True) and s.kind == "causal" and s.q_len == s.k_len:
-        return None  # sdpa's is_causal, as sdpa_mask's own skip gives it
-    if plain and kwargs.get("allow_is_bidirectional_skip", False) and s.kind == "full":
+    # sdpa_mask's own skip (plain causal that sdpa's is_causal computes, or full attention
+    # without padding) gives None, and the layers run what "sdpa" runs. A definition with
+    # padding, documents or empty rows is never skipped (transformers skips only where its
+    # padding mask is all True and turns the skip off for packed documents), so only a plain
+    # one asks transformers' tests, which read the padding mask (a synchronisation).
+    if plain and (kwargs.get("allow_is_causal_skip", True) and s.kind == "causal" and s.q_len == s.k_len
+                  or kwargs.get("allow_is_bidirectional_skip", False) and s.kind == "full"
+                  or _sdpa_skips(kwargs)):
+        _note("none", "sdpa_mask's own skip: sdpa's is_causal, or no mask")
         return None
+    _note("definition", s.describe())
 
     def build():
         return sdpa_mask(**{**kwargs, "allow_is_causal_skip": False, "allow_is_bidirectional_skip": False})

@@ -19,7 +19,7 @@ mu = pytest.importorskip("transformers.masking_utils")
 transformers = pytest.importorskip("transformers")
 
 import masklens  # noqa: E402
-from masklens import _definition  # noqa: E402
+from masklens import _definition, _pieces  # noqa: E402
 
 _seen = []
 
@@ -302,15 +302,16 @@ def test_a_definition_is_read_back_in_one_copy(monkeypatch):
     assert d.verdict.structure.describe() == masklens._core.scan(dense.numpy()).structure.describe()
 
 
-def test_more_runs_than_the_first_copy_holds_are_read_exactly():
-    """Past _RUN_ROOM runs the exact runs are read in a second copy: the verdict is the
-    scan's of the built mask."""
-    L = 2 * _definition._RUN_ROOM + 6
-    ids = torch.arange(L).view(1, -1) * 2 // 3  # documents of 2 and 1 tokens: a run or two each
+def test_more_table_changes_than_the_first_copy_holds_are_read_exactly():
+    """Past _TABLE_ROOM changes a table is read again exactly (one copy more): its runs are
+    the table's, and the verdict is the scan's of the built mask."""
+    L = 2 * _definition._TABLE_ROOM + 6
+    ids = torch.arange(L).view(1, -1) * 2 // 3  # documents of 2 and 1 tokens
+    (runs,) = _pieces.read_runs([(ids, False)], room=_definition._TABLE_ROOM)
+    starts = np.flatnonzero(np.diff(ids[0].numpy(), prepend=-1) != 0)
+    assert len(starts) > _definition._TABLE_ROOM
+    assert np.array_equal(runs.start, starts) and np.array_equal(runs.value, ids[0].numpy()[starts])
     fn = mu.and_masks(mu.causal_mask_function, mu.packed_sequence_mask_function(ids))
-    runs, _ = _definition.row_runs(*_definition.row_bounds(_definition.parse(fn, torch.device("cpu"),
-                                                                              _definition._Checks()), 1, L, L, 0, 0))
-    assert len(runs) > _definition._RUN_ROOM
     d = _definition.recognise(batch_size=1, q_length=L, kv_length=L, mask_function=fn)
     dense = mu.sdpa_mask(batch_size=1, q_length=L, kv_length=L, mask_function=fn, allow_is_causal_skip=False)
     assert d.verdict.structure.describe() == masklens._core.scan(dense.numpy()).structure.describe()

@@ -6,6 +6,7 @@ branch. Compositions made by transformers' own create_*_mask functions, rebuilt 
 answered by the op, against sdpa_mask's tensor; compiled models (fullgraph=True) on padded,
 holed and packed batches against eager "sdpa", their graphs read value by value."""
 import random
+import sys
 
 import pytest
 import torch
@@ -36,6 +37,31 @@ def test_factories_give_transformers_closures_outside_a_traced_graph():
     assert not isinstance(fn, gd.Primitive)
     assert fn.__code__ is gd.original("and_masks")(mu.causal_mask_function).__code__
     assert mu.and_masks._masklens_original is gd.original("and_masks")
+
+
+def test_a_model_module_that_imported_a_factory_by_name_gets_the_wrapper(monkeypatch):
+    """Gemma3's module imports sliding_window_overlay by name: its name is pointed at the
+    wrapper (at set_one_graph(True) for a module imported after install), so its sliding
+    masks give Primitives while tracing; a module imported later keeps its name until then."""
+    import types
+
+    import masklens.torch as mt
+    late = types.ModuleType("transformers.models.masklens_late")
+    late.sliding_window_overlay = gd.original("sliding_window_overlay")
+    late.chunked_overlay = gd.original("chunked_overlay")
+    monkeypatch.setitem(sys.modules, late.__name__, late)
+    assert late.sliding_window_overlay is not mu.sliding_window_overlay
+    mt.set_one_graph(True)
+    try:
+        assert late.sliding_window_overlay is mu.sliding_window_overlay
+        assert late.chunked_overlay is mu.chunked_overlay
+        _primitives(monkeypatch)
+        assert isinstance(late.sliding_window_overlay(4), gd.Primitive)
+    finally:
+        mt.set_one_graph(False)
+    gemma3 = pytest.importorskip("transformers.models.gemma3.modeling_gemma3")
+    gd.install()
+    assert gemma3.sliding_window_overlay is mu.sliding_window_overlay
 
 
 def _primitives(monkeypatch):
