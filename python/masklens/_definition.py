@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from . import _core
-from . import _pieces as P
+from . import _table_runs
 
 logger = logging.getLogger("masklens")
 
@@ -203,162 +203,40 @@ def _documents_of_positions(pos):
     return step.long().cumsum(-1)
 
 
-class _Rows:
-    """What a node sees of the rows, as Lines on the pieces (masklens._pieces): the query
-    value each row is given (qv) and the shift that maps a key index k to the key value it
-    is given (kv = k + shift); the batch count; each table's runs by (id, positions)."""
-
-    __slots__ = ("qv", "shift", "batch", "runs")
-
-    def __init__(self, qv, shift, batch, runs):
-        self.qv, self.shift, self.batch, self.runs = qv, shift, batch, runs
-
-    def derived(self, qv, shift):
-        return _Rows(qv, shift, self.batch, self.runs)
-
-
-def _table(rows, t, what, positions=False):
-    """The runs of table t [B, L], which must cover the rows' batches."""
-    if t.shape[0] < rows.batch:
-        raise Unrecognised(f"{what} has {t.shape[0]} batch rows")
-    if t.shape[1] == 0:
-        raise Unrecognised(f"{what} is empty")
-    return rows.runs[(id(t), positions)]
-
-
-def _run_at(x, runs, what):
-    """The run of the table holding position x, per piece, after cutting the pieces where
-    x enters another run; Unrecognised where x leaves the table (transformers would fail
-    to index it there)."""
-    if ((x.first() < 0) | (x.last() >= runs.length)).any():
-        raise Unrecognised(f"{what} of length {runs.length} is indexed outside it")
-    runs.cut_at_starts(x)
-    return runs.at(x)
-
-
-def _two_runs(what):
-    return Unrecognised(f"{what}: a value appears in two separate runs (its rows attend two key ranges)")
-
-
-def _evaluate(node, rows):
-    """(begin, end) Lines: the key indices [begin, end) each row attends under `node`."""
-    name, params, children = node
-    qv, shift = rows.qv, rows.shift
-    grid = qv.grid
-    neg, pos = P.constant(grid, _NEG), P.constant(grid, _POS)
-    if name == "causal":                                    # kv <= q
-        return neg, qv - shift + 1
-    if name == "bidirectional":                             # q >= 0
-        zero = P.constant(grid, 0)
-        P.cut_flips(qv, zero)
-        return neg, P.pick(P.ge(qv, zero), pos, neg)
-    if name == "sliding":                                   # kv > q - W
-        (W,) = params
-        return qv - shift - (W - 1), pos
-    if name == "sliding_bidirectional":                     # |q - kv| <= W
-        (W,) = params
-        return qv - shift - W, qv - shift + (W + 1)
-    if name == "chunked":                                   # (kv - lp) // C == (q - lp) // C
-        C, lp = params
-        left = rows.runs[(id(lp), False)]
-        if len(left) < rows.batch:
-            raise Unrecognised(f"left_padding has {len(left)} batch rows")
-        P.cut_every(qv, left, C)
-        origin = left[grid.b]
-        start = P.constant(grid, origin + (qv.first() - origin) // C * C)
-        return start - shift, start - shift + C
-    if name == "padding":                                   # padding_mask[b, kv]
-        (pm,) = params
-        runs = _table(rows, pm, "padding_mask")
-        valid = runs.value != 0
-        if (np.bincount(runs.b[valid], minlength=runs.batch) > 1).any():
-            raise Unrecognised("padding_mask with holes (a batch's valid keys are not one range)")
-        first, end = np.zeros(runs.batch, dtype=np.int64), np.zeros(runs.batch, dtype=np.int64)
-        first[runs.b[valid]], end[runs.b[valid]] = runs.start[valid], runs.end[valid]
-        return P.constant(grid, first[grid.b]) - shift, P.constant(grid, end[grid.b]) - shift
-    if name == "packed":                                    # same document
-        (psm,) = params
-        runs = _table(rows, psm, "packed_sequence_mask")
-        if runs.repeated_values():
-            raise _two_runs("packed_sequence_mask")
-        r = _run_at(qv, runs, "packed_sequence_mask")
-        return P.constant(grid, runs.start[r]) - shift, P.constant(grid, runs.end[r]) - shift
-    if name == "blocks":                                    # same block, when in one
-        (ids,) = params
-        runs = _table(rows, ids, "block_sequence_ids")
-        if runs.repeated_values(only_nonnegative=True):
-            raise _two_runs("block_sequence_ids")
-        r = _run_at(qv, runs, "block_sequence_ids")
-        inside = runs.value[r] >= 0
-        begin, end = P.constant(grid, runs.start[r]) - shift, P.constant(grid, runs.end[r]) - shift
-        return P.pick(inside, begin, pos), P.pick(inside, end, neg)
-    if name == "and":
-        begin, end = neg, pos
-        for child in children:
-            b, e = _evaluate(child, rows)
-            begin, end = P.maximum(begin, b), P.minimum(end, e)
-        return begin, end
-    if name == "or":
-        begin, end = pos, neg  # empty
-        for child in children:
-            b, e = _evaluate(child, rows)
-            after_end, after_e = end + 1, e + 1
-            for f, g in ((begin, end), (b, e), (b, after_end), (begin, after_e), (begin, b), (end, e)):
-                P.cut_flips(f, g)
-            empty, child_empty = P.ge(begin, end), P.ge(b, e)
-            if (~empty & ~child_empty & (P.ge(b, after_end) | P.ge(begin, after_e))).any():
-                raise Unrecognised("or_masks: a row attends two separate key ranges")
-            lower, upper = P.pick(P.ge(begin, b), b, begin), P.pick(P.ge(end, e), end, e)
-            begin = P.pick(child_empty, begin, P.pick(empty, b, lower))
-            end = P.pick(child_empty, end, P.pick(empty, e, upper))
-        return begin, end
-    if name == "offsets":
-        qo, ko = params
-        return _evaluate(children[0], rows.derived(qv + qo, shift + ko))
-    if name == "remap":
-        # Inside one document positions rise by 1 a token: the key at index j has position
-        # pos[q] + j - q. The rows are restricted to their document, as the enclosing AND
-        # restricts them.
-        position_ids, scope = params
-        runs = _table(rows, position_ids, "position_ids", positions=True)
-        _same_documents(runs, rows.runs[(id(scope), False)])
-        if (runs.value + runs.start < 0).any():  # a document's first position is its least
-            raise Unrecognised("negative position_ids")
-        r = _run_at(qv, runs, "position_ids")
-        to_position = P.constant(grid, runs.value[r])  # position - index along the document
-        ds, de = P.constant(grid, runs.start[r]) - shift, P.constant(grid, runs.end[r]) - shift
-        b, e = _evaluate(children[0], rows.derived(qv + to_position, shift + to_position))
-        return P.maximum(b, ds), P.minimum(e, de)
-    raise Unrecognised(f"no rule for {name}")
-
-
-def _same_documents(positions, scope) -> None:
-    """The documents of position_ids (a new one wherever a position is not its
-    predecessor's + 1: transformers' find_packed_sequence_indices) are the
-    packed_sequence_mask's, numbered from its first value."""
-    same = (len(positions.b) == len(scope.b) and np.array_equal(positions.b, scope.b)
-            and np.array_equal(positions.start, scope.start))
-    if same:
-        firsts = np.searchsorted(scope.b, scope.b, "left")
-        same = np.array_equal(scope.value - scope.value[firsts], np.arange(len(scope.b)) - firsts)
-    if not same:
-        raise Unrecognised("position_ids whose documents are not the packed_sequence_mask's")
-
-
 def _tables(tree, found=None) -> dict:
-    """{(id, positions): tensor} of the tables the tree reads (1-D: chunked's left padding)."""
+    """{(id, positions): tensor} of the tables the tree reads, first seen first (1-D:
+    chunked's left padding, read as a list)."""
     found = {} if found is None else found
     name, params, children = tree
     if name in ("padding", "packed", "blocks"):
-        found[(id(params[0]), False)] = params[0]
+        found.setdefault((id(params[0]), False), params[0])
     elif name == "chunked":
-        found[(id(params[1]), False)] = params[1]
+        found.setdefault((id(params[1]), False), params[1])
     elif name == "remap":
-        found[(id(params[0]), True)] = params[0]
-        found[(id(params[1]), False)] = params[1]
+        found.setdefault((id(params[0]), True), params[0])
+        found.setdefault((id(params[1]), False), params[1])
     for child in children:
         _tables(child, found)
     return found
+
+
+def _encode(tree, index):
+    """The tree as definition.hpp's nodes: (rule, a, b, table, scope, children), tables
+    and lists by their index."""
+    name, params, children = tree
+    a = b = 0
+    table = scope = -1
+    if name in ("sliding", "sliding_bidirectional"):
+        (a,) = params
+    elif name == "chunked":
+        a, table = params[0], index[(id(params[1]), False)]
+    elif name in ("padding", "packed", "blocks"):
+        table = index[(id(params[0]), False)]
+    elif name == "offsets":
+        a, b = params
+    elif name == "remap":
+        table, scope = index[(id(params[0]), True)], index[(id(params[1]), False)]
+    return (name, a, b, table, scope, tuple(_encode(child, index) for child in children))
 
 
 # Table changes read back in the first copy: a recognised definition has a few a document,
@@ -366,95 +244,69 @@ def _tables(tree, found=None) -> dict:
 _TABLE_ROOM = 1024
 
 
-def _read_tables(tree) -> dict:
-    """The runs of every table of the tree, in one copy to the host (empty tables left out:
-    the rules name them)."""
-    tables = {key: t for key, t in _tables(tree).items() if t.dim() == 1 or t.shape[1] > 0}
-    read = P.read_runs([(t, key[1]) for key, t in tables.items()], _TABLE_ROOM)
-    return dict(zip(tables, read))
+def _read(tree):
+    """(encoded tree, tables, lists): what definition.hpp reads, the tables' runs in one copy
+    to the host."""
+    found = _tables(tree)
+    read = _table_runs.read_runs([(t, key[1]) for key, t in found.items()], _TABLE_ROOM)
+    index, tables, lists = {}, [], []
+    for key, runs in zip(found, read):
+        if isinstance(runs, np.ndarray):
+            index[key] = len(lists)
+            lists.append(np.ascontiguousarray(runs, dtype=np.int64))
+        else:
+            index[key] = len(tables)
+            tables.append(runs.as_tuple())
+    return _encode(tree, index), tables, lists
+
+
+def _reason(answer):
+    if isinstance(answer, str):
+        raise Unrecognised(answer)
+    return answer
 
 
 class RowPieces:
-    """Every row's keys [begin, end) as pieces (grid rows [lo, hi) of batch b; begin =
-    kb q + cb, end = ke q + ce), clipped to [0, k_len); an empty row is (0, 0)."""
+    """Every row's keys [begin, end) as pieces, int64 [n, 7] (batch, lo, hi, kb, cb, ke,
+    ce: rows [lo, hi) of a batch, begin = kb q + cb, end = ke q + ce), clipped to [0,
+    k_len); an empty row is (0, 0)."""
 
-    __slots__ = ("b", "lo", "hi", "kb", "cb", "ke", "ce", "batch", "q_len")
+    __slots__ = ("pieces", "batch", "q_len")
 
-    def __init__(self, grid, begin, end, batch, q_len):
-        (self.kb, self.cb), (self.ke, self.ce) = begin.now(), end.now()
-        self.b, self.lo, self.hi = grid.b, grid.lo, grid.hi
-        self.batch, self.q_len = batch, q_len
-
-    def span_runs(self):
-        """The rows as span runs (span_runs.hpp), int64 [pieces, 8]: (row, length, first,
-        last, d_first, d_last, count, flags); any cutting is valid, a piece is one."""
-        first, last = self.kb * self.lo + self.cb, self.ke * self.lo + self.ce - 1
-        empty = first > last
-        stepping = (self.hi - self.lo > 1) & ~empty
-        return np.stack([self.b * self.q_len + self.lo, self.hi - self.lo, np.where(empty, _NO_KEY, first),
-                         np.where(empty, -1, last), np.where(stepping, self.kb, 0), np.where(stepping, self.ke, 0),
-                         np.where(empty, 0, last - first + 1), np.zeros_like(first)], axis=1)
+    def __init__(self, pieces, batch, q_len):
+        self.pieces, self.batch, self.q_len = pieces, batch, q_len
 
     def rows(self):
         """(begin, end) int64 [batch, q_len] on the host."""
-        piece = np.repeat(np.arange(len(self.lo)), self.hi - self.lo)
+        p = self.pieces
+        piece = np.repeat(np.arange(len(p)), p[:, 2] - p[:, 1])
         q = np.tile(np.arange(self.q_len), self.batch)
-        return ((self.kb[piece] * q + self.cb[piece]).reshape(self.batch, self.q_len),
-                (self.ke[piece] * q + self.ce[piece]).reshape(self.batch, self.q_len))
+        return ((p[piece, 3] * q + p[piece, 4]).reshape(self.batch, self.q_len),
+                (p[piece, 5] * q + p[piece, 6]).reshape(self.batch, self.q_len))
 
     def rows_on(self, device):
-        """(begin, end) int64 [batch, q_len] on `device`: the pieces cross (a few numbers
+        """(begin, end) int64 [batch, q_len] on `device`: the pieces cross (seven numbers
         each) and are spread there, with no synchronisation."""
-        params = torch.from_numpy(np.stack([self.kb, self.cb, self.ke, self.ce], axis=1)).to(device, non_blocking=True)
-        lengths = torch.from_numpy(self.hi - self.lo).to(device, non_blocking=True)
-        n = self.batch * self.q_len
-        per_row = torch.repeat_interleave(params, lengths, dim=0, output_size=n)
+        p = torch.from_numpy(np.ascontiguousarray(self.pieces)).to(device, non_blocking=True)
+        per_row = torch.repeat_interleave(p[:, 3:], p[:, 2] - p[:, 1], dim=0, output_size=self.batch * self.q_len)
         q = torch.arange(self.q_len, device=device).repeat(self.batch)
         begin, end = per_row[:, 0] * q + per_row[:, 1], per_row[:, 2] * q + per_row[:, 3]
         return begin.view(self.batch, self.q_len), end.view(self.batch, self.q_len)
 
 
-def _evaluate_rows(tree, grid, qv, shift, batch, runs, k_len=None):
-    """(begin, end) Lines of the tree on the grid's rows; with k_len, clipped to [0,
-    k_len) and an empty row made (0, 0)."""
-    begin, end = _evaluate(tree, _Rows(qv, shift, batch, runs))
-    if k_len is None:
-        return begin, end
-    zero, keys = P.constant(grid, 0), P.constant(grid, k_len)
-    begin, end = P.minimum(P.maximum(begin, zero), keys), P.minimum(P.maximum(end, zero), keys)
-    P.cut_flips(begin, end)
-    empty = P.ge(begin, end)
-    return P.pick(empty, zero, begin), P.pick(empty, zero, end)
-
-
-def row_pieces(tree, batch: int, q_len: int, k_len: int, q_offset: int, kv_offset: int, runs=None):
-    """The RowPieces of a parsed tree (its tables read here unless `runs` are given), and
-    whether every batch's rows are the first's."""
-    runs = _read_tables(tree) if runs is None else runs
-    grid = P.Grid(np.arange(batch), np.zeros(batch), np.full(batch, q_len), q_len + 1)
-    begin, end = _evaluate_rows(tree, grid, P.Line(grid, 1, q_offset), P.constant(grid, kv_offset), batch, runs,
-                                k_len)
-    alike = True
-    if batch > 1:
-        # Every batch cut at every batch's piece starts: the batches then have the same
-        # pieces, and their rows are equal where each piece's ends are.
-        starts = np.unique(grid.lo)
-        grid.cut(np.repeat(np.arange(batch), len(starts)), np.tile(starts, batch))
-        (kb, cb), (ke, ce) = begin.now(), end.now()
-        lo = grid.lo.reshape(batch, -1)
-        longer = (grid.hi - grid.lo > 1).reshape(batch, -1)
-        fields = [kb * grid.lo + cb, ke * grid.lo + ce, np.where(longer.ravel(), kb, 0), np.where(longer.ravel(), ke, 0)]
-        alike = all(np.array_equal(f.reshape(batch, -1), np.broadcast_to(f.reshape(batch, -1)[:1], lo.shape))
-                    for f in fields)
-    return RowPieces(grid, begin, end, batch, q_len), alike
+def read_definition(tree, batch: int, q_len: int, k_len: int, q_offset: int, kv_offset: int):
+    """(Verdict, RowPieces) of the [batch, 1, q_len, k_len] mask a parsed tree defines, its
+    tables read here (one copy), or Unrecognised naming the value that is not one interval
+    a row."""
+    encoded, tables, lists = _read(tree)
+    verdict, pieces = _reason(_core.read_definition(encoded, tables, lists, batch, q_len, k_len, q_offset,
+                                                    kv_offset))
+    return verdict, RowPieces(pieces, batch, q_len)
 
 
 def row_intervals(tree, batch: int, q_len: int, k_len: int, q_offset: int, kv_offset: int):
     """Each row's keys [begin, end) as numpy arrays [batch, q_len] on the host."""
-    return row_pieces(tree, batch, q_len, k_len, q_offset, kv_offset)[0].rows()
-
-
-_NO_KEY = (1 << 63) - 1  # RowSpan::kNoKey: an empty row's first key
+    return read_definition(tree, batch, q_len, k_len, q_offset, kv_offset)[1].rows()
 
 
 
@@ -563,15 +415,17 @@ def _check_primitive(name, params) -> None:
     # The rule: each row's interval over the key values (indices are the values here): the
     # rows are pieces of consecutive points, the query value rising by 1 along each.
     p = pts.numpy()
-    breaks = np.flatnonzero(np.diff(p) != 1) + 1
-    grid = P.Grid(np.arange(batch), np.zeros(batch), np.full(batch, n), n + 1)
-    grid.cut(np.repeat(np.arange(batch), len(breaks)), np.tile(breaks, batch))
-    try:
-        begin, end = _evaluate_rows(tree, grid, P.Line(grid, 1, p[grid.lo] - grid.lo), P.constant(grid, 0), batch,
-                                    _read_tables(tree))
-    except Unrecognised as e:
-        _disable(name, f"its rule could not be evaluated: {e}")
-    begin, end = (torch.from_numpy(r) for r in RowPieces(grid, begin, end, batch, n).rows())
+    starts = []
+    for b in range(batch):
+        at = 0
+        for cut in [*(np.flatnonzero(np.diff(p) != 1) + 1), n]:
+            starts.append((b, at, cut, 1, p[at] - at, 0, 0))
+            at = cut
+    encoded, tables, lists = _read(tree)
+    answer = _core.definition_pieces(encoded, tables, lists, batch, np.array(starts, dtype=np.int64), -1)
+    if isinstance(answer, str):
+        _disable(name, f"its rule could not be evaluated: {answer}")
+    begin, end = (torch.from_numpy(r) for r in RowPieces(answer, batch, n).rows())
     k = pts.view(1, 1, -1)
     got = (k >= begin.unsqueeze(-1)) & (k < end.unsqueeze(-1))
     if not torch.equal(got.unsqueeze(1), want):
@@ -690,14 +544,9 @@ def _recognise(batch_size, q_length, kv_length, q_offset, kv_offset, mask_functi
         padding = mu.prepare_padding_mask(attention_mask, K, ko)
         tree = ("and", (), (tree, ("padding", (_meta(padding, "padding_mask"),), ())))
     pin(tree)
-    pieces, alike = row_pieces(tree, B, Q, K, qo, ko)  # the tables' runs: the one copy to the host
-    runs = pieces.span_runs()
-    tables = B
-    if B > 1 and alike:  # one row table holds every batch (a broadcast mask): the first batch's runs
-        runs, tables = runs[runs[:, 0] < Q], 1
     # The rows' spans are exactly a scan's of the dense bool mask (no flags): the
-    # classifier's verdict over their runs is the scan's.
-    verdict = _core.classify_runs([B, 1, Q, K, tables, 1], np.ascontiguousarray(runs))
+    # classifier's verdict over their pieces is the scan's.
+    verdict, pieces = read_definition(tree, B, Q, K, qo, ko)  # the tables' runs: the one copy to the host
     return Definition(B, Q, K, verdict, tree, pieces, device)
 
 

@@ -19,6 +19,7 @@
 #include <masklens/masklens.hpp>
 #include <masklens/verdict.hpp>
 
+#include "definition_binding.hpp"
 #include "device_runs.hpp"
 #include "device_view.hpp"
 #include "status_error.hpp"
@@ -983,4 +984,5 @@ NB_MODULE(_core, m) {
   bind_tables(m);
   bind_json(m);
   bind_context_parallelism(m);
+  masklens::python::bind_definition(m, [](SpanRuns runs) { return verdict_unlocked(std::move(runs)); });
 }

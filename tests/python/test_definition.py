@@ -19,7 +19,7 @@ mu = pytest.importorskip("transformers.masking_utils")
 transformers = pytest.importorskip("transformers")
 
 import masklens  # noqa: E402
-from masklens import _definition, _pieces  # noqa: E402
+from masklens import _definition, _table_runs  # noqa: E402
 
 _seen = []
 
@@ -307,7 +307,7 @@ def test_more_table_changes_than_the_first_copy_holds_are_read_exactly():
     the table's, and the verdict is the scan's of the built mask."""
     L = 2 * _definition._TABLE_ROOM + 6
     ids = torch.arange(L).view(1, -1) * 2 // 3  # documents of 2 and 1 tokens
-    (runs,) = _pieces.read_runs([(ids, False)], room=_definition._TABLE_ROOM)
+    (runs,) = _table_runs.read_runs([(ids, False)], room=_definition._TABLE_ROOM)
     starts = np.flatnonzero(np.diff(ids[0].numpy(), prepend=-1) != 0)
     assert len(starts) > _definition._TABLE_ROOM
     assert np.array_equal(runs.start, starts) and np.array_equal(runs.value, ids[0].numpy()[starts])

@@ -1,0 +1,127 @@
+// The binding of definition.hpp: masklens._definition hands the parsed tree, its tables'
+// runs and the lengths; one call gives the rows' pieces and their verdict.
+#pragma once
+
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+
+#include <masklens/definition.hpp>
+#include <masklens/verdict.hpp>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "status_error.hpp"
+
+namespace masklens::python {
+
+namespace nb = nanobind;
+using Int64s = nb::ndarray<const std::int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using Int64Table = nb::ndarray<const std::int64_t, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+
+// (rule, a, b, table, scope, (children...)) as _definition.encode() writes a node.
+inline definition::Node node_from(nb::handle h) {
+  using definition::Rule;
+  static const std::pair<const char*, Rule> kRules[] = {
+      {"causal", Rule::causal},   {"bidirectional", Rule::bidirectional},
+      {"sliding", Rule::sliding}, {"sliding_bidirectional", Rule::sliding_bidirectional},
+      {"chunked", Rule::chunked}, {"padding", Rule::padding},
+      {"packed", Rule::packed},   {"blocks", Rule::blocks},
+      {"and", Rule::all_of},      {"or", Rule::any_of},
+      {"offsets", Rule::offsets}, {"remap", Rule::remap}};
+  const auto t = nb::cast<nb::tuple>(h);
+  if (t.size() != 6) raise(error(ErrorCode::invalid_argument, "a definition node is (rule, a, b, table, scope, children)"));
+  const auto name = nb::cast<std::string>(t[0]);
+  definition::Node n;
+  bool known = false;
+  for (const auto& [rule_name, rule] : kRules)
+    if (name == rule_name) n.rule = rule, known = true;
+  if (!known) raise(error(ErrorCode::invalid_argument, "no definition rule named " + name));
+  n.a = nb::cast<std::int64_t>(t[1]), n.b = nb::cast<std::int64_t>(t[2]);
+  n.table = nb::cast<int>(t[3]), n.scope = nb::cast<int>(t[4]);
+  for (nb::handle child : nb::cast<nb::tuple>(t[5])) n.children.push_back(node_from(child));
+  return n;
+}
+
+inline std::vector<std::int64_t> values_of(nb::handle h) {
+  const auto a = nb::cast<Int64s>(h);
+  return {a.data(), a.data() + a.shape(0)};
+}
+
+// tables: (batches, length, batch, start, end, value) each; lists: int64 arrays.
+inline definition::Definition definition_from(nb::handle tree, nb::list tables, nb::list lists) {
+  definition::Definition d;
+  d.root = node_from(tree);
+  for (nb::handle h : tables) {
+    const auto t = nb::cast<nb::tuple>(h);
+    if (t.size() != 6) raise(error(ErrorCode::invalid_argument, "a table is (batches, length, batch, start, end, value)"));
+    definition::TableRuns runs;
+    runs.batches = nb::cast<std::int64_t>(t[0]), runs.length = nb::cast<std::int64_t>(t[1]);
+    runs.batch = values_of(t[2]), runs.start = values_of(t[3]), runs.end = values_of(t[4]), runs.value = values_of(t[5]);
+    if (Status s = runs.index(); !s.ok()) raise(s);
+    d.tables.push_back(std::move(runs));
+  }
+  for (nb::handle h : lists) d.lists.push_back(values_of(h));
+  return d;
+}
+
+// int64 [pieces, 7]: (batch, lo, hi, begin k, begin c, end k, end c).
+inline nb::ndarray<nb::numpy, std::int64_t, nb::ndim<2>> pieces_array(const std::vector<definition::Piece>& pieces) {
+  auto* data = new std::vector<std::int64_t>;
+  data->reserve(pieces.size() * 7);
+  for (const definition::Piece& p : pieces)
+    data->insert(data->end(), {p.batch, p.lo, p.hi, p.begin.k, p.begin.c, p.end.k, p.end.c});
+  nb::capsule owner(data, [](void* v) noexcept { delete static_cast<std::vector<std::int64_t>*>(v); });
+  const std::size_t shape[2] = {pieces.size(), 7};
+  return {data->data(), 2, shape, owner};
+}
+
+// What a definition's values cannot say (an invalid_value Status) comes back as its
+// message, for the caller to build the mask instead; any other error raises.
+template <class T>
+nb::object or_reason(Result<T>& r) {
+  if (r.ok()) return nb::none();
+  if (r.status().code() == ErrorCode::invalid_value) return nb::str(r.status().message().c_str());
+  raise(r.status());
+  return nb::none();
+}
+
+template <class VerdictOf>
+void bind_definition(nb::module_& m, VerdictOf verdict_of_runs) {
+  using namespace nb::literals;
+  m.def(
+      "definition_pieces",
+      [](nb::handle tree, nb::list tables, nb::list lists, std::int64_t batches, Int64Table starts,
+         std::int64_t k_len) -> nb::object {
+        const definition::Definition d = definition_from(tree, tables, lists);
+        if (starts.shape(1) != 7) raise(error(ErrorCode::invalid_argument, "starts must be int64 [n, 7]"));
+        std::vector<definition::Start> from;
+        for (std::size_t i = 0; i < starts.shape(0); ++i) {
+          const std::int64_t* s = starts.data() + 7 * i;
+          from.push_back({s[0], s[1], s[2], {s[3], s[4]}, {s[5], s[6]}});
+        }
+        Result<std::vector<definition::Piece>> r = definition::evaluate(d, batches, from, k_len);
+        if (!r) return or_reason(r);
+        return nb::cast(pieces_array(*r));
+      },
+      "tree"_a, "tables"_a, "lists"_a, "batches"_a, "starts"_a, "k_len"_a,
+      "The pieces (int64 [n, 7]: batch, lo, hi, begin k, begin c, end k, end c) of a definition's rows from starts "
+      "(int64 [n, 7]: batch, lo, hi, query value k, c, shift k, c), keys clipped to [0, k_len) where k_len >= 0; "
+      "the reason (str) where its values are not one interval a row.");
+  m.def(
+      "read_definition",
+      [verdict_of_runs](nb::handle tree, nb::list tables, nb::list lists, std::int64_t batches, std::int64_t q_len,
+                        std::int64_t k_len, std::int64_t q_offset, std::int64_t kv_offset) -> nb::object {
+        const definition::Definition d = definition_from(tree, tables, lists);
+        Result<std::vector<definition::Piece>> r = definition::rows(d, batches, q_len, k_len, q_offset, kv_offset);
+        if (!r) return or_reason(r);
+        return nb::make_tuple(verdict_of_runs(definition::span_runs(*r, batches, q_len, k_len)), pieces_array(*r));
+      },
+      "tree"_a, "tables"_a, "lists"_a, "batches"_a, "q_len"_a, "k_len"_a, "q_offset"_a, "kv_offset"_a,
+      "(Verdict, pieces) of a [batches, 1, q_len, k_len] mask from its definition (definition.hpp), or the reason "
+      "(str) where its values are not one interval a row: the verdict a scan of the built mask gives.");
+}
+
+}  // namespace masklens::python

@@ -1,0 +1,35 @@
+"""A definition's tables read as runs (masklens._table_runs) against the tables.
+
+Every table's runs and the 1-D lists cross to the host in one copy: they are the table's
+runs, past the copy's room too, positions tables (position - index) and empty tables
+included.
+"""
+import random
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from masklens import _table_runs  # noqa: E402
+
+
+@pytest.mark.parametrize("room", [1, 3, 1024])
+def test_a_tables_runs_are_read_in_one_copy_or_exactly(room):
+    rng = random.Random(room)
+    for _ in range(50):
+        B, L = rng.randrange(1, 4), rng.randrange(1, 30)
+        t = torch.tensor([[rng.randrange(3) for _ in range(L)] for _ in range(B)])
+        pos = torch.tensor([[j - rng.randrange(2) * 3 for j in range(L)] for _ in range(B)])
+        left = torch.tensor([rng.randrange(5) for _ in range(B)])
+        runs, positions, flat = _table_runs.read_runs([(t, False), (pos, True), (left, False)], room=room)
+        assert np.array_equal(flat, left.numpy())
+        for got, table in ((runs, t.numpy()), (positions, pos.numpy() - np.arange(L))):
+            for b in range(B):
+                starts = np.flatnonzero(np.diff(table[b], prepend=table[b, 0] - 1) != 0)
+                mine = got.b == b
+                assert np.array_equal(got.start[mine], starts)
+                assert np.array_equal(got.end[mine], np.append(starts[1:], L))
+                assert np.array_equal(got.value[mine], table[b, starts])
+        (empty,) = _table_runs.read_runs([(torch.zeros((B, 0), dtype=torch.long), False)], room=room)
+        assert (empty.batch, empty.length, len(empty.b)) == (B, 0, 0)
