@@ -44,30 +44,32 @@ def read_runs(tables, room: int = 1024):
     parts, plans = [], []
     for t, positions in tables:
         if t.dim() == 1:
-            parts.append(t.long())
+            parts.append(t)
             plans.append(("flat", t.numel()))
             continue
         B, L = t.shape
         if L == 0:  # no runs: the definition names an empty table
             plans.append(("empty", B))
             continue
-        key = t.long()
-        if positions:
-            key = key - torch.arange(L, device=t.device)
-        parts.append(key[:, 0])
+        parts.append(t[:, 0])
         if L < 2:
-            plans.append(("runs", B, L, 0, None))
+            plans.append(("runs", B, L, 0, positions, None))
             continue
-        changed = key[:, 1:] != key[:, :-1]
-        r = min(room, B * (L - 1))
+        # A new run wherever the value changes (a position: where it is not the previous + 1).
+        changed = (t[:, 1:] - t[:, :-1] != 1) if positions else (t[:, 1:] != t[:, :-1])
+        # room + 1 slots: a last slot filled says there may be more than room.
+        r = min(room + 1, B * (L - 1))
         try:
-            where = torch.nonzero_static(changed, size=r, fill_value=0)
+            where = torch.nonzero_static(changed, size=r, fill_value=-1)
         except (AttributeError, NotImplementedError, RuntimeError):  # a device without it: exact, synchronised
             where = changed.nonzero()[:r]
-            where = torch.cat([where, where.new_zeros((r - where.shape[0], 2))])
-        parts += [changed.sum().reshape(1), where.flatten(), key[:, 1:][where[:, 0], where[:, 1]]]
-        plans.append(("runs", B, L, r, (key, changed)))
-    payload = torch.cat(parts).cpu().numpy() if parts else np.zeros(0, dtype=np.int64)
+            where = torch.cat([where, where.new_full((r - where.shape[0], 2), -1)])
+        parts += [where.flatten(), t[:, 1:][where[:, 0], where[:, 1]]]
+        plans.append(("runs", B, L, r, positions, (t, changed)))
+    # torch.cat promotes a bool or int32 table's values to int64 with the rest: one copy
+    # (a table on another device than the first joins it there).
+    parts = [p.to(parts[0].device) for p in parts]
+    payload = torch.cat(parts).long().cpu().numpy() if parts else np.zeros(0, dtype=np.int64)
     out, at = [], 0
     for plan in plans:
         if plan[0] == "flat":
@@ -78,21 +80,25 @@ def read_runs(tables, room: int = 1024):
             none = np.zeros(0, dtype=np.int64)
             out.append(TableRuns(none, none, none, plan[1], 0))
             continue
-        _, B, L, r, held = plan
+        _, B, L, r, positions, held = plan
         firsts = payload[at:at + B]
         at += B
         b, start, value = np.arange(B), np.zeros(B, dtype=np.int64), firsts
         if r:
-            count = int(payload[at])
-            where = payload[at + 1:at + 1 + 2 * r].reshape(r, 2)[:count]
-            values = payload[at + 1 + 2 * r:at + 1 + 3 * r][:count]
-            at += 1 + 3 * r
-            if count > r:
-                key, changed = held
+            where = payload[at:at + 2 * r].reshape(r, 2)
+            values = payload[at + 2 * r:at + 3 * r]
+            at += 3 * r
+            count = int((where[:, 0] >= 0).sum())
+            if count == r and r == room + 1:  # the room overflowed: read the table's changes exactly
+                t, changed = held
                 w = changed.nonzero()
-                where, values = w.cpu().numpy(), key[:, 1:][w[:, 0], w[:, 1]].cpu().numpy()
+                where, values = w.cpu().numpy(), t[:, 1:][w[:, 0], w[:, 1]].long().cpu().numpy()
+                count = len(where)
+            where, values = where[:count], values[:count]
             b = np.concatenate([b, where[:, 0]])
             start = np.concatenate([start, where[:, 1] + 1])
             value = np.concatenate([value, values])
+        if positions:  # runs of position - index
+            value = value - start
         out.append(TableRuns(b, start, value, B, L))
     return out
