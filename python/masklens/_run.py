@@ -195,7 +195,7 @@ def varlen_params():
     return varlen_attn, frozenset(_pyinspect.signature(varlen_attn).parameters)
 
 
-def _varlen_layout(a, t: Tensors, q):
+def _varlen_layout(a, t: Tensors, q, k):
     key = ("varlen", q.device, q.shape[0])
     layout = t.derived.get(key)
     if layout is None:
@@ -209,10 +209,32 @@ def _varlen_layout(a, t: Tensors, q):
             cu_k.append(cu_k[-1] + s[4] - s[3])
         max_q = max((s[2] - s[1] for s in seqs), default=0)
         max_k = max((s[4] - s[3] for s in seqs), default=0)
+        B = q.shape[0]
         layout = (qb, qi, kb, ki, torch.tensor(cu_q, dtype=torch.int32, device=q.device),
-                  torch.tensor(cu_k, dtype=torch.int32, device=q.device), max_q, max_k)
+                  torch.tensor(cu_k, dtype=torch.int32, device=q.device), max_q, max_k,
+                  _in_order(seqs, 1, B, q.shape[2]), _in_order(seqs, 3, B, k.shape[2]))
         t.derived[key] = layout
     return layout
+
+
+def _in_order(sequences, side: int, batch: int, length: int) -> bool:
+    """Whether the packed rows (side 1: queries, 3: keys) are every row of every batch, in
+    order: packing is then a reshape, and for one batch a view."""
+    at_b, at = 0, 0
+    for s in sequences:
+        b, lo, hi = s[0], s[side], s[side + 1]
+        if b == at_b + 1 and at == length:
+            at_b, at = b, 0
+        if b != at_b or lo != at:
+            return False
+        at = hi
+    return at_b == batch - 1 and at == length
+
+
+def _packed(x, b, i, in_order: bool):
+    """x [B, L, H, D]'s rows (b, i) as [total, H, D]: a view or a reshape where they are
+    every row in order (varlen kernels take any row and head stride), a gather otherwise."""
+    return x.reshape(-1, *x.shape[2:]) if in_order else x[b, i]
 
 
 def run_varlen(call, t: Tensors, q, k, v, attend=None, args=None, kernel=None):
@@ -223,9 +245,10 @@ def run_varlen(call, t: Tensors, q, k, v, attend=None, args=None, kernel=None):
     varlen kernel here takes (flash's varlen forward and backward, behind torch's
     varlen_attn as behind flash-attn 2 and 3, need only heads % kv_heads == 0)."""
     a = args if args is not None else call.args  # a prepared call passes them: read once
-    qb, qi, kb, ki, cu_q, cu_k, max_q, max_k = _varlen_layout(a, t, q)
+    qb, qi, kb, ki, cu_q, cu_k, max_q, max_k, q_in_order, k_in_order = _varlen_layout(a, t, q, k)
     qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, L, H, D]
-    qp, kp, vp = qt[qb, qi], kt[kb, ki], vt[kb, ki]
+    qp = _packed(qt, qb, qi, q_in_order)
+    kp, vp = _packed(kt, kb, ki, k_in_order), _packed(vt, kb, ki, k_in_order)
     if attend is not None:
         outp = attend(qp, kp, vp, cu_q, cu_k, max_q, max_k, causal=a.causal, window=(a.window_left, a.window_right),
                       scale=t.scale)
@@ -233,6 +256,8 @@ def run_varlen(call, t: Tensors, q, k, v, attend=None, args=None, kernel=None):
         outp = kernel(qp, kp, vp, cu_q, cu_k, max_q, max_k, a, t)
     else:
         raise RuntimeError(f"masklens: no varlen kernel given for {call.backend}")
+    if q_in_order:  # every row computed, in order: the output as it is
+        return outp.reshape(q.shape[0], q.shape[2], q.shape[1], v.shape[-1]).transpose(1, 2)
     out = qt.new_zeros(q.shape[0], q.shape[2], q.shape[1], v.shape[-1])
     out = out.index_put((qb, qi), outp)
     return out.transpose(1, 2)

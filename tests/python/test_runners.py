@@ -128,6 +128,44 @@ def test_varlen_packing(name):
     assert_close(out, reference(q, k, v, mask), 1e-5)
 
 
+def test_varlen_rows_in_order_are_packed_as_a_view():
+    """Packed documents that cover every row in order (one batch): the varlen kernel gets
+    views of q, k and v, not gathered copies, and its output is the result itself (no
+    zero-filled [B, H, Q, D] beside it); forward and backward equal the reference."""
+    mask = MASKS["packed documents"][:1]
+    q, k, v = qkv(1, 4, L, L, dtype=torch.float32)
+    s = masklens.scan(mask).structure
+    call = masklens.AttentionCall()
+    call.training, call.heads, call.head_dim = True, 4, 16
+    policy = masklens.decide(s, call, masklens.environment("cpu", sm=90, available={"torch"}))
+    if policy.backend != "torch.varlen_attn" or policy.is_plan:
+        pytest.skip(f"{policy.backend} chosen here; the varlen packing is tested where it is")
+    seen = []
+
+    def attend(qp, kp, vp, *args, **kwargs):
+        seen.append(all(p.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+                        for p, x in ((qp, q), (kp, k), (vp, v))))
+        return sdpa_per_sequence(qp, kp, vp, *args, **kwargs)
+    out = _run.run_varlen(policy.call, tensors(policy, s, q, k, v, mask), q, k, v, attend=attend)
+    assert seen == [True]
+    ref = reference(q, k, v, mask)
+    assert_close(out, ref, 1e-5)
+    for a, b in zip(grads(out, (q, k, v)), grads(ref, (q, k, v))):
+        assert_close(a, b, 1e-4)
+
+
+@pytest.mark.parametrize("sequences,batch,in_order", [
+    ([(0, 0, 5, 0, 5), (0, 5, 9, 5, 9)], 1, True),
+    ([(0, 0, 9, 0, 9), (1, 0, 9, 0, 9)], 2, True),
+    ([(0, 0, 5, 0, 5), (1, 0, 9, 0, 9)], 2, False),   # batch 0 ends at row 5 of 9
+    ([(0, 0, 4, 0, 4), (0, 5, 9, 5, 9)], 1, False),   # a gap (row 4)
+    ([(0, 5, 9, 5, 9), (0, 0, 5, 0, 5)], 1, False),   # out of order
+    ([(0, 0, 9, 0, 9)], 2, False),                    # batch 1 missing
+])
+def test_rows_in_order_are_every_row_of_every_batch(sequences, batch, in_order):
+    assert _run._in_order(sequences, 1, batch, 9) is in_order
+
+
 def no_expansion(monkeypatch):
     """Fails the test if a runner repeats K and V to the query's heads."""
     def refuse(q, k, v):
