@@ -217,24 +217,41 @@ def _varlen_layout(a, t: Tensors, q, k):
     return layout
 
 
-def _in_order(sequences, side: int, batch: int, length: int) -> bool:
-    """Whether the packed rows (side 1: queries, 3: keys) are every row of every batch, in
-    order: packing is then a reshape, and for one batch a view."""
+def _in_order(sequences, side: int, batch: int, length: int):
+    """How the packed rows (side 1: queries, 3: keys) sit in [B, L]: (lo, hi) where they
+    are rows lo..hi-1 of the one batch in order (packing is a view), "every" where they are
+    every row of every batch in order (a reshape), None otherwise (a gather)."""
+    if batch == 1:
+        lo = at = None
+        for s in sequences:
+            if s[0] != 0 or (at is not None and s[side] != at):
+                return None
+            lo, at = (s[side] if lo is None else lo), s[side + 1]
+        return None if lo is None else (lo, at)
     at_b, at = 0, 0
     for s in sequences:
         b, lo, hi = s[0], s[side], s[side + 1]
         if b == at_b + 1 and at == length:
             at_b, at = b, 0
         if b != at_b or lo != at:
-            return False
+            return None
         at = hi
-    return at_b == batch - 1 and at == length
+    return "every" if at_b == batch - 1 and at == length else None
 
 
-def _packed(x, b, i, in_order: bool):
-    """x [B, L, H, D]'s rows (b, i) as [total, H, D]: a view or a reshape where they are
-    every row in order (varlen kernels take any row and head stride), a gather otherwise."""
-    return x.reshape(-1, *x.shape[2:]) if in_order else x[b, i]
+def _every_row(order, length: int) -> bool:
+    return order == "every" or order == (0, length)
+
+
+def _packed(x, b, i, order):
+    """x [B, L, H, D]'s rows (b, i) as [total, H, D]: a view of one batch's rows in order, a
+    reshape of every row in order (varlen kernels take any row and head stride), a gather
+    otherwise."""
+    if order == "every":
+        return x.reshape(-1, *x.shape[2:])
+    if order is not None:
+        return x[0, order[0]:order[1]]
+    return x[b, i]
 
 
 def run_varlen(call, t: Tensors, q, k, v, attend=None, args=None, kernel=None):
@@ -245,10 +262,10 @@ def run_varlen(call, t: Tensors, q, k, v, attend=None, args=None, kernel=None):
     varlen kernel here takes (flash's varlen forward and backward, behind torch's
     varlen_attn as behind flash-attn 2 and 3, need only heads % kv_heads == 0)."""
     a = args if args is not None else call.args  # a prepared call passes them: read once
-    qb, qi, kb, ki, cu_q, cu_k, max_q, max_k, q_in_order, k_in_order = _varlen_layout(a, t, q, k)
+    qb, qi, kb, ki, cu_q, cu_k, max_q, max_k, q_order, k_order = _varlen_layout(a, t, q, k)
     qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, L, H, D]
-    qp = _packed(qt, qb, qi, q_in_order)
-    kp, vp = _packed(kt, kb, ki, k_in_order), _packed(vt, kb, ki, k_in_order)
+    qp = _packed(qt, qb, qi, q_order)
+    kp, vp = _packed(kt, kb, ki, k_order), _packed(vt, kb, ki, k_order)
     if attend is not None:
         outp = attend(qp, kp, vp, cu_q, cu_k, max_q, max_k, causal=a.causal, window=(a.window_left, a.window_right),
                       scale=t.scale)
@@ -256,7 +273,7 @@ def run_varlen(call, t: Tensors, q, k, v, attend=None, args=None, kernel=None):
         outp = kernel(qp, kp, vp, cu_q, cu_k, max_q, max_k, a, t)
     else:
         raise RuntimeError(f"masklens: no varlen kernel given for {call.backend}")
-    if q_in_order:  # every row computed, in order: the output as it is
+    if _every_row(q_order, q.shape[2]):  # every row computed, in order: the output as it is
         return outp.reshape(q.shape[0], q.shape[2], q.shape[1], v.shape[-1]).transpose(1, 2)
     out = qt.new_zeros(q.shape[0], q.shape[2], q.shape[1], v.shape[-1])
     out = out.index_put((qb, qi), outp)

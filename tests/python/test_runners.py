@@ -129,9 +129,10 @@ def test_varlen_packing(name):
 
 
 def test_varlen_rows_in_order_are_packed_as_a_view():
-    """Packed documents that cover every row in order (one batch): the varlen kernel gets
-    views of q, k and v, not gathered copies, and its output is the result itself (no
-    zero-filled [B, H, Q, D] beside it); forward and backward equal the reference."""
+    """One batch of packed documents (its packed rows: every row, in order): the varlen
+    kernel gets views of q, k and v, not gathered copies, and its output is the result
+    itself (no zero-filled [B, H, Q, D] beside it); forward and backward equal the
+    reference."""
     mask = MASKS["packed documents"][:1]
     q, k, v = qkv(1, 4, L, L, dtype=torch.float32)
     s = masklens.scan(mask).structure
@@ -146,7 +147,8 @@ def test_varlen_rows_in_order_are_packed_as_a_view():
         seen.append(all(p.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
                         for p, x in ((qp, q), (kp, k), (vp, v))))
         return sdpa_per_sequence(qp, kp, vp, *args, **kwargs)
-    out = _run.run_varlen(policy.call, tensors(policy, s, q, k, v, mask), q, k, v, attend=attend)
+    out = zero_empty_rows(_run.run_varlen(policy.call, tensors(policy, s, q, k, v, mask), q, k, v, attend=attend),
+                          mask)
     assert seen == [True]
     ref = reference(q, k, v, mask)
     assert_close(out, ref, 1e-5)
@@ -154,16 +156,17 @@ def test_varlen_rows_in_order_are_packed_as_a_view():
         assert_close(a, b, 1e-4)
 
 
-@pytest.mark.parametrize("sequences,batch,in_order", [
-    ([(0, 0, 5, 0, 5), (0, 5, 9, 5, 9)], 1, True),
-    ([(0, 0, 9, 0, 9), (1, 0, 9, 0, 9)], 2, True),
-    ([(0, 0, 5, 0, 5), (1, 0, 9, 0, 9)], 2, False),   # batch 0 ends at row 5 of 9
-    ([(0, 0, 4, 0, 4), (0, 5, 9, 5, 9)], 1, False),   # a gap (row 4)
-    ([(0, 5, 9, 5, 9), (0, 0, 5, 0, 5)], 1, False),   # out of order
-    ([(0, 0, 9, 0, 9)], 2, False),                    # batch 1 missing
+@pytest.mark.parametrize("sequences,batch,order", [
+    ([(0, 0, 5, 0, 5), (0, 5, 9, 5, 9)], 1, (0, 9)),
+    ([(0, 3, 9, 3, 9)], 1, (3, 9)),                     # left padding: the rows after it
+    ([(0, 0, 9, 0, 9), (1, 0, 9, 0, 9)], 2, "every"),
+    ([(0, 0, 5, 0, 5), (1, 0, 9, 0, 9)], 2, None),      # batch 0 ends at row 5 of 9
+    ([(0, 0, 4, 0, 4), (0, 5, 9, 5, 9)], 1, None),      # a gap (row 4)
+    ([(0, 5, 9, 5, 9), (0, 0, 5, 0, 5)], 1, None),      # out of order
+    ([(0, 0, 9, 0, 9)], 2, None),                       # batch 1 missing
 ])
-def test_rows_in_order_are_every_row_of_every_batch(sequences, batch, in_order):
-    assert _run._in_order(sequences, 1, batch, 9) is in_order
+def test_packed_rows_in_order_are_told_apart(sequences, batch, order):
+    assert _run._in_order(sequences, 1, batch, 9) == order
 
 
 def no_expansion(monkeypatch):
