@@ -81,7 +81,7 @@ def device_scan_tiles(mask, size, masked_threshold: float = -1000.0, classify_ma
     _scan.timing["prepare_ms"] = (time.perf_counter() - t0) * 1e3  # the size query and the tensors' allocation
     arrays = {}
 
-    def scan_call(base, stream, device):
+    def scan_call(base, stream, device, up_to):
         # Enqueued without waiting: the tensors' views are made while the device reads the
         # mask, then the one synchronisation (whatever happens between: the pending scan
         # would refuse the thread's next one). A launch that raises leaves none pending.
@@ -89,8 +89,8 @@ def device_scan_tiles(mask, size, masked_threshold: float = -1000.0, classify_ma
         try:
             arrays.update(views())
         finally:
-            count = cuda.wait_runs(runs)
-        return count
+            answer = cuda.wait_runs(runs, classify_up_to=up_to)
+        return answer
     verdict = _scan.device_runs(mask, runs, scan_call, classify_many_runs=classify_many_runs, spans_out=spans_out)
     _scan.counted_scan()
     return verdict, arrays

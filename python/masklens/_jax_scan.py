@@ -144,13 +144,15 @@ def device_scan(mask, target, masked_threshold):
     block = _empty_device_bytes(runs.block_bytes, device)
     base = block.unsafe_buffer_pointer()
     stream = 0
-    count = cuda.scan_runs(runs, base, runs.block_bytes, stream, index)
-    if count > runs.eager:
-        more = _empty_device_bytes(count * 64, device) if count > runs.room else None
+    answer = cuda.scan_runs(runs, base, runs.block_bytes, stream, index, classify_up_to=runs.eager)
+    t1 = time.perf_counter()
+    if isinstance(answer, int):  # more runs than the head brought: the rest, then classified
+        more = _empty_device_bytes(answer * 64, device) if answer > runs.room else None
         cuda.copy_rest(runs, base, runs.block_bytes, 0 if more is None else more.unsafe_buffer_pointer(), stream,
                        index)
-    t1 = time.perf_counter()
-    verdict = runs.finish()
+        t1 = time.perf_counter()
+        answer = runs.finish()
+    verdict = answer
     del capsule, block
     _scan.timing.update(scanned=True, device="cuda", scan_ms=(t1 - t0) * 1e3,
                         classify_ms=(time.perf_counter() - t1) * 1e3)

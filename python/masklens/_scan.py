@@ -266,14 +266,16 @@ MANY_RUNS = 8
 def device_runs(mask, runs, scan_call, classify_many_runs=True, spans_out=None):
     """The device scan both entry points share, after its size query (`runs`, the
     _core.DeviceRuns masklens._cuda.plan_runs gave): the block allocated from torch's
-    caching allocator, scan_call(block address, stream, device) scanning into it and
-    returning the run count (the one call), the runs past the first copy brought where
-    there are, the runs classified. Returns the Verdict; None where classify_many_runs is
-    False and the runs are more than one in MANY_RUNS rows (a mask that is arbitrary or
-    close to it: its runs would cost more than the scan; a NaN / +inf row is still an
-    error, found on the device). spans_out (a list): a function is appended to it that
-    gives the scan's RowSpans, an int64 [rows, 4] view of the block (first, last, count,
-    flags | reserved), made only if asked for."""
+    caching allocator, scan_call(block address, stream, device, classify_up_to) scanning
+    into it (the one call) and returning the run count, or the runs' Verdict where they are
+    at most classify_up_to and all came with the head (the common case: the scan and its
+    classification in one crossing); otherwise the runs past the first copy brought where
+    there are, and the runs classified. Returns the Verdict; None where
+    classify_many_runs is False and the runs are more than one in MANY_RUNS rows (a mask
+    that is arbitrary or close to it: its runs would cost more than the scan; a NaN / +inf
+    row is still an error, found on the device). spans_out (a list): a function is
+    appended to it that gives the scan's RowSpans, an int64 [rows, 4] view of the block
+    (first, last, count, flags | reserved), made only if asked for."""
     import torch
 
     t0 = time.perf_counter()
@@ -282,8 +284,11 @@ def device_runs(mask, runs, scan_call, classify_many_runs=True, spans_out=None):
     base = block.data_ptr()
     stream = stream_of(mask.device)
     device = mask.device.index
+    # Classified in the scan's call: up to the head's runs, or fewer where many runs would
+    # not be classified at all.
+    up_to = runs.eager if classify_many_runs else min(runs.eager, runs.rows // MANY_RUNS)
     t_call = time.perf_counter()
-    count = scan_call(base, stream, device)
+    answer = scan_call(base, stream, device, up_to)
     # The launches, the head's copy, the synchronisation (and the host work done meanwhile).
     timing["kernels_ms"] = (time.perf_counter() - t_call) * 1e3
     if spans_out is not None:
@@ -291,11 +296,16 @@ def device_runs(mask, runs, scan_call, classify_many_runs=True, spans_out=None):
             spans_at = runs.layout["spans"]
             return block[spans_at:spans_at + runs.rows * 32].view(torch.int64).view(runs.rows, 4)
         spans_out.append(spans)
+    timing["device"] = "cuda"
+    if not isinstance(answer, int):  # the Verdict: classified in the call (its time in kernels_ms)
+        timing["scan_ms"] = (time.perf_counter() - t0) * 1e3
+        timing["classify_ms"] = 0.0
+        return answer
+    count = answer
     if not classify_many_runs and count * MANY_RUNS > runs.rows:
         # No verdict, yet a NaN / +inf row is an error: the run reduction found the first
         # one on the device, and it came back in the head with the count.
         runs.check_rows()
-        timing["device"] = "cuda"
         timing["scan_ms"] = (time.perf_counter() - t0) * 1e3
         timing["classify_ms"] = 0.0
         return None
@@ -305,7 +315,6 @@ def device_runs(mask, runs, scan_call, classify_many_runs=True, spans_out=None):
         _cuda.copy_rest(runs, base, runs.block_bytes, 0 if more is None else more.data_ptr(), stream, device)
     t1 = time.perf_counter()
     verdict = runs.finish()
-    timing["device"] = "cuda"
     timing["scan_ms"] = (t1 - t0) * 1e3  # the device part: allocation, kernels, copies, synchronisation
     timing["classify_ms"] = (time.perf_counter() - t1) * 1e3
     return verdict
@@ -320,16 +329,16 @@ def device_args(mask, masked_threshold):
 def device_scan(mask, masked_threshold: float = -1000.0):
     """Scans a CUDA tensor on its device with masklens._cuda (which must be loaded), on the
     tensor's current stream: the library's protocol (include/masklens/cuda/runs.hpp) in
-    three crossings: plan_runs (the size query), scan_runs (launches, the head's one copy,
-    one synchronisation of that stream) and finish (the runs classified in O(runs)); the
-    block (run count, runs, spans, temporary storage) is one allocation of torch's caching
-    allocator. Runs past the first 256 come with a second copy."""
+    two crossings: plan_runs (the size query) and scan_runs (launches, the head's one copy,
+    one synchronisation of that stream, the runs classified in O(runs)); the block (run
+    count, runs, spans, temporary storage) is one allocation of torch's caching allocator.
+    Runs past the first 256 come with a second copy and are classified by finish()."""
     t0 = time.perf_counter()
     runs = _cuda.plan_runs(*device_args(mask, masked_threshold))
     timing["prepare_ms"] = (time.perf_counter() - t0) * 1e3  # the size query
 
-    def scan_call(base, stream, device):
-        return _cuda.scan_runs(runs, base, runs.block_bytes, stream, device)
+    def scan_call(base, stream, device, up_to):
+        return _cuda.scan_runs(runs, base, runs.block_bytes, stream, device, classify_up_to=up_to)
     return device_runs(mask, runs, scan_call)
 
 

@@ -403,20 +403,8 @@ void bind_scan(nb::module_& m) {
       .def(
           "finish",
           [](DeviceRuns& d) {
-            if (d.finished) raise(error(ErrorCode::invalid_argument, "DeviceRuns.finish() was called already"));
-            d.finished = true;
-            const std::int64_t count = take(d.read_head()).count;
-            const std::int64_t first = std::min(count, d.block.eager);
-            if (count > first && static_cast<std::int64_t>(d.rest.size()) != count - first)
-              raise(error(ErrorCode::invalid_argument,
-                          std::to_string(count) + " runs, of which " + std::to_string(d.rest.size()) +
-                              " past the first copy were brought: call masklens._cuda.copy_rest"));
-            SpanRuns runs = std::move(d.shape);
-            runs.runs.resize(static_cast<std::size_t>(count));
-            std::memcpy(runs.runs.data(), d.head.get() + d.block.runs_at,
-                        static_cast<std::size_t>(first) * sizeof(SpanRun));
-            std::copy(d.rest.begin(), d.rest.end(), runs.runs.begin() + first);
-            return verdict_unlocked(std::move(runs));  // the mask is on the device: a NaN row is named, not an element
+            // the mask is on the device: a NaN row is named, not an element
+            return verdict_unlocked(take(python::finish_runs(d)));
           },
           "The Verdict of the runs now in host memory, classified in O(runs) (MaskError naming a NaN / +inf row).");
 

@@ -24,7 +24,9 @@
 #include <masklens/cuda/runs.hpp>
 #include <masklens/cuda/scan.hpp>
 #include <masklens/cuda/tiles.hpp>
+#include <masklens/verdict.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <iterator>
@@ -143,6 +145,20 @@ std::int64_t wait_runs(DeviceRuns& runs) {
   return take(runs.read_head()).count;
 }
 
+// The run count, or, where the runs are at most classify_up_to and all came with the
+// head, their Verdict (classified here, the GIL released): the scan and its
+// classification in one crossing from Python.
+nb::object count_or_verdict(DeviceRuns& runs, std::int64_t count, std::int64_t classify_up_to) {
+  if (count > std::min(classify_up_to, runs.block.eager)) return nb::int_(count);
+  Result<SpanRuns> spans = masklens::python::finish_runs(runs);
+  if (!spans) raise(spans.status());
+  Result<Verdict> v = [&] {
+    nb::gil_scoped_release unlocked;
+    return verdict_of(std::move(spans).value());
+  }();
+  return nb::cast(take(std::move(v)));
+}
+
 // The device block the caller allocated for `runs`, checked before any CUDA call (the
 // library checks it again, and that the layout is the view's, once the device is set).
 void check_block(const DeviceRuns& runs, std::uintptr_t d_block, std::size_t block_bytes) {
@@ -199,7 +215,7 @@ void bind_scans(nb::module_& m) {
       "scan_runs",
       [](DeviceRuns& runs, std::uintptr_t d_block, std::size_t block_bytes, std::uintptr_t stream, int device,
          const std::vector<std::uintptr_t>& arrays, const std::vector<std::size_t>& array_bytes,
-         std::uintptr_t d_states, std::size_t states_bytes, bool wait) -> std::optional<std::int64_t> {
+         std::uintptr_t d_states, std::size_t states_bytes, bool wait, std::int64_t classify_up_to) -> nb::object {
         check_block(runs, d_block, block_bytes);
         if (runs.finished) raise(error(ErrorCode::invalid_argument, "these DeviceRuns were finished already"));
         BlockMaskArrays d_block_mask{};
@@ -227,14 +243,16 @@ void bind_scans(nb::module_& m) {
         });
         if (!st.ok()) raise(st);
         pending = PendingHead{&runs, pinned, s, device};
-        if (!wait) return std::nullopt;
-        return wait_runs(runs);
+        if (!wait) return nb::none();
+        return count_or_verdict(runs, wait_runs(runs), classify_up_to);
       },
       "runs"_a, "d_block"_a, "block_bytes"_a, "stream"_a, "device"_a, "arrays"_a = std::vector<std::uintptr_t>{},
       "array_bytes"_a = std::vector<std::size_t>{}, "d_states"_a = 0, "states_bytes"_a = 0, "wait"_a = true,
+      "classify_up_to"_a = 0,
       "Scans the planned view into the block (device memory of runs.block_bytes at d_block) on `stream` (a "
       "cudaStream_t as an int; 0 is the legacy default stream) of CUDA device `device`, reduces the spans to runs, "
-      "copies the count and the first runs to the host and synchronises the stream once: returns the run count. "
+      "copies the count and the first runs to the host and synchronises the stream once: returns the run count, or "
+      "the runs' Verdict where they are at most classify_up_to and all came with that copy (runs.finish() done). "
       "A scan planned with tiles also writes torch BlockMask's eight int32 arrays (device addresses, in the order "
       "kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, q_num_blocks, q_indices, full_q_num_blocks, "
       "full_q_indices, each contiguous over runs.tile_grid, with its size in bytes) and, with d_states (one byte a "
@@ -242,9 +260,14 @@ void bind_scans(nb::module_& m) {
       "once everything is enqueued; wait_runs(runs) on the same thread then synchronises and returns the count (no "
       "other scan may start on the thread before). Every argument is checked before any CUDA call.");
 
-  m.def("wait_runs", &wait_runs, "runs"_a,
-        "The run count of the scan this thread enqueued with wait=False: synchronises its stream and brings the "
-        "head into `runs`. MaskError (invalid_argument) where none is pending or it is another scan's; after a CUDA "
+  m.def(
+      "wait_runs",
+      [](DeviceRuns& runs, std::int64_t classify_up_to) {
+        return count_or_verdict(runs, wait_runs(runs), classify_up_to);
+      },
+      "runs"_a, "classify_up_to"_a = 0,
+      "The run count (or Verdict, as scan_runs' classify_up_to says) of the scan this thread enqueued with "
+      "wait=False: synchronises its stream and brings the head into `runs`. MaskError (invalid_argument) where none is pending or it is another scan's; after a CUDA "
         "error (raised here) none is pending.");
 
   m.def(

@@ -6,7 +6,8 @@
 //
 // A device scan from Python: plan_runs (the size query), an allocation of block_bytes
 // by the caller's allocator, scan_runs (the one call: launches, the head's copy, the
-// one synchronisation), finish() (the runs classified on the host).
+// one synchronisation and, for runs that all came with the head, their classification:
+// two crossings). finish() classifies runs brought past the head by copy_rest.
 #pragma once
 
 #include <masklens/cuda/runs_block.hpp>
@@ -17,7 +18,9 @@
 #include <masklens/status.hpp>
 #include <masklens/tile_grid.hpp>
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <string>
@@ -68,6 +71,28 @@ inline Status hold_rest(DeviceRuns& d, std::int64_t count) {
   return catch_alloc([&]() -> Status {
     d.rest.resize(static_cast<std::size_t>(count - d.block.eager));
     return {};
+  });
+}
+
+// The runs now in host memory (the head's and copy_rest's) as a SpanRuns, once: what
+// finish() classifies.
+inline Result<SpanRuns> finish_runs(DeviceRuns& d) {
+  if (d.finished) return error(ErrorCode::invalid_argument, "DeviceRuns.finish() was called already");
+  Result<gpu::RunsHead> head = d.read_head();
+  if (!head) return head.status();
+  const std::int64_t count = head->count;
+  const std::int64_t first = std::min(count, d.block.eager);
+  if (count > first && static_cast<std::int64_t>(d.rest.size()) != count - first)
+    return error(ErrorCode::invalid_argument, std::to_string(count) + " runs, of which " +
+                                                  std::to_string(d.rest.size()) +
+                                                  " past the first copy were brought: call masklens._cuda.copy_rest");
+  d.finished = true;
+  return catch_alloc([&]() -> Result<SpanRuns> {
+    SpanRuns runs = std::move(d.shape);
+    runs.runs.resize(static_cast<std::size_t>(count));
+    std::memcpy(runs.runs.data(), d.head.get() + d.block.runs_at, static_cast<std::size_t>(first) * sizeof(SpanRun));
+    std::copy(d.rest.begin(), d.rest.end(), runs.runs.begin() + first);
+    return runs;
   });
 }
 
