@@ -23,26 +23,21 @@ def _is_training(*tensors) -> bool:
 def make_call(mask, query=None, key=None, value=None, **fields) -> AttentionCall:
     """The AttentionCall of tensors in torch SDPA's layout [B, H, L, D]; keyword fields
     override what the tensors say."""
-    call = AttentionCall()
     shape = tuple(mask.shape)
-    call.batch = shape[0] if len(shape) == 4 else 1
-    call.mask_dtype = _scan.element_name(mask.dtype)
-    if query is not None:
+    batch = shape[0] if len(shape) == 4 else 1
+    if query is None:  # a mask alone: the call's defaults but for its batch and dtype
+        call = AttentionCall()
+        call.batch = batch
+        call.mask_dtype = _scan.element_name(mask.dtype)
+    else:
         from . import _run  # torch's: imported only with tensors
-        call.dtype = _run.dtype_name(query.dtype)
-        call.head_dim = query.shape[-1]
-        call.heads = query.shape[-3] if query.dim() >= 3 else 1
-        call.batch = max(call.batch, query.shape[0] if query.dim() == 4 else 1)
-        call.q_len = query.shape[-2]
-    if key is not None:
-        call.kv_heads = key.shape[-3] if key.dim() >= 3 else 1
-        call.k_len = key.shape[-2]
-    if value is not None:
-        call.head_dim_v = value.shape[-1]
-    if query is not None:
-        import torch
-        call.training = _is_training(query, key, value)
-        call.deterministic = torch.are_deterministic_algorithms_enabled()
+        batch = max(batch, query.shape[0] if query.dim() == 4 else 1)
+        heads = query.shape[-3] if query.dim() >= 3 else 1
+        kv_heads = None if key is None else (key.shape[-3] if key.dim() >= 3 else 1)
+        call = _run.attention_call(query.dtype, (batch, heads, query.shape[-2], query.shape[-1]), kv_heads,
+                                   None if key is None else key.shape[-2],
+                                   None if value is None else value.shape[-1], _is_training(query, key, value),
+                                   mask_dtype=mask.dtype)
     for name, value_ in fields.items():
         _env.set_field(call, "call", name, value_)
     call.validate()

@@ -77,19 +77,26 @@ def dtype_name(dtype) -> str:
     return DTYPES.get(dtype) or str(dtype).replace("torch.", "")
 
 
-def attention_call(dtype, query_shape, kv_heads, k_len, head_dim_v, training, dropout_p, mask_dtype):
-    """The AttentionCall decide() reads: the query's dtype and [B, H, Q, D] shape, the key's
-    heads and length, the value's head dim, training, dropout, the mask's dtype."""
+def attention_call(dtype, query_shape, kv_heads=None, k_len=None, head_dim_v=None, training=False, dropout_p=0.0,
+                   mask_dtype=None):
+    """The AttentionCall decide() reads, the one place one is made from tensors: the
+    query's dtype and [B, H, Q, D] shape, the key's heads and length, the value's head dim,
+    training, dropout, the mask's dtype, and torch's deterministic setting (None: the
+    AttentionCall's default, where that tensor is not given)."""
     call = _core.AttentionCall()
     call.dtype = dtype_name(dtype)
     call.batch, call.heads, call.q_len, call.head_dim = query_shape
-    call.head_dim_v = head_dim_v
-    call.kv_heads = kv_heads
-    call.k_len = k_len
+    if head_dim_v is not None:
+        call.head_dim_v = head_dim_v
+    if kv_heads is not None:
+        call.kv_heads = kv_heads
+    if k_len is not None:
+        call.k_len = k_len
     call.training = training
     call.dropout = float(dropout_p)
     call.deterministic = torch.are_deterministic_algorithms_enabled()
-    call.mask_dtype = _scan.element_name(mask_dtype)
+    if mask_dtype is not None:
+        call.mask_dtype = _scan.element_name(mask_dtype)
     return call
 
 
