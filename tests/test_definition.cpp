@@ -15,6 +15,7 @@
 #include <masklens/classify_runs.hpp>
 #include <masklens/definition.hpp>
 
+#include <climits>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -316,6 +317,27 @@ TEST_CASE("definition: each value check names what it found") {
   docs.tables[0] = table({{0, 0, 0, 0, 1, 2, 2, 2}});
   docs.tables[1] = table({{0, 1, 2, 3, -4, 5, 6, 7}}, true);
   check(docs, 1, 8, "negative position_ids");
+}
+
+TEST_CASE("definition: parameters, lengths and positions past 2^40 are refused, never overflowed") {
+  Definition wide;
+  wide.root = {def::Rule::sliding_bidirectional, INT64_MAX, 0, -1, -1, {}};
+  const Result<std::vector<Piece>> got = definition::rows(wide, 1, 4, 4, 0, 0);
+  REQUIRE_FALSE(got.ok());
+  CHECK(got.status().code() == ErrorCode::invalid_value);
+  Definition chunks;
+  chunks.root = {def::Rule::chunked, 4, 0, 0, -1, {}};
+  chunks.lists.push_back({INT64_MIN});
+  CHECK(definition::rows(chunks, 1, 4, 4, 0, 0).status().code() == ErrorCode::invalid_value);
+  Definition causal;
+  causal.root = {def::Rule::causal, 0, 0, -1, -1, {}};
+  CHECK(definition::rows(causal, 1, 4, 4, INT64_MAX / 2, 0).status().code() == ErrorCode::invalid_shape);
+  // An OR of nothing yet and a child: the empty start's unbounded ends are never subtracted.
+  Definition either;
+  either.root = {def::Rule::any_of, 0, 0, -1, -1, {{def::Rule::causal, 0, 0, -1, -1, {}}}};
+  const Result<std::vector<Piece>> causal_rows = definition::rows(either, 1, 4, 4, 0, 0);
+  REQUIRE(causal_rows.ok());
+  CHECK(causal_rows->front().end.at(2) == 3);
 }
 
 TEST_CASE("definition: table runs that do not tile their batches are refused") {

@@ -16,9 +16,13 @@
 // or block id in two runs, an OR of two ranges that do not meet, a position outside its
 // table) is an invalid_value Status naming it: the caller builds the mask instead.
 //
-// Arithmetic is int64 with the unbounded ends at +-2^62, so no sum of an end and a row
+// Arithmetic is int64 with the unbounded ends at +-2^62 and every length, offset, window,
+// chunk, padding and position within 2^40 (refused past it), so no sum of ends and rows
 // overflows; the slope of a query value is 0 or 1 (a row index plus an offset, or a
-// position along a document), which every rule checks.
+// position along a document), which every rule that reads a table or a chunk by it
+// checks. An OR joins its children two at a time and refuses a row whose ranges do not
+// meet at that step (or meet only outside the keys): it may refuse a union another order
+// would join, never answer a wrong row.
 #pragma once
 
 #include <algorithm>
@@ -45,6 +49,7 @@ constexpr Line constant(std::int64_t v) noexcept { return {0, v}; }
 
 inline constexpr std::int64_t kBelow = -(std::int64_t{1} << 62);  // an unbounded begin
 inline constexpr std::int64_t kAbove = std::int64_t{1} << 62;     // an unbounded end
+inline constexpr std::int64_t kBound = std::int64_t{1} << 40;     // lengths, offsets, windows, positions
 
 // A [batches, length] table as runs of equal values: run i is positions [start[i],
 // end[i]) of batch batch[i], holding value[i], sorted by batch and start and tiling each
@@ -84,7 +89,8 @@ struct TableRuns {
   [[nodiscard]] std::int64_t find(std::int64_t b, std::int64_t x) const noexcept {
     const auto lo = start.begin() + first_run[static_cast<std::size_t>(b)];
     const auto hi = start.begin() + first_run[static_cast<std::size_t>(b) + 1];
-    return static_cast<std::int64_t>(std::upper_bound(lo, hi, x) - start.begin()) - 1;
+    const std::ptrdiff_t after = std::upper_bound(lo, hi, x) - start.begin();
+    return after - 1;
   }
 };
 
@@ -140,7 +146,9 @@ constexpr std::int64_t floor_div(std::int64_t a, std::int64_t b) noexcept {
 
 // The row in (lo, hi) from which f >= g changes (once at most: both are linear), or hi.
 constexpr std::int64_t flip(Line f, Line g, std::int64_t lo, std::int64_t hi) noexcept {
-  const std::int64_t dk = f.k - g.k, dc = f.c - g.c;
+  const std::int64_t dk = f.k - g.k;
+  if (dk == 0) return hi;  // parallel (two unbounded ends among them: their difference would overflow)
+  const std::int64_t dc = f.c - g.c;  // a sloped line is a row and a bounded value: no overflow
   std::int64_t q = hi;
   if (dk > 0) q = -floor_div(dc, dk);              // f >= g from ceil(-dc / dk)
   else if (dk < 0) q = floor_div(dc, -dk) + 1;    // f < g past dc / -dk
@@ -167,8 +175,11 @@ class Evaluator {
  public:
   Evaluator(const Definition& d, std::int64_t batches) : d_(d), batches_(batches) {}
 
-  // The tables' own checks, once each, in the tree's order.
+  // The tables' own checks, once each, in the tree's order; parameters beyond kBound
+  // (which keeps every sum of ends and rows far from overflow) are refused.
   Status check(const Node& n) const {
+    if (n.a < -kBound || n.a > kBound || n.b < -kBound || n.b > kBound)
+      return unreadable("a parameter of " + std::to_string(n.a) + ", " + std::to_string(n.b) + " is past 2^40");
     switch (n.rule) {
       case Rule::padding: case Rule::packed: case Rule::blocks: case Rule::remap: {
         const char* what = name_of(n.rule);
@@ -187,6 +198,8 @@ class Evaluator {
         if (static_cast<std::int64_t>(d_.lists[static_cast<std::size_t>(n.table)].size()) < batches_)
           return unreadable("left_padding has " + std::to_string(d_.lists[static_cast<std::size_t>(n.table)].size()) +
                             " batch rows");
+        for (std::int64_t v : d_.lists[static_cast<std::size_t>(n.table)])
+          if (v < -kBound || v > kBound) return unreadable("a left_padding of " + std::to_string(v) + " is past 2^40");
         break;
       case Rule::all_of: case Rule::any_of:
         if (n.children.empty()) return unreadable("a join of no mask functions");
@@ -319,8 +332,11 @@ class Evaluator {
         same = same && scope->value[static_cast<std::size_t>(r)] - scope->value[static_cast<std::size_t>(r0)] == r - r0;
     }
     if (!same) return unreadable("position_ids whose documents are not the packed_sequence_mask's");
-    for (std::size_t r = 0; r < t.start.size(); ++r)  // a document's first position is its least
+    for (std::size_t r = 0; r < t.start.size(); ++r) {  // a document's first position is its least
+      if (t.value[r] < -kBound || t.value[r] > kBound)
+        return unreadable("a position of " + std::to_string(t.value[r]) + " is past 2^40 from its index");
       if (t.value[r] + t.start[r] < 0) return unreadable("negative position_ids");
+    }
     return {};
   }
 
@@ -443,9 +459,13 @@ inline Result<std::vector<Piece>> evaluate(const Definition& d, std::int64_t bat
     detail::Evaluator e(d, batches);
     if (Status s = e.check(d.root); !s.ok()) return s;
     std::vector<Piece> raw, out;
+    const auto bounded = [](std::int64_t v) { return v >= -kBound && v <= kBound; };
     for (const Start& s : starts) {
       if (s.batch < 0 || s.batch >= batches || s.lo >= s.hi)
         return error(ErrorCode::invalid_argument, "a start outside the batches or of no rows");
+      if (!bounded(s.lo) || !bounded(s.hi) || !bounded(s.qv.k) || !bounded(s.qv.c) || !bounded(s.shift.k) ||
+          !bounded(s.shift.c))
+        return error(ErrorCode::invalid_argument, "a start's rows or lines are past 2^40");
       if (!e.eval(d.root, s.batch, s.lo, s.hi, s.qv, s.shift, raw)) return e.failed();
     }
     if (k_len < 0) return raw;
@@ -461,6 +481,8 @@ inline Result<std::vector<Piece>> rows(const Definition& d, std::int64_t batches
                                        std::int64_t k_len, std::int64_t q_offset, std::int64_t kv_offset) {
   if (batches < 1 || q_len < 1 || k_len < 1 || q_offset < 0 || kv_offset < 0)
     return error(ErrorCode::invalid_shape, "a definition's rows need batches, q_len, k_len >= 1 and offsets >= 0");
+  if (q_len > kBound || k_len > kBound || q_offset > kBound || kv_offset > kBound)
+    return error(ErrorCode::invalid_shape, "a definition's lengths and offsets must be at most 2^40");
   std::vector<Start> starts;
   for (std::int64_t b = 0; b < batches; ++b) starts.push_back({b, 0, q_len, {1, q_offset}, constant(kv_offset)});
   return evaluate(d, batches, starts, k_len);

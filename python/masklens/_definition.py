@@ -8,15 +8,16 @@ remap_positions_for_packed_sequence, and hands the composition to the registered
 function with the lengths and offsets (sdpa_mask's arguments). Each primitive is a
 closure whose free variables (a window, a chunk size, an O(B·L) tensor) can be read back.
 
-recognise() walks that tree. For each query row it works out the keys the composition
-lets attend as one interval [begin, end): every node of the tree gives each row one
-interval, AND intersects, OR joins two that meet. The rows are worked out per piece
-(masklens._pieces: runs of rows whose interval ends move linearly, cut where a table
-changes value along the rows, a chunk starts or two ends cross), from the runs of the
-O(B·L) tables read in one copy, so the work is O(pieces), not O(B·Q) and never O(Q·K).
-That row table is exactly what a scan of sdpa_mask's [B, 1, Q, K] tensor gives (each row
-of a bool mask whose keys form one interval: no flags), so the classifier's verdict over
-its pieces (_core.classify_runs) is the scan's, proven by the same render-back.
+recognise() walks that tree, and include/masklens/definition.hpp (_core.read_definition)
+works out the keys the composition lets each query row attend as one interval [begin,
+end): every node gives each row one interval, AND intersects, OR joins two that meet. The
+rows are worked out per piece (runs of rows whose interval ends move linearly, cut where a
+table changes value along the rows, a chunk starts or two ends cross), from the runs of
+the O(B·L) tables read in one copy (masklens._table_runs), so the work is O(pieces), not
+O(B·Q) and never O(Q·K). That row table is exactly what a scan of sdpa_mask's
+[B, 1, Q, K] tensor gives (each row of a bool mask whose keys form one interval: no
+flags), so the classifier's verdict over its pieces is the scan's, proven by the same
+render-back.
 
 Nothing is guessed. A function that is not a recognised primitive (a model's own lambda,
 a custom or_mask_function), a padding mask with holes, a row whose keys are not one
@@ -128,6 +129,8 @@ def _meta(t, what):
     never copied whole to the host; its runs are)."""
     if not isinstance(t, torch.Tensor) or t.dim() != 2:
         raise Unrecognised(f"{what} is not a 2-D tensor")
+    if t.is_floating_point() or t.is_complex():  # ids and positions are integers (or bool): never rounded
+        raise Unrecognised(f"{what} is a {t.dtype} tensor")
     return t
 
 

@@ -88,9 +88,10 @@ def device_scan_tiles(mask, size, masked_threshold: float = -1000.0, classify_ma
         cuda.scan_runs(runs, base, runs.block_bytes, stream, device, pointers, nbytes, wait=False, **extra)
         try:
             arrays.update(views())
-        finally:
-            answer = cuda.wait_runs(runs, classify_up_to=up_to)
-        return answer
+        except BaseException:
+            cuda.wait_runs(runs)  # the thread free again; the error is the views'
+            raise
+        return cuda.wait_runs(runs, classify_up_to=up_to)
     verdict = _scan.device_runs(mask, runs, scan_call, classify_many_runs=classify_many_runs, spans_out=spans_out)
     _scan.counted_scan()
     return verdict, arrays

@@ -21,14 +21,20 @@ def _is_training(*tensors) -> bool:
 
 
 def make_call(mask, query=None, key=None, value=None, **fields) -> AttentionCall:
-    """The AttentionCall of tensors in torch SDPA's layout [B, H, L, D]; keyword fields
-    override what the tensors say."""
+    """The AttentionCall of tensors in torch SDPA's layout [B, H, L, D] (any of query, key
+    and value may be left out: the call's defaults stand for what it would say); keyword
+    fields override what the tensors say."""
     shape = tuple(mask.shape)
     batch = shape[0] if len(shape) == 4 else 1
-    if query is None:  # a mask alone: the call's defaults but for its batch and dtype
+    if query is None:  # no query: the call's defaults but for the mask's batch and dtype and what key / value say
         call = AttentionCall()
         call.batch = batch
         call.mask_dtype = _scan.element_name(mask.dtype)
+        if key is not None:
+            call.kv_heads = key.shape[-3] if key.dim() >= 3 else 1
+            call.k_len = key.shape[-2]
+        if value is not None:
+            call.head_dim_v = value.shape[-1]
     else:
         from . import _run  # torch's: imported only with tensors
         batch = max(batch, query.shape[0] if query.dim() == 4 else 1)

@@ -254,6 +254,8 @@ def _packed(x, b, i, order):
     """x [B, L, H, D]'s rows (b, i) as [total, H, D]: a view of one batch's rows in order, a
     reshape of every row in order (varlen kernels take any row and head stride), a gather
     otherwise."""
+    if x.stride(-1) != 1:  # a kernel's rows need a contiguous last dim: a contiguous gather
+        return x[b, i].contiguous()
     if order == "every":
         return x.reshape(-1, *x.shape[2:])
     if order is not None:

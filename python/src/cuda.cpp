@@ -149,7 +149,7 @@ std::int64_t wait_runs(DeviceRuns& runs) {
 // head, their Verdict (classified here, the GIL released): the scan and its
 // classification in one crossing from Python.
 nb::object count_or_verdict(DeviceRuns& runs, std::int64_t count, std::int64_t classify_up_to) {
-  if (count > std::min(classify_up_to, runs.block.eager)) return nb::int_(count);
+  if (classify_up_to <= 0 || count > std::min(classify_up_to, runs.block.eager)) return nb::int_(count);
   Result<SpanRuns> spans = masklens::python::finish_runs(runs);
   if (!spans) raise(spans.status());
   Result<Verdict> v = [&] {
@@ -252,7 +252,8 @@ void bind_scans(nb::module_& m) {
       "Scans the planned view into the block (device memory of runs.block_bytes at d_block) on `stream` (a "
       "cudaStream_t as an int; 0 is the legacy default stream) of CUDA device `device`, reduces the spans to runs, "
       "copies the count and the first runs to the host and synchronises the stream once: returns the run count, or "
-      "the runs' Verdict where they are at most classify_up_to and all came with that copy (runs.finish() done). "
+      "the runs' Verdict where classify_up_to > 0 and they are at most that many and all came with that copy "
+      "(runs.finish() done). "
       "A scan planned with tiles also writes torch BlockMask's eight int32 arrays (device addresses, in the order "
       "kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, q_num_blocks, q_indices, full_q_num_blocks, "
       "full_q_indices, each contiguous over runs.tile_grid, with its size in bytes) and, with d_states (one byte a "

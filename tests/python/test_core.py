@@ -163,6 +163,9 @@ def test_inspect_fills_the_call_from_tensors():
     assert r.environment.torch.startswith(f"{major}.{minor}") and r.environment.sm == 90
     with pytest.raises(TypeError, match="unknown keyword"):
         masklens.inspect(causal(), nonsense=1)
+    # Without a query, key and value still say their heads, length and head dim.
+    c3 = masklens.inspect(causal(), key=k, value=v, sm=90).call
+    assert (c3.kv_heads, c3.k_len, c3.head_dim_v, c3.batch) == (2, L, 32, 1)
 
 
 def test_the_python_docs_example_holds(capsys):

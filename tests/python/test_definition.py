@@ -276,6 +276,15 @@ def test_what_only_the_values_say_is_read_with_the_runs_and_named(case, reason):
         _definition.recognise(batch_size=batch, q_length=q_length, kv_length=L, mask_function=fn)
 
 
+def test_a_float_table_is_not_read():
+    """Document ids or positions in a float tensor would be rounded into one another: the
+    definition is not read, the mask is built."""
+    psm = torch.tensor([[0.2, 0.2, 0.7, 0.7]])
+    fn = mu.and_masks(mu.causal_mask_function, mu.packed_sequence_mask_function(psm))
+    with pytest.raises(_definition.Unrecognised, match="packed_sequence_mask is a torch.float32 tensor"):
+        _definition.recognise(batch_size=1, q_length=4, kv_length=4, mask_function=fn)
+
+
 def test_a_definition_is_read_back_in_one_copy(monkeypatch):
     """Once its primitives are pinned, a packed and padded definition crosses to the host
     once (the runs, their flags and the checks together): no other copy, item or truth

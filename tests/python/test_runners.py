@@ -156,6 +156,18 @@ def test_varlen_rows_in_order_are_packed_as_a_view():
         assert_close(a, b, 1e-4)
 
 
+def test_rows_of_a_last_dim_that_is_not_contiguous_are_gathered():
+    """A varlen kernel reads rows with a contiguous last dim: where the caller's tensor has
+    another stride there, the rows in order are gathered (a contiguous copy), not viewed."""
+    x = torch.randn(1, 9, 2, 8).transpose(-1, -2)  # [B, L, H, D] = [1, 9, 8, 2], its last dim of stride 8
+    b, i = torch.zeros(9, dtype=torch.long), torch.arange(9)
+    packed = _run._packed(x, b, i, (0, 9))
+    assert packed.stride(-1) == 1 and torch.equal(packed, x[0])
+    y = x.contiguous()
+    viewed = _run._packed(y, b, i, (0, 9))
+    assert viewed.data_ptr() == y.data_ptr() and torch.equal(viewed, y[0])
+
+
 @pytest.mark.parametrize("sequences,batch,order", [
     ([(0, 0, 5, 0, 5), (0, 5, 9, 5, 9)], 1, (0, 9)),
     ([(0, 3, 9, 3, 9)], 1, (3, 9)),                     # left padding: the rows after it
