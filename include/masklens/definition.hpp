@@ -180,6 +180,8 @@ class Evaluator {
   Status check(const Node& n) const {
     if (n.a < -kBound || n.a > kBound || n.b < -kBound || n.b > kBound)
       return unreadable("a parameter of " + std::to_string(n.a) + ", " + std::to_string(n.b) + " is past 2^40");
+    if ((n.rule == Rule::offsets || n.rule == Rule::remap) && n.children.size() != 1)
+      return error(ErrorCode::invalid_argument, "offsets and remap take one child");
     switch (n.rule) {
       case Rule::padding: case Rule::packed: case Rule::blocks: case Rule::remap: {
         const char* what = name_of(n.rule);
@@ -204,12 +206,8 @@ class Evaluator {
       case Rule::all_of: case Rule::any_of:
         if (n.children.empty()) return unreadable("a join of no mask functions");
         break;
-      case Rule::offsets:
-        if (n.children.size() != 1) return error(ErrorCode::invalid_argument, "offsets: one child");
-        break;
       default: break;
     }
-    if (n.rule == Rule::remap && n.children.size() != 1) return error(ErrorCode::invalid_argument, "remap: one child");
     for (const Node& child : n.children)
       if (Status s = check(child); !s.ok()) return s;
     return {};

@@ -280,12 +280,8 @@ class RowPieces:
         self.pieces, self.batch, self.q_len = pieces, batch, q_len
 
     def rows(self):
-        """(begin, end) int64 [batch, q_len] on the host."""
-        p = self.pieces
-        piece = np.repeat(np.arange(len(p)), p[:, 2] - p[:, 1])
-        q = np.tile(np.arange(self.q_len), self.batch)
-        return ((p[piece, 3] * q + p[piece, 4]).reshape(self.batch, self.q_len),
-                (p[piece, 5] * q + p[piece, 6]).reshape(self.batch, self.q_len))
+        """(begin, end) int64 [batch, q_len] on the host, as NumPy arrays."""
+        return tuple(t.numpy() for t in self.rows_on("cpu"))
 
     def rows_on(self, device):
         """(begin, end) int64 [batch, q_len] on `device`: the pieces cross (seven numbers
@@ -418,12 +414,8 @@ def _check_primitive(name, params) -> None:
     # The rule: each row's interval over the key values (indices are the values here): the
     # rows are pieces of consecutive points, the query value rising by 1 along each.
     p = pts.numpy()
-    starts = []
-    for b in range(batch):
-        at = 0
-        for cut in [*(np.flatnonzero(np.diff(p) != 1) + 1), n]:
-            starts.append((b, at, cut, 1, p[at] - at, 0, 0))
-            at = cut
+    cuts = [0, *(np.flatnonzero(np.diff(p) != 1) + 1), n]
+    starts = [(b, lo, hi, 1, p[lo] - lo, 0, 0) for b in range(batch) for lo, hi in zip(cuts, cuts[1:])]
     encoded, tables, lists = _read(tree)
     answer = _core.definition_pieces(encoded, tables, lists, batch, np.array(starts, dtype=np.int64), -1)
     if isinstance(answer, str):

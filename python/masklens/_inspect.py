@@ -26,24 +26,23 @@ def make_call(mask, query=None, key=None, value=None, **fields) -> AttentionCall
     fields override what the tensors say."""
     shape = tuple(mask.shape)
     batch = shape[0] if len(shape) == 4 else 1
-    if query is None:  # no query: the call's defaults but for the mask's batch and dtype and what key / value say
+    # What key and value say, with or without a query (None: the call's default).
+    kv_heads = None if key is None else (key.shape[-3] if key.dim() >= 3 else 1)
+    k_len = None if key is None else key.shape[-2]
+    head_dim_v = None if value is None else value.shape[-1]
+    if query is None:  # no query: the call's defaults but for the mask's batch and dtype and key / value's fields
         call = AttentionCall()
         call.batch = batch
         call.mask_dtype = _scan.element_name(mask.dtype)
-        if key is not None:
-            call.kv_heads = key.shape[-3] if key.dim() >= 3 else 1
-            call.k_len = key.shape[-2]
-        if value is not None:
-            call.head_dim_v = value.shape[-1]
+        for name, v in (("kv_heads", kv_heads), ("k_len", k_len), ("head_dim_v", head_dim_v)):
+            if v is not None:
+                setattr(call, name, v)
     else:
         from . import _run  # torch's: imported only with tensors
         batch = max(batch, query.shape[0] if query.dim() == 4 else 1)
         heads = query.shape[-3] if query.dim() >= 3 else 1
-        kv_heads = None if key is None else (key.shape[-3] if key.dim() >= 3 else 1)
-        call = _run.attention_call(query.dtype, (batch, heads, query.shape[-2], query.shape[-1]), kv_heads,
-                                   None if key is None else key.shape[-2],
-                                   None if value is None else value.shape[-1], _is_training(query, key, value),
-                                   mask_dtype=mask.dtype)
+        call = _run.attention_call(query.dtype, (batch, heads, query.shape[-2], query.shape[-1]), kv_heads, k_len,
+                                   head_dim_v, _is_training(query, key, value), mask_dtype=mask.dtype)
     for name, value_ in fields.items():
         _env.set_field(call, "call", name, value_)
     call.validate()

@@ -24,8 +24,7 @@ class TableRuns:
         self.b, self.start, self.value = b[order], start[order], value[order]
         self.end = np.empty_like(self.start)
         self.end[:-1] = self.start[1:]
-        self.end[-1:] = length
-        last = np.ones(len(self.b), dtype=bool)
+        last = np.ones(len(self.b), dtype=bool)  # a batch's last run ends at the length
         last[:-1] = self.b[1:] != self.b[:-1]
         self.end[last] = length
         self.batch, self.length = batch, length
