@@ -1,5 +1,6 @@
 // render: a structure back to a dense boolean mask [batch, q_len, k_len] (true =
-// attend), for samples, pictures and tests. Precondition: kind != arbitrary.
+// attend), for samples, pictures and tests: its rule (mask_rule.hpp) at every element,
+// apart from the interval form row() that classification compares rows with.
 #pragma once
 
 #include <cstdint>
@@ -20,10 +21,8 @@ inline Result<std::vector<std::uint8_t>> render_dense(const MaskStructure& s) {
     std::vector<std::uint8_t> out(static_cast<std::size_t>(s.batch * s.q_len * s.k_len), 0);
     std::uint8_t* p = out.data();
     for (std::int64_t b = 0; b < s.batch; ++b)
-      for (std::int64_t q = 0; q < s.q_len; ++q, p += s.k_len) {
-        const RowSpan r = s.row(b, q);
-        for (std::int64_t k = r.first; !r.empty() && k <= r.last; ++k) p[k] = 1;
-      }
+      for (std::int64_t q = 0; q < s.q_len; ++q, p += s.k_len)
+        for (std::int64_t k = 0; k < s.k_len; ++k) p[k] = s.allows(b, q, k) ? 1 : 0;
     return out;
   });
 }

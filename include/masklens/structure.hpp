@@ -173,37 +173,10 @@ struct MaskStructure {
     return RowSpan::interval(r.lo, r.hi);
   }
 
-  // Element-wise semantics, written straight from the definitions (not from row()),
-  // so tests can check one against the other. Precondition: kind != arbitrary.
-  [[nodiscard]] bool allows(std::int64_t b, std::int64_t q, std::int64_t k) const noexcept {
-    const std::int64_t p = key_position(q);
-    bool base = false;
-    switch (kind) {
-      case StructureKind::full: base = true; break;
-      case StructureKind::causal: base = k <= p; break;
-      case StructureKind::sliding_window: base = p - window < k && k <= p; break;
-      case StructureKind::chunked: base = k <= p && p >= 0 && k / chunk == p / chunk; break;
-      case StructureKind::prefix_lm: base = k <= p || k < prefix; break;
-      case StructureKind::causal_blocks:
-        base = k <= p;
-        for (const KeyRange& r : blocks) base = base || (r.start <= p && p < r.end && r.start <= k && k < r.end);
-        break;
-      case StructureKind::arbitrary: return false;
-    }
-    if (has_segments()) {
-      const KeyRange doc = document(b, p);
-      base = base && doc.start <= k && k < doc.end;
-    }
-    if (has_kv_valid()) {
-      const KeyRange& kv = kv_valid_of(b);
-      base = base && kv.start <= k && k < kv.end;
-    }
-    if (has_q_valid()) {
-      const KeyRange& rows = q_valid_of(b);
-      base = base && rows.start <= q && q < rows.end;
-    }
-    return base;
-  }
+  // Element-wise semantics: the rule of mask_rule.hpp at one element, written apart from
+  // row()'s interval form so tests can check one against the other. Precondition:
+  // 0 <= b < batch, 0 <= q < q_len, 0 <= k < k_len (arbitrary attends nothing: no rule).
+  [[nodiscard]] bool allows(std::int64_t b, std::int64_t q, std::int64_t k) const noexcept;
 
   // How many numbers the description takes; the canonical structure is the exact one
   // with the fewest (ties: the earlier kind). window, chunk, prefix: 1; each block: 2;
@@ -465,3 +438,6 @@ inline Result<MaskStructure> spell_out(const MaskStructure& s) {
 }
 
 }  // namespace masklens
+
+// allows() is defined with the rule it evaluates.
+#include "mask_rule.hpp"  // IWYU pragma: export

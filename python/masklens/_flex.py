@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from . import _block_mask, _core, _registry
 from ._block_mask_storage import BLOCK_MASK_FIELDS
-from ._mask_mods import mask_mod_for
+from ._mask_mods import mask_mod_for, rule_source
 
 
 # What a cold compile is charged, ms: _core.FLEX_COLD_COMPILE_MS (measured, cost.hpp) or
@@ -65,19 +65,13 @@ def length_bucket(n: int) -> int:
 
 
 def rule_signature(structure, reads_mask: bool):
-    """What a mask_mod's Python branches read of the structure (mask_mod_for): what a
-    compiled flex is specialised on besides the shapes."""
+    """What a mask_mod's source reads of the structure (mask_mod_for): what a compiled flex
+    is specialised on besides the shapes. An exact structure's is its rule's source."""
     s = structure
     if reads_mask:
         tf = s.tile_fractions
         return ("mask", s.batch > 1, s.heads > 1, (tf.block_q, tf.block_k) if tf is not None else (128, 128))
-    # The bottom-right offset is a tensor the mask_mod reads: only whether there is one.
-    offset = s.alignment == "bottom_right" and s.k_len != s.q_len
-
-    def modifier(table):
-        return None if table is None else len(table) > 1
-    return (s.kind, offset, s.window, s.chunk, s.prefix, modifier(s.segments), modifier(s.kv_valid),
-            modifier(s.q_valid), (128, 128))
+    return (rule_source(s), (128, 128))
 
 
 def flex_bucket_key(structure, query, key, value, reads_mask=None):

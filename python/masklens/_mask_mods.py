@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from . import _scan
+from . import _core, _scan
 
 
 def attends(mask, masked_threshold: float = -1000.0):
@@ -17,8 +17,8 @@ def attends(mask, masked_threshold: float = -1000.0):
 
 
 def mask_mod_for(structure, device, mask=None):
-    """FlexAttention's mask_mod: the structure's rule from its fields, or (for a kept
-    mask) a lookup into the dense mask."""
+    """FlexAttention's mask_mod: the structure's rule (rule_source), or (for a kept mask) a
+    lookup into the dense mask."""
     if mask is not None:
         m = attends(mask)
         mb, mh = m.shape[:2]
@@ -30,75 +30,65 @@ def mask_mod_for(structure, device, mask=None):
             # Python ints: a compiled flex traces them as the lengths, without a guard.
             return m[b if mb > 1 else 0, h if mh > 1 else 0, qi.clamp(max=m.shape[2] - 1), ki.clamp(max=m.shape[3] - 1)]
         return lookup
+    source, names = rule_source(structure)
+    tables = _rule_tables(structure, names, device)
+    return _rule_factory(source, names)(*(tables[n] for n in names))
+
+
+def rule_source(structure):
+    """The structure's rule as mask_mod source (masklens' one rule, mask_rule.hpp) and the
+    names of the tables it reads: (source, names). The source is what a compiled flex is
+    specialised on besides the shapes and the tables' values (the window, chunk and prefix
+    are written in it; the offset, documents, blocks and padding are tensors)."""
+    source, names = _core.mask_mod_source(structure)
+    return source, tuple(names)
+
+
+def _rule_factory(source: str, names: tuple):
+    """A function of the tables returning the mask_mod, compiled once per source: every
+    mask_mod of one rule shares one code object, with the tables as its closure (what
+    Dynamo guards on and lifts as inputs), as a hand-written closure would."""
+    key = (source, names)
+    factory = _factories.get(key)
+    if factory is None:
+        body = "".join("    " + line + "\n" for line in source.splitlines())
+        text = f"def make({', '.join(names)}):\n{body}    return mask_mod\n"
+        scope = {}
+        exec(compile(text, "<masklens mask rule>", "exec"), scope)  # noqa: S102 (masklens' own source)
+        factory = _factories.setdefault(key, scope["make"])
+    return factory
+
+
+# One factory per rule source: a handful of sources per model (its kinds and modifiers).
+_factories: dict = {}
+
+
+def _rule_tables(structure, names, device) -> dict:
+    """The tensors a rule's source reads, by name. A table given once for every batch is one
+    entry (the source reads it at batch 0)."""
     s = structure
-    Q, K = s.q_len, s.k_len
-    d = K - Q if s.alignment == "bottom_right" else 0
-    kind = s.kind
-    W, C, P = s.window, max(s.chunk, 1), s.prefix
-    # The closure holds Python ints, and a tensor only for a rule or modifier that reads
-    # one: torch.compile traces exactly the terms the structure has (no dead clamp, no
-    # `+ 0`), the graph a hand-written mask_mod of the same rule gives. The window, chunk
-    # and prefix are a model's constants; the bottom-right offset K - Q changes with the
-    # lengths (prefill over a cache), so it is a 0-d tensor: a compiled flex of dynamic
-    # lengths then serves every offset in its bucket without compiling again.
-    offset = _scan.to_device(np.asarray([d], dtype=np.int64), device).view(()) if d else None
-    blocks = None
-    if kind == "causal_blocks":
-        table = np.full((max(K, Q + d, 1),), -1, dtype=np.int32)
+    out = {}
+    if "offset" in names:  # a 0-d tensor: a compiled flex serves every offset of its bucket
+        out["offset"] = _scan.to_device(np.asarray([s.k_len - s.q_len], dtype=np.int64), device).view(())
+    if "block_id" in names:  # every key and every row's key position; -1 off the blocks
+        d = s.k_len - s.q_len if s.alignment == "bottom_right" else 0
+        table = np.full((max(s.k_len, s.q_len + d, 1),), -1, dtype=np.int32)
         for n, (start, end) in enumerate(s.blocks):
             table[start:end] = n
-        blocks = _scan.to_device(table, device)
-    docs = None
-    if s.segments is not None:
-        docs = document_table(s.segments, Q, device)
-    kv = _scan.to_device(np.asarray(s.kv_valid, dtype=np.int64), device) if s.kv_valid is not None else None
-    qv = _scan.to_device(np.asarray(s.q_valid, dtype=np.int64), device) if s.q_valid is not None else None
-    # Modifiers hold one entry per batch, or one for every batch (a broadcast mask).
-    docs_batch = docs is not None and docs.shape[0] > 1
-    kv_batch = kv is not None and kv.shape[0] > 1
-    qv_batch = qv is not None and qv.shape[0] > 1
-
-    def mask_mod(b, h, qi, ki):
-        # create_block_mask evaluates whole tiles: indices past Q or K reach here when a
-        # length is not a multiple of the block. Lookups use clamped indices (flex masks
-        # those positions itself); comparisons use the real ones. The branches test
-        # Python values: a trace keeps only the structure's own terms. Clamps read the
-        # tables' sizes, not Q or K: a compiled flex of dynamic lengths is not guarded on them.
-        p = qi + offset if offset is not None else qi
-        if kind == "full":
-            ok = ki >= 0
-        elif kind == "causal":
-            ok = ki <= p
-        elif kind == "sliding_window":
-            ok = (ki <= p) & (p - ki < W)
-        elif kind == "chunked":
-            ok = (ki <= p) & (p >= 0) & (ki // C == p // C)
-        elif kind == "prefix_lm":
-            ok = (ki <= p) | (ki < P)
-        else:  # causal_blocks: p's block, when p lies in one
-            last = blocks.shape[0] - 1  # the table spans every key (positions past K hold -1)
-            kc = ki.clamp(max=last)
-            ok = (ki <= p) | ((blocks[kc] >= 0) & (blocks[kc] == blocks[p.clamp(min=0, max=last)]) & (p >= 0))
-        if docs is not None:
-            db = b if docs_batch else 0
-            last = docs.shape[1] - 1  # documents are of square masks: Q = K
-            ok = ok & (docs[db, qi.clamp(max=last)] == docs[db, ki.clamp(max=last)])
-        if kv is not None:
-            kb = b if kv_batch else 0
-            ok = ok & (ki >= kv[kb, 0]) & (ki < kv[kb, 1])
-        if qv is not None:  # rows outside q_valid attend nothing: their tiles are empty
-            qb = b if qv_batch else 0
-            ok = ok & (qi >= qv[qb, 0]) & (qi < qv[qb, 1])
-        return ok
-    return mask_mod
+        out["block_id"] = _scan.to_device(table, device)
+    if "document_id" in names:
+        out["document_id"] = document_table(s.segments, s.q_len, device)
+    for prefix, ranges in (("kv", s.kv_valid), ("q", s.q_valid)):
+        if prefix + "_start" in names:
+            bounds = _scan.to_device(np.asarray(ranges, dtype=np.int64).reshape(-1, 2), device)
+            out[prefix + "_start"], out[prefix + "_end"] = bounds[:, 0], bounds[:, 1]
+    return out
 
 
 def rule_reads_tables(structure) -> bool:
     """Whether mask_mod_for's rule of an exact structure reads device tables (built or
     uploaded when the mask_mod is made): documents, VLM blocks, padding."""
-    s = structure
-    return (s.kind == "causal_blocks" or s.segments is not None or s.kv_valid is not None
-            or s.q_valid is not None)
+    return any(n != "offset" for n in rule_source(structure)[1])
 
 
 def span_mask_mod(spans, distinct_batch: int, distinct_heads: int):

@@ -218,6 +218,27 @@ void version_property(nb::class_<Environment>& c, const char* name, Version Envi
 }
 
 // MaskStructure and its one-line description (structure.hpp, describe.hpp).
+// The rule's mask_mod as masklens.torch compiles it (_mask_mods.mask_mod_for): its
+// tables are tensors bound by name, clamps read the tables' sizes and the bottom-right
+// offset is a 0-d tensor, so a compiled flex of dynamic lengths serves every length and
+// offset of its bucket; a table given once for every batch is read at batch 0.
+std::pair<std::string, std::vector<std::string>> mask_mod_source(const MaskStructure& s) {
+  PythonOperands o;
+  o.key_last = o.block_last = "block_id.shape[0] - 1";
+  o.document_last = "document_id.shape[1] - 1";
+  const auto batch = [](std::size_t entries) { return entries > 1 ? "b" : "0"; };
+  o.document_batch = batch(s.segments.size()), o.kv_batch = batch(s.kv_valid.size()), o.q_batch = batch(s.q_valid.size());
+  std::string source = "def mask_mod(b, h, q_idx, kv_idx):\n";
+  std::vector<std::string> tables;
+  if (rule_offset(s) != 0) {
+    o.p = "p";
+    source += "    p = q_idx + offset\n";
+    tables.emplace_back("offset");
+  }
+  for (std::string_view t : python_tables(s)) tables.emplace_back(t);
+  return {source + "    return " + python_rule(s, o) + "\n", tables};
+}
+
 void bind_structure(nb::module_& m) {
   nb::class_<MaskStructure>(m, "MaskStructure", "The canonical description of a mask (docs/structures.md).")
       .def(nb::init<>())
@@ -277,8 +298,21 @@ void bind_structure(nb::module_& m) {
                std::to_string(s.q_len) + ", " + std::to_string(s.k_len) + "] " + describe(s) + ">";
       });
 
-
   m.def("describe", [](const MaskStructure& s) { return describe(s); });
+  m.def(
+      "mask_mod_source",
+      [](const MaskStructure& s, bool printed) {
+        if (Status invalid = s.validate(); !invalid.ok()) raise(invalid);
+        if (!printed) return mask_mod_source(s);
+        // The CLI's text: the tables built first, every number written in.
+        return std::pair{backends::flex_attention::python_mask_mod(take(spell_out(s)), Call{}, std::nullopt),
+                         std::vector<std::string>{}};
+      },
+      "structure"_a, "printed"_a = false,
+      "FlexAttention's mask_mod of the structure's rule (mask_rule.hpp) as Python source, and the tables it "
+      "reads by name (offset, block_id, document_id, kv_start, kv_end, q_start, q_end), as masklens.torch "
+      "compiles it. printed=True: the text the masklens command prints instead, which builds its tables "
+      "itself on q.device (names: ()).");
 }
 
 // The host scan and the host half of a device scan: Verdict, scan(), DeviceRuns.

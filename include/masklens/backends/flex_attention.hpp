@@ -66,52 +66,39 @@ inline std::string python_mask_mod(const MaskStructure& s, const Call& c, std::o
            "q_idx.clamp(max=" + q_last + "), kv_idx.clamp(max=" + k_last + ")]\n    return " +
            (is_bool ? "m" : "m == 0") + "\n";
   }
+  // The rule of mask_rule.hpp with its numbers written in, after the tables it reads.
+  const std::int64_t d = rule_offset(s), n = block_table_length(s);
+  PythonOperands o;
+  if (d) o.p = "(q_idx + " + std::to_string(d) + ")";
+  o.key_last = k_last, o.block_last = std::to_string(n - 1), o.document_last = q_last;
   std::string setup;
-  const std::int64_t d = s.alignment == Alignment::bottom_right ? s.k_len - s.q_len : 0;
-  const std::string p = d ? "(q_idx + " + std::to_string(d) + ")" : std::string("q_idx");
-  std::string rule;
-  switch (s.kind) {
-    case StructureKind::full: rule = "kv_idx >= 0"; break;
-    case StructureKind::causal: rule = "kv_idx <= " + p; break;
-    case StructureKind::sliding_window:
-      rule = "(kv_idx <= " + p + ") & (" + p + " - kv_idx < " + std::to_string(s.window) + ")";
-      break;
-    case StructureKind::chunked:
-      rule = "(kv_idx <= " + p + ") & (" + p + " >= 0) & (kv_idx // " + std::to_string(s.chunk) + " == " + p +
-             " // " + std::to_string(s.chunk) + ")";
-      break;
-    case StructureKind::prefix_lm: rule = "(kv_idx <= " + p + ") | (kv_idx < " + std::to_string(s.prefix) + ")"; break;
-    case StructureKind::causal_blocks: {
-      const std::int64_t n = std::max(s.k_len, s.q_len + d);
+  for (std::string_view table : python_tables(s)) {
+    if (table == "block_id") {
       setup += "block_id = torch.full((" + std::to_string(n) + ",), -1, dtype=torch.int32, device=q.device)\n";
       for (std::size_t i = 0; i < s.blocks.size(); ++i)
         setup += "block_id[" + std::to_string(s.blocks[i].start) + ":" + std::to_string(s.blocks[i].end) +
                  "] = " + std::to_string(i) + "\n";
-      // p < 0 (bottom-right, Q > K) lies in no block: guarded, not wrapped around.
-      rule = "(kv_idx <= " + p + ") | ((block_id[kv_idx.clamp(max=" + k_last + ")] >= 0) & (block_id[kv_idx.clamp(max=" +
-             k_last + ")] == block_id[" + p + ".clamp(min=0, max=" + std::to_string(n - 1) + ")]) & (" + p + " >= 0))";
-      break;
+    } else if (table == "document_id") {
+      setup += "document_id = torch.zeros(" + std::to_string(s.batch) + ", " + std::to_string(s.q_len) +
+               ", dtype=torch.int32, device=q.device)\n";
+      for (std::int64_t b = 0; b < s.batch; ++b) {
+        const auto& seg = s.segments_of(b);
+        for (std::size_t i = 1; i + 1 < seg.size(); ++i)
+          setup += "document_id[" + std::to_string(b) + ", " + std::to_string(seg[i]) + ":] += 1\n";
+      }
+    } else if (table == "kv_start" || table == "q_start") {
+      const bool keys = table == "kv_start";
+      std::vector<std::int64_t> starts, ends;
+      for (std::int64_t b = 0; b < s.batch; ++b) {
+        const KeyRange& r = keys ? s.kv_valid_of(b) : s.q_valid_of(b);
+        starts.push_back(r.start), ends.push_back(r.end);
+      }
+      const std::string name = keys ? "kv" : "q";
+      setup += name + "_start = torch.tensor(" + python_text::python_list(starts) + ", device=q.device)\n" + name +
+               "_end = torch.tensor(" + python_text::python_list(ends) + ", device=q.device)\n";
     }
-    case StructureKind::arbitrary: rule = "kv_idx < 0"; break;
   }
-  if (s.has_segments()) {
-    setup += "document_id = torch.zeros(" + std::to_string(s.batch) + ", " + std::to_string(s.q_len) +
-             ", dtype=torch.int32, device=q.device)\n";
-    for (std::int64_t b = 0; b < s.batch; ++b) {
-      const auto& seg = s.segments_of(b);
-      for (std::size_t i = 1; i + 1 < seg.size(); ++i)
-        setup += "document_id[" + std::to_string(b) + ", " + std::to_string(seg[i]) + ":] += 1\n";
-    }
-    rule = "(" + rule + ") & (document_id[b, q_idx.clamp(max=" + q_last + ")] == document_id[b, kv_idx.clamp(max=" +
-           k_last + ")])";
-  }
-  if (s.has_kv_valid()) {
-    std::vector<std::int64_t> starts, ends;
-    for (std::int64_t b = 0; b < s.batch; ++b) starts.push_back(s.kv_valid_of(b).start), ends.push_back(s.kv_valid_of(b).end);
-    setup += "kv_start = torch.tensor(" + python_text::python_list(starts) + ", device=q.device)\nkv_end = torch.tensor(" +
-             python_text::python_list(ends) + ", device=q.device)\n";
-    rule = "(" + rule + ") & (kv_idx >= kv_start[b]) & (kv_idx < kv_end[b])";
-  }
+  const std::string rule = python_rule(s, o);
   return setup + "def mask_mod(b, h, q_idx, kv_idx):\n    return " + rule + "\n";
 }
 
