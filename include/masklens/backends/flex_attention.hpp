@@ -21,7 +21,9 @@ inline constexpr Rule kRules[] = {
 
 inline bool native(const MaskStructure& s, const CallContext&, Call* out) {
   if (s.kind == StructureKind::arbitrary) return false;  // reads the dense mask: see dense
-  if (s.has_q_valid()) return false;  // the mask_mod renderers do not carry q_valid yet
+  // Both mask_mods carry q_valid (mask_rule.hpp), but the drop-in's native flex path with
+  // rows that attend nothing has not run on a GPU: such a mask is kept and read (dense).
+  if (s.has_q_valid()) return false;
   return emit(out, [] { return dropping(Backend::flex_attention, FlexArgs{}, MaskUse::replace); });
 }
 
