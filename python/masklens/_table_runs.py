@@ -20,12 +20,12 @@ class TableRuns:
     __slots__ = ("b", "start", "end", "value", "batch", "length")
 
     def __init__(self, b, start, value, batch: int, length: int):
-        order = np.lexsort((start, b))
-        self.b, self.start, self.value = b[order], start[order], value[order]
-        self.end = np.empty_like(self.start)
-        self.end[:-1] = self.start[1:]
-        last = np.ones(len(self.b), dtype=bool)  # a batch's last run ends at the length
-        last[:-1] = self.b[1:] != self.b[:-1]
+        """b, start, value: int64 arrays already sorted by (b, start)."""
+        self.b, self.start, self.value = b, start, value
+        self.end = np.empty_like(start)
+        self.end[:-1] = start[1:]
+        last = np.ones(len(b), dtype=bool)  # a batch's last run ends at the length
+        last[:-1] = b[1:] != b[:-1]
         self.end[last] = length
         self.batch, self.length = batch, length
 
@@ -35,11 +35,38 @@ class TableRuns:
                                           for a in (self.b, self.start, self.end, self.value)))
 
 
+def _merged(firsts, flat_starts, values, B: int, L: int, positions: bool) -> TableRuns:
+    """The runs from each batch's first value and the flat indices (b * L + j, sorted) where
+    a new value starts: a start at a batch's first position is that batch's first run."""
+    inner = flat_starts % L != 0
+    flat_starts, values = flat_starts[inner], values[inner]
+    if B == 1:
+        b = np.zeros(len(flat_starts) + 1, dtype=np.int64)
+        start = np.concatenate([[0], flat_starts])
+        value = np.concatenate([firsts, values])
+    else:
+        # Batch k's first run goes before its changes: after k firsts and the changes of batches < k.
+        at = np.searchsorted(flat_starts, np.arange(B) * L) + np.arange(B)
+        n = B + len(flat_starts)
+        is_first = np.zeros(n, dtype=bool)
+        is_first[at] = True
+        start, value = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+        start[at], value[at] = np.arange(B) * L, firsts
+        start[~is_first], value[~is_first] = flat_starts, values
+        b = start // L
+        start = start - b * L
+    if positions:  # runs of position - index
+        value = value - start
+    return TableRuns(b, start, value, B, L)
+
+
 def read_runs(tables, room: int = 1024):
     """TableRuns of each (tensor [B, L], positions) in `tables`, and the 1-D tensors among
     them as host arrays, in one copy to the host: each table's changes are found on its
     device (torch.nonzero_static, no synchronisation) and up to `room` of them cross with
-    the others; a table with more is read again exactly (one copy more)."""
+    the others; a table with more is read again exactly (one copy more). The table is read
+    flat (b * L + j), a handful of operations a table: a change across two batches is
+    dropped on the host, where every batch's first value starts a run anyway."""
     parts, plans = [], []
     for t, positions in tables:
         if t.dim() == 1:
@@ -54,20 +81,28 @@ def read_runs(tables, room: int = 1024):
         if L < 2:
             plans.append(("runs", B, L, 0, positions, None))
             continue
-        # A new run wherever the value changes (a position: where it is not the previous + 1).
-        changed = (t[:, 1:] - t[:, :-1] != 1) if positions else (t[:, 1:] != t[:, :-1])
+        flat = t.reshape(-1)
+        # A new value wherever it changes (a position: wherever it is not the previous + 1).
+        if positions:
+            changed = flat.diff() != 1
+        elif flat.dtype == torch.bool:
+            changed = flat.diff()  # a bool diff is the xor of neighbours
+        else:
+            changed = flat[1:] != flat[:-1]
         # room + 1 slots: a last slot filled says there may be more than room.
-        r = min(room + 1, B * (L - 1))
+        r = min(room + 1, B * L - 1)
         try:
-            where = torch.nonzero_static(changed, size=r, fill_value=-1)
+            where = torch.nonzero_static(changed, size=r, fill_value=-1).view(-1)
         except (AttributeError, NotImplementedError, RuntimeError):  # a device without it: exact, synchronised
-            where = changed.nonzero()[:r]
-            where = torch.cat([where, where.new_full((r - where.shape[0], 2), -1)])
-        parts += [where.flatten(), t[:, 1:][where[:, 0], where[:, 1]]]
-        plans.append(("runs", B, L, r, positions, (t, changed)))
+            where = changed.nonzero().view(-1)[:r]
+            where = torch.cat([where, where.new_full((r - where.shape[0],), -1)])
+        starts = where + 1  # an empty slot reads position 0: dropped by the count
+        parts += [starts, flat[starts]]
+        plans.append(("runs", B, L, r, positions, (flat, changed)))
     # torch.cat promotes a bool or int32 table's values to int64 with the rest: one copy
     # (a table on another device than the first joins it there).
-    parts = [p.to(parts[0].device) for p in parts]
+    device = parts[0].device if parts else None
+    parts = [p if p.device == device else p.to(device) for p in parts]
     payload = torch.cat(parts).long().cpu().numpy() if parts else np.zeros(0, dtype=np.int64)
     out, at = [], 0
     for plan in plans:
@@ -82,22 +117,16 @@ def read_runs(tables, room: int = 1024):
         _, B, L, r, positions, held = plan
         firsts = payload[at:at + B]
         at += B
-        b, start, value = np.arange(B), np.zeros(B, dtype=np.int64), firsts
+        starts = values = np.zeros(0, dtype=np.int64)
         if r:
-            where = payload[at:at + 2 * r].reshape(r, 2)
-            values = payload[at + 2 * r:at + 3 * r]
-            at += 3 * r
-            count = int((where[:, 0] >= 0).sum())
+            starts, values = payload[at:at + r], payload[at + r:at + 2 * r]
+            at += 2 * r
+            count = int((starts > 0).sum())
             if count == r and r == room + 1:  # the room overflowed: read the table's changes exactly
-                t, changed = held
-                w = changed.nonzero()
-                where, values = w.cpu().numpy(), t[:, 1:][w[:, 0], w[:, 1]].long().cpu().numpy()
-                count = len(where)
-            where, values = where[:count], values[:count]
-            b = np.concatenate([b, where[:, 0]])
-            start = np.concatenate([start, where[:, 1] + 1])
-            value = np.concatenate([value, values])
-        if positions:  # runs of position - index
-            value = value - start
-        out.append(TableRuns(b, start, value, B, L))
+                flat, changed = held
+                exact = changed.nonzero().view(-1) + 1
+                starts, values = exact.cpu().numpy(), flat[exact].long().cpu().numpy()
+                count = len(starts)
+            starts, values = starts[:count], values[:count]
+        out.append(_merged(firsts, starts, values, B, L, positions))
     return out

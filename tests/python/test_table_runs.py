@@ -33,3 +33,25 @@ def test_a_tables_runs_are_read_in_one_copy_or_exactly(room):
                 assert np.array_equal(got.value[mine], table[b, starts])
         (empty,) = _table_runs.read_runs([(torch.zeros((B, 0), dtype=torch.long), False)], room=room)
         assert (empty.batch, empty.length, len(empty.b)) == (B, 0, 0)
+
+
+@pytest.mark.parametrize("room", [1, 2, 1024])
+def test_bool_int32_and_strided_tables_and_changes_across_batches(room):
+    """The table is read flat: a change between one batch's last value and the next batch's
+    first is not a run, every batch's first value is; bool and int32 tables, and a table
+    that is a strided view, give the same runs."""
+    rng = random.Random(7 + room)
+    for _ in range(60):
+        B, L = rng.randrange(1, 5), rng.randrange(2, 20)
+        values = [[rng.randrange(2) if rng.random() < 0.3 else 1 for _ in range(L)] for _ in range(B)]
+        base = np.array(values)
+        for t in (torch.tensor(values, dtype=torch.bool), torch.tensor(values, dtype=torch.int32),
+                  torch.tensor(values).t().contiguous().t()):
+            (got,) = _table_runs.read_runs([(t, False)], room=room)
+            for b in range(B):
+                starts = np.flatnonzero(np.diff(base[b], prepend=base[b, 0] - 1) != 0)
+                mine = got.b == b
+                assert np.array_equal(got.start[mine], starts), (t.dtype, b)
+                assert np.array_equal(got.end[mine], np.append(starts[1:], L))
+                assert np.array_equal(got.value[mine], base[b, starts])
+            assert np.all(np.diff(got.b) >= 0)
