@@ -29,6 +29,13 @@ class TableRuns:
         self.end[last] = length
         self.batch, self.length = batch, length
 
+    @classmethod
+    def from_columns(cls, batch: int, length: int, b, start, end, value):
+        """Runs already sorted with their ends (a device read's, table_runs.hpp)."""
+        self = cls.__new__(cls)
+        self.b, self.start, self.end, self.value, self.batch, self.length = b, start, end, value, batch, length
+        return self
+
     def as_tuple(self):
         """(batches, length, batch, start, end, value): the table as definition.hpp reads it."""
         return (self.batch, self.length, *(np.ascontiguousarray(a, dtype=np.int64)
@@ -60,13 +67,66 @@ def _merged(firsts, flat_starts, values, B: int, L: int, positions: bool) -> Tab
     return TableRuns(b, start, value, B, L)
 
 
+_DEVICE_ELEMENTS = {torch.bool: "bool", torch.int32: "int32", torch.int64: "int64"}
+
+
 def read_runs(tables, room: int = 1024):
     """TableRuns of each (tensor [B, L], positions) in `tables`, and the 1-D tensors among
-    them as host arrays, in one copy to the host: each table's changes are found on its
-    device (torch.nonzero_static, no synchronisation) and up to `room` of them cross with
-    the others; a table with more is read again exactly (one copy more). The table is read
-    flat (b * L + j), a handful of operations a table: a change across two batches is
-    dropped on the host, where every batch's first value starts a run anyway."""
+    them as host arrays, in one copy to the host. CUDA tables are read by masklens' device
+    pass where masklens._cuda is built (include/masklens/cuda/table_runs.hpp: one kernel a
+    table, one copy, the runs sorted in C++); otherwise each table's changes are found by
+    torch operations (torch.nonzero_static, no synchronisation). Either way up to `room`
+    changes a table cross in the one copy; a table with more is read again exactly."""
+    read = _device_read(tables, room)
+    return read if read is not None else _torch_read(tables, room)
+
+
+def _device_read(tables, room: int):
+    """read_runs through masklens._cuda, or None where it does not apply (tables not all
+    on one CUDA device, an element type other than bool, int32 or int64, no _cuda)."""
+    if not tables or tables[0][0].device.type != "cuda":
+        return None
+    device = tables[0][0].device
+    grids = [(t, p) for t, p in tables if t.dim() == 2 and t.shape[1] > 0]
+    if (not grids or any(t.device != device for t, _ in tables)
+            or any(t.dtype not in _DEVICE_ELEMENTS for t, _ in grids)):
+        return None
+    from . import _scan
+    cuda = _scan.cuda_module()
+    if cuda is None:
+        return None
+    lists = [t for t, _ in tables if t.dim() == 1]
+    first_word = sum(t.numel() for t in lists)
+    block_words = first_word + sum(1 + t.shape[0] + 2 * room for t, _ in grids)
+    block = torch.empty(block_words, dtype=torch.int64, device=device)
+    at = 0
+    for t in lists:  # the lists cross in the same copy, ahead of the tables' sections
+        block[at:at + t.numel()].copy_(t)
+        at += t.numel()
+    specs = [(t.data_ptr(), _DEVICE_ELEMENTS[t.dtype], t.shape[0], t.shape[1], t.stride(0), t.stride(1), p)
+             for t, p in grids]
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    sections, words = cuda.table_runs(block.data_ptr(), block_words, first_word, specs, room,
+                                      _scan.stream_of(device), index)
+    out, at, grid = [], 0, iter(zip(grids, sections))
+    for t, positions in tables:
+        if t.dim() == 1:
+            out.append(words[at:at + t.numel()])
+            at += t.numel()
+        elif t.shape[1] == 0:
+            out.append(_torch_read([(t, positions)], room)[0])
+        else:
+            _, section = next(grid)
+            # More changes than the room: that table again, exactly.
+            out.append(_torch_read([(t, positions)], room)[0] if isinstance(section, int)
+                       else TableRuns.from_columns(*section))
+    return out
+
+
+def _torch_read(tables, room: int):
+    """read_runs by torch operations: the table read flat (b * L + j), a handful of
+    operations a table; a change across two batches is dropped on the host, where every
+    batch's first value starts a run anyway."""
     parts, plans = [], []
     for t, positions in tables:
         if t.dim() == 1:

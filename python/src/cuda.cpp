@@ -14,6 +14,8 @@
 // cross to the host, not O(rows). No allocation, no device-wide synchronisation.
 #include <cuda_runtime.h>
 #include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
@@ -23,6 +25,7 @@
 #include <masklens/cuda/load_kernels.hpp>
 #include <masklens/cuda/runs.hpp>
 #include <masklens/cuda/scan.hpp>
+#include <masklens/cuda/table_runs.hpp>
 #include <masklens/cuda/tiles.hpp>
 #include <masklens/verdict.hpp>
 
@@ -384,6 +387,75 @@ void bind_uploads(nb::module_& m) {
       "first BlockMask allocates no pinned memory.");
 }
 
+// int64 numpy array owning a copy of `v`.
+nb::ndarray<nb::numpy, std::int64_t, nb::ndim<1>> int64_array(std::vector<std::int64_t> v) {
+  auto* data = new std::vector<std::int64_t>(std::move(v));
+  nb::capsule owner(data, [](void* p) noexcept { delete static_cast<std::vector<std::int64_t>*>(p); });
+  const std::size_t shape[1] = {data->size()};
+  return {data->data(), 1, shape, owner};
+}
+
+// A definition's tables read on the device (table_runs.hpp): one pass a table, one copy.
+void bind_table_runs(nb::module_& m) {
+  m.def(
+      "table_runs",
+      [](std::uintptr_t d_block, std::int64_t block_words, std::int64_t first_word, nb::list tables,
+         std::int64_t room, std::uintptr_t stream, int device) {
+        std::vector<gpu::DeviceTable> ts;
+        for (nb::handle h : tables) {
+          const auto t = nb::cast<nb::tuple>(h);
+          if (t.size() != 7)
+            raise(error(ErrorCode::invalid_argument,
+                        "a table is (data, element, batch, length, batch_stride, length_stride, positions)"));
+          gpu::DeviceTable d;
+          d.data = reinterpret_cast<const void*>(nb::cast<std::uintptr_t>(t[0]));
+          const auto element = nb::cast<std::string>(t[1]);
+          if (element == "bool") d.element = gpu::TableElement::boolean;
+          else if (element == "int32") d.element = gpu::TableElement::int32;
+          else if (element == "int64") d.element = gpu::TableElement::int64;
+          else raise(error(ErrorCode::unsupported_dtype, "a table of " + element + " (bool, int32 or int64)"));
+          d.batch = nb::cast<std::int64_t>(t[2]), d.length = nb::cast<std::int64_t>(t[3]);
+          d.batch_stride = nb::cast<std::int64_t>(t[4]), d.length_stride = nb::cast<std::int64_t>(t[5]);
+          d.positions = nb::cast<bool>(t[6]);
+          ts.push_back(d);
+        }
+        void* pinned = nullptr;
+        const auto bytes = static_cast<std::size_t>(std::max<std::int64_t>(block_words, 0)) * sizeof(std::int64_t);
+        Status st = on_device(device, [&]() -> Status {
+          Status r = python::staging().reserve(bytes, pinned);
+          if (r.ok())
+            r = gpu::table_changes_into(ts, room, reinterpret_cast<std::int64_t*>(d_block), first_word, block_words,
+                                        static_cast<std::int64_t*>(pinned), reinterpret_cast<cudaStream_t>(stream));
+          if (r.ok()) r = check(cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(stream)), "cudaStreamSynchronize");
+          return r;
+        });
+        if (!st.ok()) raise(st);
+        const auto* words = static_cast<const std::int64_t*>(pinned);
+        nb::list out;
+        std::int64_t at = first_word;
+        for (const gpu::DeviceTable& t : ts) {
+          gpu::TableSection section = take(gpu::table_runs_from(t, room, words + at));
+          at += gpu::table_section_words(t.batch, room);
+          if (section.runs.empty()) {
+            out.append(section.count);
+            continue;
+          }
+          definition::TableRuns& r = section.runs[0];
+          out.append(nb::make_tuple(r.batches, r.length, int64_array(std::move(r.batch)),
+                                    int64_array(std::move(r.start)), int64_array(std::move(r.end)),
+                                    int64_array(std::move(r.value))));
+        }
+        return nb::make_tuple(out, int64_array(std::vector<std::int64_t>(words, words + first_word)));
+      },
+      "d_block"_a, "block_words"_a, "first_word"_a, "tables"_a, "room"_a, "stream"_a, "device"_a,
+      "Reads a definition's tables on CUDA device `device` (gpu::table_changes_into, "
+      "include/masklens/cuda/table_runs.hpp): tables are (data pointer, 'bool' / 'int32' / 'int64', batch, length, "
+      "batch stride, length stride, positions); d_block is device memory of block_words int64 words, the first "
+      "first_word the caller's. One kernel a table, one copy through pinned memory, one synchronisation of `stream`. "
+      "Returns ([each table's runs as (batches, length, batch, start, end, value), or its change count where it "
+      "exceeded room], the first first_word words).");
+}
+
 }  // namespace
 
 NB_MODULE(_cuda, m) {
@@ -404,4 +476,5 @@ NB_MODULE(_cuda, m) {
   bind_scans(m);
   bind_block_masks(m);
   bind_uploads(m);
+  bind_table_runs(m);
 }

@@ -55,3 +55,29 @@ def test_bool_int32_and_strided_tables_and_changes_across_batches(room):
                 assert np.array_equal(got.end[mine], np.append(starts[1:], L))
                 assert np.array_equal(got.value[mine], base[b, starts])
             assert np.all(np.diff(got.b) >= 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("room", [1, 3, 1024])
+def test_the_device_pass_reads_what_torch_reads(room):
+    """masklens._cuda's table pass (include/masklens/cuda/table_runs.hpp) gives the runs the
+    torch operations give, for bool, int32 and int64 tables, strided views, positions tables,
+    1-D lists in the same copy and tables past the room (read again exactly)."""
+    from masklens import _scan
+    if _scan.cuda_module() is None:
+        pytest.skip(_scan.cuda_reason())
+    rng = random.Random(room)
+    for _ in range(40):
+        B, L = rng.randrange(1, 4), rng.randrange(1, 40)
+        ids = torch.tensor([[rng.randrange(3) if rng.random() < 0.2 else 1 for _ in range(L)] for _ in range(B)])
+        pos = torch.tensor([[j - 5 * (j >= L // 2) for j in range(L)] for _ in range(B)])
+        tables = [(ids.bool().cuda(), False), (ids.int().cuda(), False), (ids.cuda().t().contiguous().t(), False),
+                  (pos.cuda(), True), (torch.tensor([rng.randrange(9) for _ in range(B)]).cuda(), False)]
+        device = _table_runs._device_read(tables, room)
+        assert device is not None
+        host = _table_runs._torch_read([(t.cpu(), p) for t, p in tables], room)
+        assert np.array_equal(device[-1], host[-1])
+        for d, h in zip(device[:-1], host[:-1]):
+            for name in ("b", "start", "end", "value"):
+                assert np.array_equal(getattr(d, name), getattr(h, name)), name
+            assert (d.batch, d.length) == (h.batch, h.length)

@@ -11,15 +11,17 @@
 // Lazy Loading section names as a way to force a kernel's loading.
 //
 // The parts are defined beside their kernels' dispatch, each with its "built without
-// CUDA" stub: load_scan_kernels() (src/scan.cu), load_runs_kernels() (src/runs.cu) and
-// load_tile_kernels() (src/tiles.cu). So a program that calls load_kernels() links all three
-// files, as Meson's masklens_cuda_dep and CMake's masklens_CUDA_SOURCES do; one that
-// compiles only scan.cu calls load_scan_kernels().
+// CUDA" stub: load_scan_kernels() (src/scan.cu), load_runs_kernels() (src/runs.cu),
+// load_tile_kernels() (src/tiles.cu) and load_table_runs_kernels() (src/table_runs.cu). So
+// a program that calls load_kernels() links all four files, as Meson's masklens_cuda_dep
+// and CMake's masklens_CUDA_SOURCES do; one that compiles only scan.cu calls
+// load_scan_kernels().
 #pragma once
 
 #include "../status.hpp"
 #include "runs.hpp"
 #include "scan.hpp"
+#include "table_runs.hpp"
 #include "tiles.hpp"
 
 namespace masklens::gpu {
@@ -27,8 +29,8 @@ namespace masklens::gpu {
 // Loads, on the current device, every kernel masklens' device entry points can launch
 // there: the scan (every element size, the tuning policy this device's architecture
 // takes, a block and a warp per row), the run reduction's four kernels, the tile scan
-// (counters in shared memory and in the 64-bit counts) and the BlockMask writer (states
-// from the scan's counts, and states given). Nothing is enqueued on any stream and
+// (counters in shared memory and in the 64-bit counts), the BlockMask writer (states
+// from the scan's counts, and states given) and a definition's table reader. Nothing is enqueued on any stream and
 // nothing is allocated; it creates the device's primary context if there is none. The
 // first failure comes back as device_error naming what failed ("cudaFuncGetAttributes
 // (scan_rows_block_kernel, 1-byte elements): cudaErrorNoKernelImageForDevice: ...": a
@@ -40,6 +42,7 @@ namespace masklens::gpu {
 [[nodiscard]] inline Status load_kernels() {
   if (Status st = load_scan_kernels(); !st.ok()) return st;
   if (Status st = load_runs_kernels(); !st.ok()) return st;
+  if (Status st = load_table_runs_kernels(); !st.ok()) return st;
   return load_tile_kernels();
 }
 
