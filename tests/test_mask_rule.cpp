@@ -70,9 +70,11 @@ TEST_CASE("mask_rule: allows() equals row() on generated structures") {
     }
     if (s.q_len == s.k_len && pick(0, 2) == 0) s.segments = {{0, pick(1, s.q_len), s.q_len}};
     if (!s.segments.empty() && s.segments[0][1] == s.q_len) s.segments[0].erase(s.segments[0].begin() + 1);
-    if (pick(0, 2) == 0) {
-      const std::int64_t start = pick(0, s.k_len - 1);
-      s.kv_valid = {{start, pick(start + 1, s.k_len)}};
+    if (pick(0, 2) == 0) {  // one range for every batch, or one a batch
+      for (std::int64_t b = pick(0, 1) ? s.batch : 1; b > 0; --b) {
+        const std::int64_t start = pick(0, s.k_len - 1);
+        s.kv_valid.push_back({start, pick(start + 1, s.k_len)});
+      }
     }
     if (pick(0, 3) == 0) {
       const std::int64_t start = pick(0, s.q_len - 1);

@@ -129,13 +129,14 @@ inline bool MaskStructure::allows(std::int64_t b, std::int64_t q, std::int64_t k
   return rule_allows(*this, b, q, k);
 }
 
-// How Python names what a term reads: the row's key position, the tables' clamp bounds
+// How Python names what a term reads: the row's key position, prefix_lm's prefix, the tables' clamp bounds
 // (a BlockMask is built over whole tiles, so indices reach past Q and K: lookups clamp,
 // comparisons do not) and each per-batch table's batch index ("b", or "0" for a table
 // of one entry that holds for every batch). The tables are block_id [n], document_id
 // [B, Q], kv_start / kv_end [B] and q_start / q_end [B].
 struct PythonOperands {
   std::string p = "q_idx";
+  std::string prefix;         // prefix_lm's prefix (its number where empty)
   std::string key_last;       // kv_idx's clamp into block_id
   std::string block_last;     // p's clamp into block_id
   std::string document_last;  // q_idx's and kv_idx's clamp into document_id (Q == K)
@@ -161,7 +162,7 @@ struct PythonTerm {
       const std::string c = std::to_string(s.chunk);
       return {"kv_idx // " + c + " == " + p + " // " + c};
     }
-    case RuleTerm::key_in_prefix: return {"kv_idx < " + std::to_string(s.prefix)};
+    case RuleTerm::key_in_prefix: return {"kv_idx < " + (o.prefix.empty() ? std::to_string(s.prefix) : o.prefix)};
     case RuleTerm::same_block: {
       // block_id holds -1 off every block; p < 0 (bottom-right, Q > K) lies in no block:
       // guarded, not wrapped around.

@@ -38,8 +38,8 @@ def mask_mod_for(structure, device, mask=None):
 def rule_source(structure):
     """The structure's rule as mask_mod source (masklens' one rule, mask_rule.hpp) and the
     names of the tables it reads: (source, names). The source is what a compiled flex is
-    specialised on besides the shapes and the tables' values (the window, chunk and prefix
-    are written in it; the offset, documents, blocks and padding are tensors)."""
+    specialised on besides the shapes and the tables' values (the window and chunk are
+    written in it; the offset, prefix, documents, blocks and padding are tensors)."""
     source, names = _core.mask_mod_source(structure)
     return source, tuple(names)
 
@@ -68,8 +68,11 @@ def _rule_tables(structure, names, device) -> dict:
     entry (the source reads it at batch 0)."""
     s = structure
     out = {}
-    if "offset" in names:  # a 0-d tensor: a compiled flex serves every offset of its bucket
-        out["offset"] = _scan.to_device(np.asarray([s.k_len - s.q_len], dtype=np.int64), device).view(())
+    scalars = [(n, v) for n, v in (("offset", s.k_len - s.q_len), ("prefix", s.prefix)) if n in names]
+    if scalars:  # 0-d tensors, one upload: a compiled flex serves every offset and prefix of its bucket
+        values = _scan.to_device(np.asarray([v for _, v in scalars], dtype=np.int64), device)
+        for i, (n, _) in enumerate(scalars):
+            out[n] = values[i]
     if "block_id" in names:  # every key and every row's key position; -1 off the blocks
         d = s.k_len - s.q_len if s.alignment == "bottom_right" else 0
         table = np.full((max(s.k_len, s.q_len + d, 1),), -1, dtype=np.int32)
@@ -88,7 +91,7 @@ def _rule_tables(structure, names, device) -> dict:
 def rule_reads_tables(structure) -> bool:
     """Whether mask_mod_for's rule of an exact structure reads device tables (built or
     uploaded when the mask_mod is made): documents, VLM blocks, padding."""
-    return any(n != "offset" for n in rule_source(structure)[1])
+    return any(n not in ("offset", "prefix") for n in rule_source(structure)[1])
 
 
 def span_mask_mod(spans, distinct_batch: int, distinct_heads: int):

@@ -131,14 +131,15 @@ def load_kernels(device=None) -> bool:
     0.7-1.0 ms once per process on an H200, bench/README.md's device_step). A framework
     calls it at start-up, once its CUDA context exists (masklens.transformers' mask
     function calls it on a background thread the first time it sees a CUDA device;
-    importing masklens.transformers initialises no CUDA). `device`: a torch.device, "cuda:N", an index, or
-    None for torch's current CUDA device. Returns True once every kernel of the device
-    scanner (scan, run reduction, tile scan, BlockMask writer) is loaded there (a second
-    call finds them loaded); False, with no error and nothing done, where there is no
-    masklens._cuda (`cuda_scan_unavailable()` says why), no CUDA device, or `device` is
-    not a CUDA device. A failure on a CUDA device (an index past the device count, a GPU
-    the build has no code for) is a MaskError naming the CUDA call. It also allocates the
-    pinned host memory a BlockMask's tables cross to the device through (a few MiB)."""
+    importing masklens.transformers initialises no CUDA). `device`: a torch.device,
+    "cuda:N", an index, or None for torch's current CUDA device. Returns True once every
+    kernel of the device scanner (scan, run reduction, tile scan, BlockMask writer, a
+    definition's table reader) is loaded there (a second call finds them loaded); False,
+    with no error and nothing done, where there is no masklens._cuda
+    (`cuda_scan_unavailable()` says why), no CUDA device, or `device` is not a CUDA device.
+    A failure on a CUDA device (an index past the device count, a GPU the build has no code
+    for) is a MaskError naming the CUDA call. It also allocates the pinned host memory a
+    BlockMask's tables cross to the device through (a few MiB)."""
     module = cuda_module()
     if module is None:
         return False

@@ -3,8 +3,10 @@
 A definition (masklens._definition, include/masklens/definition.hpp) reads its metadata
 only as runs of equal values: where a padding mask, packed documents, block ids or
 positions change along each batch, and the value between. Each table's changes are found
-on its device (torch.nonzero_static: no synchronisation) and every table's run starts and
-values cross to the host together; the rows are then worked out on the host, per piece.
+on its device, by masklens' device pass (include/masklens/cuda/table_runs.hpp) where
+masklens._cuda is built, else by torch operations (torch.nonzero_static: no
+synchronisation), and every table's run starts and values cross to the host together;
+the rows are then worked out on the host, per piece.
 """
 from __future__ import annotations
 
@@ -87,13 +89,13 @@ def _device_read(tables, room: int):
     if not tables or tables[0][0].device.type != "cuda":
         return None
     device = tables[0][0].device
-    grids = [(t, p) for t, p in tables if t.dim() == 2 and t.shape[1] > 0]
+    grids = [(t, p) for t, p in tables if t.dim() == 2 and t.numel() > 0]
     if (not grids or any(t.device != device for t, _ in tables)
             or any(t.dtype not in _DEVICE_ELEMENTS for t, _ in grids)):
         return None
-    from . import _scan
+    from . import _core, _scan
     cuda = _scan.cuda_module()
-    if cuda is None:
+    if cuda is None or not hasattr(cuda, "table_runs"):  # an older masklens._cuda
         return None
     lists = [t for t, _ in tables if t.dim() == 1]
     first_word = sum(t.numel() for t in lists)
@@ -103,22 +105,28 @@ def _device_read(tables, room: int):
     for t in lists:  # the lists cross in the same copy, ahead of the tables' sections
         block[at:at + t.numel()].copy_(t)
         at += t.numel()
-    specs = [(t.data_ptr(), _DEVICE_ELEMENTS[t.dtype], t.shape[0], t.shape[1], t.stride(0), t.stride(1), p)
-             for t, p in grids]
+    # A dimension of one is never stepped along: its stride (any value torch gives it) is 0.
+    specs = [(t.data_ptr(), _DEVICE_ELEMENTS[t.dtype], t.shape[0], t.shape[1], t.stride(0) if t.shape[0] > 1 else 0,
+              t.stride(1) if t.shape[1] > 1 else 0, p) for t, p in grids]
     index = device.index if device.index is not None else torch.cuda.current_device()
-    sections, words = cuda.table_runs(block.data_ptr(), block_words, first_word, specs, room,
-                                      _scan.stream_of(device), index)
+    try:
+        sections, words = cuda.table_runs(block.data_ptr(), block_words, first_word, specs, room,
+                                          _scan.stream_of(device), index)
+    except _core.MaskError as e:  # a table the pass refuses (past 2^40 elements...): torch reads it
+        if str(e).startswith("device_error"):
+            raise
+        return None
     out, at, grid = [], 0, iter(zip(grids, sections))
     for t, positions in tables:
         if t.dim() == 1:
             out.append(words[at:at + t.numel()])
             at += t.numel()
-        elif t.shape[1] == 0:
+        elif t.numel() == 0:
             out.append(_torch_read([(t, positions)], room)[0])
         else:
             _, section = next(grid)
-            # More changes than the room: that table again, exactly.
-            out.append(_torch_read([(t, positions)], room)[0] if isinstance(section, int)
+            # More changes than the room: that table again, with room for them all.
+            out.append(_torch_read([(t, positions)], section)[0] if isinstance(section, int)
                        else TableRuns.from_columns(*section))
     return out
 
@@ -134,8 +142,8 @@ def _torch_read(tables, room: int):
             plans.append(("flat", t.numel()))
             continue
         B, L = t.shape
-        if L == 0:  # no runs: the definition names an empty table
-            plans.append(("empty", B))
+        if B == 0 or L == 0:  # no runs: the definition names an empty table
+            plans.append(("empty", B, L))
             continue
         parts.append(t[:, 0])
         if L < 2:
@@ -172,7 +180,7 @@ def _torch_read(tables, room: int):
             continue
         if plan[0] == "empty":
             none = np.zeros(0, dtype=np.int64)
-            out.append(TableRuns(none, none, none, plan[1], 0))
+            out.append(TableRuns(none, none, none, plan[1], plan[2]))
             continue
         _, B, L, r, positions, held = plan
         firsts = payload[at:at + B]

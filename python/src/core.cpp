@@ -217,11 +217,11 @@ void version_property(nb::class_<Environment>& c, const char* name, Version Envi
       nb::arg("value").none());
 }
 
-// MaskStructure and its one-line description (structure.hpp, describe.hpp).
 // The rule's mask_mod as masklens.torch compiles it (_mask_mods.mask_mod_for): its
 // tables are tensors bound by name, clamps read the tables' sizes and the bottom-right
-// offset is a 0-d tensor, so a compiled flex of dynamic lengths serves every length and
-// offset of its bucket; a table given once for every batch is read at batch 0.
+// offset and a prefix-LM's prefix are 0-d tensors, so a compiled flex of dynamic lengths
+// serves every length, offset and prefix of its bucket; the window and chunk, a model's
+// constants, are written in; a table given once for every batch is read at batch 0.
 std::pair<std::string, std::vector<std::string>> mask_mod_source(const MaskStructure& s) {
   PythonOperands o;
   o.key_last = o.block_last = "block_id.shape[0] - 1";
@@ -230,6 +230,9 @@ std::pair<std::string, std::vector<std::string>> mask_mod_source(const MaskStruc
   o.document_batch = batch(s.segments.size()), o.kv_batch = batch(s.kv_valid.size()), o.q_batch = batch(s.q_valid.size());
   std::string source = "def mask_mod(b, h, q_idx, kv_idx):\n";
   std::vector<std::string> tables;
+  // The prefix changes with each prompt (a prefix-LM's or a VLM's prefix): a 0-d tensor, as
+  // the offset, so one source (one code object, one compiled flex) serves every prefix.
+  if (s.kind == StructureKind::prefix_lm) o.prefix = "prefix", tables.emplace_back("prefix");
   if (rule_offset(s) != 0) {
     o.p = "p";
     source += "    p = q_idx + offset\n";
@@ -239,6 +242,8 @@ std::pair<std::string, std::vector<std::string>> mask_mod_source(const MaskStruc
   return {source + "    return " + python_rule(s, o) + "\n", tables};
 }
 
+// MaskStructure, its one-line description and its rule's mask_mod (structure.hpp,
+// describe.hpp, mask_rule.hpp).
 void bind_structure(nb::module_& m) {
   nb::class_<MaskStructure>(m, "MaskStructure", "The canonical description of a mask (docs/structures.md).")
       .def(nb::init<>())
@@ -310,9 +315,9 @@ void bind_structure(nb::module_& m) {
       },
       "structure"_a, "printed"_a = false,
       "FlexAttention's mask_mod of the structure's rule (mask_rule.hpp) as Python source, and the tables it "
-      "reads by name (offset, block_id, document_id, kv_start, kv_end, q_start, q_end), as masklens.torch "
-      "compiles it. printed=True: the text the masklens command prints instead, which builds its tables "
-      "itself on q.device (names: ()).");
+      "reads by name (offset, prefix, block_id, document_id, kv_start, kv_end, q_start, q_end), as "
+      "masklens.torch compiles it. printed=True: the text the masklens command prints instead, which builds "
+      "its tables itself on q.device (names: an empty list).");
 }
 
 // The host scan and the host half of a device scan: Verdict, scan(), DeviceRuns.

@@ -419,6 +419,10 @@ void bind_table_runs(nb::module_& m) {
           d.positions = nb::cast<bool>(t[6]);
           ts.push_back(d);
         }
+        // The pinned staging is the thread's: a scan's head copy still pending there is not overwritten.
+        if (pending_head().runs != nullptr)
+          raise(error(ErrorCode::invalid_argument,
+                      "a scan enqueued with wait=False on this thread was not waited for: call wait_runs first"));
         void* pinned = nullptr;
         const auto bytes = static_cast<std::size_t>(std::max<std::int64_t>(block_words, 0)) * sizeof(std::int64_t);
         Status st = on_device(device, [&]() -> Status {

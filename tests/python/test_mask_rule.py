@@ -70,6 +70,14 @@ def printed_mask_mod(s):
     return scope["mask_mod"]
 
 
+def padded_grid(mod, s, b):
+    """The mask_mod over whole 16-element tiles past Q and K, as create_block_mask evaluates
+    it (lookups must clamp there), cut back to [Q, K]."""
+    q = torch.arange(-(-s.q_len // 16) * 16 + 16)[:, None]
+    k = torch.arange(-(-s.k_len // 16) * 16 + 16)[None, :]
+    return mod(torch.tensor(b), torch.tensor(0), q, k).expand(q.shape[0], k.shape[1])[:s.q_len, :s.k_len]
+
+
 def test_both_spellings_of_the_rule_give_the_structure_rows():
     rng = random.Random(20261206)
     for trial in range(300):
@@ -77,7 +85,10 @@ def test_both_spellings_of_the_rule_give_the_structure_rows():
         want = expected(s)
         for name, mod in (("compiled", _mask_mods.mask_mod_for(s, "cpu")), ("printed", printed_mask_mod(s))):
             got = flex.create_mask(mod, s.batch, 1, s.q_len, s.k_len, device="cpu")
-            assert torch.equal(got, want), (trial, name, repr(s), _core.mask_mod_source(s, printed=name == "printed")[0])
+            why = (trial, name, repr(s), _core.mask_mod_source(s, printed=name == "printed")[0])
+            assert torch.equal(got, want), why
+            for b in range(s.batch):
+                assert torch.equal(padded_grid(mod, s, b), want[b, 0]), why
 
 
 def test_one_rule_shares_one_code_object_and_names_what_it_reads():
@@ -94,6 +105,12 @@ def test_one_rule_shares_one_code_object_and_names_what_it_reads():
     assert src_a == src_b and names_a == names_b == ("offset", "kv_start", "kv_end")
     assert _mask_mods.mask_mod_for(a, "cpu").__code__ is _mask_mods.mask_mod_for(b, "cpu").__code__
     assert _mask_mods.rule_source(padded_window(8, 12, 5, [(1, 12), (0, 9)]))[0] != src_a
+    prefixes = []
+    for prefix in (2, 7):  # a prefix changes with each prompt: a tensor, not a new source
+        s = _core.MaskStructure()
+        s.kind, s.q_len, s.k_len, s.prefix = "prefix_lm", 9, 9, prefix
+        prefixes.append(_mask_mods.rule_source(s))
+    assert prefixes[0] == prefixes[1] and "prefix" in prefixes[0][1]
     assert _mask_mods.rule_reads_tables(a)
     plain = _core.MaskStructure()
     plain.kind, plain.alignment, plain.q_len, plain.k_len = "causal", "bottom_right", 4, 9

@@ -81,3 +81,8 @@ def test_the_device_pass_reads_what_torch_reads(room):
             for name in ("b", "start", "end", "value"):
                 assert np.array_equal(getattr(d, name), getattr(h, name)), name
             assert (d.batch, d.length) == (h.batch, h.length)
+
+
+def test_a_table_of_no_batch_has_no_runs():
+    (runs,) = _table_runs.read_runs([(torch.zeros((0, 5), dtype=torch.long), False)])
+    assert (runs.batch, runs.length, len(runs.b)) == (0, 5, 0)
