@@ -5,6 +5,8 @@ drop-in's flex, CP and the one-graph form build theirs here too.
 """
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import torch
 
@@ -54,7 +56,10 @@ def _rule_factory(source: str, names: tuple):
         body = "".join("    " + line + "\n" for line in source.splitlines())
         text = f"def make({', '.join(names)}):\n{body}    return mask_mod\n"
         scope = {}
-        exec(compile(text, "<masklens mask rule>", "exec"), scope)  # noqa: S102 (masklens' own source)
+        # A file name of its own per source: what names a code object to torch's caches
+        # (file, line, name) then differs between two rules, as between two hand-written mask_mods.
+        name = "<masklens mask rule " + hashlib.sha1(text.encode()).hexdigest()[:16] + ">"
+        exec(compile(text, name, "exec"), scope)  # noqa: S102 (masklens' own source)
         factory = _factories.setdefault(key, scope["make"])
     return factory
 
