@@ -49,21 +49,16 @@ def _merged(firsts, flat_starts, values, B: int, L: int, positions: bool) -> Tab
     a new value starts: a start at a batch's first position is that batch's first run."""
     inner = flat_starts % L != 0
     flat_starts, values = flat_starts[inner], values[inner]
-    if B == 1:
-        b = np.zeros(len(flat_starts) + 1, dtype=np.int64)
-        start = np.concatenate([[0], flat_starts])
-        value = np.concatenate([firsts, values])
-    else:
-        # Batch k's first run goes before its changes: after k firsts and the changes of batches < k.
-        at = np.searchsorted(flat_starts, np.arange(B) * L) + np.arange(B)
-        n = B + len(flat_starts)
-        is_first = np.zeros(n, dtype=bool)
-        is_first[at] = True
-        start, value = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
-        start[at], value[at] = np.arange(B) * L, firsts
-        start[~is_first], value[~is_first] = flat_starts, values
-        b = start // L
-        start = start - b * L
+    # Batch k's first run goes before its changes: after k firsts and the changes of batches < k.
+    at = np.searchsorted(flat_starts, np.arange(B) * L) + np.arange(B)
+    n = B + len(flat_starts)
+    is_first = np.zeros(n, dtype=bool)
+    is_first[at] = True
+    start, value = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+    start[at], value[at] = np.arange(B) * L, firsts
+    start[~is_first], value[~is_first] = flat_starts, values
+    b = start // L
+    start = start - b * L
     if positions:  # runs of position - index
         value = value - start
     return TableRuns(b, start, value, B, L)
