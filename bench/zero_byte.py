@@ -27,7 +27,7 @@ Goals (docs/python.md): the mask <= 0.1 ms and 0 bytes per forward at every leng
 memory within 1 % of "no mask", step time no worse than "scan".
 
 --qwen35: also a Qwen3.5 text config (hybrid linear and full layers) packed at the
-largest length, "definition" only, with its true gradient norm.
+largest length, "definition" only, with its true gradient norm (--ways "" runs it alone).
 
 usage: python3 bench/zero_byte.py [--lengths 32768,65536,131072] [--steps 3] [--warm 1] [--qwen35] [--json OUT]
   --quick: 2048 and 4096 tokens (a smoke test; runs on the CPU too with --device cpu).
@@ -235,8 +235,8 @@ def true_norm_packed(cfg, state, inputs, docs=4):
 
 
 rows = []
-ways = args.ways.split(",")
-for L in (int(x) for x in args.lengths.split(",")):
+ways = [w for w in args.ways.split(",") if w]  # --ways "" with --qwen35: Qwen3.5 alone
+for L in (int(x) for x in args.lengths.split(",") if ways):
     cfg = config(L)
     torch.manual_seed(0)
     state = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(cfg)).state_dict()
