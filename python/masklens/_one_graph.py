@@ -29,7 +29,7 @@ import sys
 
 import torch
 
-from . import _block_mask, _compiled, _core, _registry, _run, _scan, _verdicts
+from . import _block_mask, _compiled, _core, _plan, _registry, _run, _scan, _verdicts
 from ._block_mask_storage import BLOCK_MASK_FIELDS, block_mask_shapes
 from ._mask_mods import attends, bounds_mask_mod, span_bounds
 
@@ -326,7 +326,7 @@ def attend_graph(gm, query, key, value, sdpa, dropout_p=0.0, scale=None):
         # torch.cond's backward is a cond too, whose branches must give gradients of one
         # layout: each kernel's backward (and transformers' repeat_kv) lays out its own.
         def run(q, k, v, *rest):
-            return branch(*(_run.ContiguousGrad.apply(t) for t in (q, k, v)), *rest)
+            return branch(*(_plan.ContiguousGrad.apply(t) for t in (q, k, v)), *rest)
         return run
     dense, causal, flex = contiguous_gradients(dense), contiguous_gradients(causal), contiguous_gradients(flex)
 

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend
 
-from . import _core, _env, _flex, _scan
+from . import _core, _env, _flex, _plan, _scan
 
 
 # The SDPA kernels each torch.sdpa backend selects: how _sdpa_runner runs it (part of the
@@ -386,68 +386,6 @@ def run_call(call, t: Tensors, q, k, v, mask):
     return prepare_call(call)(t, q, k, v, mask)
 
 
-class ContiguousGrad(torch.autograd.Function):
-    """Identity whose backward hands on a contiguous gradient. A plan step's output is a
-    slice of the whole output, so its gradient arrives as a strided view; the fused
-    kernels are run (and tested upstream) with dense gradients, and on an H200 a plan's
-    cuDNN backward disagreed with the same calls assembled by torch.cat. One-graph layers
-    (_one_graph) give each branch's inputs dense gradients: torch.cond's backward wants one
-    layout from every branch."""
-
-    @staticmethod
-    def forward(ctx, x):
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad.contiguous()
-
-
-class _NoKeyAttends(torch.autograd.Function):
-    """The output of a call where no row attends any key (a plan of zeros steps only):
-    zeros, connected to q, k and v with zero gradients, as torch's dense call gives them
-    (its output requires grad wherever an input does; a plain zero tensor would not)."""
-
-    @staticmethod
-    def forward(ctx, out, q, k, v):
-        ctx.inputs = [(t.shape, t.dtype, t.device) for t in (q, k, v)]
-        return out.view_as(out)
-
-    @staticmethod
-    def backward(ctx, grad):
-        zeros = [torch.zeros(shape, dtype=dtype, device=device) if needed else None
-                 for (shape, dtype, device), needed in zip(ctx.inputs, ctx.needs_input_grad[1:])]
-        return (None, *zeros)
-
-
-def _plan_runner(policy, structure):
-    """run(t, q, k, v, mask) for a plan: each step on q[b, :, q_range] and k/v[b, :,
-    k_range], written into a zero output; zeros steps leave their rows 0. A structure
-    of batch 1 stands for every batch. Each step reads contiguous copies of its slices
-    and gets a contiguous gradient back, the layouts the fused kernels' backward passes
-    are built for."""
-    steps = [(step.batch, *step.q_range, *step.k_range, prepare_call(step.call))
-             for step in policy.plan if step.call.backend != "zeros"]
-    broadcast = structure.batch == 1
-
-    def run(t, q, k, v, mask):
-        out = q.new_zeros(q.shape[0], q.shape[1], q.shape[2], v.shape[-1])
-        all_batches = broadcast and q.shape[0] > 1
-        for b, qs, qe, ks, ke, step in steps:
-            bs = slice(None) if all_batches else slice(b, b + 1)
-            piece = step(t, q[bs, :, qs:qe].contiguous(), k[bs, :, ks:ke].contiguous(), v[bs, :, ks:ke].contiguous(),
-                         None)
-            out[bs, :, qs:qe] = ContiguousGrad.apply(piece) if piece.requires_grad else piece
-        if not steps and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-            out = _NoKeyAttends.apply(out, q, k, v)
-        return out
-    return run
-
-
-def run_plan(policy, t: Tensors):
-    return _plan_runner(policy, t.structure)(t, t.q, t.k, t.v, None)
-
-
 class Prepared:
     """A Policy read once, as the drop-in keeps it per (mask, call): `run(t, q, k, v,
     mask)`, whether the call reads the dense mask (`needs_mask`: the drop-in builds the
@@ -462,7 +400,7 @@ class Prepared:
         self.structure = structure
         self.stale = False
         if policy.is_plan:
-            self.run = _plan_runner(policy, structure)
+            self.run = _plan.runner(policy, structure, prepare_call, SDPA_KERNELS.get)
             self.needs_mask = False  # steps run unmasked calls
         else:
             call = policy.call
