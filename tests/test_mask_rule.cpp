@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 using namespace masklens;
@@ -47,6 +48,23 @@ TEST_CASE("mask_rule: each kind and modifier is its documented terms") {
   CHECK(terms(blocks.any_of[1]) == std::vector<T>{T::same_block});
   CHECK(terms(mask_rule(StructureKind::prefix_lm, false, false, false).any_of[1]) == std::vector<T>{T::key_in_prefix});
   CHECK(terms(mask_rule(StructureKind::arbitrary, false, false, false).any_of[0]) == std::vector<T>{T::no_key});
+}
+
+TEST_CASE("mask_rule: a rule's terms are visited in order, and what it reads follows them") {
+  using T = RuleTerm;
+  const MaskRule chunked = mask_rule(StructureKind::chunked, true, false, true);
+  std::vector<T> seen;
+  for_each_term(chunked, [&seen](T t) { seen.push_back(t); });
+  CHECK(seen == std::vector<T>{T::key_not_after_row, T::row_in_keys, T::same_chunk, T::same_document, T::row_in_q_valid});
+  CHECK(has_term(mask_rule(StructureKind::prefix_lm, false, false, false), T::key_in_prefix));
+  CHECK_FALSE(has_term(mask_rule(StructureKind::causal_blocks, true, true, true), T::key_in_prefix));
+  CHECK_FALSE(has_term(chunked, T::key_in_kv_valid));
+  MaskStructure s = structure(StructureKind::causal_blocks, 8, 12, Alignment::bottom_right);
+  s.kv_valid = {{0, 12}};
+  CHECK(python_tables(s) == std::vector<std::string_view>{"block_id", "kv_start", "kv_end"});
+  CHECK(block_table_length(s) == 12);  // p = q + 4 stays below K
+  s.alignment = Alignment::top_left, s.q_len = 20;
+  CHECK(block_table_length(s) == 20);  // rows past the keys still read their own position
 }
 
 TEST_CASE("mask_rule: allows() equals row() on generated structures") {

@@ -78,6 +78,21 @@ struct MaskRule {
   return mask_rule(s.kind, s.has_segments(), s.has_kv_valid(), s.has_q_valid());
 }
 
+// Every term of a rule, its groups' then its modifiers', each once per place it holds.
+template <class Visit>
+constexpr void for_each_term(const MaskRule& r, Visit&& visit) {
+  for (std::uint8_t i = 0; i < r.groups; ++i)
+    for (RuleTerm t : r.any_of[i]) visit(t);
+  for (RuleTerm t : r.modifiers) visit(t);
+}
+
+// Whether term t is one of the rule's (what reads a value beside the indices: a prefix, a table).
+[[nodiscard]] constexpr bool has_term(const MaskRule& r, RuleTerm t) noexcept {
+  bool found = false;
+  for_each_term(r, [&](RuleTerm u) { found = found || u == t; });
+  return found;
+}
+
 namespace rule_detail {
 // Python's //: the rule's meaning does not hang on the sign of p.
 [[nodiscard]] constexpr std::int64_t floor_div(std::int64_t a, std::int64_t b) noexcept {
@@ -209,9 +224,8 @@ struct PythonTerm {
 
 // The tables a rule's Python reads, by the names python_term gives them.
 [[nodiscard]] inline std::vector<std::string_view> python_tables(const MaskStructure& s) {
-  const MaskRule r = mask_rule(s);
   std::vector<std::string_view> out;
-  const auto add = [&](RuleTerm t) {
+  for_each_term(mask_rule(s), [&out](RuleTerm t) {
     switch (t) {
       case RuleTerm::same_block: out.push_back("block_id"); break;
       case RuleTerm::same_document: out.push_back("document_id"); break;
@@ -219,10 +233,7 @@ struct PythonTerm {
       case RuleTerm::row_in_q_valid: out.insert(out.end(), {"q_start", "q_end"}); break;
       default: break;
     }
-  };
-  for (std::uint8_t i = 0; i < r.groups; ++i)
-    for (RuleTerm t : r.any_of[i]) add(t);
-  for (RuleTerm t : r.modifiers) add(t);
+  });
   return out;
 }
 

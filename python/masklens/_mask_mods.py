@@ -79,8 +79,7 @@ def _rule_tables(structure, names, device) -> dict:
         for i, (n, _) in enumerate(scalars):
             out[n] = values[i]
     if "block_id" in names:  # every key and every row's key position; -1 off the blocks
-        d = s.k_len - s.q_len if s.alignment == "bottom_right" else 0
-        table = np.full((max(s.k_len, s.q_len + d, 1),), -1, dtype=np.int32)
+        table = np.full((max(_core.block_table_length(s), 1),), -1, dtype=np.int32)
         for n, (start, end) in enumerate(s.blocks):
             table[start:end] = n
         out["block_id"] = _scan.to_device(table, device)

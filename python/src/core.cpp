@@ -232,7 +232,7 @@ std::pair<std::string, std::vector<std::string>> mask_mod_source(const MaskStruc
   std::vector<std::string> tables;
   // The prefix changes with each prompt (a prefix-LM's or a VLM's prefix): a 0-d tensor, as
   // the offset, so one source (one code object, one compiled flex) serves every prefix.
-  if (s.kind == StructureKind::prefix_lm) o.prefix = "prefix", tables.emplace_back("prefix");
+  if (has_term(mask_rule(s), RuleTerm::key_in_prefix)) o.prefix = "prefix", tables.emplace_back("prefix");
   if (rule_offset(s) != 0) {
     o.p = "p";
     source += "    p = q_idx + offset\n";
@@ -318,6 +318,9 @@ void bind_structure(nb::module_& m) {
       "reads by name (offset, prefix, block_id, document_id, kv_start, kv_end, q_start, q_end), as "
       "masklens.torch compiles it. printed=True: the text the masklens command prints instead, which builds "
       "its tables itself on q.device (names: an empty list).");
+  m.def(
+      "block_table_length", [](const MaskStructure& s) { return block_table_length(s); }, "structure"_a,
+      "The length of the mask_mod's block_id table (mask_rule.hpp): every key and every row's key position.");
 }
 
 // The host scan and the host half of a device scan: Verdict, scan(), DeviceRuns.
