@@ -262,3 +262,26 @@ def test_a_gpu_plan_runs_fused_and_keeps_one_output_less():
     out_bytes = fused.numel() * fused.element_size()
     copies = sum(t.numel() * t.element_size() for t in (q, k, v))
     assert abs(calls_bytes - fused_bytes - copies - out_bytes) <= out_bytes // 16
+
+
+def test_the_drop_in_trains_a_cpu_plan_fused():
+    """On the CPU the drop-in plans packed documents at 2048 tokens with torch's math
+    kernel: in training that plan runs as PlanAttention on the CPU flash ops."""
+    import masklens.torch as mt
+    n = 2048
+    cuts = [[512, 1024, 1536]]
+    i = torch.arange(n)
+    docs = torch.bucketize(i, torch.tensor(cuts[0]), right=True)
+    mask = ((i[None] <= i[:, None]) & (docs[:, None] == docs[None]))[None, None]
+    q, k, v = qkv(1, 2, n, n, D=64, Hk=1)
+    policy, _ = mt.inspect(q, k, v, mask, enable_gqa=True)
+    assert policy.is_plan
+    out = mt.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    assert type(out.grad_fn).__name__ == "PlanAttentionBackward"
+    ref = torch.zeros_like(q)
+    for s, e in zip([0, *cuts[0]], [*cuts[0], n]):
+        causal = torch.ones(e - s, e - s, dtype=torch.bool).tril()
+        ref[:, :, s:e] = reference(q[:, :, s:e], k[:, :, s:e], v[:, :, s:e], causal)
+    assert_close(out, ref, 1e-5)
+    for a, b in zip(grads(out, (q, k, v)), grads(ref, (q, k, v))):
+        assert_close(a, b, 1e-4)
