@@ -1,18 +1,17 @@
 """Running a plan: each step one call on q[b, :, q_range] and k/v[b, :, k_range], the
-steps' outputs assembled into one [B, H, Q, Dv] output (rows no step computes stay 0).
+steps' outputs assembled into one output (rows no step computes stay 0), laid out
+[B, Q, H, Dv] and returned as its [B, H, Q, Dv] view: the layout a fused kernel writes its
+output in, so the model's `transpose(1, 2).contiguous()` before o_proj copies nothing.
 
-Where autograd needs the steps and every step's kernel is one of torch's fused kernels
-with forward and backward ops (FUSED_OPS: cuDNN and flash on CUDA, torch's flash kernel on
-the CPU, which runs every unmasked CPU call), the plan runs as one autograd function,
-PlanAttention: it keeps q, k, v, the assembled output and each step's logsumexp, and its
-backward calls each step's backward op on slices of them. A plan of torch calls would keep
-each step's own output for that step's backward beside the assembled one: one attention
-output more than a single call at the peak (measured on an H100: bench/README.md,
-zero_byte). The assembled output is laid out [B, Q, H, Dv] (returned as its [B, H, Q, Dv]
-view), the layout a fused kernel writes its output in, so the model's
-`transpose(1, 2).contiguous()` before o_proj copies nothing and o_proj keeps the same
-storage this function does. Every other plan (dropout, a kept mask, a varlen or flex
-step, a head dim flash pads) runs its steps as torch calls."""
+Where autograd needs the steps and every step is an unmasked call of one of torch's fused
+kernels with forward and backward ops (FUSED_OPS: cuDNN and flash on CUDA; on the CPU
+torch's flash kernel, which its dispatch runs for such a call while flash is on), the
+plan runs as one autograd function, PlanAttention: it keeps q, k, v, the assembled output
+and each step's logsumexp, and its backward calls each step's backward op on slices of
+them. A plan of torch calls keeps each step's own output for that step's backward beside
+the assembled one: one attention output more than a single call at the peak (measured on
+an H100: bench/README.md, zero_byte). Every other plan runs its steps as torch calls
+(docs/python.md, "Plans", lists them)."""
 from __future__ import annotations
 
 import torch
@@ -29,7 +28,7 @@ class FusedOps:
     `takes_gqa`: K and V with fewer heads go in as they are where the call says enable_gqa
     (torch's sdpa hands them to this kernel so); otherwise they are repeated to the query's
     heads and their gradients summed back. `head_dim_multiple`: the head dims the op takes
-    as they are (torch pads others for flash: such a step runs as a torch call)."""
+    as they are (others run as a torch call: torch pads them for flash)."""
 
     __slots__ = ("forward", "backward", "takes_gqa", "head_dim_multiple")
 
@@ -76,7 +75,8 @@ def _cpu_flash_backward(grad, q, k, v, out, saved, ints, causal, scale):
 # PlanAttention runs it with. On the CPU every call runs torch's own dispatch, which runs
 # an unmasked call of equal head dims on its flash kernel: the ops here.
 FUSED_OPS = {
-    ("cuda", SDPBackend.CUDNN_ATTENTION): FusedOps(_cudnn_forward, _cudnn_backward, takes_gqa=True),
+    ("cuda", SDPBackend.CUDNN_ATTENTION): FusedOps(_cudnn_forward, _cudnn_backward, takes_gqa=True,
+                                                   head_dim_multiple=8),
     ("cuda", SDPBackend.FLASH_ATTENTION): FusedOps(_flash_forward, _flash_backward, takes_gqa=True,
                                                    head_dim_multiple=8),
     ("cpu", SDPBackend.MATH): FusedOps(_cpu_flash_forward, _cpu_flash_backward, takes_gqa=False),
@@ -110,32 +110,52 @@ class _Step:
         return qs, ks, vs
 
 
-def _fused_ops(call, kernels_of, device_type, head_dim, head_dim_v):
-    """The FusedOps a plan step's call runs on, or None (a kept or replaced mask, a kernel
-    with no entry, a head dim its op does not take as it is)."""
+def _fused_ops(step, kernels_of, device_type, head_dim, head_dim_v):
+    """The FusedOps a plan step runs on, or None: a kept or replaced mask, a kernel with no
+    entry, a head dim its op does not take as it is, a causal step of unequal lengths
+    (torch's sdpa rules on those; its own call runs them)."""
+    call = step.call
     kernels = kernels_of(call.backend)
     if kernels is None or len(kernels) != 1 or call.mask in ("keep", "replace"):
         return None
     ops = FUSED_OPS.get((device_type, kernels[0]))
     if ops is None or head_dim != head_dim_v or head_dim % ops.head_dim_multiple:
         return None
+    (q_lo, q_hi), (k_lo, k_hi) = step.q_range, step.k_range
+    if call.args is not None and call.args.is_causal and q_hi - q_lo != k_hi - k_lo:
+        return None
     return ops
 
 
-def _causal_gqa(args):
-    return (False, False) if args is None else (bool(args.is_causal), bool(args.enable_gqa))
+def _causal_gqa(args, ops):
+    """A step's is_causal, and whether its K and V go in grouped: where its call says
+    enable_gqa and its kernel's op takes them so."""
+    return (False, False) if args is None else (bool(args.is_causal), bool(args.enable_gqa) and ops.takes_gqa)
+
+
+def _may_fuse(t, q, k, v) -> bool:
+    """Whether this call may run fused: autograd needs the steps, no dropout, no autocast
+    (which casts torch's sdpa, not these ops), and on the CPU torch's flash kernel switched
+    on (its dispatch runs the math kernel otherwise; on CUDA masklens picks the kernel)."""
+    return (not t.dropout_p and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+            and not torch.is_autocast_enabled(q.device.type)
+            and (q.is_cuda or torch.backends.cuda.flash_sdp_enabled()))
 
 
 class PlanAttention(torch.autograd.Function):
-    """A plan of fused steps as one autograd node (the module's docstring says why)."""
+    """A plan of fused steps as one autograd node (the module's docstring says why). Its
+    output is [B, Q, H, Dv]; the runner returns its transposed view, made outside the
+    function, so the output is an ordinary tensor autograd tracks (an in-place change to
+    it is caught at backward, as for torch's own call)."""
 
     @staticmethod
     def forward(ctx, steps, every_batch, scale, q, k, v):
-        out = q.new_zeros(q.shape[0], q.shape[2], q.shape[1], v.shape[-1]).transpose(1, 2)
+        out = q.new_zeros(q.shape[0], q.shape[2], q.shape[1], v.shape[-1])
+        heads_first = out.transpose(1, 2)
         saved, ints, counts = [], [], []
         for step in steps:
             piece, tensors, n = step.ops.forward(*step.inputs(q, k, v, every_batch), step.causal, scale)
-            out[step.rows(every_batch)] = piece
+            heads_first[step.rows(every_batch)] = piece
             saved.extend(tensors)
             counts.append(len(tensors))
             ints.append(n)
@@ -147,6 +167,7 @@ class PlanAttention(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad):
         q, k, v, out, *saved = ctx.saved_tensors
+        grad, out = grad.transpose(1, 2), out.transpose(1, 2)
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         at = 0
         for step, n, count in zip(ctx.steps, ctx.ints, ctx.counts):
@@ -165,6 +186,18 @@ class PlanAttention(torch.autograd.Function):
         return None, None, None, dq, dk, dv
 
 
+def leaves_empty_rows_zero(policy, kernels_of) -> bool:
+    """Whether a plan's output is 0 on every row that attends nothing, with no zeroing after
+    it: every step is a zeros step or an unmasked SDPA call (is_causal top-left or every
+    key) over at least one key, whose rows each attend a key. A plan is exact row by row, so
+    the rows that attend nothing are then its zeros steps' rows or rows no step computes,
+    which stay 0 (and get no gradient)."""
+    return all(step.call.backend == "zeros"
+               or (kernels_of(step.call.backend) is not None and step.call.mask not in ("keep", "replace")
+                   and step.k_range[1] > step.k_range[0])
+               for step in policy.plan)
+
+
 def runner(policy, structure, prepare_call, kernels_of):
     """run(t, q, k, v, mask) for a plan: PlanAttention where autograd needs the steps and
     every step has fused ops, the steps as torch calls otherwise. A structure of batch 1
@@ -173,29 +206,32 @@ def runner(policy, structure, prepare_call, kernels_of):
     plan = [step for step in policy.plan if step.call.backend != "zeros"]
     calls = [(step.batch, *step.q_range, *step.k_range, prepare_call(step.call)) for step in plan]
     broadcast = structure.batch == 1
-    fused_steps = {}  # per (device type, head dims): the fused steps, or None
+    fused_steps = {}  # per (FUSED_OPS, device type, head dims): the fused steps, or None
 
     def fused(q, v):
-        key = (q.device.type, q.shape[-1], v.shape[-1])
+        key = (id(FUSED_OPS), q.device.type, q.shape[-1], v.shape[-1])
         if key not in fused_steps:
-            ops = [_fused_ops(step.call, kernels_of, *key) for step in plan]
+            ops = [_fused_ops(step, kernels_of, *key[1:]) for step in plan]
             fused_steps[key] = None if not plan or None in ops else [
-                _Step(step.batch, step.q_range, step.k_range, op, *_causal_gqa(step.call.args))
+                _Step(step.batch, step.q_range, step.k_range, op, *_causal_gqa(step.call.args, op))
                 for step, op in zip(plan, ops)]
         return fused_steps[key]
 
     def run(t, q, k, v, mask):
         every_batch = broadcast and q.shape[0] > 1
-        if not t.dropout_p and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        if _may_fuse(t, q, k, v):
             steps = fused(q, v)
             if steps is not None:
-                return PlanAttention.apply(steps, every_batch, t.scale, q, k, v)
-        out = q.new_zeros(q.shape[0], q.shape[2], q.shape[1], v.shape[-1]).transpose(1, 2)
+                return PlanAttention.apply(steps, every_batch, t.scale, q, k, v).transpose(1, 2)
+        # [B, Q, H, Dv], each step's [b, H, rows, Dv] written transposed: the layout a fused
+        # kernel writes, and a transpose (not a strided view) for autograd to go back through.
+        out = q.new_zeros(q.shape[0], q.shape[2], q.shape[1], v.shape[-1])
         for b, qs, qe, ks, ke, step in calls:
             bs = slice(None) if every_batch else slice(b, b + 1)
             piece = step(t, q[bs, :, qs:qe].contiguous(), k[bs, :, ks:ke].contiguous(), v[bs, :, ks:ke].contiguous(),
                          None)
-            out[bs, :, qs:qe] = ContiguousGrad.apply(piece) if piece.requires_grad else piece
+            out[bs, qs:qe] = (ContiguousGrad.apply(piece) if piece.requires_grad else piece).transpose(1, 2)
+        out = out.transpose(1, 2)
         if not calls and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
             out = _NoKeyAttends.apply(out, q, k, v)
         return out

@@ -409,7 +409,10 @@ class Prepared:
             # A flex call keeps the mask at hand: where its compiled kernel cannot run,
             # torch's call with the dense mask runs it (run_flex).
             self.needs_mask = call.mask == "keep" or (a is not None and a.type == "flex")
-        self.zero_rows = structure.empty_rows > structure.finite_masked_rows
+        # Rows that attend nothing are zeroed after the call, a copy of its output, except
+        # where the plan leaves them 0 itself (the copy would be one more output at the peak).
+        self.zero_rows = structure.empty_rows > structure.finite_masked_rows and not (
+            policy.is_plan and _plan.leaves_empty_rows_zero(policy, SDPA_KERNELS.get))
         saving = _flex.forgone_saving_ms(policy) if flex_bucket is not None else 0.0
         if saving > 0:
             self.run = _flex.renting(self.run, flex_bucket, saving, self)
