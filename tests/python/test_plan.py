@@ -363,3 +363,23 @@ def test_the_drop_in_trains_a_cpu_plan_fused():
     assert_close(out, ref, 1e-5)
     for a, b in zip(grads(out, (q, k, v)), grads(ref, (q, k, v))):
         assert_close(a, b, 1e-4)
+
+
+@pytest.mark.gpu
+def test_a_gpu_padded_plan_is_fused_and_not_zeroed_after():
+    """Left padding through the drop-in on CUDA (a zeros step, one cuDNN call): fused, the
+    padded rows 0 with no gradient, and no zeroed copy: what autograd keeps with the output
+    is what the same plan keeps without its empty rows (one output, no second)."""
+    import masklens.torch as mt
+    starts = (256, 1000)
+    i = torch.arange(L, device="cuda")
+    mask = torch.stack([(i[None] <= i[:, None]) & (i[None] >= s) for s in starts])[:, None]
+    q, k, v = gpu_documents(2)
+    kept, out_bytes, out = kept_with_output(lambda: mt.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                                                                     enable_gqa=True))
+    assert ran_fused(out)
+    dq, dk, dv = grads(out, (q, k, v))
+    for b, s in enumerate(starts):
+        assert not out[b, :, :s].any() and not dq[b, :, :s].any() and not dk[b, :, :s].any()
+    q_bytes, kv_bytes = q.numel() * q.element_size(), 2 * k.numel() * k.element_size()
+    assert kept < q_bytes + kv_bytes + 2 * out_bytes  # q, k, v, one output and the logsumexps
