@@ -138,7 +138,9 @@ def test_strict_raises_where_no_backend_is_correct(monkeypatch):
         masklens.set_strict(False)
 
 
-def test_each_new_decision_is_logged_once(caplog):
+def test_each_new_decision_is_logged_once(caplog, monkeypatch):
+    from masklens import torch as mt
+    monkeypatch.setattr(mt, "_logged", set())  # the process's decisions so far: another test's may be this one
     q, k, v = qkv(2, 4, 24, 24, grad=False)
     i, j = rows_cols(24, 24)
     mask = ((j <= i) & (i - j < 5)).expand(2, 1, 24, 24)
