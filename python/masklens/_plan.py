@@ -134,11 +134,14 @@ def _causal_gqa(args, ops):
 
 
 def _may_fuse(t, q, k, v) -> bool:
-    """Whether this call may run fused: autograd needs the steps, no dropout, no autocast
-    (which casts torch's sdpa, not these ops), and on the CPU torch's flash kernel switched
-    on (its dispatch runs the math kernel otherwise; on CUDA masklens picks the kernel)."""
+    """Whether this call may run fused: autograd needs the steps, no dropout, autocast off
+    or with q, k and v already in its dtype (it casts torch's sdpa, not these ops), and on
+    the CPU torch's flash kernel switched on (its dispatch runs the math kernel otherwise;
+    on CUDA masklens picks the kernel)."""
+    device = q.device.type
     return (not t.dropout_p and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-            and not torch.is_autocast_enabled(q.device.type)
+            and (not torch.is_autocast_enabled(device)
+                 or q.dtype == k.dtype == v.dtype == torch.get_autocast_dtype(device))
             and (q.is_cuda or torch.backends.cuda.flash_sdp_enabled()))
 
 
@@ -186,16 +189,23 @@ class PlanAttention(torch.autograd.Function):
         return None, None, None, dq, dk, dv
 
 
+def _every_row_attends(step, kernels_of) -> bool:
+    """Whether each row of an SDPA step attends a key: over at least one key, unmasked
+    (is_causal top-left: row i attends keys 0..i; or every key) or causal_lower_right's
+    replaced mask over at least as many keys as rows (row i attends keys 0..i + K - Q)."""
+    call = step.call
+    q_len, k_len = step.q_range[1] - step.q_range[0], step.k_range[1] - step.k_range[0]
+    if kernels_of(call.backend) is None or k_len < 1 or call.mask == "keep":
+        return False
+    return call.mask != "replace" or k_len >= q_len
+
+
 def leaves_empty_rows_zero(policy, kernels_of) -> bool:
     """Whether a plan's output is 0 on every row that attends nothing, with no zeroing after
-    it: every step is a zeros step or an unmasked SDPA call (is_causal top-left or every
-    key) over at least one key, whose rows each attend a key. A plan is exact row by row, so
-    the rows that attend nothing are then its zeros steps' rows or rows no step computes,
-    which stay 0 (and get no gradient)."""
-    return all(step.call.backend == "zeros"
-               or (kernels_of(step.call.backend) is not None and step.call.mask not in ("keep", "replace")
-                   and step.k_range[1] > step.k_range[0])
-               for step in policy.plan)
+    it: every step is a zeros step or an SDPA call each of whose rows attends a key. A plan
+    is exact row by row, so the rows that attend nothing are then its zeros steps' rows or
+    rows no step computes, which stay 0 (and get no gradient)."""
+    return all(step.call.backend == "zeros" or _every_row_attends(step, kernels_of) for step in policy.plan)
 
 
 def runner(policy, structure, prepare_call, kernels_of):

@@ -108,25 +108,50 @@ def test_a_padded_plan_leaves_its_empty_rows_zero_with_no_zeroing_copy(cpu_stand
 
 
 def test_plans_that_might_leave_a_row_unzeroed_are_zeroed_after():
-    """A step with a kept or replaced mask (causal_lower_right's empty first rows) may
-    leave a row that attends nothing non-zero: the drop-in zeroes those plans' rows."""
+    """A step whose rows might attend nothing (a kept mask, a bottom-right call over fewer
+    keys than rows, no key, a kernel of no SDPA entry) may leave such a row non-zero: the
+    drop-in zeroes those plans' rows after them."""
     class Call:
         def __init__(self, backend, mask):
             self.backend, self.mask = backend, mask
 
     class Step:
-        def __init__(self, backend, mask, k_range=(0, 8)):
-            self.call, self.k_range = Call(backend, mask), k_range
+        def __init__(self, backend, mask, q_range=(0, 8), k_range=(0, 8)):
+            self.call, self.q_range, self.k_range = Call(backend, mask), q_range, k_range
 
     class Plan:
         def __init__(self, *steps):
             self.plan = steps
     kernels_of = _run.SDPA_KERNELS.get
-    assert _plan.leaves_empty_rows_zero(Plan(Step("zeros", "drop", (0, 0)), Step("torch.sdpa.cudnn", "drop")), kernels_of)
-    assert not _plan.leaves_empty_rows_zero(Plan(Step("torch.sdpa.causal_lower_right", "replace")), kernels_of)
+    zeros = Step("zeros", "drop", k_range=(0, 0))
+    assert _plan.leaves_empty_rows_zero(Plan(zeros, Step("torch.sdpa.cudnn", "drop")), kernels_of)
+    assert _plan.leaves_empty_rows_zero(Plan(zeros, Step("torch.sdpa.causal_lower_right", "replace", (0, 8), (0, 12))),
+                                        kernels_of)
+    assert not _plan.leaves_empty_rows_zero(Plan(Step("torch.sdpa.causal_lower_right", "replace", (0, 12), (0, 8))),
+                                            kernels_of)
     assert not _plan.leaves_empty_rows_zero(Plan(Step("torch.sdpa.efficient", "keep")), kernels_of)
     assert not _plan.leaves_empty_rows_zero(Plan(Step("torch.varlen_attn", "drop")), kernels_of)
-    assert not _plan.leaves_empty_rows_zero(Plan(Step("torch.sdpa.cudnn", "drop", (4, 4))), kernels_of)
+    assert not _plan.leaves_empty_rows_zero(Plan(Step("torch.sdpa.cudnn", "drop", k_range=(4, 4))), kernels_of)
+
+
+def test_a_bottom_right_plan_over_padded_keys_is_not_zeroed_after(cpu_stand_ins):
+    """Q < K bottom-right with the first keys padded: a plan whose causal_lower_right step
+    has more keys than rows, each row attending one; it runs as torch calls, exact, with no
+    zeroed copy."""
+    q_len = 1024
+    i, j = torch.arange(q_len)[:, None], torch.arange(L)[None]
+    mask = ((j <= i + (L - q_len)) & (j >= 300))[None, None].expand(2, 1, q_len, L)
+    shape = torch.zeros(()).expand(2, 8, q_len, 128)
+    policy, structure = gpu_policy(mask, shape, torch.zeros(()).expand(2, 8, L, 128),
+                                   torch.zeros(()).expand(2, 8, L, 128), dtype="bf16", training=True, torch="2.5")
+    if not policy.is_plan:
+        pytest.skip(f"decided {policy.backend} here, not a plan")
+    assert not _run.Prepared(policy, structure).zero_rows
+    q = qkv(2, 2, q_len, L)[0]
+    _, k, v = qkv(2, 2, L, L, seed=1)
+    out = _run.run_policy(policy, tensors(policy, structure, q, k, v, mask))
+    ref = reference(q, k, v, mask)
+    assert_close(out, ref, 1e-5)
 
 
 @pytest.mark.parametrize("name", sorted(CUTS))
@@ -238,12 +263,14 @@ def test_the_fused_ops_refuse_what_their_kernels_do_not_take():
     assert _plan._fused_ops(Step, kernels_of, "cuda", 128, 128) is None
 
 
-def test_autocast_and_a_switched_off_cpu_flash_run_torch_calls(cpu_stand_ins):
+def test_autocast_casting_and_a_switched_off_cpu_flash_run_torch_calls(cpu_stand_ins):
     cuts = CUTS["four documents"]
     q, k, v = qkv(1, 2, L, L)
     mask = documents_mask(cuts)[:1]
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert not ran_fused(run(mask, q, k, v))
+        assert not ran_fused(run(mask, q, k, v))  # autocast would cast them: torch's calls do
+        low = [t.detach().bfloat16().requires_grad_() for t in (q, k, v)]
+        assert ran_fused(run(mask, *low))  # already in autocast's dtype: nothing to cast
     flash = torch.backends.cuda.flash_sdp_enabled()
     torch.backends.cuda.enable_flash_sdp(False)
     try:
