@@ -3,6 +3,11 @@
 // same run with a plain sequential read of the same bytes (the ceiling) and, for bf16,
 // the element-by-element path. Reports GB/s and ratios; the goal is >= 0.5 of the plain
 // read on one core.
+//
+// --threads-sweep [reps]: where a scan on every hardware thread starts to beat one thread,
+// the question kThreadedScanBytes (scan_threads.hpp) answers: bool causal masks of 1 to
+// 256 MiB, each scanned on one thread and on every thread in the same run, with the
+// ratio and what scan_options_for() picks at that size.
 #include <masklens/masklens.hpp>
 
 #include <algorithm>
@@ -20,13 +25,47 @@ namespace {
 using masklens::bench::median_seconds;
 using masklens::bench::plain_read;
 
+std::vector<std::uint8_t> causal_mask(std::int64_t L) {
+  std::vector<std::uint8_t> mask(static_cast<std::size_t>(L * L));
+  for (std::int64_t q = 0; q < L; ++q) std::memset(mask.data() + q * L, 1, static_cast<std::size_t>(q + 1));
+  return mask;
+}
+
+int threads_sweep(int reps) {
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  std::printf("threshold %lld MiB, %u hardware threads\n", static_cast<long long>(masklens::kThreadedScanBytes >> 20),
+              cores);
+  std::printf("%8s %12s %14s %8s  %s\n", "MiB", "1 thread ms", "all threads ms", "ratio", "scan_options_for");
+  for (int mib = 1; mib <= 256; mib *= 2) {
+    std::int64_t L = 1;
+    while ((L + 1) * (L + 1) <= (std::int64_t{mib} << 20)) ++L;
+    const std::vector<std::uint8_t> mask = causal_mask(L);
+    const std::int64_t shape[] = {L, L};
+    auto view = masklens::MaskView::contiguous(mask.data(), masklens::ElementType::boolean, shape);
+    if (!view) return std::fprintf(stderr, "%s\n", view.status().to_string().c_str()), 1;
+    bool exact = true;
+    const auto scan_on = [&](int threads) {
+      return median_seconds(reps, [&] {
+        auto spans = masklens::scan(*view, {threads});
+        exact = exact && spans && static_cast<bool>(masklens::classify(*spans));
+      });
+    };
+    const double one = scan_on(1), all = scan_on(0);
+    const int picked = masklens::scan_options_for(*view).threads;
+    std::printf("%8.1f %12.3f %14.3f %8.2f  %s\n", static_cast<double>(L * L) / (1 << 20), one * 1e3, all * 1e3,
+                one / all, picked == 1 ? "1 thread" : "all threads");
+    if (!exact) return std::fprintf(stderr, "a scan failed at %lld^2\n", static_cast<long long>(L)), 1;
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc > 1 && std::strcmp(argv[1], "--threads-sweep") == 0) return threads_sweep(argc > 2 ? std::atoi(argv[2]) : 7);
   const std::int64_t L = argc > 1 ? std::atoll(argv[1]) : 16384;
   const int reps = argc > 2 ? std::atoi(argv[2]) : 7;
-  std::vector<std::uint8_t> mask(static_cast<std::size_t>(L * L));
-  for (std::int64_t q = 0; q < L; ++q) std::memset(mask.data() + q * L, 1, static_cast<std::size_t>(q + 1));
+  const std::vector<std::uint8_t> mask = causal_mask(L);
   const double bytes = static_cast<double>(mask.size());
   const std::int64_t shape[] = {L, L};
   auto view = masklens::MaskView::contiguous(mask.data(), masklens::ElementType::boolean, shape);
