@@ -12,7 +12,9 @@
 
 #include <cuda_runtime_api.h>
 #include <masklens/cuda/load_kernels.hpp>
+#include <masklens/cuda/runs.hpp>
 #include <masklens/cuda/tile_plan.hpp>
+#include <masklens/cuda/tiles.hpp>
 #include <masklens/masklens.hpp>
 
 #include <cstdint>

@@ -11,20 +11,22 @@
 // Lazy Loading section names as a way to force a kernel's loading.
 //
 // The parts are defined beside their kernels' dispatch, each with its "built without
-// CUDA" stub: load_scan_kernels() (src/scan.cu), load_runs_kernels() (src/runs.cu),
-// load_tile_kernels() (src/tiles.cu) and load_table_runs_kernels() (src/table_runs.cu). So
-// a program that calls load_kernels() links all four files, as Meson's masklens_cuda_dep
-// and CMake's masklens_CUDA_SOURCES do; one that compiles only scan.cu calls
+// CUDA" stub, and declared in the pass's header: one a pass of device_passes.def
+// (load_scan_kernels() in src/scan.cu, load_tile_kernels() in src/tiles.cu, ...). So a
+// program that calls load_kernels() links every pass, as Meson's masklens_cuda_dep and
+// CMake's masklens_CUDA_SOURCES do; one that compiles only scan.cu calls
 // load_scan_kernels().
 #pragma once
 
 #include "../status.hpp"
-#include "runs.hpp"
 #include "scan.hpp"
-#include "table_runs.hpp"
-#include "tiles.hpp"
 
 namespace masklens::gpu {
+
+// Each pass's loader, as its header declares it.
+#define MASKLENS_DEVICE_PASS(pass, loader) [[nodiscard]] Status loader();
+#include "device_passes.def"
+#undef MASKLENS_DEVICE_PASS
 
 // Loads, on the current device, every kernel masklens' device entry points can launch
 // there: the scan (every element size, the tuning policy this device's architecture
@@ -40,10 +42,11 @@ namespace masklens::gpu {
 // every entry point it neither reads nor clears the caller's CUDA "last error" (a failing
 // call records its error there, as any failing runtime call does).
 [[nodiscard]] inline Status load_kernels() {
-  if (Status st = load_scan_kernels(); !st.ok()) return st;
-  if (Status st = load_runs_kernels(); !st.ok()) return st;
-  if (Status st = load_table_runs_kernels(); !st.ok()) return st;
-  return load_tile_kernels();
+#define MASKLENS_DEVICE_PASS(pass, loader) \
+  if (Status st = loader(); !st.ok()) return st;
+#include "device_passes.def"
+#undef MASKLENS_DEVICE_PASS
+  return Status();
 }
 
 }  // namespace masklens::gpu
