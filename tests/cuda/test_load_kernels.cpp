@@ -37,7 +37,8 @@ TEST_CASE("load_kernels: the process's first CUDA work; succeeds, and again") {
   REQUIRE_MESSAGE(first.ok(), first.to_string());
   const Status again = gpu::load_kernels();
   CHECK_MESSAGE(again.ok(), again.to_string());
-  for (Status (*part)() : {&gpu::load_scan_kernels, &gpu::load_runs_kernels, &gpu::load_tile_kernels}) {
+  for (Status (*part)() : {&gpu::load_scan_kernels, &gpu::load_tile_kernels, &gpu::load_runs_kernels,
+                           &gpu::load_table_runs_kernels}) {
     const Status st = part();
     CHECK_MESSAGE(st.ok(), st.to_string());
   }
