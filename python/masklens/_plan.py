@@ -83,27 +83,41 @@ FUSED_OPS = {
 }
 
 
-class _Step:
-    """One step of a fused plan: its rows, its call's ops and arguments."""
+class _Slices:
+    """A plan step's rows and keys: q[b, :, q_range] and k/v[b, :, k_range] (every batch
+    where a structure of batch 1 stands for them)."""
 
-    __slots__ = ("batch", "q_lo", "q_hi", "k_lo", "k_hi", "ops", "causal", "gqa")
+    __slots__ = ("batch", "q_lo", "q_hi", "k_lo", "k_hi")
 
-    def __init__(self, batch, q_range, k_range, ops, causal, gqa):
+    def __init__(self, batch, q_range, k_range):
         self.batch = batch
         (self.q_lo, self.q_hi), (self.k_lo, self.k_hi) = q_range, k_range
-        self.ops, self.causal, self.gqa = ops, causal, gqa
 
     def rows(self, every_batch):
         return (slice(None) if every_batch else slice(self.batch, self.batch + 1), slice(None),
                 slice(self.q_lo, self.q_hi))
 
-    def inputs(self, q, k, v, every_batch):
-        """The step's q, k and v: contiguous copies of their slices (the layout the fused
-        kernels' backward passes are built and tested for), K and V repeated to the query's
-        heads where the kernel is not given them grouped."""
+    def slices(self, q, k, v, every_batch):
+        """Contiguous copies of the step's q, k and v: the layout the fused kernels'
+        backward passes are built and tested for."""
         b = slice(None) if every_batch else slice(self.batch, self.batch + 1)
-        qs = q[b, :, self.q_lo:self.q_hi].contiguous()
-        ks, vs = k[b, :, self.k_lo:self.k_hi].contiguous(), v[b, :, self.k_lo:self.k_hi].contiguous()
+        return (q[b, :, self.q_lo:self.q_hi].contiguous(), k[b, :, self.k_lo:self.k_hi].contiguous(),
+                v[b, :, self.k_lo:self.k_hi].contiguous())
+
+
+class _Step(_Slices):
+    """One step of a fused plan: its rows, its call's ops and arguments."""
+
+    __slots__ = ("ops", "causal", "gqa")
+
+    def __init__(self, batch, q_range, k_range, ops, causal, gqa):
+        super().__init__(batch, q_range, k_range)
+        self.ops, self.causal, self.gqa = ops, causal, gqa
+
+    def inputs(self, q, k, v, every_batch):
+        """The step's slices, K and V repeated to the query's heads where the kernel is not
+        given them grouped."""
+        qs, ks, vs = self.slices(q, k, v, every_batch)
         groups = q.shape[1] // k.shape[1]
         if groups > 1 and not self.gqa:
             ks, vs = ks.repeat_interleave(groups, dim=1), vs.repeat_interleave(groups, dim=1)
@@ -133,13 +147,17 @@ def _causal_gqa(args, ops):
     return (False, False) if args is None else (bool(args.is_causal), bool(args.enable_gqa) and ops.takes_gqa)
 
 
+def _needs_grad(q, k, v) -> bool:
+    return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+
+
 def _may_fuse(t, q, k, v) -> bool:
     """Whether this call may run fused: autograd needs the steps, no dropout, autocast off
     or with q, k and v already in its dtype (it casts torch's sdpa, not these ops), and on
     the CPU torch's flash kernel switched on (its dispatch runs the math kernel otherwise;
     on CUDA masklens picks the kernel)."""
     device = q.device.type
-    return (not t.dropout_p and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    return (not t.dropout_p and _needs_grad(q, k, v)
             and (not torch.is_autocast_enabled(device)
                  or q.dtype == k.dtype == v.dtype == torch.get_autocast_dtype(device))
             and (q.is_cuda or torch.backends.cuda.flash_sdp_enabled()))
@@ -214,7 +232,7 @@ def runner(policy, structure, prepare_call, kernels_of):
     stands for every batch. `prepare_call(call)` is a step's torch call (_run's runners);
     `kernels_of(backend)` the SDPA kernels a backend selects (_run.SDPA_KERNELS), or None."""
     plan = [step for step in policy.plan if step.call.backend != "zeros"]
-    calls = [(step.batch, *step.q_range, *step.k_range, prepare_call(step.call)) for step in plan]
+    calls = [(_Slices(step.batch, step.q_range, step.k_range), prepare_call(step.call)) for step in plan]
     broadcast = structure.batch == 1
     fused_steps = {}  # per (FUSED_OPS, device type, head dims): the fused steps, or None
 
@@ -236,13 +254,12 @@ def runner(policy, structure, prepare_call, kernels_of):
         # [B, Q, H, Dv], each step's [b, H, rows, Dv] written transposed: the layout a fused
         # kernel writes, and a transpose (not a strided view) for autograd to go back through.
         out = q.new_zeros(q.shape[0], q.shape[2], q.shape[1], v.shape[-1])
-        for b, qs, qe, ks, ke, step in calls:
-            bs = slice(None) if every_batch else slice(b, b + 1)
-            piece = step(t, q[bs, :, qs:qe].contiguous(), k[bs, :, ks:ke].contiguous(), v[bs, :, ks:ke].contiguous(),
-                         None)
-            out[bs, qs:qe] = (ContiguousGrad.apply(piece) if piece.requires_grad else piece).transpose(1, 2)
+        for where, call in calls:
+            piece = call(t, *where.slices(q, k, v, every_batch), None)
+            b, _, rows = where.rows(every_batch)
+            out[b, rows] = (ContiguousGrad.apply(piece) if piece.requires_grad else piece).transpose(1, 2)
         out = out.transpose(1, 2)
-        if not calls and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        if not calls and _needs_grad(q, k, v):
             out = _NoKeyAttends.apply(out, q, k, v)
         return out
     return run
