@@ -29,9 +29,9 @@ struct ScanOptions {
 // hardware thread; a smaller mask is scanned on the calling thread. Threads pay off only
 // where the scan outlasts starting and joining them, and one thread reads about 6 GB/s
 // (bench/HISTORY.md, 2026-12-02), so 8 MiB is about 1.3 ms of scan. `bench/host_scan
-// --threads-sweep` measures where every thread starts to beat one: from 16 MiB on a 2-vCPU
-// VM, so 8 MiB sits at the crossing there (bench/README.md); a many-core machine has not
-// been swept.
+// --threads-sweep` measures where every thread starts to beat one: between 16 and 32 MiB
+// on a 2-vCPU VM, so 8 MiB sits just below the crossing there (bench/README.md); a
+// many-core machine has not been swept.
 inline constexpr std::int64_t kThreadedScanBytes = std::int64_t{8} << 20;
 
 // ScanOptions for scanning `view` on `threads` threads, where 0 (or less) chooses: one
