@@ -15,6 +15,7 @@
 #include <masklens/classify_runs.hpp>
 #include <masklens/definition.hpp>
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <functional>
@@ -149,7 +150,8 @@ Node random_node(Rng& rng, Case& c, int depth) {
         n.children.push_back(r);
       }
     }
-    for (std::int64_t i = pick(rng, 1, 2); i > 0; --i) n.children.push_back(random_node(rng, c, depth - 1));
+    for (std::int64_t i = pick(rng, 1, n.rule == def::Rule::any_of ? 4 : 2); i > 0; --i)
+      n.children.push_back(random_node(rng, c, depth - 1));
   }
   return n;
 }
@@ -317,6 +319,40 @@ TEST_CASE("definition: each value check names what it found") {
   docs.tables[0] = table({{0, 0, 0, 0, 1, 2, 2, 2}});
   docs.tables[1] = table({{0, 1, 2, 3, -4, 5, 6, 7}}, true);
   check(docs, 1, 8, "negative position_ids");
+}
+
+TEST_CASE("definition: an OR's answer does not depend on the order of its children") {
+  // Keys [q - 1, q + 1], [q - 4, q - 2] and [q - 7, q - 5]: one range together, while the
+  // first and last alone are apart, so joining two at a time in that order would refuse.
+  const auto around = [](std::int64_t shift) {
+    return Node{def::Rule::offsets, 0, shift, -1, -1, {{def::Rule::sliding_bidirectional, 1, 0, -1, -1, {}}}};
+  };
+  std::vector<Node> children{around(0), around(6), around(3)};
+  std::sort(children.begin(), children.end(), [](const Node& x, const Node& y) { return x.b < y.b; });
+  int orders = 0;
+  do {
+    Definition d;
+    d.root = {def::Rule::any_of, 0, 0, -1, -1, children};
+    const Result<std::vector<Piece>> got = definition::rows(d, 1, 12, 12, 0, 0);
+    REQUIRE_MESSAGE(got.ok(), got.status().to_string());
+    for (std::int64_t q = 0; q < 12; ++q) {
+      const auto piece = std::find_if(got->begin(), got->end(), [&](const Piece& p) { return p.lo <= q && q < p.hi; });
+      REQUIRE(piece != got->end());
+      CHECK(std::max<std::int64_t>(piece->begin.at(q), 0) == std::max<std::int64_t>(q - 7, 0));
+      CHECK(std::min<std::int64_t>(piece->end.at(q), 12) == std::min<std::int64_t>(q + 2, 12));
+    }
+    ++orders;
+  } while (std::next_permutation(children.begin(), children.end(),
+                                 [](const Node& x, const Node& y) { return x.b < y.b; }));
+  CHECK(orders == 6);
+  // Without the bridge the two ranges stay apart in either order.
+  for (const std::int64_t first : {0, 6}) {
+    Definition d;
+    d.root = {def::Rule::any_of, 0, 0, -1, -1, {around(first), around(6 - first)}};
+    const Result<std::vector<Piece>> got = definition::rows(d, 1, 12, 12, 0, 0);
+    REQUIRE_FALSE(got.ok());
+    CHECK(got.status().message().find("two separate key ranges") != std::string::npos);
+  }
 }
 
 TEST_CASE("definition: parameters, lengths and positions past 2^40 are refused, never overflowed") {

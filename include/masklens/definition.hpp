@@ -20,9 +20,9 @@
 // chunk, padding and position within 2^40 (refused past it), so no sum of ends and rows
 // overflows; the slope of a query value is 0 or 1 (a row index plus an offset, or a
 // position along a document), which every rule that reads a table or a chunk by it
-// checks. An OR joins its children two at a time and refuses a row whose ranges do not
-// meet at that step (or meet only outside the keys): it may refuse a union another order
-// would join, never answer a wrong row.
+// checks. An OR joins all its children at once, whatever their order, and refuses a row
+// whose ranges do not meet before they are clipped to the keys: it may refuse a row that
+// clipping would leave one range, never answers a wrong one.
 #pragma once
 
 #include <algorithm>
@@ -375,40 +375,94 @@ class Evaluator {
 
   bool join(const Node& n, std::int64_t b, std::int64_t lo, std::int64_t hi, Line qv, Line shift,
             std::vector<Piece>& out) {
-    const bool all = n.rule == Rule::all_of;
-    // AND starts from every key and intersects; OR starts from none and joins.
-    std::vector<Piece> now{{b, lo, hi, constant(all ? kBelow : kAbove), constant(all ? kAbove : kBelow)}}, next, part;
+    if (n.rule == Rule::any_of) return join_any(n, b, lo, hi, qv, shift, out);
+    // AND starts from every key and intersects each child in turn.
+    std::vector<Piece> now{{b, lo, hi, constant(kBelow), constant(kAbove)}}, next, part;
     for (const Node& child : n.children) {
       next.clear();
       for (const Piece& p : now) {
         part.clear();
         if (!eval(child, b, p.lo, p.hi, qv, shift, part)) return false;
         for (const Piece& c : part) {
-          if (all) {
-            const std::pair<Line, Line> pairs[] = {{p.begin, c.begin}, {p.end, c.end}};
-            for_each_part(c.lo, c.hi, pairs, [&](std::int64_t l, std::int64_t h) {
-              next.push_back({b, l, h, p.begin.at(l) >= c.begin.at(l) ? p.begin : c.begin,
-                              p.end.at(l) >= c.end.at(l) ? c.end : p.end});
-            });
-            continue;
-          }
-          const std::pair<Line, Line> pairs[] = {{p.begin, p.end},     {c.begin, c.end}, {c.begin, p.end + 1},
-                                                 {p.begin, c.end + 1}, {p.begin, c.begin}, {p.end, c.end}};
-          bool apart = false;
+          const std::pair<Line, Line> pairs[] = {{p.begin, c.begin}, {p.end, c.end}};
           for_each_part(c.lo, c.hi, pairs, [&](std::int64_t l, std::int64_t h) {
-            const bool empty = p.begin.at(l) >= p.end.at(l), child_empty = c.begin.at(l) >= c.end.at(l);
-            if (!empty && !child_empty && (c.begin.at(l) > p.end.at(l) || p.begin.at(l) > c.end.at(l))) apart = true;
-            const Line lower = p.begin.at(l) >= c.begin.at(l) ? c.begin : p.begin;
-            const Line upper = p.end.at(l) >= c.end.at(l) ? p.end : c.end;
-            next.push_back({b, l, h, child_empty ? p.begin : (empty ? c.begin : lower),
-                            child_empty ? p.end : (empty ? c.end : upper)});
+            next.push_back({b, l, h, p.begin.at(l) >= c.begin.at(l) ? p.begin : c.begin,
+                            p.end.at(l) >= c.end.at(l) ? c.end : p.end});
           });
-          if (apart) return fail(unreadable("or_masks: a row attends two separate key ranges"));
         }
       }
       std::swap(now, next);
     }
     out.insert(out.end(), now.begin(), now.end());
+    return true;
+  }
+
+  // OR of all the children at once, so that no order of them decides: each child's pieces
+  // over [lo, hi) (each covers the rows in order), then each run of rows where every child
+  // is one piece is cut wherever two of the children's begins, ends or a begin and an end
+  // swap order. Over each part the non-empty ranges, sorted by begin, join into one range
+  // exactly when each begins at or before the furthest end before it; a row where one
+  // begins past it attends two key ranges and is refused.
+  bool join_any(const Node& n, std::int64_t b, std::int64_t lo, std::int64_t hi, Line qv, Line shift,
+                std::vector<Piece>& out) {
+    const std::size_t count = n.children.size();
+    std::vector<std::vector<Piece>> parts(count);
+    for (std::size_t i = 0; i < count; ++i)
+      if (!eval(n.children[i], b, lo, hi, qv, shift, parts[i])) return false;
+    std::vector<std::size_t> at(count, 0), order;
+    std::vector<const Piece*> now(count);
+    std::vector<std::int64_t> cuts;
+    for (std::int64_t q = lo; q < hi;) {
+      std::int64_t run_end = hi;
+      for (std::size_t i = 0; i < count; ++i) {
+        while (at[i] < parts[i].size() && parts[i][at[i]].hi <= q) ++at[i];
+        if (at[i] == parts[i].size() || parts[i][at[i]].lo > q)
+          return fail(error(ErrorCode::invalid_argument, "or_masks: a child left rows without a range"));
+        now[i] = &parts[i][at[i]];
+        run_end = std::min(run_end, now[i]->hi);
+      }
+      cuts.clear();
+      for (std::size_t i = 0; i < count; ++i) {
+        cuts.push_back(flip(now[i]->begin, now[i]->end, q, run_end));
+        for (std::size_t j = i + 1; j < count; ++j) {
+          cuts.push_back(flip(now[i]->begin, now[j]->begin, q, run_end));
+          cuts.push_back(flip(now[i]->end, now[j]->end, q, run_end));
+          cuts.push_back(flip(now[i]->begin, now[j]->end + 1, q, run_end));
+          cuts.push_back(flip(now[j]->begin, now[i]->end + 1, q, run_end));
+        }
+      }
+      cuts.push_back(run_end);
+      std::sort(cuts.begin(), cuts.end());
+      std::int64_t l = q;
+      for (std::int64_t cut : cuts) {
+        if (cut <= l) continue;
+        order.clear();
+        for (std::size_t i = 0; i < count; ++i)
+          if (now[i]->begin.at(l) < now[i]->end.at(l)) order.push_back(i);
+        // Ties at row l broken as the cuts' comparisons (f >= g, pair (earlier, later)) hold
+        // over the whole part: the later child's begin is the least, the earlier's end the
+        // greatest.
+        std::sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) {
+          const std::int64_t bx = now[x]->begin.at(l), by = now[y]->begin.at(l);
+          return bx < by || (bx == by && x > y);
+        });
+        Line begin = constant(kAbove), end = constant(kBelow);  // no range: the row attends nothing
+        std::size_t furthest = count;
+        for (std::size_t i : order) {
+          if (furthest == count) {
+            begin = now[i]->begin, end = now[i]->end, furthest = i;
+            continue;
+          }
+          if (now[i]->begin.at(l) > end.at(l))
+            return fail(unreadable("or_masks: a row attends two separate key ranges"));
+          const std::int64_t e = now[i]->end.at(l);
+          if (e > end.at(l) || (e == end.at(l) && i < furthest)) end = now[i]->end, furthest = i;
+        }
+        out.push_back({b, l, cut, begin, end});
+        l = cut;
+      }
+      q = run_end;
+    }
     return true;
   }
 

@@ -10,8 +10,8 @@ closure whose free variables (a window, a chunk size, an O(B·L) tensor) can be 
 
 recognise() walks that tree, and include/masklens/definition.hpp (_core.read_definition)
 works out the keys the composition lets each query row attend as one interval [begin,
-end): every node gives each row one interval, AND intersects, OR joins two that meet. The
-rows are worked out per piece (runs of rows whose interval ends move linearly, cut where a
+end): every node gives each row one interval, AND intersects, OR joins all its children
+at once (in any order) where they meet. The rows are worked out per piece (runs of rows whose interval ends move linearly, cut where a
 table changes value along the rows, a chunk starts or two ends cross), from the runs of
 the O(B·L) tables read in one copy (masklens._table_runs), so the work is O(pieces), not
 O(B·Q) and never O(Q·K). That row table is exactly what a scan of sdpa_mask's

@@ -9,6 +9,7 @@ it proves (rendered row by row by the C++ rule) and its row intervals with the
 verdict with a scan of that tensor. Compositions it does not read back (a model's own
 lambda, padding with holes) must say so, never guess.
 """
+import itertools
 import random
 
 import numpy as np
@@ -274,6 +275,22 @@ def test_what_only_the_values_say_is_read_with_the_runs_and_named(case, reason):
         fn = mu.and_masks(causal, mu.packed_sequence_mask_function(torch.zeros((1, 0), dtype=torch.long)))
     with pytest.raises(_definition.Unrecognised, match=reason):
         _definition.recognise(batch_size=batch, q_length=q_length, kv_length=L, mask_function=fn)
+
+
+def test_an_or_of_three_is_read_in_every_order():
+    """An OR joins all its children at once: windows of keys [q - 1, q], [q - 5, q - 4] and
+    [q - 3, q - 2] make one range together although the first two alone are apart, so every
+    order is read, and equals sdpa_mask's tensor; without the bridge it is refused."""
+    window = mu.sliding_window_causal_mask_function(2)
+    parts = [window, mu.add_offsets_to_mask_function(window, 0, 4), mu.add_offsets_to_mask_function(window, 0, 2)]
+    for order in itertools.permutations(parts):
+        kw = dict(batch_size=1, q_length=12, kv_length=12, mask_function=mu.or_masks(*order))
+        d = _definition.recognise(**kw)
+        dense = mu.sdpa_mask(**kw, allow_is_causal_skip=False)
+        assert _same_verdict(d.verdict.structure, masklens._core.scan(dense.numpy()).structure), order
+        assert d.verdict.structure.kind == "sliding_window" and d.verdict.structure.window == 6  # keys [q - 5, q]
+    with pytest.raises(_definition.Unrecognised, match="two separate key ranges"):
+        _definition.recognise(batch_size=1, q_length=12, kv_length=12, mask_function=mu.or_masks(*parts[:2]))
 
 
 def test_a_float_table_is_not_read():
