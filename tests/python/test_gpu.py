@@ -38,15 +38,18 @@ def masks(L=2048):
     c = j <= i
     docs = torch.bucketize(torch.arange(L, device=DEV), torch.tensor([300, 1200], device=DEV), right=True)
     start = torch.tensor([0, 100], device=DEV)
+    length = torch.tensor([L, L - 300], device=DEV)
     return {
         "causal": c.expand(2, 1, L, L),
         "sliding window 256": (c & (i - j < 256)).expand(2, 1, L, L),
         "packed documents": (c & (docs[:, None] == docs[None, :])).expand(2, 1, L, L),
         "left padded causal": (c[None] & (j[None] >= start[:, None, None]))[:, None],
+        # A batch's rows and keys past its length attend nothing: rows of no keys (q_valid).
+        "right padded, empty rows": (c[None] & (torch.maximum(i, j)[None] < length[:, None, None]))[:, None],
     }
 
 
-NAMES = ["causal", "sliding window 256", "packed documents", "left padded causal"]
+NAMES = ["causal", "sliding window 256", "packed documents", "left padded causal", "right padded, empty rows"]
 
 
 @pytest.mark.parametrize("name", NAMES)
