@@ -1,0 +1,146 @@
+"""What masklens' mask function costs inside a training step, against the same call warm.
+
+zero_byte times the registered mask function (masklens.transformers.masklens_mask) once a
+forward inside a training step; this benchmark asks why that figure is above the same call
+timed on its own. It trains the zero_byte model (a Llama-like model: 4 layers, hidden
+1024, 8 heads of 128, gradient checkpointing) at batch 1 on --length tokens, packed (4
+documents through position_ids) and left-padded (the first 1/16 of the tokens), and
+reports per batch, side by side in one process:
+  in step        the mask function's median time inside the training steps
+  warm           the same call (its captured arguments) repeated back to back
+  after a step   the same call once right after each training step, outside the model
+and the parts inside the step (the closures' parse, the pin check, the tables' read,
+definition.hpp's rows and classification), each between synchronisations on a GPU. The
+baseline is "warm": what the call costs when its code and data are in the caches.
+
+usage: python3 bench/mask_cost.py [--length 32768] [--steps 8] [--device cuda|cpu] [--json OUT]
+  on the CPU the model is smaller (hidden 256, 2 layers) and --length defaults to 1024.
+"""
+import argparse
+import copy
+import json
+import statistics
+import time
+
+import torch
+import transformers
+import transformers.masking_utils as mu
+
+import masklens._definition as definition
+import masklens._table_runs as table_runs
+import masklens.transformers as mlt
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+ap.add_argument("--length", type=int)
+ap.add_argument("--steps", type=int, default=8)
+ap.add_argument("--json")
+args = ap.parse_args()
+dev = torch.device(args.device)
+cuda = dev.type == "cuda"
+L = args.length or (32768 if cuda else 1024)
+if not cuda:
+    torch.set_num_threads(1)
+
+
+def sync():
+    if cuda:
+        torch.cuda.synchronize()
+
+
+def ms_of(fn):
+    sync()
+    t0 = time.perf_counter()
+    out = fn()
+    sync()
+    return (time.perf_counter() - t0) * 1e3, out
+
+
+size = dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=4, num_attention_heads=8) if cuda else \
+    dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=2)
+cfg = transformers.LlamaConfig(**size, num_key_value_heads=size["num_attention_heads"], head_dim=128,
+                               vocab_size=1024, max_position_embeddings=L)
+torch.manual_seed(0)
+model = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation="masklens")
+model = model.to(dev, torch.bfloat16 if cuda else torch.float32)
+model.gradient_checkpointing_enable()
+model.train()
+ids = torch.randint(0, 1024, (1, L), device=dev)
+padding = torch.ones((1, L), dtype=torch.long, device=dev)
+padding[:, :L // 16] = 0
+positions = torch.cat([torch.arange(L // 4)] * 4 + [torch.arange(L - 4 * (L // 4))]).view(1, L).to(dev)
+batches = {"packed": dict(position_ids=positions, use_cache=False), "padded": dict(attention_mask=padding)}
+
+mask_fn = mlt.masklens_mask
+in_step, captured = [], {}
+
+
+def timed_mask(*a, **kw):
+    ms, out = ms_of(lambda: mask_fn(*a, **kw))
+    in_step.append(ms)
+    captured.update(args=a, kwargs=kw)
+    return out
+
+
+# The parts, each between synchronisations, recorded only while `recording`.
+parts, recording = {}, [False]
+
+
+def wrap(owner, name, label):
+    real = getattr(owner, name)
+
+    def wrapper(*a, **kw):
+        if not recording[0]:
+            return real(*a, **kw)
+        ms, out = ms_of(lambda: real(*a, **kw))
+        parts.setdefault(label, []).append(ms)
+        return out
+    setattr(owner, name, wrapper)
+
+
+wrap(definition, "parse", "parse")
+wrap(definition, "pin", "pin")
+wrap(table_runs, "read_runs", "tables' read")
+wrap(definition._core, "read_definition", "rows and classification")
+
+
+def step(kw):
+    model.zero_grad(set_to_none=True)
+    model(input_ids=ids, labels=ids, **kw).loss.backward()
+
+
+rows = []
+mu.AttentionMaskInterface._global_mapping["masklens"] = timed_mask
+for kind, kw in batches.items():
+    for _ in range(2):
+        step(kw)
+    in_step.clear()
+    for _ in range(args.steps):
+        step(kw)
+    inside = statistics.median(in_step)
+    call = lambda: mask_fn(*captured["args"], **captured["kwargs"])  # noqa: E731
+    warm = statistics.median(ms_of(call)[0] for _ in range(30))
+    after = []
+    for _ in range(args.steps):
+        step(kw)
+        after.append(ms_of(call)[0])
+    parts.clear()
+    recording[0] = True
+    for _ in range(args.steps):
+        step(kw)
+    recording[0] = False
+    row = {"batch": kind, "length": L, "in_step_ms": inside, "warm_ms": warm,
+           "after_step_ms": statistics.median(after),
+           "parts_in_step_ms": {k: statistics.median(v) for k, v in parts.items()},
+           "how": mlt.masks()[-1][0]}
+    rows.append(row)
+    print(json.dumps(row), flush=True)
+
+print(f"\n{'batch':<7} {'L':>7} {'in step':>8} {'after a step':>13} {'warm':>7}  parts in the step (ms)")
+for r in rows:
+    p = ", ".join(f"{k} {v:.3f}" for k, v in r["parts_in_step_ms"].items())
+    print(f"{r['batch']:<7} {r['length']:>7} {r['in_step_ms']:>8.3f} {r['after_step_ms']:>13.3f} {r['warm_ms']:>7.3f}  {p}")
+if args.json:
+    with open(args.json, "w") as f:
+        json.dump({"device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,
+                   "transformers": transformers.__version__, "rows": rows}, f, indent=1)
