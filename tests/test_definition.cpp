@@ -345,6 +345,27 @@ TEST_CASE("definition: an OR's answer does not depend on the order of its childr
   } while (std::next_permutation(children.begin(), children.end(),
                                  [](const Node& x, const Node& y) { return x.b < y.b; }));
   CHECK(orders == 6);
+  // Nor does their grouping: an OR of an OR is one OR of all their children.
+  for (std::size_t inner = 0; inner < 3; ++inner) {
+    std::vector<Node> pair;
+    for (std::size_t i = 0; i < 3; ++i)
+      if (i != inner) pair.push_back(children[i]);
+    Definition d;
+    d.root = {def::Rule::any_of, 0, 0, -1, -1, {{def::Rule::any_of, 0, 0, -1, -1, pair}, children[inner]}};
+    const Result<std::vector<Piece>> got = definition::rows(d, 1, 12, 12, 0, 0);
+    REQUIRE_MESSAGE(got.ok(), got.status().to_string());
+    for (const Piece& p : *got)
+      for (std::int64_t q = p.lo; q < p.hi; ++q)
+        CHECK(std::pair{p.begin.at(q), p.end.at(q)} == std::pair{std::max<std::int64_t>(q - 7, 0),
+                                                                 std::min<std::int64_t>(q + 2, 12)});
+  }
+  // Parts whose joined lines are the same are one piece: every key, whatever the windows do.
+  Definition everything;
+  everything.root = {def::Rule::any_of, 0, 0, -1, -1,
+                     {{def::Rule::bidirectional, 0, 0, -1, -1, {}}, around(0), around(3), around(6)}};
+  const Result<std::vector<Piece>> all = definition::rows(everything, 1, 1000, 1000, 0, 0);
+  REQUIRE(all.ok());
+  CHECK(all->size() == 1);
   // Without the bridge the two ranges stay apart in either order.
   for (const std::int64_t first : {0, 6}) {
     Definition d;

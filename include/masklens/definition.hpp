@@ -20,9 +20,10 @@
 // chunk, padding and position within 2^40 (refused past it), so no sum of ends and rows
 // overflows; the slope of a query value is 0 or 1 (a row index plus an offset, or a
 // position along a document), which every rule that reads a table or a chunk by it
-// checks. An OR joins all its children at once, whatever their order, and refuses a row
-// whose ranges do not meet before they are clipped to the keys: it may refuse a row that
-// clipping would leave one range, never answers a wrong one.
+// checks. An OR joins all its operands at once (a child OR's children among them),
+// whatever their order or grouping, and refuses a row whose ranges do not meet as it
+// finds them: it may refuse a row that the keys' clip, an enclosing AND or a remap's
+// document would leave one range, never answers a wrong one.
 #pragma once
 
 #include <algorithm>
@@ -291,6 +292,7 @@ class Evaluator {
     }
   }
   static Status unreadable(std::string why) { return error(ErrorCode::invalid_value, std::move(why)); }
+  static constexpr bool same(Line x, Line y) noexcept { return x.k == y.k && x.c == y.c; }
 
   const TableRuns* table(int i) const noexcept {
     return i >= 0 && static_cast<std::size_t>(i) < d_.tables.size() ? &d_.tables[static_cast<std::size_t>(i)] : nullptr;
@@ -397,18 +399,32 @@ class Evaluator {
     return true;
   }
 
-  // OR of all the children at once, so that no order of them decides: each child's pieces
-  // over [lo, hi) (each covers the rows in order), then each run of rows where every child
-  // is one piece is cut wherever two of the children's begins, ends or a begin and an end
-  // swap order. Over each part the non-empty ranges, sorted by begin, join into one range
-  // exactly when each begins at or before the furthest end before it; a row where one
-  // begins past it attends two key ranges and is refused.
+  // An OR's operands: its children, with those of a child OR in their place (an OR of ORs
+  // is one OR of all their children, so neither the order nor the grouping decides).
+  static void operands(const Node& n, std::vector<const Node*>& out) {
+    for (const Node& child : n.children) {
+      if (child.rule == Rule::any_of) operands(child, out);
+      else out.push_back(&child);
+    }
+  }
+
+  // OR of all the operands at once: each one's pieces over [lo, hi) (each covers the rows
+  // in order), then each run of rows where every operand is one piece is cut where a
+  // range turns empty (begin against its end), two begins or two ends swap order, or a
+  // begin passes another's end (begin against end + 1). Over each part the non-empty
+  // ranges, sorted by begin, join into one range exactly when each begins at or before the
+  // furthest end before it; a row where one begins past it attends two key ranges and is
+  // refused. Neighbouring parts with the same lines are one piece.
   bool join_any(const Node& n, std::int64_t b, std::int64_t lo, std::int64_t hi, Line qv, Line shift,
                 std::vector<Piece>& out) {
-    const std::size_t count = n.children.size();
+    std::vector<const Node*> nodes;
+    operands(n, nodes);
+    const std::size_t count = nodes.size();
+    if (count == 0) return fail(unreadable("a join of no mask functions"));
     std::vector<std::vector<Piece>> parts(count);
     for (std::size_t i = 0; i < count; ++i)
-      if (!eval(n.children[i], b, lo, hi, qv, shift, parts[i])) return false;
+      if (!eval(*nodes[i], b, lo, hi, qv, shift, parts[i])) return false;
+    const std::size_t first_out = out.size();
     std::vector<std::size_t> at(count, 0), order;
     std::vector<const Piece*> now(count);
     std::vector<std::int64_t> cuts;
@@ -458,7 +474,9 @@ class Evaluator {
           const std::int64_t e = now[i]->end.at(l);
           if (e > end.at(l) || (e == end.at(l) && i < furthest)) end = now[i]->end, furthest = i;
         }
-        out.push_back({b, l, cut, begin, end});
+        Piece* last = out.size() > first_out ? &out.back() : nullptr;
+        if (last != nullptr && last->hi == l && same(last->begin, begin) && same(last->end, end)) last->hi = cut;
+        else out.push_back({b, l, cut, begin, end});
         l = cut;
       }
       q = run_end;

@@ -10,14 +10,14 @@ closure whose free variables (a window, a chunk size, an O(B·L) tensor) can be 
 
 recognise() walks that tree, and include/masklens/definition.hpp (_core.read_definition)
 works out the keys the composition lets each query row attend as one interval [begin,
-end): every node gives each row one interval, AND intersects, OR joins all its children at
-once (in any order) where they meet. The rows are worked out per piece (runs of rows whose
-interval ends move linearly, cut where a table changes value along the rows, a chunk
-starts or two ends cross), from the runs of the O(B·L) tables read in one copy
-(masklens._table_runs), so the work is O(pieces), not O(B·Q) and never O(Q·K). That row
-table is exactly what a scan of sdpa_mask's [B, 1, Q, K] tensor gives (each row of a bool
-mask whose keys form one interval: no flags), so the classifier's verdict over its pieces
-is the scan's, proven by the same render-back.
+end): every node gives each row one interval, AND intersects, OR joins all its children (a
+child OR's among them) at once, in any order or nesting, where they meet. The rows are
+worked out per piece (runs of rows whose interval ends move linearly, cut where a table
+changes value along the rows, a chunk starts or two ends cross), from the runs of the
+O(B·L) tables read in one copy (masklens._table_runs), so the work is O(pieces), not
+O(B·Q) and never O(Q·K). That row table is exactly what a scan of sdpa_mask's [B, 1, Q, K]
+tensor gives (each row of a bool mask whose keys form one interval: no flags), so the
+classifier's verdict over its pieces is the scan's, proven by the same render-back.
 
 Nothing is guessed. A function that is not a recognised primitive (a model's own lambda,
 a custom or_mask_function), a padding mask with holes, a row whose keys are not one

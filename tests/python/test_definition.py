@@ -278,16 +278,19 @@ def test_what_only_the_values_say_is_read_with_the_runs_and_named(case, reason):
 
 
 def test_an_or_of_three_is_read_in_every_order():
-    """An OR joins all its children at once: windows of keys [q - 1, q], [q - 5, q - 4] and
-    [q - 3, q - 2] make one range together although the first two alone are apart, so every
-    order is read, and equals sdpa_mask's tensor; without the bridge it is refused."""
+    """An OR joins all its children at once, a nested OR's too: windows of keys [q - 1, q],
+    [q - 5, q - 4] and [q - 3, q - 2] make one range together although the first two alone
+    are apart, so every order and nesting is read, and equals sdpa_mask's tensor; without
+    the bridge it is refused."""
     window = mu.sliding_window_causal_mask_function(2)
     parts = [window, mu.add_offsets_to_mask_function(window, 0, 4), mu.add_offsets_to_mask_function(window, 0, 2)]
-    for order in itertools.permutations(parts):
-        kw = dict(batch_size=1, q_length=12, kv_length=12, mask_function=mu.or_masks(*order))
+    flat = [mu.or_masks(*order) for order in itertools.permutations(parts)]
+    nested = [mu.or_masks(mu.or_masks(a, b), c) for a, b, c in itertools.permutations(parts)]
+    for fn in flat + nested:
+        kw = dict(batch_size=1, q_length=12, kv_length=12, mask_function=fn)
         d = _definition.recognise(**kw)
         dense = mu.sdpa_mask(**kw, allow_is_causal_skip=False)
-        assert _same_verdict(d.verdict.structure, masklens._core.scan(dense.numpy()).structure), order
+        assert _same_verdict(d.verdict.structure, masklens._core.scan(dense.numpy()).structure)
         assert d.verdict.structure.kind == "sliding_window" and d.verdict.structure.window == 6  # keys [q - 5, q]
     with pytest.raises(_definition.Unrecognised, match="two separate key ranges"):
         _definition.recognise(batch_size=1, q_length=12, kv_length=12, mask_function=mu.or_masks(*parts[:2]))
