@@ -389,6 +389,11 @@ TEST_CASE("definition: parameters, lengths and positions past 2^40 are refused, 
   Definition causal;
   causal.root = {def::Rule::causal, 0, 0, -1, -1, {}};
   CHECK(definition::rows(causal, 1, 4, 4, INT64_MAX / 2, 0).status().code() == ErrorCode::invalid_shape);
+  // A start whose query value rises by 2^40 a row over 2^40 rows: refused, never multiplied.
+  const std::vector<def::Start> steep{{0, 0, std::int64_t{1} << 40, {std::int64_t{1} << 40, 0}, def::constant(0)}};
+  const Result<std::vector<Piece>> steep_rows = definition::evaluate(causal, 1, steep, 4);
+  REQUIRE_FALSE(steep_rows.ok());
+  CHECK(steep_rows.status().message().find("rises by more than 1 a row") != std::string::npos);
   // An OR of nothing yet and a child: the empty start's unbounded ends are never subtracted.
   Definition either;
   either.root = {def::Rule::any_of, 0, 0, -1, -1, {{def::Rule::causal, 0, 0, -1, -1, {}}}};

@@ -536,6 +536,10 @@ inline Result<std::vector<Piece>> evaluate(const Definition& d, std::int64_t bat
       if (!bounded(s.lo) || !bounded(s.hi) || !bounded(s.qv.k) || !bounded(s.qv.c) || !bounded(s.shift.k) ||
           !bounded(s.shift.c))
         return error(ErrorCode::invalid_argument, "a start's rows or lines are past 2^40");
+      // A slope past 1 would let a row times a slope (rows up to 2^40) overflow in a rule
+      // that reads no table (those check their query's slope themselves).
+      if (s.qv.k < -1 || s.qv.k > 1 || s.shift.k < -1 || s.shift.k > 1)
+        return error(ErrorCode::invalid_argument, "a start's query value or key shift rises by more than 1 a row");
       if (!e.eval(d.root, s.batch, s.lo, s.hi, s.qv, s.shift, raw)) return e.failed();
     }
     if (k_len < 0) return raw;
