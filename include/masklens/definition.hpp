@@ -42,6 +42,7 @@ namespace masklens::definition {
 struct Line {
   std::int64_t k = 0, c = 0;
   [[nodiscard]] constexpr std::int64_t at(std::int64_t q) const noexcept { return k * q + c; }
+  friend constexpr bool operator==(Line, Line) noexcept = default;
 };
 constexpr Line operator+(Line a, Line b) noexcept { return {a.k + b.k, a.c + b.c}; }
 constexpr Line operator-(Line a, Line b) noexcept { return {a.k - b.k, a.c - b.c}; }
@@ -292,7 +293,6 @@ class Evaluator {
     }
   }
   static Status unreadable(std::string why) { return error(ErrorCode::invalid_value, std::move(why)); }
-  static constexpr bool same(Line x, Line y) noexcept { return x.k == y.k && x.c == y.c; }
 
   const TableRuns* table(int i) const noexcept {
     return i >= 0 && static_cast<std::size_t>(i) < d_.tables.size() ? &d_.tables[static_cast<std::size_t>(i)] : nullptr;
@@ -475,7 +475,7 @@ class Evaluator {
           if (e > end.at(l) || (e == end.at(l) && i < furthest)) end = now[i]->end, furthest = i;
         }
         Piece* last = out.size() > first_out ? &out.back() : nullptr;
-        if (last != nullptr && last->hi == l && same(last->begin, begin) && same(last->end, end)) last->hi = cut;
+        if (last != nullptr && last->hi == l && last->begin == begin && last->end == end) last->hi = cut;
         else out.push_back({b, l, cut, begin, end});
         l = cut;
       }
