@@ -2,7 +2,7 @@
 
 zero_byte times the registered mask function (masklens.transformers.masklens_mask) once a
 forward inside a training step; this benchmark asks why that figure is above the same call
-timed on its own. It trains the zero_byte model (a Llama-like model: 4 layers, hidden
+timed on its own. It trains the zero_byte model (bench/llama_like.py: 4 layers, hidden
 1024, 8 heads of 128, gradient checkpointing) at batch 1 on --length tokens, packed (4
 documents through position_ids) and left-padded (the first 1/16 of the tokens), and
 reports per batch, side by side in one process:
@@ -17,7 +17,6 @@ usage: python3 bench/mask_cost.py [--length 32768] [--steps 8] [--device cuda|cp
   on the CPU the model is smaller (hidden 256, 2 layers) and --length defaults to 1024.
 """
 import argparse
-import copy
 import json
 import statistics
 import time
@@ -29,6 +28,8 @@ import transformers.masking_utils as mu
 import masklens._definition as definition
 import masklens._table_runs as table_runs
 import masklens.transformers as mlt
+
+import llama_like
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -56,20 +57,10 @@ def ms_of(fn):
     return (time.perf_counter() - t0) * 1e3, out
 
 
-size = dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=4, num_attention_heads=8) if cuda else \
-    dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=2)
-cfg = transformers.LlamaConfig(**size, num_key_value_heads=size["num_attention_heads"], head_dim=128,
-                               vocab_size=1024, max_position_embeddings=L)
-torch.manual_seed(0)
-model = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation="masklens")
-model = model.to(dev, torch.bfloat16 if cuda else torch.float32)
-model.gradient_checkpointing_enable()
-model.train()
-ids = torch.randint(0, 1024, (1, L), device=dev)
-padding = torch.ones((1, L), dtype=torch.long, device=dev)
-padding[:, :L // 16] = 0
-positions = torch.cat([torch.arange(L // 4)] * 4 + [torch.arange(L - 4 * (L // 4))]).view(1, L).to(dev)
-batches = {"packed": dict(position_ids=positions, use_cache=False), "padded": dict(attention_mask=padding)}
+# zero_byte's model and batches (llama_like.py); on the CPU its small model.
+model = llama_like.make(llama_like.config(L, small=not cuda), "masklens", dev,
+                        torch.bfloat16 if cuda else torch.float32)
+batches = {kind: llama_like.batch(kind, L, dev) for kind in llama_like.BATCHES}
 
 mask_fn = mlt.masklens_mask
 in_step, captured = [], {}
@@ -106,7 +97,7 @@ wrap(definition._core, "read_definition", "rows and classification")
 
 def step(kw):
     model.zero_grad(set_to_none=True)
-    model(input_ids=ids, labels=ids, **kw).loss.backward()
+    model(**kw).loss.backward()
 
 
 rows = []

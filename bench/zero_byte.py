@@ -47,6 +47,8 @@ import masklens._graph_definition as graph_definition
 import masklens._one_graph as one_graph_forms
 import masklens.torch as mt
 import masklens.transformers as mlt
+import llama_like
+from llama_like import BATCHES, config
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -106,36 +108,8 @@ def counted_materialise(self, why):
 mlt.DefinedMask.materialise = counted_materialise
 
 
-def config(L):
-    return transformers.LlamaConfig(hidden_size=1024, intermediate_size=2816, num_hidden_layers=4,
-                                    num_attention_heads=8, num_key_value_heads=8, head_dim=128, vocab_size=1024,
-                                    max_position_embeddings=L)
-
-
 def make(cfg, impl, state=None):
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation=impl)
-    if state is not None:
-        model.load_state_dict(state)
-    model = model.to(dev, dtype)
-    model.gradient_checkpointing_enable()
-    model.train()
-    return model
-
-
-def batch(kind, L, docs=4):
-    g = torch.Generator().manual_seed(L)
-    ids = torch.randint(0, 1024, (1, L), generator=g)
-    if kind == "packed":
-        n = L // docs
-        pos = torch.cat([torch.arange(n)] * docs + [torch.arange(L - n * docs)]).view(1, L)
-        # As DataCollatorWithFlattening: no label predicts a document's first token from the last one's.
-        labels = ids.masked_fill(pos == 0, -100)
-        return dict(input_ids=ids.to(dev), position_ids=pos.to(dev), labels=labels.to(dev), use_cache=False)
-    am = torch.ones((1, L), dtype=torch.long)
-    am[:, :L // 16] = 0
-    labels = ids.masked_fill(am == 0, -100)
-    return dict(input_ids=ids.to(dev), attention_mask=am.to(dev), labels=labels.to(dev))
+    return llama_like.make(cfg, impl, dev, dtype, state)
 
 
 def grad_norm(model):
@@ -240,8 +214,8 @@ for L in (int(x) for x in args.lengths.split(",") if ways):
     cfg = config(L)
     torch.manual_seed(0)
     state = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(cfg)).state_dict()
-    for kind in ("packed", "padded"):
-        inputs = batch(kind, L)
+    for kind in BATCHES:
+        inputs = llama_like.batch(kind, L, dev)
         ref = true_norm_packed(cfg, state, inputs) if kind == "packed" else None
         for way in ways:
             row = {"length": L, "batch": kind, **run_way(cfg, state, way, inputs)}
@@ -258,7 +232,7 @@ if args.qwen35 and hasattr(transformers, "Qwen3_5TextConfig"):
                                          layer_types=["linear_attention", "full_attention"] * 2)
     torch.manual_seed(0)
     state = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(cfg)).state_dict()
-    inputs = batch("packed", L)
+    inputs = llama_like.batch("packed", L, dev)
     row = {"length": L, "batch": "packed", "model": "qwen3.5", **run_way(cfg, state, "definition", inputs)}
     try:
         row["true_grad_norm"] = true_norm_packed(cfg, state, inputs)
