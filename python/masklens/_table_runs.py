@@ -5,8 +5,9 @@ only as runs of equal values: where a padding mask, packed documents, block ids 
 positions change along each batch, and the value between. Each table's changes are found
 on its device, by masklens' device pass (include/masklens/cuda/table_runs.hpp) where
 masklens._cuda is built, else by torch operations (torch.nonzero_static: no
-synchronisation), and every table's run starts and values cross to the host together;
-the rows are then worked out on the host, per piece.
+synchronisation), and every table's run starts and values cross to the host together
+(CPU tables are read in place by numpy); the rows are then worked out on the host, per
+piece.
 """
 from __future__ import annotations
 
@@ -73,9 +74,47 @@ def read_runs(tables, room: int = 1024):
     pass where masklens._cuda is built (include/masklens/cuda/table_runs.hpp: one kernel a
     table, one copy, the runs sorted in C++); otherwise each table's changes are found by
     torch operations (torch.nonzero_static, no synchronisation). Either way up to `room`
-    changes a table cross in the one copy; a table with more is read again exactly."""
-    read = _device_read(tables, room)
-    return read if read is not None else _torch_read(tables, room)
+    changes a table cross in the one copy; a table with more is read again exactly. CPU
+    tables are read by numpy in place (_host_read)."""
+    for reader in (_device_read, _host_read):
+        read = reader(tables, room)
+        if read is not None:
+            return read
+    return _torch_read(tables, room)
+
+
+# Element types numpy reads from a CPU tensor's memory as they are.
+_HOST_ELEMENTS = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+
+
+def _host_read(tables, room: int):
+    """read_runs of CPU tables by numpy on the tensors' own memory, or None where it does
+    not apply (a table off the CPU, another element type, a tensor numpy cannot view). A
+    handful of numpy calls a table instead of torch operations: exact (no room needed) and
+    without torch's per-operation dispatch, which is most of this read's time on the CPU."""
+    if not all(t.device.type == "cpu" and t.dtype in _HOST_ELEMENTS for t, _ in tables):
+        return None
+    try:
+        arrays = [t.detach().numpy() for t, _ in tables]
+    except (RuntimeError, TypeError):  # a tensor subclass or view numpy cannot take
+        return None
+    out = []
+    for a, (_, positions) in zip(arrays, tables):
+        if a.ndim == 1:
+            out.append(a.astype(np.int64))
+            continue
+        B, L = a.shape
+        if B == 0 or L == 0:  # no runs: the definition names an empty table
+            none = np.zeros(0, dtype=np.int64)
+            out.append(TableRuns(none, none, none, B, L))
+            continue
+        flat = a.reshape(-1).astype(np.int64, copy=False)
+        # A new value wherever it changes (a position: wherever it is not the previous + 1);
+        # a change across two batches is dropped by _merged.
+        changed = np.diff(flat) != 1 if positions else flat[1:] != flat[:-1]
+        starts = np.flatnonzero(changed) + 1
+        out.append(_merged(flat[::L].copy(), starts, flat[starts], B, L, positions))
+    return out
 
 
 def _device_read(tables, room: int):

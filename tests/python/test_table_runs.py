@@ -14,15 +14,22 @@ torch = pytest.importorskip("torch")
 from masklens import _table_runs  # noqa: E402
 
 
+# read_runs reads CPU tables by numpy in place; _torch_read is what it does on a GPU
+# without masklens._cuda: both are checked here.
+READERS = {"read_runs": _table_runs.read_runs, "torch": _table_runs._torch_read}
+
+
+@pytest.mark.parametrize("reader", READERS)
 @pytest.mark.parametrize("room", [1, 3, 1024])
-def test_a_tables_runs_are_read_in_one_copy_or_exactly(room):
+def test_a_tables_runs_are_read_in_one_copy_or_exactly(room, reader):
+    read_runs = READERS[reader]
     rng = random.Random(room)
     for _ in range(50):
         B, L = rng.randrange(1, 4), rng.randrange(1, 30)
         t = torch.tensor([[rng.randrange(3) for _ in range(L)] for _ in range(B)])
         pos = torch.tensor([[j - rng.randrange(2) * 3 for j in range(L)] for _ in range(B)])
         left = torch.tensor([rng.randrange(5) for _ in range(B)])
-        runs, positions, flat = _table_runs.read_runs([(t, False), (pos, True), (left, False)], room=room)
+        runs, positions, flat = read_runs([(t, False), (pos, True), (left, False)], room=room)
         assert np.array_equal(flat, left.numpy())
         for got, table in ((runs, t.numpy()), (positions, pos.numpy() - np.arange(L))):
             for b in range(B):
@@ -31,23 +38,26 @@ def test_a_tables_runs_are_read_in_one_copy_or_exactly(room):
                 assert np.array_equal(got.start[mine], starts)
                 assert np.array_equal(got.end[mine], np.append(starts[1:], L))
                 assert np.array_equal(got.value[mine], table[b, starts])
-        (empty,) = _table_runs.read_runs([(torch.zeros((B, 0), dtype=torch.long), False)], room=room)
+        (empty,) = read_runs([(torch.zeros((B, 0), dtype=torch.long), False)], room=room)
         assert (empty.batch, empty.length, len(empty.b)) == (B, 0, 0)
 
 
+@pytest.mark.parametrize("reader", READERS)
 @pytest.mark.parametrize("room", [1, 2, 1024])
-def test_bool_int32_and_strided_tables_and_changes_across_batches(room):
+def test_bool_int32_and_strided_tables_and_changes_across_batches(room, reader):
     """The table is read flat: a change between one batch's last value and the next batch's
-    first is not a run, every batch's first value is; bool and int32 tables, and a table
-    that is a strided view, give the same runs."""
+    first is not a run, every batch's first value is; bool, int32, uint8 and float tables,
+    and a table that is a strided view, give the same runs."""
     rng = random.Random(7 + room)
     for _ in range(60):
         B, L = rng.randrange(1, 5), rng.randrange(2, 20)
         values = [[rng.randrange(2) if rng.random() < 0.3 else 1 for _ in range(L)] for _ in range(B)]
         base = np.array(values)
+        # A float table is not numpy's to read in place: read_runs takes torch's way for it.
         for t in (torch.tensor(values, dtype=torch.bool), torch.tensor(values, dtype=torch.int32),
+                  torch.tensor(values, dtype=torch.uint8), torch.tensor(values, dtype=torch.float32),
                   torch.tensor(values).t().contiguous().t()):
-            (got,) = _table_runs.read_runs([(t, False)], room=room)
+            (got,) = READERS[reader]([(t, False)], room=room)
             for b in range(B):
                 starts = np.flatnonzero(np.diff(base[b], prepend=base[b, 0] - 1) != 0)
                 mine = got.b == b
@@ -83,6 +93,7 @@ def test_the_device_pass_reads_what_torch_reads(room):
             assert (d.batch, d.length) == (h.batch, h.length)
 
 
-def test_a_table_of_no_batch_has_no_runs():
-    (runs,) = _table_runs.read_runs([(torch.zeros((0, 5), dtype=torch.long), False)])
+@pytest.mark.parametrize("reader", READERS)
+def test_a_table_of_no_batch_has_no_runs(reader):
+    (runs,) = READERS[reader]([(torch.zeros((0, 5), dtype=torch.long), False)], 1024)
     assert (runs.batch, runs.length, len(runs.b)) == (0, 5, 0)
