@@ -13,7 +13,9 @@ and the parts inside the step (the closures' parse, the pin check, the tables' r
 definition.hpp's rows and classification), each between synchronisations on a GPU. The
 baseline is "warm": what the call costs when its code and data are in the caches.
 
-usage: python3 bench/mask_cost.py [--length 32768] [--steps 8] [--device cuda|cpu] [--json OUT]
+usage: python3 bench/mask_cost.py [--length 32768] [--steps 8] [--device cuda|cpu] [--torch-read] [--json OUT]
+  --torch-read: the tables read by torch operations (a GPU's way without masklens._cuda;
+  on the CPU the way before the numpy read): the baseline of the tables' read.
   on the CPU the model is smaller (hidden 256, 2 layers) and --length defaults to 1024.
 """
 import argparse
@@ -35,6 +37,9 @@ ap = argparse.ArgumentParser()
 ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
 ap.add_argument("--length", type=int)
 ap.add_argument("--steps", type=int, default=8)
+ap.add_argument("--torch-read", action="store_true",
+                help="read the tables by torch operations (a GPU's way without masklens._cuda; "
+                     "on the CPU the way before the numpy read): the read's baseline")
 ap.add_argument("--json")
 args = ap.parse_args()
 dev = torch.device(args.device)
@@ -42,6 +47,8 @@ cuda = dev.type == "cuda"
 L = args.length or (32768 if cuda else 1024)
 if not cuda:
     torch.set_num_threads(1)
+if args.torch_read:
+    table_runs._device_read = table_runs._host_read = lambda tables, room: None
 
 
 def sync():
@@ -134,4 +141,4 @@ for r in rows:
 if args.json:
     with open(args.json, "w") as f:
         json.dump({"device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,
-                   "transformers": transformers.__version__, "rows": rows}, f, indent=1)
+                   "transformers": transformers.__version__, "torch_read": args.torch_read, "rows": rows}, f, indent=1)
