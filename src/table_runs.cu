@@ -49,10 +49,6 @@ __global__ void table_changes_kernel(const T* __restrict__ data, std::int64_t ba
 constexpr int kThreads = 256;
 constexpr std::int64_t kMaxBlocks = 4096;  // grid-striding past it: enough to fill any device
 
-std::size_t element_bytes(TableElement e) {
-  return e == TableElement::boolean ? 1 : (e == TableElement::int32 ? 4 : 8);
-}
-
 template <class T>
 cudaError_t launch_as(const DeviceTable& t, std::int64_t room, std::int64_t* section, cudaStream_t s) {
   const std::int64_t n = t.batch * t.length;
@@ -94,19 +90,8 @@ Status table_changes_into(std::span<const DeviceTable> tables, std::int64_t room
   if (reinterpret_cast<std::uintptr_t>(d_block) % alignof(std::int64_t) != 0)
     return error(ErrorCode::misaligned_pointer, "d_block is not aligned to 8 bytes");
   if (first_word < 0) return error(ErrorCode::invalid_argument, "first_word is negative");
-  for (std::size_t k = 0; k < tables.size(); ++k) {
-    const DeviceTable& t = tables[k];
-    const std::string name = "table " + std::to_string(k);
-    if (t.batch < 1 || t.length < 1 || t.batch > kMaxTableElements / t.length)
-      return error(ErrorCode::invalid_shape, name + " is [" + std::to_string(t.batch) + ", " +
-                                                 std::to_string(t.length) + "]: empty or past 2^40 elements");
-    if (t.data == nullptr) return error(ErrorCode::invalid_argument, name + "'s data is null");
-    if (reinterpret_cast<std::uintptr_t>(t.data) % detail::element_bytes(t.element) != 0)
-      return error(ErrorCode::misaligned_pointer, name + "'s data is not aligned to its element");
-    if (t.batch_stride < 0 || t.length_stride < 0 || t.batch_stride > kMaxTableElements ||
-        t.length_stride > kMaxTableElements)
-      return error(ErrorCode::invalid_stride, name + "'s strides are negative or past 2^40");
-  }
+  for (std::size_t k = 0; k < tables.size(); ++k)
+    if (Status st = check_table(tables[k], "table " + std::to_string(k)); !st.ok()) return st;
   if (block_words != table_block_words(tables, room, first_word))
     return error(ErrorCode::invalid_argument, "block_words " + std::to_string(block_words) + " is not the tables' " +
                                                   std::to_string(table_block_words(tables, room, first_word)));

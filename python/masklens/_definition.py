@@ -259,7 +259,7 @@ def _read(tree):
             lists.append(np.ascontiguousarray(runs, dtype=np.int64))
         else:
             index[key] = len(tables)
-            tables.append(runs.as_tuple())
+            tables.append(runs.as_tuple())  # a CPU table's view: its memory, which the tree keeps alive
     return _encode(tree, index), tables, lists
 
 

@@ -6,8 +6,8 @@ positions change along each batch, and the value between. Each table's changes a
 on its device, by masklens' device pass (include/masklens/cuda/table_runs.hpp) where
 masklens._cuda is built, else by torch operations (torch.nonzero_static: no
 synchronisation), and every table's run starts and values cross to the host together
-(CPU tables are read in place by numpy); the rows are then worked out on the host, per
-piece.
+(CPU tables are read where they lie, in C++ with the definition: TableView); the rows
+are then worked out on the host, per piece.
 """
 from __future__ import annotations
 
@@ -65,17 +65,18 @@ def _merged(firsts, flat_starts, values, B: int, L: int, positions: bool) -> Tab
     return TableRuns(b, start, value, B, L)
 
 
-_DEVICE_ELEMENTS = {torch.bool: "bool", torch.int32: "int32", torch.int64: "int64"}
+_ELEMENTS = {torch.bool: "bool", torch.int32: "int32", torch.int64: "int64"}
 
 
 def read_runs(tables, room: int = 1024):
-    """TableRuns of each (tensor [B, L], positions) in `tables`, and the 1-D tensors among
+    """TableRuns (or, on the CPU, TableView) of each (tensor [B, L], positions) in `tables`,
+    and the 1-D tensors among
     them as host arrays, in one copy to the host. CUDA tables are read by masklens' device
     pass where masklens._cuda is built (include/masklens/cuda/table_runs.hpp: one kernel a
     table, one copy, the runs sorted in C++); otherwise each table's changes are found by
     torch operations (torch.nonzero_static, no synchronisation). Either way up to `room`
     changes a table cross in the one copy; a table with more is read again exactly. CPU
-    tables are read by numpy in place (_host_read)."""
+    tables are not read here: each is a TableView, read in C++ with the definition."""
     for reader in (_device_read, _host_read):
         read = reader(tables, room)
         if read is not None:
@@ -83,37 +84,46 @@ def read_runs(tables, room: int = 1024):
     return _torch_read(tables, room)
 
 
-# Element types numpy reads from a CPU tensor's memory as they are.
-_HOST_ELEMENTS = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+class TableView:
+    """A [B, L] table as masklens' C++ reads it where it lies (include/masklens/table_runs.hpp:
+    a CPU table in one pass inside masklens._core.read_definition; a CUDA one by the device
+    pass): the tensor, kept alive until then, and whether it holds positions."""
+
+    __slots__ = ("tensor", "positions")
+
+    def __init__(self, tensor, positions: bool):
+        self.tensor, self.positions = tensor, positions
+
+    def as_tuple(self):
+        """(data, element, batch, length, batch stride, length stride, positions): the table
+        as masklens._core reads it (a dimension of one is never stepped along: stride 0)."""
+        t = self.tensor
+        B, L = t.shape
+        return (t.data_ptr(), _ELEMENTS[t.dtype], B, L, t.stride(0) if B > 1 else 0,
+                t.stride(1) if L > 1 else 0, self.positions)
+
+    def runs(self) -> TableRuns:
+        """The table's runs, read now (what read_definition reads of it)."""
+        from . import _core
+        return TableRuns.from_columns(*_core.table_runs(self.as_tuple()))
 
 
 def _host_read(tables, room: int):
-    """read_runs of CPU tables by numpy on the tensors' own memory, or None where it does
-    not apply (a table off the CPU, another element type, a tensor numpy cannot view). A
-    handful of numpy calls a table instead of torch operations: exact (no room needed) and
-    without torch's per-operation dispatch, which is most of this read's time on the CPU."""
-    if not all(t.device.type == "cpu" and t.dtype in _HOST_ELEMENTS for t, _ in tables):
-        return None
-    try:
-        arrays = [t.detach().numpy() for t, _ in tables]
-    except (RuntimeError, TypeError):  # a tensor subclass or view numpy cannot take
+    """read_runs of CPU tables, or None where it does not apply (a table off the CPU, or of
+    an element type other than bool, int32 and int64): each table a TableView, read in C++
+    where the definition is read (no copy, no torch operation); the 1-D lists as int64
+    arrays."""
+    if not all(t.device.type == "cpu" and t.dtype in _ELEMENTS for t, _ in tables):
         return None
     out = []
-    for a, (_, positions) in zip(arrays, tables):
-        if a.ndim == 1:
-            out.append(a.astype(np.int64))
-            continue
-        B, L = a.shape
-        if B == 0 or L == 0:  # no runs: the definition names an empty table
+    for t, positions in tables:
+        if t.dim() == 1:
+            out.append(t.detach().numpy().astype(np.int64))
+        elif t.numel() == 0:  # no runs: the definition names an empty table
             none = np.zeros(0, dtype=np.int64)
-            out.append(TableRuns(none, none, none, B, L))
-            continue
-        flat = a.reshape(-1).astype(np.int64, copy=False)
-        # A new value wherever it changes (a position: wherever it is not the previous + 1);
-        # a change across two batches is dropped by _merged.
-        changed = np.diff(flat) != 1 if positions else flat[1:] != flat[:-1]
-        starts = np.flatnonzero(changed) + 1
-        out.append(_merged(flat[::L].copy(), starts, flat[starts], B, L, positions))
+            out.append(TableRuns(none, none, none, *t.shape))
+        else:
+            out.append(TableView(t.detach(), positions))
     return out
 
 
@@ -125,7 +135,7 @@ def _device_read(tables, room: int):
     device = tables[0][0].device
     grids = [(t, p) for t, p in tables if t.dim() == 2 and t.numel() > 0]
     if (not grids or any(t.device != device for t, _ in tables)
-            or any(t.dtype not in _DEVICE_ELEMENTS for t, _ in grids)):
+            or any(t.dtype not in _ELEMENTS for t, _ in grids)):
         return None
     from . import _core, _scan
     cuda = _scan.cuda_module()
@@ -139,9 +149,7 @@ def _device_read(tables, room: int):
     for t in lists:  # the lists cross in the same copy, ahead of the tables' sections
         block[at:at + t.numel()].copy_(t)
         at += t.numel()
-    # A dimension of one is never stepped along: its stride (any value torch gives it) is 0.
-    specs = [(t.data_ptr(), _DEVICE_ELEMENTS[t.dtype], t.shape[0], t.shape[1], t.stride(0) if t.shape[0] > 1 else 0,
-              t.stride(1) if t.shape[1] > 1 else 0, p) for t, p in grids]
+    specs = [TableView(t, p).as_tuple() for t, p in grids]
     index = device.index if device.index is not None else torch.cuda.current_device()
     try:
         sections, words = cuda.table_runs(block.data_ptr(), block_words, first_word, specs, room,

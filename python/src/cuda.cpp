@@ -42,6 +42,7 @@
 #include "device_view.hpp"
 #include "staging.hpp"
 #include "status_error.hpp"
+#include "table_binding.hpp"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -387,14 +388,6 @@ void bind_uploads(nb::module_& m) {
       "first BlockMask allocates no pinned memory.");
 }
 
-// int64 numpy array owning a copy of `v`.
-nb::ndarray<nb::numpy, std::int64_t, nb::ndim<1>> int64_array(std::vector<std::int64_t> v) {
-  auto* data = new std::vector<std::int64_t>(std::move(v));
-  nb::capsule owner(data, [](void* p) noexcept { delete static_cast<std::vector<std::int64_t>*>(p); });
-  const std::size_t shape[1] = {data->size()};
-  return {data->data(), 1, shape, owner};
-}
-
 // A definition's tables read on the device (table_runs.hpp): one pass a table, one copy.
 void bind_table_runs(nb::module_& m) {
   m.def(
@@ -402,23 +395,7 @@ void bind_table_runs(nb::module_& m) {
       [](std::uintptr_t d_block, std::int64_t block_words, std::int64_t first_word, nb::list tables,
          std::int64_t room, std::uintptr_t stream, int device) {
         std::vector<gpu::DeviceTable> ts;
-        for (nb::handle h : tables) {
-          const auto t = nb::cast<nb::tuple>(h);
-          if (t.size() != 7)
-            raise(error(ErrorCode::invalid_argument,
-                        "a table is (data, element, batch, length, batch_stride, length_stride, positions)"));
-          gpu::DeviceTable d;
-          d.data = reinterpret_cast<const void*>(nb::cast<std::uintptr_t>(t[0]));
-          const auto element = nb::cast<std::string>(t[1]);
-          if (element == "bool") d.element = gpu::TableElement::boolean;
-          else if (element == "int32") d.element = gpu::TableElement::int32;
-          else if (element == "int64") d.element = gpu::TableElement::int64;
-          else raise(error(ErrorCode::unsupported_dtype, "a table of " + element + " (bool, int32 or int64)"));
-          d.batch = nb::cast<std::int64_t>(t[2]), d.length = nb::cast<std::int64_t>(t[3]);
-          d.batch_stride = nb::cast<std::int64_t>(t[4]), d.length_stride = nb::cast<std::int64_t>(t[5]);
-          d.positions = nb::cast<bool>(t[6]);
-          ts.push_back(d);
-        }
+        for (nb::handle h : tables) ts.push_back(python::table_view_from(h));
         // The pinned staging is the thread's: a scan's head copy still pending there is not overwritten.
         if (pending_head().runs != nullptr)
           raise(error(ErrorCode::invalid_argument,
@@ -444,12 +421,9 @@ void bind_table_runs(nb::module_& m) {
             out.append(section.count);
             continue;
           }
-          definition::TableRuns& r = section.runs[0];
-          out.append(nb::make_tuple(r.batches, r.length, int64_array(std::move(r.batch)),
-                                    int64_array(std::move(r.start)), int64_array(std::move(r.end)),
-                                    int64_array(std::move(r.value))));
+          out.append(python::runs_tuple(std::move(section.runs[0])));
         }
-        return nb::make_tuple(out, int64_array(std::vector<std::int64_t>(words, words + first_word)));
+        return nb::make_tuple(out, python::int64_array(std::vector<std::int64_t>(words, words + first_word)));
       },
       "d_block"_a, "block_words"_a, "first_word"_a, "tables"_a, "room"_a, "stream"_a, "device"_a,
       "Reads a definition's tables on CUDA device `device` (gpu::table_changes_into, "

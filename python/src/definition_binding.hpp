@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "status_error.hpp"
+#include "table_binding.hpp"
 
 namespace masklens::python {
 
@@ -50,13 +51,22 @@ inline std::vector<std::int64_t> values_of(nb::handle h) {
   return {a.data(), a.data() + a.shape(0)};
 }
 
-// tables: (batches, length, batch, start, end, value) each; lists: int64 arrays.
+// tables: each its runs, (batches, length, batch, start, end, value), or a table in host
+// memory to read here, (data, element, batch, length, batch stride, length stride,
+// positions) (table_binding.hpp; the caller keeps it alive); lists: int64 arrays.
 inline definition::Definition definition_from(nb::handle tree, nb::list tables, nb::list lists) {
   definition::Definition d;
   d.root = node_from(tree);
   for (nb::handle h : tables) {
     const auto t = nb::cast<nb::tuple>(h);
-    if (t.size() != 6) raise(error(ErrorCode::invalid_argument, "a table is (batches, length, batch, start, end, value)"));
+    if (t.size() == 7) {
+      d.tables.push_back(take(read_table_runs(table_view_from(t), "table " + std::to_string(d.tables.size()))));
+      continue;
+    }
+    if (t.size() != 6)
+      raise(error(ErrorCode::invalid_argument,
+                  "a table is (batches, length, batch, start, end, value) or (data, element, batch, length, "
+                  "batch_stride, length_stride, positions)"));
     definition::TableRuns runs;
     runs.batches = nb::cast<std::int64_t>(t[0]), runs.length = nb::cast<std::int64_t>(t[1]);
     runs.batch = values_of(t[2]), runs.start = values_of(t[3]), runs.end = values_of(t[4]), runs.value = values_of(t[5]);
@@ -111,6 +121,12 @@ void bind_definition(nb::module_& m, VerdictOf verdict_of_runs) {
       "(int64 [n, 7]: batch, lo, hi, query value k, c, shift k, c), keys clipped to [0, k_len) where k_len >= 0; "
       "the reason (str) where its values are not one interval a row.");
   m.def(
+      "table_runs",
+      [](nb::handle table) { return runs_tuple(take(read_table_runs(table_view_from(table)))); }, "table"_a,
+      "The runs of a table in host memory (include/masklens/table_runs.hpp): table is (data pointer, 'bool' / "
+      "'int32' / 'int64', batch, length, batch stride, length stride, positions), kept alive by the caller; "
+      "returns (batches, length, batch, start, end, value).");
+  m.def(
       "read_definition",
       [verdict_of_runs](nb::handle tree, nb::list tables, nb::list lists, std::int64_t batches, std::int64_t q_len,
                         std::int64_t k_len, std::int64_t q_offset, std::int64_t kv_offset) -> nb::object {
@@ -121,7 +137,8 @@ void bind_definition(nb::module_& m, VerdictOf verdict_of_runs) {
       },
       "tree"_a, "tables"_a, "lists"_a, "batches"_a, "q_len"_a, "k_len"_a, "q_offset"_a, "kv_offset"_a,
       "(Verdict, pieces) of a [batches, 1, q_len, k_len] mask from its definition (definition.hpp), or the reason "
-      "(str) where its values are not one interval a row: the verdict a scan of the built mask gives.");
+      "(str) where its values are not one interval a row: the verdict a scan of the built mask gives. Each table is "
+      "its runs or a table in host memory, read here (table_runs).");
 }
 
 }  // namespace masklens::python

@@ -310,8 +310,8 @@ def test_a_definition_is_read_back_in_one_copy(monkeypatch, read):
     """Once its primitives are pinned, a packed and padded definition crosses to the host
     once (the runs, their flags and the checks together): no other copy, item or truth
     value of a tensor is taken on the way (each is a synchronisation on a GPU). That is
-    torch's way (a GPU without masklens._cuda); CPU tables are viewed by numpy in place,
-    with no copy at all."""
+    torch's way (a GPU without masklens._cuda); CPU tables are read where they lie by the
+    C++ read, with no copy and no tensor operation at all."""
     from masklens import _table_runs
     if read == "torch":
         monkeypatch.setattr(_table_runs, "_host_read", lambda tables, room: None)
@@ -332,18 +332,24 @@ def test_a_definition_is_read_back_in_one_copy(monkeypatch, read):
         monkeypatch.setattr(torch.Tensor, name, counted)
     d = _definition.recognise(**kw)
     monkeypatch.undo()
-    # torch's: the payload's copy, viewed as NumPy; in place: each table viewed, no copy.
-    assert reads == (["cpu", "numpy"] if read == "torch" else ["numpy", "numpy"]), reads
+    # torch's: the payload's copy, viewed as NumPy; in place: nothing (C++ reads the memory).
+    assert reads == (["cpu", "numpy"] if read == "torch" else []), reads
     dense = mu.sdpa_mask(**kw, allow_is_causal_skip=False)
     assert d.verdict.structure.describe() == masklens._core.scan(dense.numpy()).structure.describe()
 
 
-def test_more_table_changes_than_the_first_copy_holds_are_read_exactly():
-    """Past _TABLE_ROOM changes a table is read again exactly (one copy more): its runs are
-    the table's, and the verdict is the scan's of the built mask."""
+@pytest.mark.parametrize("read", ["torch", "c++"])
+def test_more_table_changes_than_the_first_copy_holds_are_read_exactly(monkeypatch, read):
+    """Past _TABLE_ROOM changes a table is read again exactly on torch's way (one copy
+    more), and at once by the C++ read of a CPU table: its runs are the table's, and the
+    verdict is the scan's of the built mask."""
+    if read == "torch":
+        monkeypatch.setattr(_table_runs, "_host_read", lambda tables, room: None)
     L = 2 * _definition._TABLE_ROOM + 6
     ids = torch.arange(L).view(1, -1) * 2 // 3  # documents of 2 and 1 tokens
     (runs,) = _table_runs.read_runs([(ids, False)], room=_definition._TABLE_ROOM)
+    if read == "c++":
+        runs = runs.runs()
     starts = np.flatnonzero(np.diff(ids[0].numpy(), prepend=-1) != 0)
     assert len(starts) > _definition._TABLE_ROOM
     assert np.array_equal(runs.start, starts) and np.array_equal(runs.value, ids[0].numpy()[starts])

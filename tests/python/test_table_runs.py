@@ -14,9 +14,15 @@ torch = pytest.importorskip("torch")
 from masklens import _table_runs  # noqa: E402
 
 
-# read_runs reads CPU tables by numpy in place; _torch_read is what it does on a GPU
+def _in_cpp(tables, room):
+    """read_runs, with each CPU table's view read by masklens._core (include/masklens/
+    table_runs.hpp) as read_definition reads it."""
+    return [r.runs() if isinstance(r, _table_runs.TableView) else r for r in _table_runs.read_runs(tables, room)]
+
+
+# read_runs leaves CPU tables to the C++ read; _torch_read is what it does on a GPU
 # without masklens._cuda: both are checked here.
-READERS = {"read_runs": _table_runs.read_runs, "torch": _table_runs._torch_read}
+READERS = {"c++": _in_cpp, "torch": _table_runs._torch_read}
 
 
 @pytest.mark.parametrize("reader", READERS)
@@ -53,7 +59,7 @@ def test_bool_int32_and_strided_tables_and_changes_across_batches(room, reader):
         B, L = rng.randrange(1, 5), rng.randrange(2, 20)
         values = [[rng.randrange(2) if rng.random() < 0.3 else 1 for _ in range(L)] for _ in range(B)]
         base = np.array(values)
-        # A float table is not numpy's to read in place: read_runs takes torch's way for it.
+        # uint8 and float tables are not the C++ read's: read_runs takes torch's way for them.
         for t in (torch.tensor(values, dtype=torch.bool), torch.tensor(values, dtype=torch.int32),
                   torch.tensor(values, dtype=torch.uint8), torch.tensor(values, dtype=torch.float32),
                   torch.tensor(values).t().contiguous().t()):
@@ -95,5 +101,38 @@ def test_the_device_pass_reads_what_torch_reads(room):
 
 @pytest.mark.parametrize("reader", READERS)
 def test_a_table_of_no_batch_has_no_runs(reader):
+    """An empty table has no runs, both ways (the C++ read refuses one: it is never asked)."""
     (runs,) = READERS[reader]([(torch.zeros((0, 5), dtype=torch.long), False)], 1024)
     assert (runs.batch, runs.length, len(runs.b)) == (0, 5, 0)
+
+
+def test_the_cpp_read_refuses_a_table_it_cannot_read():
+    """A view with a null pointer, an unknown element type or impossible strides is refused
+    with its reason, before any element is read."""
+    from masklens import _core
+    t = torch.zeros((2, 5), dtype=torch.long)
+    good = _table_runs.TableView(t, False).as_tuple()
+    assert _core.table_runs(good)[:2] == (2, 5)
+    for bad, words in (((0,) + good[1:], "null"), (good[:1] + ("float32",) + good[2:], "float32"),
+                       (good[:4] + (-1,) + good[5:], "strides"), (good[:2] + (0,) + good[3:], "empty"),
+                       ((good[0] + 1,) + good[1:], "aligned")):
+        with pytest.raises(_core.MaskError, match=words):
+            _core.table_runs(bad)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_cpp_read_gives_the_runs_of_wide_values_and_broadcast_views(seed):
+    """Values near the int64 range and positions that wrap, bool bytes, and a view whose
+    batch stride is 0 (a broadcast) read as the tables they are, as torch's way reads them."""
+    rng = random.Random(seed)
+    big = 2 ** 62
+    for _ in range(30):
+        B, L = rng.randrange(1, 4), rng.randrange(1, 12)
+        values = torch.tensor([[rng.choice([0, 1, big, -big, 2 ** 63 - 1, -(2 ** 63)]) for _ in range(L)]
+                               for _ in range(B)])
+        row = torch.tensor([rng.randrange(3) for _ in range(L)]).view(1, L).expand(B, L)
+        for t, positions in ((values, False), (values, True), (values.bool(), False), (row, False), (row, True)):
+            (mine,) = _in_cpp([(t, positions)], 1024)
+            (theirs,) = _table_runs._torch_read([(t, positions)], 1024)
+            for name in ("b", "start", "end", "value"):
+                assert np.array_equal(getattr(mine, name), getattr(theirs, name)), (name, positions)

@@ -23,24 +23,15 @@
 
 #include "../definition.hpp"
 #include "../status.hpp"
+#include "../table_runs.hpp"
 #include "scan.hpp"
 
 namespace masklens::gpu {
 
-enum class TableElement : std::uint8_t { boolean, int32, int64 };
-
-// One [batch, length] table in device memory, strides in elements. positions: a new run
-// wherever a value is not the previous one + 1 (position_ids), and a run's value is
-// position - index; otherwise wherever the value changes.
-struct DeviceTable {
-  const void* data = nullptr;
-  TableElement element = TableElement::int64;
-  std::int64_t batch = 0, length = 0, batch_stride = 0, length_stride = 0;
-  bool positions = false;
-};
-
-// Tables past this many elements are refused (definition.hpp's bound on lengths).
-inline constexpr std::int64_t kMaxTableElements = std::int64_t{1} << 40;
+// A table in device memory is a TableView (table_runs.hpp) whose data is a device pointer.
+using masklens::kMaxTableElements;
+using masklens::TableElement;
+using DeviceTable = masklens::TableView;
 
 [[nodiscard]] constexpr std::int64_t table_section_words(std::int64_t batch, std::int64_t room) noexcept {
   return 1 + batch + 2 * room;
