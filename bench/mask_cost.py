@@ -10,12 +10,14 @@ reports per batch, side by side in one process:
   warm           the same call (its captured arguments) repeated back to back
   after a step   the same call once right after each training step, outside the model
 and the parts inside the step (the closures' parse, the pin check, the tables' read,
-definition.hpp's rows and classification), each between synchronisations on a GPU. The
-baseline is "warm": what the call costs when its code and data are in the caches.
+definition.hpp's rows and classification), each between synchronisations on a GPU. CPU
+tables are read by C++ inside "rows and classification" (their "tables' read" is their
+views alone). The baseline is "warm": what the call costs when its code and data are in
+the caches.
 
 usage: python3 bench/mask_cost.py [--length 32768] [--steps 8] [--device cuda|cpu] [--torch-read] [--json OUT]
   --torch-read: the tables read by torch operations (a GPU's way without masklens._cuda;
-  on the CPU the way before the numpy read): the baseline of the tables' read.
+  on the CPU the way before the C++ read): the baseline of the tables' read.
   on the CPU the model is smaller (hidden 256, 2 layers) and --length defaults to 1024.
 """
 import argparse
@@ -39,7 +41,7 @@ ap.add_argument("--length", type=int)
 ap.add_argument("--steps", type=int, default=8)
 ap.add_argument("--torch-read", action="store_true",
                 help="read the tables by torch operations (a GPU's way without masklens._cuda; "
-                     "on the CPU the way before the numpy read): the read's baseline")
+                     "on the CPU the way before the C++ read): the read's baseline")
 ap.add_argument("--json")
 args = ap.parse_args()
 dev = torch.device(args.device)
