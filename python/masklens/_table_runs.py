@@ -33,6 +33,12 @@ class TableRuns:
         self.batch, self.length = batch, length
 
     @classmethod
+    def empty(cls, batch: int, length: int):
+        """No runs: a table with no batch or no position."""
+        none = np.zeros(0, dtype=np.int64)
+        return cls(none, none, none, batch, length)
+
+    @classmethod
     def from_columns(cls, batch: int, length: int, b, start, end, value):
         """Runs already sorted with their ends (a device read's, table_runs.hpp)."""
         self = cls.__new__(cls)
@@ -70,8 +76,7 @@ _ELEMENTS = {torch.bool: "bool", torch.int32: "int32", torch.int64: "int64"}
 
 def read_runs(tables, room: int = 1024):
     """TableRuns (or, on the CPU, TableView) of each (tensor [B, L], positions) in `tables`,
-    and the 1-D tensors among
-    them as host arrays, in one copy to the host. CUDA tables are read by masklens' device
+    and the 1-D tensors among them as host arrays, in one copy to the host. CUDA tables are read by masklens' device
     pass where masklens._cuda is built (include/masklens/cuda/table_runs.hpp: one kernel a
     table, one copy, the runs sorted in C++); otherwise each table's changes are found by
     torch operations (torch.nonzero_static, no synchronisation). Either way up to `room`
@@ -120,8 +125,7 @@ def _host_read(tables, room: int):
         if t.dim() == 1:
             out.append(t.detach().numpy().astype(np.int64))
         elif t.numel() == 0:  # no runs: the definition names an empty table
-            none = np.zeros(0, dtype=np.int64)
-            out.append(TableRuns(none, none, none, *t.shape))
+            out.append(TableRuns.empty(*t.shape))
         else:
             out.append(TableView(t.detach(), positions))
     return out
@@ -221,8 +225,7 @@ def _torch_read(tables, room: int):
             at += plan[1]
             continue
         if plan[0] == "empty":
-            none = np.zeros(0, dtype=np.int64)
-            out.append(TableRuns(none, none, none, plan[1], plan[2]))
+            out.append(TableRuns.empty(plan[1], plan[2]))
             continue
         _, B, L, r, positions, held = plan
         firsts = payload[at:at + B]
