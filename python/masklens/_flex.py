@@ -74,13 +74,23 @@ def rule_signature(structure, reads_mask: bool):
     return (rule_source(s), (128, 128))
 
 
+def device_key(device: torch.device):
+    """Where a bucket's kernels run: the device, and on the CPU the thread count. Inductor's
+    CPU flex kernel sizes its per-thread buffers for the threads of its compile and indexes
+    them by the thread that runs, and neither Dynamo's guards nor Inductor's cache key hold
+    that count (pytorch/pytorch#167463, fixed after torch 2.11 by #184444): a kernel
+    compiled on one thread and run on two writes past its buffers. So a CPU bucket is
+    specific to the thread count, and compiles with it pinned in Inductor's config
+    (_pinned_cpu_threads), where the cache key sees it."""
+    return (device.type, device.index if device.type != "cpu" else torch.get_num_threads())
+
+
 def flex_bucket_key(structure, query, key, value, reads_mask=None):
     """The bucket a flex call on these tensors (or shapes) compiles in."""
     if reads_mask is None:  # as decide() builds FlexArgs: the native form takes no q_valid
         reads_mask = structure.kind == "arbitrary" or structure.q_valid is not None
     B, H, Q, D = query.shape
-    device = query.device
-    return (device.type, device.index, query.dtype, B, H, key.shape[1], D, value.shape[-1],
+    return (*device_key(query.device), query.dtype, B, H, key.shape[1], D, value.shape[-1],
             rule_signature(structure, reads_mask), length_bucket(max(Q, key.shape[2])))
 
 
@@ -92,8 +102,7 @@ def tagged_bucket_key(tag: str, query, key, value, block_size, rule=None):
     branches on, as rule_signature gives it; None where unknown, and then a new rule
     compiles again within the bucket, under its recompile limit)."""
     B, H, Q, D = query.shape
-    device = query.device
-    return (tag, device.type, device.index, query.dtype, B, H, key.shape[1], D, value.shape[-1],
+    return (tag, *device_key(query.device), query.dtype, B, H, key.shape[1], D, value.shape[-1],
             rule, tuple(block_size), length_bucket(max(Q, key.shape[2])))
 
 
@@ -244,8 +253,19 @@ def flex_in_bucket(query, key, value, block_mask, *, tag: str, rule=None, scale=
 
 
 def _call_in_form(training_form, fn, q, k, v, block_mask, scale, enable_gqa):
-    with torch.enable_grad() if training_form else torch.no_grad():
+    with torch.enable_grad() if training_form else torch.no_grad(), _pinned_cpu_threads(q.device):
         return fn(q, k, v, block_mask, scale, enable_gqa)
+
+
+def _pinned_cpu_threads(device: torch.device):
+    """On the CPU, Inductor's thread count fixed at this process's for a compile made now:
+    the count then enters Inductor's cache key (its config), so no cached kernel sized
+    for other threads is loaded (device_key says why). Elsewhere nothing."""
+    import contextlib
+    if device.type != "cpu":
+        return contextlib.nullcontext()
+    from torch._inductor import config as inductor_config
+    return inductor_config.patch({"cpp.threads": torch.get_num_threads()})
 
 
 def _dense_fallback(t, q, k, v):
@@ -292,7 +312,7 @@ def _flex_block_mask_for(t, a, q, k):
 def _call_bucket(t, a, q, k, v) -> FlexBucket:
     """The call's bucket, memoised with the verdict per shape: a cached call reads no
     property of the structure (each read converts a list or a string)."""
-    memo = ("flex bucket", q.device, q.dtype, q.shape, k.shape, v.shape[-1], a.mask_mod_reads_mask)
+    memo = ("flex bucket", device_key(q.device), q.dtype, q.shape, k.shape, v.shape[-1], a.mask_mod_reads_mask)
     bucket = t.derived.get(memo)
     if bucket is None or _flex_buckets.get(bucket.key) is not bucket:  # new, or the buckets were forgotten
         bucket = t.derived[memo] = flex_bucket(flex_bucket_key(t.structure, q, k, v, a.mask_mod_reads_mask))

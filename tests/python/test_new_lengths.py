@@ -220,6 +220,46 @@ def test_cpu_backward_runs_torchs_dense_call_without_a_compile(monkeypatch, fres
     assert counters["frames"]["ok"] == 0 and not dynamo_eager
 
 
+@pytest.fixture
+def threads():
+    """torch.set_num_threads for the test, restored after."""
+    before = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(before)
+
+
+def test_cpu_buckets_are_per_thread_count_with_the_count_in_inductors_key(monkeypatch, fresh_flex, dynamo_eager,
+                                                                         threads):
+    """Inductor's CPU flex kernel is sized for the threads of its compile, and neither
+    Dynamo's guards nor Inductor's cache key hold that count (pytorch/pytorch#167463): a
+    kernel compiled on one thread and run on two wrote past its buffers (a heap corruption
+    seen as an abort). A CPU bucket is per thread count, and its compile runs with the
+    count pinned in Inductor's config, which its cache key holds."""
+    decide_as_h100(monkeypatch, {"flex"})
+    from torch._inductor import config as inductor_config
+    seen = []
+    real_bucket_function = _flex._bucket_function
+
+    def recording(bucket):
+        fn = real_bucket_function(bucket)
+
+        def call(*args):
+            seen.append((bucket.key, inductor_config.cpp.threads, torch.get_num_threads()))
+            return fn(*args)
+        return call
+    monkeypatch.setattr(_flex, "_bucket_function", recording)
+    mask = window_mask(300)
+    for count in (1, 2, 1, 2):
+        threads(count)
+        q, k, v = qkv(1, 2, 300, 300, grad=False, seed=count)
+        assert_close(sdpa(q, k, v, attn_mask=mask), reference(q, k, v, mask), 1e-5)
+    assert len(_flex._flex_buckets) == 2 and all(b.warm for b in _flex._flex_buckets.values())
+    keys = [key for key, _, _ in seen]
+    assert keys[0] != keys[1] and keys[0] == keys[2] and keys[1] == keys[3]
+    assert [(pinned, now) for _, pinned, now in seen] == [(1, 1), (2, 2), (1, 1), (2, 2)]
+    assert inductor_config.cpp.threads == -1  # pinned only for the call
+
+
 def test_buckets_are_powers_of_two_from_128():
     assert [_flex.length_bucket(n) for n in (1, 128, 129, 256, 257, 16384, 16385, 28069, 32768, 32769)] == \
         [128, 128, 256, 256, 512, 16384, 32768, 32768, 32768, 65536]
