@@ -58,10 +58,12 @@ TableView view_of(const std::vector<T>& data, TableElement e, std::int64_t B, st
 
 TEST_SUITE("host") {
 
-TEST_CASE("table read: random tables of every element type, contiguous, transposed and broadcast") {
+TEST_CASE("table read: random tables of every element type, contiguous, transposed, with dimensions of one") {
   std::mt19937_64 rng(41);
   const std::int64_t wide[] = {0, 1, 2, std::numeric_limits<std::int64_t>::max(),
                                std::numeric_limits<std::int64_t>::min(), -1};
+  const std::int64_t wide32[] = {0, 1, 2, std::numeric_limits<std::int32_t>::max(),
+                                 std::numeric_limits<std::int32_t>::min(), -1};
   for (int trial = 0; trial < 400; ++trial) {
     const std::int64_t B = 1 + static_cast<std::int64_t>(rng() % 4), L = 1 + static_cast<std::int64_t>(rng() % 40);
     const bool positions = rng() % 2 == 0;
@@ -71,10 +73,14 @@ TEST_CASE("table read: random tables of every element type, contiguous, transpos
       for (std::int64_t j = 0; j < L; ++j) {
         // Positions mostly count up (documents); other tables mostly repeat (runs).
         const bool keep = !row.empty() && rng() % 4 != 0;
-        std::int64_t v = kind == 0 ? wide[rng() % 6] : static_cast<std::int64_t>(rng() % 3);
+        std::int64_t v = kind == 0 ? wide[rng() % 6] : kind == 1 ? wide32[rng() % 6] : static_cast<std::int64_t>(rng() % 3);
         if (kind == 2) v = v != 0;
         if (keep) v = positions && kind != 2 ? static_cast<std::int64_t>(static_cast<std::uint64_t>(row.back()) + 1)
                                              : row.back();
+        // An int32 table holds the value modulo 2^32: past INT32_MAX comes INT32_MIN, which
+        // is not the previous + 1 once widened (a new run, as transformers' positions
+        // compare as values).
+        if (kind == 1) v = static_cast<std::int32_t>(v);
         row.push_back(v);
       }
     }
@@ -139,6 +145,14 @@ TEST_CASE("table read: what it refuses, named") {
   t = good, t.length_stride = -1;
   CHECK(refused(t) == ErrorCode::invalid_stride);
   t = good, t.batch_stride = (std::int64_t{1} << 40) + 1;
+  CHECK(refused(t) == ErrorCode::invalid_stride);
+  // Each bound met, but the farthest element (2^40 - 1) * 2^40 lies past any address.
+  t = good, t.batch = std::int64_t{1} << 40, t.length = 1, t.batch_stride = std::int64_t{1} << 40, t.length_stride = 0;
+  CHECK(refused(t) == ErrorCode::invalid_stride);
+  t.element = TableElement::boolean;
+  CHECK(refused(t) == ErrorCode::invalid_stride);
+  t = good, t.batch = 2, t.length = std::int64_t{1} << 39, t.batch_stride = std::int64_t{1} << 40,
+  t.length_stride = std::int64_t{1} << 22;  // (2^39 - 1) * 2^22 + 2^40 elements of 8 bytes: past 2^63
   CHECK(refused(t) == ErrorCode::invalid_stride);
   t = good, t.element = static_cast<TableElement>(7);
   CHECK(refused(t) == ErrorCode::unsupported_dtype);

@@ -5,6 +5,7 @@
 // and cuda/table_runs.hpp finds the same runs on the device for a table in device memory.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -35,9 +36,21 @@ inline constexpr std::int64_t kMaxTableElements = std::int64_t{1} << 40;
   return e == TableElement::boolean ? 1 : (e == TableElement::int32 ? 4 : 8);
 }
 
+namespace detail {
+
+// (n - 1) * stride, or -1 where it passes `limit` (no product is formed that could overflow).
+[[nodiscard]] constexpr std::int64_t table_reach(std::int64_t n, std::int64_t stride, std::int64_t limit) noexcept {
+  if (n <= 1 || stride == 0) return 0;
+  return n - 1 > limit / stride ? -1 : (n - 1) * stride;
+}
+
+}  // namespace detail
+
 // The checks both reads make before touching a table; errors name it (`name`): empty
 // (batch or length < 1) or past kMaxTableElements, null data, data off its element's
-// alignment, negative strides or strides past kMaxTableElements.
+// alignment, negative strides or strides past kMaxTableElements, or a farthest element
+// ((batch - 1) * batch_stride + (length - 1) * length_stride) whose byte offset no
+// pointer holds (a view that describes no memory: its indexing would overflow).
 [[nodiscard]] inline Status check_table(const TableView& t, const std::string& name) {
   if (t.batch < 1 || t.length < 1 || t.batch > kMaxTableElements / t.length)
     return error(ErrorCode::invalid_shape, name + " is [" + std::to_string(t.batch) + ", " + std::to_string(t.length) +
@@ -48,14 +61,24 @@ inline constexpr std::int64_t kMaxTableElements = std::int64_t{1} << 40;
   if (t.batch_stride < 0 || t.length_stride < 0 || t.batch_stride > kMaxTableElements ||
       t.length_stride > kMaxTableElements)
     return error(ErrorCode::invalid_stride, name + "'s strides are negative or past 2^40");
+  // In elements: the farthest byte offset both a pointer (ptrdiff_t) and int64 hold.
+  const auto limit = static_cast<std::int64_t>(std::min<std::uintmax_t>(PTRDIFF_MAX, INT64_MAX) /
+                                               table_element_bytes(t.element));
+  const std::int64_t down = detail::table_reach(t.batch, t.batch_stride, limit);
+  const std::int64_t along = detail::table_reach(t.length, t.length_stride, limit);
+  if (down < 0 || along < 0 || down > limit - along)
+    return error(ErrorCode::invalid_stride, name + "'s strides reach past any address: [" + std::to_string(t.batch) +
+                                                ", " + std::to_string(t.length) + "] with strides " +
+                                                std::to_string(t.batch_stride) + ", " + std::to_string(t.length_stride));
   return {};
 }
 
 namespace detail {
 
-// Differences and position - index wrap as two's complement (as the device pass and
-// NumPy do) rather than overflow: a table's values are data, and definition.hpp refuses
-// what they cannot say.
+// Values are widened to int64 first (an int32 table's INT32_MAX and INT32_MIN are 2^32
+// apart, as transformers' positions compare as values); differences and position - index
+// then wrap as two's complement in int64, as the device pass's do, rather than overflow: a
+// table's values are data, and definition.hpp refuses what they cannot say.
 [[nodiscard]] constexpr std::int64_t wrapping_minus(std::int64_t a, std::int64_t b) noexcept {
   return static_cast<std::int64_t>(static_cast<std::uint64_t>(a) - static_cast<std::uint64_t>(b));
 }

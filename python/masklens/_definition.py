@@ -248,8 +248,9 @@ _TABLE_ROOM = 1024
 
 
 def _read(tree):
-    """(encoded tree, tables, lists): what definition.hpp reads, the tables' runs in one copy
-    to the host."""
+    """(encoded tree, tables, lists, keep): what definition.hpp reads: a CUDA table's runs
+    (one copy to the host for all), a CPU table's view (its address: `keep` holds the
+    views, each holding its tensor, until the read is made), the 1-D lists."""
     found = _tables(tree)
     read = _table_runs.read_runs([(t, key[1]) for key, t in found.items()], _TABLE_ROOM)
     index, tables, lists = {}, [], []
@@ -259,8 +260,8 @@ def _read(tree):
             lists.append(np.ascontiguousarray(runs, dtype=np.int64))
         else:
             index[key] = len(tables)
-            tables.append(runs.as_tuple())  # a CPU table's view: its memory, which the tree keeps alive
-    return _encode(tree, index), tables, lists
+            tables.append(runs.as_tuple())  # runs, or a CPU table's view: its address
+    return _encode(tree, index), tables, lists, read
 
 
 def _reason(answer):
@@ -297,9 +298,10 @@ def read_definition(tree, batch: int, q_len: int, k_len: int, q_offset: int, kv_
     """(Verdict, RowPieces) of the [batch, 1, q_len, k_len] mask a parsed tree defines, its
     tables read here (one copy), or Unrecognised naming the value that is not one interval
     a row."""
-    encoded, tables, lists = _read(tree)
+    encoded, tables, lists, keep = _read(tree)
     verdict, pieces = _reason(_core.read_definition(encoded, tables, lists, batch, q_len, k_len, q_offset,
                                                     kv_offset))
+    del keep  # the CPU tables' memory, read now
     return verdict, RowPieces(pieces, batch, q_len)
 
 
@@ -416,8 +418,9 @@ def _check_primitive(name, params) -> None:
     p = pts.numpy()
     cuts = [0, *(np.flatnonzero(np.diff(p) != 1) + 1), n]
     starts = [(b, lo, hi, 1, p[lo] - lo, 0, 0) for b in range(batch) for lo, hi in zip(cuts, cuts[1:])]
-    encoded, tables, lists = _read(tree)
+    encoded, tables, lists, keep = _read(tree)
     answer = _core.definition_pieces(encoded, tables, lists, batch, np.array(starts, dtype=np.int64), -1)
+    del keep
     if isinstance(answer, str):
         _disable(name, f"its rule could not be evaluated: {answer}")
     begin, end = (torch.from_numpy(r) for r in RowPieces(answer, batch, n).rows())

@@ -76,7 +76,8 @@ _ELEMENTS = {torch.bool: "bool", torch.int32: "int32", torch.int64: "int64"}
 
 def read_runs(tables, room: int = 1024):
     """TableRuns (or, on the CPU, TableView) of each (tensor [B, L], positions) in `tables`,
-    and the 1-D tensors among them as host arrays, in one copy to the host. CUDA tables are read by masklens' device
+    and the 1-D tensors among them as host arrays: a device's tables and lists in one copy
+    to the host, CPU ones with none. CUDA tables are read by masklens' device
     pass where masklens._cuda is built (include/masklens/cuda/table_runs.hpp: one kernel a
     table, one copy, the runs sorted in C++); otherwise each table's changes are found by
     torch operations (torch.nonzero_static, no synchronisation). Either way up to `room`
@@ -196,9 +197,11 @@ def _torch_read(tables, room: int):
             plans.append(("runs", B, L, 0, positions, None))
             continue
         flat = t.reshape(-1)
-        # A new value wherever it changes (a position: wherever it is not the previous + 1).
+        # A new value wherever it changes (a position: wherever it is not the previous + 1,
+        # in int64 as the C++ reads take it: an int32 table's diff would wrap at 2^31 and
+        # join positions whose values are 2^32 apart).
         if positions:
-            changed = flat.diff() != 1
+            changed = flat.long().diff() != 1
         elif flat.dtype == torch.bool:
             changed = flat.diff()  # a bool diff is the xor of neighbours
         else:

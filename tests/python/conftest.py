@@ -14,6 +14,13 @@ torch = pytest.importorskip("torch")
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped without one)")
+    # Inductor's CPU kernels are sized for the thread count of their compile, which torch
+    # 2.11's cache key does not hold (pytorch/pytorch#167463): a kernel cached by a run on
+    # one thread (OMP_NUM_THREADS=1) is loaded by a run on two and writes past its
+    # buffers. Pinned, the count is in the key of every compile the tests make (masklens'
+    # own buckets pin it themselves: masklens._flex.device_key).
+    from torch._inductor import config as inductor_config
+    inductor_config.cpp.threads = torch.get_num_threads()
 
 
 def pytest_collection_modifyitems(config, items):

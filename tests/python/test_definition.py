@@ -305,6 +305,35 @@ def test_a_float_table_is_not_read():
         _definition.recognise(batch_size=1, q_length=4, kv_length=4, mask_function=fn)
 
 
+@pytest.mark.parametrize("read", ["torch", "c++"])
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_positions_that_wrap_around_their_type_are_read_right_or_not_at_all(monkeypatch, read, dtype):
+    """position_ids past the type's largest value wrap to its smallest: transformers' own
+    documents (a diff in the table's type) join across the wrap, but the remapped mask
+    compares the positions as values, so the rows are not one document's. Every read
+    takes the values in int64 and names the document it cannot say; none gives a verdict
+    that is not the built mask's."""
+    if read == "torch":
+        monkeypatch.setattr(_table_runs, "_host_read", lambda tables, room: None)
+    top = torch.iinfo(dtype).max
+    pos = torch.tensor([[top - 2, top - 1, top, top + 1 if dtype == torch.int32 else -top - 1, 0, 1, 2, 3]])
+    pos = (pos.to(torch.int64) if dtype == torch.int64 else pos.to(torch.int64).to(torch.int32))
+    psm = mu.find_packed_sequence_indices(pos)
+    assert psm.tolist() == [[0, 0, 0, 0, 1, 1, 1, 1]] or dtype == torch.int64
+    fn = mu.and_masks(mu.remap_positions_for_packed_sequence(mu.causal_mask_function, pos),
+                      mu.packed_sequence_mask_function(psm))
+    kw = dict(batch_size=1, q_length=8, kv_length=8, mask_function=fn)
+    dense = mu.sdpa_mask(**kw, allow_is_causal_skip=False).expand(1, 1, 8, 8)
+    try:
+        d = _definition.recognise(**kw)
+    except _definition.Unrecognised as e:
+        assert "position" in str(e)
+        return
+    begin, end = (torch.from_numpy(r) for r in d.pieces.rows())
+    keys = torch.arange(8)
+    assert torch.equal((keys >= begin[..., None]) & (keys < end[..., None]), dense[:, 0])
+
+
 @pytest.mark.parametrize("read", ["torch", "in place"])
 def test_a_definition_is_read_back_in_one_copy(monkeypatch, read):
     """Once its primitives are pinned, a packed and padded definition crosses to the host

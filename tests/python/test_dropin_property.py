@@ -224,6 +224,9 @@ def assert_behaves_as_torch(c, seed, tolerance, values=F.scaled_dot_product_atte
             raised, values64 = exact[0]
             if raised is not None:
                 raise
+            # The rule below compares finite errors: a NaN where torch has none (or the
+            # reverse) is never within it.
+            assert torch.equal(a.isnan(), b.isnan()), f"{what}: {name}: NaN where torch's is not, or the reverse"
             e = (values64[0], *values64[1])[n].to(a.device)
             ours_error, torch_error = (a.double() - e).abs().nan_to_num(), (b.double() - e).abs().nan_to_num()
             assert ours_error.max() <= 2 * torch_error.max() + atol / 10, (

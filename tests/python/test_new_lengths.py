@@ -237,6 +237,10 @@ def test_cpu_buckets_are_per_thread_count_with_the_count_in_inductors_key(monkey
     count pinned in Inductor's config, which its cache key holds."""
     decide_as_h100(monkeypatch, {"flex"})
     from torch._inductor import config as inductor_config
+    # The pin is a key only while Inductor's cache key holds its config's cpp.threads.
+    assert "cpp.threads" in inductor_config.save_config_portable(ignore_private_configs=False)
+    assert not any("cpp.threads".startswith(p) for p in inductor_config._cache_config_ignore_prefix)
+    configured = inductor_config.cpp.threads
     seen = []
     real_bucket_function = _flex._bucket_function
 
@@ -257,7 +261,7 @@ def test_cpu_buckets_are_per_thread_count_with_the_count_in_inductors_key(monkey
     keys = [key for key, _, _ in seen]
     assert keys[0] != keys[1] and keys[0] == keys[2] and keys[1] == keys[3]
     assert [(pinned, now) for _, pinned, now in seen] == [(1, 1), (2, 2), (1, 1), (2, 2)]
-    assert inductor_config.cpp.threads == -1  # pinned only for the call
+    assert inductor_config.cpp.threads == configured  # pinned only for the call
 
 
 def test_buckets_are_powers_of_two_from_128():
