@@ -31,7 +31,7 @@ namespace {
 // order unlike the threads' (merge must not depend on it).
 template <int Esize, int Threads>
 std::vector<RowSpan> agent_rows(const ScanParams& s) {
-  using Policy = ScanTuning<Esize, 900>::Policy;
+  using Policy = typename ScanTuning<Esize, 900>::Policy;
   const AgentScanRow<Policy, Esize, SpanAccumulator, Threads> agent(s);
   std::vector<RowSpan> out(static_cast<std::size_t>(s.rows));
   for (std::int64_t r = 0; r < s.rows; ++r) {

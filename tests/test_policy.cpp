@@ -106,7 +106,8 @@ TEST_CASE("the same shape with other structures is never plain is_causal") {
     s.blocks = {{100, 356}, {5000, 5256}};
     cases.push_back({"VLM blocks", s});
   }
-  for (const auto& [name, s] : cases) {
+  for (const auto& [name_of_case, s] : cases) {
+    const auto& name = name_of_case;  // INFO's lambda captures it: clang 14 takes no structured binding there
     INFO(name);
     for (bool training : {false, true}) {
       AttentionCall c = seed_call();

@@ -536,8 +536,11 @@ TEST_CASE("device tile scan on the CPU: long rows of one masked value skip whole
         // (vote, ring): the tuned policy, no vote, and rings of 0 (registers) to 4 batches
         // with the vote, which wrap several times over a row of 16391 keys.
         const std::pair<bool, int> ways[] = {{true, -1}, {false, -1}, {true, 0}, {true, 2}, {true, 3}, {true, 4}};
-        for (const auto& [vote, stages] : ways)
+        for (const auto& way : ways)
           for (const bool force_global : {false, true}) {
+            // Named, not bound: INFO's lambda captures them (clang 14 takes no structured binding there).
+            const bool vote = way.first;
+            const int stages = way.second;
             INFO(to_string(kind.dtype) << " base +" << offset << " tiles " << text(size)
                                        << std::string(vote ? " vote" : " no vote") << " ring " << stages
                                        << std::string(force_global ? " global" : " shared"));
