@@ -36,9 +36,8 @@ __global__ void table_changes_kernel(const T* __restrict__ data, std::int64_t ba
       continue;
     }
     const auto previous = static_cast<std::int64_t>(row[(j - 1) * length_stride]);
-    // The difference wraps as two's complement, as the host read's (table_runs.hpp).
-    const auto step = static_cast<std::int64_t>(static_cast<std::uint64_t>(value) - static_cast<std::uint64_t>(previous));
-    if (positions ? step == 1 : value == previous) continue;
+    // The host read's difference (table_runs.hpp), wrapping as two's complement.
+    if (positions ? masklens::detail::wrapping_minus(value, previous) == 1 : value == previous) continue;
     const auto slot = static_cast<std::int64_t>(
         atomicAdd(reinterpret_cast<unsigned long long*>(section), 1ull));
     if (slot < room) {
