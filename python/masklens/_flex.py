@@ -87,8 +87,8 @@ def device_key(device: torch.device):
 
 def flex_bucket_key(structure, query, key, value, reads_mask=None):
     """The bucket a flex call on these tensors (or shapes) compiles in."""
-    if reads_mask is None:  # as decide() builds FlexArgs: the native form takes no q_valid
-        reads_mask = structure.kind == "arbitrary" or structure.q_valid is not None
+    if reads_mask is None:  # as decide() builds FlexArgs: only an arbitrary mask is read
+        reads_mask = structure.kind == "arbitrary"
     B, H, Q, D = query.shape
     return (*device_key(query.device), query.dtype, B, H, key.shape[1], D, value.shape[-1],
             rule_signature(structure, reads_mask), length_bucket(max(Q, key.shape[2])))

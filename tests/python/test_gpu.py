@@ -69,9 +69,11 @@ def test_drop_in_matches_reference(name, flex, monkeypatch):
         warnings.simplefilter("ignore", RuntimeWarning)
         out = sdpa(q, k, v, attn_mask=mask)
     ref = reference32(q, k, v, mask)
-    if flex:
+    if flex:  # every one of these masks is a structure: its mask_mod replaces the mask
         from masklens.torch import inspect
-        assert inspect(q, k, v, mask)[0].backend == "torch.flex_attention"
+        policy = inspect(q, k, v, mask)[0]
+        assert policy.backend == "torch.flex_attention"
+        assert policy.call.mask == "replace" and not policy.call.args.mask_mod_reads_mask
     assert_forward_backward(out, ref, (q, k, v))
     before = masklens.scan_count()
     sdpa(q, k, v, attn_mask=mask)

@@ -349,15 +349,19 @@ def test_fused_steps_on_the_gpu_equal_torch_calls(kernel, kv_heads):
 def test_a_gpu_plan_runs_fused_and_keeps_one_output_less(kv_heads):
     """The drop-in's plan on CUDA (cuDNN steps) runs as PlanAttention, equals the plan of
     torch calls, and keeps q, k and v as given (grouped with GQA), its output and one
-    logsumexp a head and query row, nothing else: one attention output less than the torch
+    logsumexp a head and query row, and each step's philox seed and offset (an int64 each,
+    which cuDNN's backward takes), nothing else: one attention output less than the torch
     calls (what autograd keeps, as test_a_plan_of_torch_calls_keeps_one_output_more counts
     it on the CPU); with GQA the torch calls also keep K and V repeated to every head."""
-    mask = documents_mask(CUTS["uneven documents"])
+    cuts = CUTS["uneven documents"]
+    mask = documents_mask(cuts)
     q, k, v = gpu_documents(kv_heads)
     fused_kept, out_bytes, fused = kept_with_output(lambda: run(mask, q, k, v))
     assert ran_fused(fused)
     given = sum(t.untyped_storage().nbytes() for t in (q, k, v))
-    assert fused_kept == given + out_bytes + q.shape[0] * q.shape[1] * L * 4
+    logsumexp = q.shape[0] * q.shape[1] * L * 4
+    rng_state = 2 * 8 * sum(len(c) + 1 for c in cuts)  # one step a document
+    assert fused_kept == given + out_bytes + logsumexp + rng_state
     fused_grads = grads(fused, (q, k, v))
     saved = _plan.FUSED_OPS
     _plan.FUSED_OPS = {}

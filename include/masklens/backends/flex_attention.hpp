@@ -21,9 +21,8 @@ inline constexpr Rule kRules[] = {
 
 inline bool native(const MaskStructure& s, const CallContext&, Call* out) {
   if (s.kind == StructureKind::arbitrary) return false;  // reads the dense mask: see dense
-  // Both mask_mods carry q_valid (mask_rule.hpp), but the drop-in's native flex path with
-  // rows that attend nothing has not run on a GPU: such a mask is kept and read (dense).
-  if (s.has_q_valid()) return false;
+  // Rows that attend nothing (q_valid) are in the rule (mask_rule.hpp): the mask_mod
+  // leaves them empty and the drop-in zeroes their output, as the dense path does.
   return emit(out, [] { return dropping(Backend::flex_attention, FlexArgs{}, MaskUse::replace); });
 }
 
