@@ -9,8 +9,11 @@ reports per batch, side by side in one process:
   in step        the mask function's median time inside the training steps
   warm           the same call (its captured arguments) repeated back to back
   after a step   the same call once right after each training step, outside the model
-and the parts inside the step (the closures' parse, the pin check, the tables' read,
-definition.hpp's rows and classification), each between synchronisations on a GPU. CPU
+  one read       on a GPU, the floor of any read of device values right after a step: one
+                 small kernel, a copy to the host and a synchronisation
+and the parts inside the step (the closures' parse, the pin check, the tables' read and,
+within it on a GPU, masklens._cuda's device pass with its copy and wait, definition.hpp's
+rows and classification), each between synchronisations on a GPU. CPU
 tables are read by C++ inside "rows and classification" (their "tables' read" is their
 views alone). The baseline is "warm": what the call costs when its code and data are in
 the caches.
@@ -102,6 +105,12 @@ wrap(definition, "parse", "parse")
 wrap(definition, "pin", "pin")
 wrap(table_runs, "read_runs", "tables' read")
 wrap(definition._core, "read_definition", "rows and classification")
+if cuda and not args.torch_read:
+    import masklens._scan as scan
+    device_module = scan.cuda_module()
+    if device_module is not None and hasattr(device_module, "table_runs"):
+        # Inside the tables' read: masklens._cuda's call alone (the pass, the copy, the wait).
+        wrap(device_module, "table_runs", "device pass")
 
 
 def step(kw):
@@ -124,22 +133,29 @@ for kind, kw in batches.items():
     for _ in range(args.steps):
         step(kw)
         after.append(ms_of(call)[0])
+    # The floor of any read of device values: one small kernel, a copy to the host and a
+    # synchronisation, once right after each step (as "after a step").
+    probe, floor = torch.zeros(1, device=dev), []
+    for _ in range(args.steps if cuda else 0):
+        step(kw)
+        floor.append(ms_of(lambda: probe.add(1).cpu())[0])
     parts.clear()
     recording[0] = True
     for _ in range(args.steps):
         step(kw)
     recording[0] = False
     row = {"batch": kind, "length": L, "in_step_ms": inside, "warm_ms": warm,
-           "after_step_ms": statistics.median(after),
+           "after_step_ms": statistics.median(after), "one_read_after_step_ms": statistics.median(floor) if floor else None,
            "parts_in_step_ms": {k: statistics.median(v) for k, v in parts.items()},
            "how": mlt.masks()[-1][0]}
     rows.append(row)
     print(json.dumps(row), flush=True)
 
-print(f"\n{'batch':<7} {'L':>7} {'in step':>8} {'after a step':>13} {'warm':>7}  parts in the step (ms)")
+print(f"\n{'batch':<7} {'L':>7} {'in step':>8} {'after a step':>13} {'warm':>7} {'one read':>9}  parts in the step (ms)")
 for r in rows:
     p = ", ".join(f"{k} {v:.3f}" for k, v in r["parts_in_step_ms"].items())
-    print(f"{r['batch']:<7} {r['length']:>7} {r['in_step_ms']:>8.3f} {r['after_step_ms']:>13.3f} {r['warm_ms']:>7.3f}  {p}")
+    print(f"{r['batch']:<7} {r['length']:>7} {r['in_step_ms']:>8.3f} {r['after_step_ms']:>13.3f} {r['warm_ms']:>7.3f}"
+          f" {r['one_read_after_step_ms'] or float('nan'):>9.3f}  {p}")
 if args.json:
     with open(args.json, "w") as f:
         json.dump({"device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,
