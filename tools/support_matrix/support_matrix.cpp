@@ -76,6 +76,13 @@ std::string support_matrix() {
     rows.push_back({"causal + right padding", s});
   }
   {
+    // A padded batch's rows past its length attend nothing (the drop-in zeroes them).
+    auto s = make(StructureKind::causal, 4096, 4096);
+    s.kv_valid = {{0, 4096}, {0, 3000}};
+    s.q_valid = {{0, 4096}, {0, 3000}};
+    rows.push_back({"causal + right padding, padded rows empty (q_valid)", s});
+  }
+  {
     auto s = make(StructureKind::full, 1, 4096);
     s.kv_valid = {{0, 4096}, {500, 4096}};
     rows.push_back({"decode, left padding (full + kv_valid)", s});
