@@ -682,6 +682,36 @@ TEST_CASE("a slower rejection's estimates never read alike: digits enough to tel
 
 TEST_SUITE("policy") {
 
+TEST_CASE("dropout never goes to a backend that takes none: flex and varlen refuse it, by rule") {
+  AttentionCall c = seed_call();
+  c.head_dim = 128;
+  c.training = true;
+  Environment env = h200();
+  env.available |= kFamilyFlex;
+  auto window = make_structure(StructureKind::sliding_window, 1, 69632, 69632);
+  window.window = 4096;
+  auto padded = make_structure(StructureKind::causal, 2, 4096, 4096);
+  padded.q_valid = {{0, 4096}, {0, 3000}};
+  padded.kv_valid = padded.q_valid;
+  for (const MaskStructure& s : {window, padded}) {
+    c.q_len = c.k_len = s.q_len;
+    c.batch = s.batch;
+    c.dropout = 0;
+    auto without = decide(s, c, env);
+    REQUIRE(without.ok());
+    if (s.kind == StructureKind::sliding_window)
+      CHECK(without->backend() == Backend::flex_attention);  // what dropout must change
+    CHECK_FALSE(rejected(*without, Backend::flex_attention, "dropout"));
+    c.dropout = 0.1;
+    auto with = decide(s, c, env);
+    REQUIRE(with.ok());
+    CHECK(with->backend() != Backend::flex_attention);
+    CHECK(with->backend() != Backend::torch_varlen);
+    CHECK(rejected(*with, Backend::flex_attention, "flex_attention takes no dropout"));
+    CHECK(computes(s, *with));
+  }
+}
+
 TEST_CASE("a cold FlexAttention compile is a cost: never chosen where a compile-free call costs less than it") {
   AttentionCall c = seed_call();
   c.head_dim = 128;

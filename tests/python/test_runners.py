@@ -2,6 +2,8 @@
 torch, flex and flash-attn available) executed with torch's CPU kernels — plans of
 slices, varlen packing (the kernel replaced by per-sequence SDPA), FlexAttention's
 mask_mod from the structure's fields (eager flex) — against the dense reference."""
+import warnings
+
 import pytest
 import numpy as np
 import torch
@@ -302,6 +304,33 @@ def test_flex_runs_eager_on_cpu():
     t = tensors(policy, s, q, k, v, mask)
     out = _flex.run_flex(policy.call, t, q, k, v, compiled=False)
     assert_close(out, reference(q, k, v, mask), 1e-5)
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_dropout_never_runs_on_flex(monkeypatch):
+    """flex_attention has no dropout: with FlexAttention the only backend, a call with
+    dropout is refused by rule (flex.dropout) and runs as torch's own call, whose output
+    (the same seed) the drop-in returns; without dropout flex runs it."""
+    from masklens.torch import scaled_dot_product_attention as sdpa, inspect
+    pytest.importorskip("torch.nn.attention.flex_attention")
+    only_flex(monkeypatch)
+    mask = MASKS["sliding window 16"]
+    q, k, v = qkv(2, 4, L, L, dtype=torch.float32)
+    assert inspect(q, k, v, mask)[0].backend == "torch.flex_attention"
+    assert inspect(q, k, v, mask, dropout_p=0.5)[0] is None  # torch's own dispatch
+    s = masklens.scan(mask).structure
+    call = masklens.AttentionCall()
+    call.heads, call.head_dim, call.training, call.dropout = 4, 16, True, 0.5
+    policy = masklens.decide(s, call, masklens.environment("cpu", sm=90, available={"torch", "flex"}))
+    assert policy.backend != "torch.flex_attention"
+    assert any(r.backend == "torch.flex_attention" and "flex_attention takes no dropout" in r.reason
+               for r in policy.rejected)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # "running torch's own dispatch"
+        torch.manual_seed(0)
+        out = sdpa(q, k, v, attn_mask=mask, dropout_p=0.5)
+    torch.manual_seed(0)
+    assert torch.equal(out, F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.5))
 
 
 def test_rows_that_attend_to_nothing_come_out_zero_whatever_the_kernel(monkeypatch):

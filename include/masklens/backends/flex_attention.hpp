@@ -17,6 +17,9 @@ inline constexpr Rule kRules[] = {
     {"flex.sm", kDocs, before_sm80, "flex_attention's Triton kernels need sm80 or newer here", got_sm},
     {"flex.head_dim", kDocs, [](const CallContext& c) { return c.call.head_dim < 16; },
      "flex_attention needs head_dim >= 16", got_head_dim},
+    // Its signature has no dropout: a call with dropout must not lose it silently.
+    {"flex.dropout", kDocs, [](const CallContext& c) { return c.call.dropout > 0; },
+     "flex_attention takes no dropout"},
 };
 
 inline bool native(const MaskStructure& s, const CallContext&, Call* out) {
