@@ -209,10 +209,14 @@ def run_flex(call, structure, q, k, v, mask):
         for n, (s, e) in enumerate(structure.get("blocks") or []):
             blocks[s:e] = n
         docs = None
-        if structure.get("segments"):
+        if structure.get("segments"):  # one entry a batch, or one for every batch
             docs = torch.stack([torch.bucketize(torch.arange(Q, device=DEV), torch.tensor(seg[1:-1], device=DEV), right=True)
-                                for seg in structure["segments"]])
-        kv = torch.tensor(structure["kv_valid"], device=DEV) if structure.get("kv_valid") else None
+                                for seg in structure["segments"]]).expand(B, Q)
+
+        def ranges(name):
+            r = structure.get(name)
+            return torch.tensor(r, device=DEV).expand(B, 2) if r else None
+        kv, qv = ranges("kv_valid"), ranges("q_valid")  # qv: rows outside attend nothing
         W, C, P = structure.get("window", 0), structure.get("chunk", 1), structure.get("prefix", 0)
         def mask_mod(b, h, qi, ki):
             p = qi + d
@@ -232,6 +236,8 @@ def run_flex(call, structure, q, k, v, mask):
                 ok = ok & (docs[b, qi] == docs[b, ki])
             if kv is not None:
                 ok = ok & (ki >= kv[b, 0]) & (ki < kv[b, 1])
+            if qv is not None:
+                ok = ok & (qi >= qv[b, 0]) & (qi < qv[b, 1])
             return ok
     bq, bk = call["call"]["block"]
     block_mask = create_block_mask(mask_mod, B, None, Q, K, device=DEV, BLOCK_SIZE=(bq, bk))
