@@ -9,8 +9,8 @@ reports per batch, side by side in one process:
   in step        the mask function's median time inside the training steps
   warm           the same call (its captured arguments) repeated back to back
   after a step   the same call once right after each training step, outside the model
-  one read       on a GPU, the floor of any read of device values right after a step: one
-                 small kernel, a copy to the host and a synchronisation
+  one read       on a GPU, a one-element read right after a step: one small kernel, a
+                 pageable copy to the host (.cpu()) and its wait
 and the parts inside the step (the closures' parse, the pin check, the tables' read and,
 within it on a GPU, masklens._cuda's device pass with its copy and wait, definition.hpp's
 rows and classification), each between synchronisations on a GPU. CPU
@@ -133,8 +133,8 @@ for kind, kw in batches.items():
     for _ in range(args.steps):
         step(kw)
         after.append(ms_of(call)[0])
-    # The floor of any read of device values: one small kernel, a copy to the host and a
-    # synchronisation, once right after each step (as "after a step").
+    # A one-element read of device values: one small kernel, a pageable copy to the host and
+    # its wait, once right after each step (as "after a step").
     probe, floor = torch.zeros(1, device=dev), []
     for _ in range(args.steps if cuda else 0):
         step(kw)
