@@ -60,6 +60,20 @@ Call native_call(Backend b, const MaskStructure& s, const CallContext& c = {seed
   return out;
 }
 
+// The seed call at head_dim 128, training, and an H200 with FlexAttention available:
+// where flex competes with the other kernels (its cost, compile and rules).
+AttentionCall training_call_d128() {
+  AttentionCall c = seed_call();
+  c.head_dim = 128;
+  c.training = true;
+  return c;
+}
+Environment h200_with_flex() {
+  Environment env = h200();
+  env.available |= kFamilyFlex;
+  return env;
+}
+
 const ArgValue& arg(const CallArgs& a, std::string_view name) {
   const ArgValue* v = find_arg(a.args, name);
   REQUIRE_MESSAGE(v != nullptr, "no argument " << name);
@@ -683,11 +697,8 @@ TEST_CASE("a slower rejection's estimates never read alike: digits enough to tel
 TEST_SUITE("policy") {
 
 TEST_CASE("dropout never goes to a backend that takes none: flex and varlen refuse it, by rule") {
-  AttentionCall c = seed_call();
-  c.head_dim = 128;
-  c.training = true;
-  Environment env = h200();
-  env.available |= kFamilyFlex;
+  AttentionCall c = training_call_d128();
+  const Environment env = h200_with_flex();
   auto window = make_structure(StructureKind::sliding_window, 1, 69632, 69632);
   window.window = 4096;
   auto padded = make_structure(StructureKind::causal, 2, 4096, 4096);
@@ -713,11 +724,8 @@ TEST_CASE("dropout never goes to a backend that takes none: flex and varlen refu
 }
 
 TEST_CASE("a cold FlexAttention compile is a cost: never chosen where a compile-free call costs less than it") {
-  AttentionCall c = seed_call();
-  c.head_dim = 128;
-  c.training = true;
-  Environment env = h200();
-  env.available |= kFamilyFlex;
+  AttentionCall c = training_call_d128();
+  const Environment env = h200_with_flex();
   DecideOptions cold;
   cold.flex_compile_ms = kFlexColdCompileMs;
   const auto flex_rejection = [](const Policy& p) {
