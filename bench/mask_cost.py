@@ -135,17 +135,17 @@ for kind, kw in batches.items():
         after.append(ms_of(call)[0])
     # A one-element read of device values: one small kernel, a pageable copy to the host and
     # its wait, once right after each step (as "after a step").
-    probe, floor = torch.zeros(1, device=dev), []
+    probe, one_read = torch.zeros(1, device=dev), []
     for _ in range(args.steps if cuda else 0):
         step(kw)
-        floor.append(ms_of(lambda: probe.add(1).cpu())[0])
+        one_read.append(ms_of(lambda: probe.add(1).cpu())[0])
     parts.clear()
     recording[0] = True
     for _ in range(args.steps):
         step(kw)
     recording[0] = False
     row = {"batch": kind, "length": L, "in_step_ms": inside, "warm_ms": warm,
-           "after_step_ms": statistics.median(after), "one_read_after_step_ms": statistics.median(floor) if floor else None,
+           "after_step_ms": statistics.median(after), "one_read_after_step_ms": statistics.median(one_read) if one_read else None,
            "parts_in_step_ms": {k: statistics.median(v) for k, v in parts.items()},
            "how": mlt.masks()[-1][0]}
     rows.append(row)
