@@ -16,7 +16,18 @@ within it on a GPU, masklens._cuda's device pass with its copy and wait, definit
 rows and classification), each between synchronisations on a GPU. CPU
 tables are read by C++ inside "rows and classification" (their "tables' read" is their
 views alone). The baseline is "warm": what the call costs when its code and data are in
-the caches.
+the caches. These figures read the tables in the mask function
+(masklens.transformers.defer_reads = "never").
+
+Then the read deferred to the first layer (defer_reads = "always", on a GPU the default
+"cuda": the device pass enqueued in the mask function, its copy waited for where the first
+attention layer needs the verdict; on the CPU the C++ read moved there) against the read
+in the mask function ("never"), the two alternating
+step by step in one process, with no synchronisation inside a step:
+  step            a training step's median time (synchronised at its end only)
+  mask function   the mask function's host time (no synchronisation: its wait, if any, inside)
+  first-layer wait  the host time the first layer spends waiting for the read and working
+                  out the rows and classification (deferred only)
 
 usage: python3 bench/mask_cost.py [--length 32768] [--steps 8] [--device cuda|cpu] [--torch-read] [--json OUT]
   --torch-read: the tables read by torch operations (a GPU's way without masklens._cuda;
@@ -49,6 +60,7 @@ ap.add_argument("--json")
 args = ap.parse_args()
 dev = torch.device(args.device)
 cuda = dev.type == "cuda"
+mlt.defer_reads = "never"  # the parts below are the read in the mask function's
 L = args.length or (32768 if cuda else 1024)
 if not cuda:
     torch.set_num_threads(1)
@@ -108,9 +120,10 @@ wrap(definition._core, "read_definition", "rows and classification")
 if cuda and not args.torch_read:
     import masklens._scan as scan
     device_module = scan.cuda_module()
-    if device_module is not None and hasattr(device_module, "table_runs"):
-        # Inside the tables' read: masklens._cuda's call alone (the pass, the copy, the wait).
-        wrap(device_module, "table_runs", "device pass")
+    if device_module is not None and hasattr(device_module, "table_runs_start"):
+        # Inside the tables' read: masklens._cuda's pass enqueued and, with the
+        # synchronisation after it, run (the copy landed; its finish() only parses).
+        wrap(device_module, "table_runs_start", "device pass")
 
 
 def step(kw):
@@ -151,12 +164,79 @@ for kind, kw in batches.items():
     rows.append(row)
     print(json.dumps(row), flush=True)
 
+
+# The read deferred to the first layer against the read in the mask function, alternating
+# step by step, no synchronisation inside a step: host times only.
+host_times = {}
+
+
+def host_timed(owner, name, label):
+    real = getattr(owner, name)
+
+    def wrapper(*a, **kw):
+        t0 = time.perf_counter()
+        out = real(*a, **kw)
+        host_times.setdefault(label, []).append((time.perf_counter() - t0) * 1e3)
+        return out
+    setattr(owner, name, wrapper)
+    return real
+
+
+recording[0] = False
+mu.AttentionMaskInterface._global_mapping["masklens"] = mask_fn
+plain_mask_fn = mask_fn
+
+
+def host_mask_fn(*a, **kw):
+    t0 = time.perf_counter()
+    out = plain_mask_fn(*a, **kw)
+    host_times.setdefault("mask function", []).append((time.perf_counter() - t0) * 1e3)
+    return out
+
+
+host_timed(definition.Definition, "_resolve", "first-layer wait")
+deferred = []
+for kind, kw in batches.items():
+    per = {mode: {"step": [], "mask function": [], "first-layer wait": []} for mode in ("never", "always")}
+    for timed_mask_fn in (False, True):
+        mu.AttentionMaskInterface._global_mapping["masklens"] = host_mask_fn if timed_mask_fn else plain_mask_fn
+        for i in range(args.steps + 2):
+            for mode in ("never", "always"):
+                mlt.defer_reads = mode
+                host_times.clear()
+                sync()
+                t0 = time.perf_counter()
+                step(kw)
+                sync()
+                ms = (time.perf_counter() - t0) * 1e3
+                if i < 2:  # warm
+                    continue
+                if not timed_mask_fn:
+                    per[mode]["step"].append(ms)
+                    continue
+                per[mode]["mask function"] += host_times.get("mask function", [])
+                # The first waits a forward: gradient checkpointing's recompute finds the verdict known.
+                waits = host_times.get("first-layer wait", [])
+                per[mode]["first-layer wait"].append(sum(waits[:1]))
+    for mode, figures in per.items():
+        row = {"batch": kind, "length": L, "defer_reads": mode,
+               **{k + "_ms": statistics.median(v) if v else None for k, v in figures.items()}}
+        deferred.append(row)
+        print(json.dumps(row), flush=True)
+mlt.defer_reads = "cuda"
+
 print(f"\n{'batch':<7} {'L':>7} {'in step':>8} {'after a step':>13} {'warm':>7} {'one read':>9}  parts in the step (ms)")
 for r in rows:
     p = ", ".join(f"{k} {v:.3f}" for k, v in r["parts_in_step_ms"].items())
     print(f"{r['batch']:<7} {r['length']:>7} {r['in_step_ms']:>8.3f} {r['after_step_ms']:>13.3f} {r['warm_ms']:>7.3f}"
           f" {r['one_read_after_step_ms'] or float('nan'):>9.3f}  {p}")
+print(f"\n{'batch':<7} {'L':>7} {'read':<22} {'step':>9} {'mask function':>14} {'first-layer wait':>17}  (ms)")
+for r in deferred:
+    how = "at the first layer" if r["defer_reads"] == "always" else "in the mask function"
+    print(f"{r['batch']:<7} {r['length']:>7} {how:<22} {r['step_ms']:>9.3f} {r['mask function_ms']:>14.3f}"
+          f" {r['first-layer wait_ms'] or 0.0:>17.3f}")
 if args.json:
     with open(args.json, "w") as f:
         json.dump({"device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,
-                   "transformers": transformers.__version__, "torch_read": args.torch_read, "rows": rows}, f, indent=1)
+                   "transformers": transformers.__version__, "torch_read": args.torch_read, "rows": rows,
+                   "deferred": deferred}, f, indent=1)

@@ -251,17 +251,27 @@ def _read(tree):
     """(encoded tree, tables, lists, keep): what definition.hpp reads: a CUDA table's runs
     (one copy to the host for all), a CPU table's view (its address: `keep` holds the
     views, each holding its tensor, until the read is made), the 1-D lists."""
+    return _start_read(tree)()
+
+
+def _start_read(tree):
+    """_read with the device's wait left to the caller (masklens._table_runs.start_read):
+    a function of no argument that returns what _read returns."""
     found = _tables(tree)
-    read = _table_runs.read_runs([(t, key[1]) for key, t in found.items()], _TABLE_ROOM)
-    index, tables, lists = {}, [], []
-    for key, runs in zip(found, read):
-        if isinstance(runs, np.ndarray):
-            index[key] = len(lists)
-            lists.append(np.ascontiguousarray(runs, dtype=np.int64))
-        else:
-            index[key] = len(tables)
-            tables.append(runs.as_tuple())  # runs, or a CPU table's view: its address
-    return _encode(tree, index), tables, lists, read
+    finish = _table_runs.start_read([(t, key[1]) for key, t in found.items()], _TABLE_ROOM)
+
+    def read():
+        runs_read = finish()
+        index, tables, lists = {}, [], []
+        for key, runs in zip(found, runs_read):
+            if isinstance(runs, np.ndarray):
+                index[key] = len(lists)
+                lists.append(np.ascontiguousarray(runs, dtype=np.int64))
+            else:
+                index[key] = len(tables)
+                tables.append(runs.as_tuple())  # runs, or a CPU table's view: its address
+        return _encode(tree, index), tables, lists, runs_read
+    return read
 
 
 def _reason(answer):
@@ -298,11 +308,22 @@ def read_definition(tree, batch: int, q_len: int, k_len: int, q_offset: int, kv_
     """(Verdict, RowPieces) of the [batch, 1, q_len, k_len] mask a parsed tree defines, its
     tables read here (one copy), or Unrecognised naming the value that is not one interval
     a row."""
-    encoded, tables, lists, keep = _read(tree)
-    verdict, pieces = _reason(_core.read_definition(encoded, tables, lists, batch, q_len, k_len, q_offset,
-                                                    kv_offset))
-    del keep  # the CPU tables' memory, read now
-    return verdict, RowPieces(pieces, batch, q_len)
+    return start_definition(tree, batch, q_len, k_len, q_offset, kv_offset)()
+
+
+def start_definition(tree, batch: int, q_len: int, k_len: int, q_offset: int, kv_offset: int):
+    """read_definition in two halves: the tables' device pass enqueued now (their values as
+    the stream has them here), and a function of no argument that waits for its copy
+    alone and returns what read_definition returns (or raises its Unrecognised)."""
+    finish = _start_read(tree)
+
+    def read():
+        encoded, tables, lists, keep = finish()
+        verdict, pieces = _reason(_core.read_definition(encoded, tables, lists, batch, q_len, k_len, q_offset,
+                                                        kv_offset))
+        del keep  # the CPU tables' memory, read now
+        return verdict, RowPieces(pieces, batch, q_len)
+    return read
 
 
 def row_intervals(tree, batch: int, q_len: int, k_len: int, q_offset: int, kv_offset: int):
@@ -473,18 +494,76 @@ def _pin_sdpa_mask() -> None:
 
 # ---- the definition as a whole ----
 
+# What reading a definition may raise where a closure is not laid out as the primitive's
+# was (a transformers that renamed a variable, say), or a device read fails: not read.
+_READ_ERRORS = (AttributeError, KeyError, IndexError, TypeError, ValueError, RuntimeError)
+
+
 class Definition:
     """A mask read from its definition: the verdict (its structure and rows) without a
-    [B, 1, Q, K] tensor; the rows as pieces (RowPieces) and the device they serve."""
+    [B, 1, Q, K] tensor; the rows as pieces (RowPieces) and the device they serve.
 
-    __slots__ = ("batch", "q_len", "k_len", "verdict", "tree", "pieces", "device")
+    The read may be pending (recognise(defer=True)): the tables' device pass is enqueued
+    and the verdict is waited for at its first use (`verdict`, `pieces`, `entry`). Its
+    Unrecognised (a padding mask with holes, say: only the tables' values tell) is raised
+    there, at every use."""
 
-    def __init__(self, batch, q_len, k_len, verdict, tree, pieces, device="cpu"):
+    __slots__ = ("batch", "q_len", "k_len", "tree", "device", "_read", "_verdict", "_pieces", "_failed", "_entry")
+
+    def __init__(self, batch, q_len, k_len, tree, read, device="cpu"):
+        """read: (Verdict, RowPieces), or a function of no argument that gives them."""
         self.batch, self.q_len, self.k_len = batch, q_len, k_len
-        self.verdict = verdict
         self.tree = tree
-        self.pieces = pieces
         self.device = torch.device(device)
+        self._read, self._verdict, self._pieces, self._failed, self._entry = None, None, None, None, None
+        if callable(read):
+            self._read = read
+        else:
+            self._verdict, self._pieces = read
+
+    @property
+    def pending(self) -> bool:
+        """Whether the read is still to be waited for."""
+        return self._read is not None
+
+    def _resolve(self):
+        if self._read is not None:
+            read, self._read = self._read, None
+            try:
+                self._verdict, self._pieces = read()
+            except Unrecognised as e:
+                self._failed = e
+            except _READ_ERRORS as e:  # as recognise() takes them: not read, never guessed
+                self._failed = Unrecognised(f"the definition could not be read: {type(e).__name__}: {e}")
+        if self._failed is not None:
+            raise Unrecognised(str(self._failed))
+
+    @property
+    def verdict(self):
+        self._resolve()
+        return self._verdict
+
+    @property
+    def pieces(self):
+        self._resolve()
+        return self._pieces
+
+    def failure(self):
+        """The read waited for: None where it gave the verdict, else its Unrecognised."""
+        try:
+            self._resolve()
+        except Unrecognised as e:
+            return e
+        return None
+
+    @property
+    def entry(self):
+        """The verdict as the drop-in's cache holds one (its policies per call, what was
+        derived from it), one for every mask this definition stands for."""
+        if self._entry is None:
+            from . import _verdicts
+            self._entry = _verdicts.Entry(None, self.verdict)
+        return self._entry
 
     def bounds(self):
         """[B, 1, Q, 2] int64 on the mask's device: each row's first and last key, (K, -1)
@@ -504,26 +583,28 @@ _NEUTRAL_ARGUMENTS = {"local_size", "allow_is_causal_skip", "allow_is_bidirectio
 
 
 def recognise(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None, attention_mask=None,
-              device="cpu", **others):
+              device="cpu", defer=False, **others):
     """The Definition of the mask sdpa_mask would build from these arguments (its own
     keyword names), or Unrecognised saying which node or value is not read back. The rows
-    are worked out on `device` (the mask's)."""
+    are worked out on `device` (the mask's). defer=True leaves the tables' read pending
+    where it reads any (Definition.pending): what only their values can say is raised
+    at the verdict's first use."""
     unknown = sorted(set(others) - _NEUTRAL_ARGUMENTS)
     if unknown:
         raise Unrecognised(f"sdpa_mask arguments masklens does not read: {', '.join(unknown)}")
     try:
         _pin_sdpa_mask()
         return _recognise(batch_size, q_length, kv_length, q_offset, kv_offset, mask_function, attention_mask,
-                          torch.device(device))
+                          torch.device(device), defer)
     except Unrecognised:
         raise
-    except (AttributeError, KeyError, IndexError, TypeError, ValueError, RuntimeError) as e:
+    except _READ_ERRORS as e:
         # A closure that is not laid out as the primitive's was (a transformers that renamed
         # a variable, say): not read, never guessed.
         raise Unrecognised(f"the definition could not be read: {type(e).__name__}: {e}") from e
 
 
-def _recognise(batch_size, q_length, kv_length, q_offset, kv_offset, mask_function, attention_mask, device):
+def _recognise(batch_size, q_length, kv_length, q_offset, kv_offset, mask_function, attention_mask, device, defer):
     mu = _mu()
     if mask_function is None:
         mask_function = mu.causal_mask_function
@@ -544,8 +625,8 @@ def _recognise(batch_size, q_length, kv_length, q_offset, kv_offset, mask_functi
     pin(tree)
     # The rows' spans are exactly a scan's of the dense bool mask (no flags): the
     # classifier's verdict over their pieces is the scan's.
-    verdict, pieces = read_definition(tree, B, Q, K, qo, ko)  # the tables' runs: the one copy to the host
-    return Definition(B, Q, K, verdict, tree, pieces, device)
+    read = start_definition(tree, B, Q, K, qo, ko)  # the tables' runs: the one copy to the host
+    return Definition(B, Q, K, tree, read if defer and _tables(tree) else read(), device)
 
 
 class DefinedMask:
@@ -558,7 +639,7 @@ class DefinedMask:
     (proven by a scan: the code may have written it), so code that touches the mask
     between the mask function and attention gets the mask it expects."""
 
-    __slots__ = ("definition", "shape", "device", "entry", "touched", "_build", "_dense", "_stand_ins",
+    __slots__ = ("definition", "shape", "device", "_outcome", "touched", "_build", "_dense", "_stand_ins",
                  "__weakref__")
 
     dtype = torch.bool
@@ -567,15 +648,33 @@ class DefinedMask:
     requires_grad = False
     ndim = 4
 
-    def __init__(self, definition, device, build, entry):
+    def __init__(self, definition, device, build, outcome=None):
+        """outcome: () -> (how, what), what the mask stands for once its definition's read
+        (pending or not) is waited for: ("definition", ...), ("none", ...) where sdpa_mask
+        gives none, ("built", why) where it is not read back; by default ("definition", its
+        structure), or ("built", why)."""
         self.definition = definition
         self.shape = torch.Size((definition.batch, 1, definition.q_len, definition.k_len))
         self.device = torch.device(device)
-        self.entry = entry      # the verdict as the drop-in's cache holds one: its policies per call
+        self._outcome = outcome
         self.touched = False    # the model's code used the dense mask (the layers take that tensor)
         self._build = build     # () -> the dense mask (transformers' sdpa_mask with the same arguments)
         self._dense = None
         self._stand_ins = {}
+
+    def outcome(self) -> tuple:
+        """(how, what) the mask stands for, its definition's read waited for (the
+        constructor's `outcome`)."""
+        if self._outcome is not None:
+            return self._outcome()
+        failure = self.definition.failure()
+        return ("built", str(failure)) if failure is not None else ("definition", self.structure.describe())
+
+    @property
+    def entry(self):
+        """The verdict as the drop-in's cache holds one (its policies per call), shared by
+        every mask of the definition; waits for a pending read."""
+        return self.definition.entry
 
     @property
     def verdict(self):
@@ -584,6 +683,12 @@ class DefinedMask:
     @property
     def structure(self):
         return self.definition.verdict.structure
+
+    def _describe(self) -> str:
+        """The structure's description, or why the definition is not read back (a pending
+        read waited for)."""
+        failure = self.definition.failure()
+        return f"a definition not read back ({failure})" if failure is not None else self.structure.describe()
 
     def dim(self):
         return 4
@@ -612,7 +717,7 @@ class DefinedMask:
         if not moving and len(args) <= 1 and isinstance(target, (str, torch.device)):
             if torch.device(target) == self.device:
                 return self
-            moved = DefinedMask(self.definition, target, self._build, self.entry)
+            moved = DefinedMask(self.definition, target, self._build, self._outcome)
             if self._dense is not None:
                 moved._dense, moved.touched = self._dense.to(target), self.touched
             return moved
@@ -622,8 +727,7 @@ class DefinedMask:
     def materialise(self, why: str) -> torch.Tensor:
         """The dense [B, 1, Q, K] bool mask, built once (logged with `why`)."""
         if self._dense is None:
-            logger.info("masklens: building the dense mask %s of %s: %s", tuple(self.shape),
-                        self.structure.describe(), why)
+            logger.info("masklens: building the dense mask %s of %s: %s", tuple(self.shape), self._describe(), why)
             self._dense = self._build().to(self.device).expand(self.shape)
         return self._dense
 
@@ -662,7 +766,7 @@ class DefinedMask:
         return (torch.Tensor.clone, (self._used("pickle").contiguous(),))
 
     def __repr__(self):
-        return f"<masklens DefinedMask {tuple(self.shape)} {self.structure.describe()}>"
+        return f"<masklens DefinedMask {tuple(self.shape)} {self._describe()}>"
 
 
 def _operator(name):

@@ -83,11 +83,22 @@ def read_runs(tables, room: int = 1024):
     torch operations (torch.nonzero_static, no synchronisation). Either way up to `room`
     changes a table cross in the one copy; a table with more is read again exactly. CPU
     tables are not read here: each is a TableView, read in C++ with the definition."""
-    for reader in (_device_read, _host_read):
-        read = reader(tables, room)
-        if read is not None:
-            return read
-    return _torch_read(tables, room)
+    return start_read(tables, room)()
+
+
+def start_read(tables, room: int = 1024):
+    """read_runs with the device pass's wait left to the caller: a function of no argument
+    that returns what read_runs returns. Where masklens' device pass reads the tables, it
+    is enqueued on the current stream now (the tables as they are at this point of the
+    stream) and the function waits for its copy alone, not for the stream; any other
+    read is made now and the function returns it."""
+    finish = _device_start(tables, room)
+    if finish is not None:
+        return finish
+    read = _host_read(tables, room)
+    if read is None:
+        read = _torch_read(tables, room)
+    return lambda: read
 
 
 class TableView:
@@ -132,9 +143,10 @@ def _host_read(tables, room: int):
     return out
 
 
-def _device_read(tables, room: int):
-    """read_runs through masklens._cuda, or None where it does not apply (tables not all
-    on one CUDA device, an element type other than bool, int32 or int64, no _cuda)."""
+def _device_start(tables, room: int):
+    """start_read through masklens._cuda (its pass enqueued, the wait in the function
+    returned), or None where it does not apply (tables not all on one CUDA device, an
+    element type other than bool, int32 or int64, no _cuda)."""
     if not tables or tables[0][0].device.type != "cuda":
         return None
     device = tables[0][0].device
@@ -144,7 +156,7 @@ def _device_read(tables, room: int):
         return None
     from . import _core, _scan
     cuda = _scan.cuda_module()
-    if cuda is None or not hasattr(cuda, "table_runs"):  # an older masklens._cuda
+    if cuda is None or not hasattr(cuda, "table_runs_start"):  # an older masklens._cuda
         return None
     lists = [t for t, _ in tables if t.dim() == 1]
     first_word = sum(t.numel() for t in lists)
@@ -157,25 +169,33 @@ def _device_read(tables, room: int):
     specs = [TableView(t, p).as_tuple() for t, p in grids]
     index = device.index if device.index is not None else torch.cuda.current_device()
     try:
-        sections, words = cuda.table_runs(block.data_ptr(), block_words, first_word, specs, room,
-                                          _scan.stream_of(device), index)
+        pending = cuda.table_runs_start(block.data_ptr(), block_words, first_word, specs, room,
+                                        _scan.stream_of(device), index)
     except _core.MaskError as e:  # a table the pass refuses (past 2^40 elements...): torch reads it
         if str(e).startswith("device_error"):
             raise
         return None
-    out, at, grid = [], 0, iter(zip(grids, sections))
-    for t, positions in tables:
-        if t.dim() == 1:
-            out.append(words[at:at + t.numel()])
-            at += t.numel()
-        elif t.numel() == 0:
-            out.append(_torch_read([(t, positions)], room)[0])
-        else:
-            _, section = next(grid)
-            # More changes than the room: that table again, with room for them all.
-            out.append(_torch_read([(t, positions)], section)[0] if isinstance(section, int)
-                       else TableRuns.from_columns(*section))
-    return out
+
+    def finish():
+        # The block is held until the copy has landed (freed earlier, torch's allocator would
+        # reuse it only in the stream's order: held all the same); the tables are in `tables`.
+        nonlocal block
+        sections, words = pending.finish()
+        block = None
+        out, at, grid = [], 0, iter(zip(grids, sections))
+        for t, positions in tables:
+            if t.dim() == 1:
+                out.append(words[at:at + t.numel()])
+                at += t.numel()
+            elif t.numel() == 0:
+                out.append(_torch_read([(t, positions)], room)[0])
+            else:
+                _, section = next(grid)
+                # More changes than the room: that table again, with room for them all.
+                out.append(_torch_read([(t, positions)], section)[0] if isinstance(section, int)
+                           else TableRuns.from_columns(*section))
+        return out
+    return finish
 
 
 def _torch_read(tables, room: int):

@@ -74,6 +74,12 @@ from_definition = True
 # builds it only where that call still wins; "never" builds it only where no call that
 # drops it computes the mask (an arbitrary structure, a bias).
 build_masks = "when_faster"
+# When a definition's tables are read where they are on a device: "cuda" enqueues the
+# read in the mask function and waits for it where the first attention layer needs the
+# verdict (waiting in the mask function would drain the stream, and the GPU would idle
+# while the host works out the rows and launches the next kernels); "always" defers CPU
+# reads too (their C++ read moves to the first layer); "never" reads in the mask function.
+defer_reads = "cuda"
 # Bytes of bool mask a build writes per millisecond (a few broadcast passes over it).
 _BUILD_BYTES_PER_MS = {"cuda": 5e8, "cpu": 5e6}
 _masks = collections.deque(maxlen=16)  # the last mask function calls: (how, what) each (masks())
@@ -131,7 +137,7 @@ def masklens_mask(*args, **kwargs):
             return _mask_in_graph(*args, **kwargs)
         return _mask_outside_graph(*args, **kwargs)
     _begin_forward(kwargs.get("device"))
-    defined = _defined_mask(args, kwargs)
+    defined = _defined_mask(args, kwargs, defer=True)
     return defined if defined is not _BUILD else sdpa_mask(*args, **kwargs)
 
 
@@ -142,9 +148,44 @@ def _note(how, what) -> None:
     _masks.append((how, what))
 
 
+class _Outcome:
+    """What a mask function call that read a definition gave the layers, worked out once
+    the read is waited for (at once, or at the first layer where the read was deferred):
+    ("definition", the structure), ("none", why) where sdpa_mask too gives none, or
+    ("built", why) where only the tables' values said the definition is not read back."""
+
+    __slots__ = ("definition", "kwargs", "answer")
+
+    def __init__(self, definition, kwargs):
+        self.definition, self.kwargs, self.answer = definition, kwargs, None
+
+    def __call__(self) -> tuple:
+        if self.answer is None:
+            failure = self.definition.failure()
+            if failure is not None:
+                logger.debug("masklens: building the mask: %s", failure)
+                self.answer = ("built", str(failure))
+            else:
+                global _definitions
+                _definitions += 1
+                if _skips_to_none(self.definition.verdict.structure, self.kwargs):
+                    self.answer = ("none", "sdpa_mask's own skip: sdpa's is_causal, or no mask")
+                else:
+                    self.answer = ("definition", self.definition.verdict.structure.describe())
+            self.definition, self.kwargs = None, None  # the answer is all a note keeps
+        return self.answer
+
+
+def _notes() -> list:
+    """The notes as (how, what), each pending read waited for."""
+    return [note() if isinstance(note, _Outcome) else note for note in _masks]
+
+
 def definition_count() -> int:
     """Masks read from their definition in this process (no tensor built, no scan): beside
-    masklens.scan_count(), the proofs made."""
+    masklens.scan_count(), the proofs made. A read still pending (defer_reads) is waited for
+    first."""
+    _notes()
     return _definitions
 
 
@@ -153,14 +194,24 @@ def masks() -> list:
     structure's description) for a mask read from its definition, ("none", why) where
     sdpa_mask too gives none (the layers run sdpa's is_causal), ("built", why) for one
     built by sdpa_mask and scanned (the node of the composition that is not recognised,
-    or why the definition was not read)."""
-    return list(_masks)
+    or why the definition was not read). A read still pending (defer_reads) is waited for
+    first."""
+    return _notes()
 
 
-def _defined_mask(args, kwargs):
+def _defers(device) -> bool:
+    if defer_reads not in ("cuda", "always", "never"):
+        raise ValueError(f"masklens.transformers.defer_reads is {defer_reads!r}; it takes 'cuda', 'always' or "
+                         "'never'")
+    return defer_reads == "always" or defer_reads == "cuda" and device.type == "cuda"
+
+
+def _defined_mask(args, kwargs, defer=False):
     """The mask the layers get from the definition: a DefinedMask, or None where sdpa_mask
     too gives None (plain causal or full: the layers then run sdpa's is_causal, as with
-    "sdpa"); or _BUILD, the reason noted, where the mask is built by sdpa_mask."""
+    "sdpa"); or _BUILD, the reason noted, where the mask is built by sdpa_mask. defer: the
+    tables' read may be left pending (defer_reads says where); the DefinedMask then
+    stands for None, or for a mask to build, if its read says so at the first layer."""
     if args or not from_definition:
         _note("built", "positional arguments" if args else "masklens.transformers.from_definition is False")
         return _BUILD
@@ -172,30 +223,32 @@ def _defined_mask(args, kwargs):
         _note("built", "CUDA graph capture (reading the definition synchronises)")
         return _BUILD
     try:
-        definition = _definition.recognise(**kwargs)
+        definition = _definition.recognise(**kwargs, defer=defer and _defers(device))
     except _definition.Unrecognised as e:
         _note("built", str(e))
         logger.debug("masklens: building the mask: %s", e)
         return _BUILD  # sdpa_mask: its own skip first, as with "sdpa"
-    global _definitions
-    _definitions += 1
-    s = definition.verdict.structure
-    plain = s.segments is None and s.kv_valid is None and s.q_valid is None and s.empty_rows == 0
-    # sdpa_mask's own skip (plain causal that sdpa's is_causal computes, or full attention
-    # without padding) gives None, and the layers run what "sdpa" runs. A definition with
-    # padding, documents or empty rows is never skipped (transformers skips only where its
-    # padding mask is all True and turns the skip off for packed documents), so only a plain
-    # one asks transformers' tests, which read the padding mask (a synchronisation).
-    if plain and (kwargs.get("allow_is_causal_skip", True) and s.kind == "causal" and s.q_len == s.k_len
-                  or kwargs.get("allow_is_bidirectional_skip", False) and s.kind == "full"
-                  or _sdpa_skips(kwargs)):
-        _note("none", "sdpa_mask's own skip: sdpa's is_causal, or no mask")
+    outcome = _Outcome(definition, kwargs)
+    _masks.append(outcome)
+    if not definition.pending and outcome()[0] == "none":
         return None
-    _note("definition", s.describe())
 
     def build():
         return sdpa_mask(**{**kwargs, "allow_is_causal_skip": False, "allow_is_bidirectional_skip": False})
-    return DefinedMask(definition, device, build, _verdicts.Entry(None, definition.verdict))
+    return DefinedMask(definition, device, build, outcome)
+
+
+def _skips_to_none(s, kwargs) -> bool:
+    """Whether sdpa_mask gives None for the mask of structure `s`: its own skip (plain
+    causal that sdpa's is_causal computes, or full attention without padding), and the
+    layers run what "sdpa" runs. A definition with padding, documents or empty rows is
+    never skipped (transformers skips only where its padding mask is all True and turns the
+    skip off for packed documents), so only a plain one asks transformers' tests, which
+    read the padding mask (a synchronisation)."""
+    plain = s.segments is None and s.kv_valid is None and s.q_valid is None and s.empty_rows == 0
+    return plain and (kwargs.get("allow_is_causal_skip", True) and s.kind == "causal" and s.q_len == s.k_len
+                      or kwargs.get("allow_is_bidirectional_skip", False) and s.kind == "full"
+                      or _sdpa_skips(kwargs))
 
 
 def _mask_build_ms(dm) -> float:
@@ -396,6 +449,15 @@ def masklens_attention_forward(module, query, key, value, attention_mask, dropou
             if out is not None:
                 return out, None
         attention_mask = attention_mask.mask
+    if isinstance(attention_mask, DefinedMask):
+        # The definition's read, waited for here where it was deferred (the stream goes on):
+        # None where sdpa_mask too gives none, the dense mask where only the tables' values
+        # say it is not read back.
+        how, what = attention_mask.outcome()
+        if how == "none" and not attention_mask.touched:
+            attention_mask = None
+        elif how == "built":
+            attention_mask = attention_mask.materialise(f"its definition is not read back: {what}")
     if isinstance(attention_mask, DefinedMask):
         # Read from its definition: the drop-in's call on its verdict, no dense mask; a
         # mask the model's code used (and may have written) is its dense tensor, scanned.

@@ -16,6 +16,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/tuple.h>
+#include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
@@ -33,9 +34,11 @@
 #include <cstdint>
 #include <cstring>
 #include <iterator>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "device_runs.hpp"
@@ -388,50 +391,130 @@ void bind_uploads(nb::module_& m) {
       "first BlockMask allocates no pinned memory.");
 }
 
-// A definition's tables read on the device (table_runs.hpp): one pass a table, one copy.
+// A definition's tables read on the device (table_runs.hpp) whose wait is the caller's to
+// make: the kernels and the copy enqueued into a pinned slot of their own, the event
+// recorded after, and the stream left running. finish() waits for that event alone (the
+// work enqueued after it goes on) and reads each table's section.
+class PendingTableRuns {
+ public:
+  PendingTableRuns(std::vector<gpu::DeviceTable> tables, std::int64_t room, std::int64_t first_word,
+                   python::ReadbackSlots::Slot* slot)
+      : tables_(std::move(tables)), room_(room), first_word_(first_word), slot_(slot) {}
+  PendingTableRuns(const PendingTableRuns&) = delete;
+  PendingTableRuns& operator=(const PendingTableRuns&) = delete;
+  ~PendingTableRuns() {
+    if (slot_ != nullptr) python::readbacks().release(slot_);  // reused once its copy has landed
+  }
+
+  [[nodiscard]] bool finished() const noexcept { return slot_ == nullptr; }
+
+  // ([each table's runs, or its change count past the room], the first first_word words).
+  nb::tuple finish() {
+    if (slot_ == nullptr) raise(error(ErrorCode::invalid_argument, "this table read was finished already"));
+    python::ReadbackSlots::Slot* slot = std::exchange(slot_, nullptr);
+    Status st;
+    {
+      nb::gil_scoped_release unlocked;
+      st = check(cudaEventSynchronize(slot->done), "cudaEventSynchronize(table changes)");
+    }
+    // Parsed before the slot goes back: another thread may take it at once.
+    std::optional<nb::tuple> out;
+    if (st.ok()) {
+      try {
+        out = sections(static_cast<const std::int64_t*>(slot->buffer.data));
+      } catch (...) {
+        python::readbacks().release(slot);
+        throw;
+      }
+    }
+    python::readbacks().release(slot);
+    if (!st.ok()) raise(st);
+    return *out;
+  }
+
+ private:
+  nb::tuple sections(const std::int64_t* words) const {
+    nb::list out;
+    std::int64_t at = first_word_;
+    for (const gpu::DeviceTable& t : tables_) {
+      gpu::TableSection section = take(gpu::table_runs_from(t, room_, words + at));
+      at += gpu::table_section_words(t.batch, room_);
+      if (section.runs.empty())
+        out.append(section.count);
+      else
+        out.append(python::runs_tuple(std::move(section.runs[0])));
+    }
+    return nb::make_tuple(out, python::int64_array(std::vector<std::int64_t>(words, words + first_word_)));
+  }
+
+  std::vector<gpu::DeviceTable> tables_;
+  std::int64_t room_ = 0;
+  std::int64_t first_word_ = 0;
+  python::ReadbackSlots::Slot* slot_ = nullptr;  // null once finished
+};
+
+// gpu::table_changes_into on `device`'s `stream` into a readback slot, its event recorded.
+std::unique_ptr<PendingTableRuns> start_table_runs(std::uintptr_t d_block, std::int64_t block_words,
+                                                   std::int64_t first_word, nb::list tables, std::int64_t room,
+                                                   std::uintptr_t stream, int device) {
+  std::vector<gpu::DeviceTable> ts;
+  for (nb::handle h : tables) ts.push_back(python::table_view_from(h));
+  const auto bytes = static_cast<std::size_t>(std::max<std::int64_t>(block_words, 0)) * sizeof(std::int64_t);
+  const auto s = reinterpret_cast<cudaStream_t>(stream);
+  python::ReadbackSlots::Slot* slot = nullptr;
+  Status st = on_device(device, [&]() -> Status {
+    Status r = python::readbacks().acquire(device, std::max<std::size_t>(bytes, 1), slot);
+    if (r.ok())
+      r = gpu::table_changes_into(ts, room, reinterpret_cast<std::int64_t*>(d_block), first_word, block_words,
+                                  static_cast<std::int64_t*>(slot->buffer.data), s);
+    if (r.ok()) r = check(cudaEventRecord(slot->done, s), "cudaEventRecord(table changes)");
+    // A copy that may be queued unrecorded: waited for here, so that the slot is free when reused.
+    if (!r.ok() && slot != nullptr) static_cast<void>(cudaStreamSynchronize(s));
+    return r;
+  });
+  if (!st.ok()) {
+    if (slot != nullptr) python::readbacks().release(slot);
+    raise(st);
+  }
+  return std::make_unique<PendingTableRuns>(std::move(ts), room, first_word, slot);
+}
+
 void bind_table_runs(nb::module_& m) {
+  // Docstrings live as long as the module (function-local statics): nanobind keeps the pointer.
+  static const std::string arguments =
+      "tables are (data pointer, 'bool' / 'int32' / 'int64', batch, length, batch stride, length stride, "
+      "positions); d_block is device memory of block_words int64 words, the first first_word the caller's (copied "
+      "back as they are). One kernel a table and one copy into pinned memory, on `stream` of CUDA device `device`";
+  static const std::string result =
+      "([each table's runs as (batches, length, batch, start, end, value), or its change count where it exceeded "
+      "room], the first first_word words)";
+  static const std::string finish_doc = "Waits for the read's copy alone (the event recorded after it, not the "
+                                        "stream: work enqueued after it goes on) and returns " + result + ". Once.";
+  static const std::string start_doc =
+      "Enqueues the read of a definition's tables (gpu::table_changes_into, include/masklens/cuda/table_runs.hpp) "
+      "without waiting: " + arguments + ", then an event. Returns a PendingTableRuns; its finish() waits. The block "
+      "and the tables must stay alive until then (or be freed in `stream`'s order, as torch's caching allocator "
+      "does).";
+  static const std::string runs_doc =
+      "Reads a definition's tables on the device and waits: table_runs_start(...).finish(). " + arguments +
+      ". Returns " + result + ".";
+
+  nb::class_<PendingTableRuns>(m, "PendingTableRuns",
+                               "A definition's tables read on the device, enqueued and not yet waited for "
+                               "(table_runs_start).")
+      .def_prop_ro("finished", &PendingTableRuns::finished)
+      .def("finish", &PendingTableRuns::finish, finish_doc.c_str());
+
+  m.def("table_runs_start", &start_table_runs, "d_block"_a, "block_words"_a, "first_word"_a, "tables"_a, "room"_a,
+        "stream"_a, "device"_a, start_doc.c_str());
+
   m.def(
       "table_runs",
-      [](std::uintptr_t d_block, std::int64_t block_words, std::int64_t first_word, nb::list tables,
-         std::int64_t room, std::uintptr_t stream, int device) {
-        std::vector<gpu::DeviceTable> ts;
-        for (nb::handle h : tables) ts.push_back(python::table_view_from(h));
-        // The pinned staging is the thread's: a scan's head copy still pending there is not overwritten.
-        if (pending_head().runs != nullptr)
-          raise(error(ErrorCode::invalid_argument,
-                      "a scan enqueued with wait=False on this thread was not waited for: call wait_runs first"));
-        void* pinned = nullptr;
-        const auto bytes = static_cast<std::size_t>(std::max<std::int64_t>(block_words, 0)) * sizeof(std::int64_t);
-        Status st = on_device(device, [&]() -> Status {
-          Status r = python::staging().reserve(bytes, pinned);
-          if (r.ok())
-            r = gpu::table_changes_into(ts, room, reinterpret_cast<std::int64_t*>(d_block), first_word, block_words,
-                                        static_cast<std::int64_t*>(pinned), reinterpret_cast<cudaStream_t>(stream));
-          if (r.ok()) r = check(cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(stream)), "cudaStreamSynchronize");
-          return r;
-        });
-        if (!st.ok()) raise(st);
-        const auto* words = static_cast<const std::int64_t*>(pinned);
-        nb::list out;
-        std::int64_t at = first_word;
-        for (const gpu::DeviceTable& t : ts) {
-          gpu::TableSection section = take(gpu::table_runs_from(t, room, words + at));
-          at += gpu::table_section_words(t.batch, room);
-          if (section.runs.empty()) {
-            out.append(section.count);
-            continue;
-          }
-          out.append(python::runs_tuple(std::move(section.runs[0])));
-        }
-        return nb::make_tuple(out, python::int64_array(std::vector<std::int64_t>(words, words + first_word)));
+      [](std::uintptr_t d_block, std::int64_t block_words, std::int64_t first_word, nb::list tables, std::int64_t room,
+         std::uintptr_t stream, int device) {
+        return start_table_runs(d_block, block_words, first_word, tables, room, stream, device)->finish();
       },
-      "d_block"_a, "block_words"_a, "first_word"_a, "tables"_a, "room"_a, "stream"_a, "device"_a,
-      "Reads a definition's tables on CUDA device `device` (gpu::table_changes_into, "
-      "include/masklens/cuda/table_runs.hpp): tables are (data pointer, 'bool' / 'int32' / 'int64', batch, length, "
-      "batch stride, length stride, positions); d_block is device memory of block_words int64 words, the first "
-      "first_word the caller's. One kernel a table, one copy through pinned memory, one synchronisation of `stream`. "
-      "Returns ([each table's runs as (batches, length, batch, start, end, value), or its change count where it "
-      "exceeded room], the first first_word words).");
+      "d_block"_a, "block_words"_a, "first_word"_a, "tables"_a, "room"_a, "stream"_a, "device"_a, runs_doc.c_str());
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // Pinned host memory masklens._cuda stages its copies through: the head of a device
-// scan crossing to the host (one buffer per thread) and small host tables crossing to a
-// device (a ring of slots per device). Part of the binding, not of the library: the
+// scan crossing to the host (one buffer per thread), small host tables crossing to a
+// device (a ring of slots per device) and a definition's tables' changes crossing to the
+// host for a reader that waits later (a slot per pending read). Part of the binding, not of the library: the
 // library's entry points take the caller's host memory, and a framework stages it as it
 // sees fit.
 #pragma once
@@ -167,6 +168,64 @@ class UploadStaging {
 inline UploadStaging& uploads() {
   static auto* staging = new UploadStaging;  // never destroyed: see above
   return *staging;
+}
+
+// Pinned host memory a device-to-host copy lands in while its reader goes on and waits
+// later (a definition's tables, read when the first attention layer needs them rather
+// than in the mask function, where the wait would drain the stream): one slot per
+// pending read, with the event recorded after its copy. A released slot goes back to its
+// device's free list at once (a read dropped unwaited may leave its copy queued), and is
+// reused only after that event has completed. Slots are never freed: at most as many
+// exist as reads were pending at once. Never destroyed: a process's exit may find the
+// driver unloaded.
+class ReadbackSlots {
+ public:
+  struct Slot {
+    PinnedBuffer buffer;
+    cudaEvent_t done = nullptr;  // recorded after the slot's copy (never recorded: complete); of `device`
+    int device = 0;
+  };
+
+  // A slot of the current device `device` holding `bytes`, its last copy finished.
+  Status acquire(int device, std::size_t bytes, Slot*& out) {
+    out = nullptr;
+    Slot* slot = nullptr;
+    {
+      const std::lock_guard<std::mutex> hold(lock_);
+      std::vector<Slot*>& free = free_[device];
+      if (!free.empty()) slot = free.back(), free.pop_back();
+    }
+    Status st;
+    if (slot == nullptr) {
+      slot = new Slot;
+      slot->device = device;
+      st = check(cudaEventCreateWithFlags(&slot->done, cudaEventDisableTiming), "cudaEventCreateWithFlags(readback)");
+    } else {
+      st = check(cudaEventSynchronize(slot->done), "cudaEventSynchronize(readback slot)");
+    }
+    if (st.ok()) st = slot->buffer.hold(bytes, bytes, "cudaMallocHost(readback staging)");
+    if (!st.ok()) {
+      if (slot->done != nullptr) release(slot);  // a slot whose buffer failed to grow serves a smaller read later
+      else delete slot;
+      return st;
+    }
+    out = slot;
+    return st;
+  }
+
+  void release(Slot* slot) {
+    const std::lock_guard<std::mutex> hold(lock_);
+    free_[slot->device].push_back(slot);
+  }
+
+ private:
+  std::mutex lock_;
+  std::map<int, std::vector<Slot*>> free_;
+};
+
+inline ReadbackSlots& readbacks() {
+  static auto* slots = new ReadbackSlots;  // never destroyed: see above
+  return *slots;
 }
 
 }  // namespace masklens::python

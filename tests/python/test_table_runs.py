@@ -89,14 +89,53 @@ def test_the_device_pass_reads_what_torch_reads(room):
         pos = torch.tensor([[j - 5 * (j >= L // 2) for j in range(L)] for _ in range(B)])
         tables = [(ids.bool().cuda(), False), (ids.int().cuda(), False), (ids.cuda().t().contiguous().t(), False),
                   (pos.cuda(), True), (torch.tensor([rng.randrange(9) for _ in range(B)]).cuda(), False)]
-        device = _table_runs._device_read(tables, room)
-        assert device is not None
+        finish = _table_runs._device_start(tables, room)
+        assert finish is not None
         host = _table_runs._torch_read([(t.cpu(), p) for t, p in tables], room)
-        assert np.array_equal(device[-1], host[-1])
-        for d, h in zip(device[:-1], host[:-1]):
-            for name in ("b", "start", "end", "value"):
-                assert np.array_equal(getattr(d, name), getattr(h, name)), name
-            assert (d.batch, d.length) == (h.batch, h.length)
+        _assert_same_runs(finish(), host)
+
+
+def _assert_same_runs(device, host):
+    assert np.array_equal(device[-1], host[-1])
+    for d, h in zip(device[:-1], host[:-1]):
+        for name in ("b", "start", "end", "value"):
+            assert np.array_equal(getattr(d, name), getattr(h, name)), name
+        assert (d.batch, d.length) == (h.batch, h.length)
+
+
+@pytest.mark.gpu
+def test_a_pending_device_read_sees_its_tables_as_the_stream_had_them():
+    """table_runs_start enqueues the pass and returns; the wait is finish()'s. Several reads
+    pending at once each land in their own pinned slot, finished in any order, and each
+    sees its tables as they were at its point of the stream, whatever the stream does to
+    them after (a write enqueued before the finish)."""
+    from masklens import _scan
+    if _scan.cuda_module() is None:
+        pytest.skip(_scan.cuda_reason())
+    rng = random.Random(7)
+    pending, expected = [], []
+    for k in range(5):
+        B, L = rng.randrange(1, 4), rng.randrange(2, 300)
+        ids = torch.tensor([[rng.randrange(3) if rng.random() < 0.1 else k for _ in range(L)] for _ in range(B)])
+        pos = torch.tensor([[j - 7 * (j >= L // 3) for j in range(L)] for _ in range(B)])
+        tables = [(ids.cuda(), False), (pos.cuda(), True), (torch.arange(B).cuda(), False)]
+        expected.append(_table_runs._torch_read([(t.cpu(), p) for t, p in tables], 1024))
+        pending.append(_table_runs._device_start(tables, 1024))
+        torch.cuda._sleep(1_000_000)  # the stream still busy when the tables change after the pass
+        for t, _ in tables:
+            t.add_(1)  # after the pass in the stream's order: not what the pass reads
+    for k in (3, 0, 4, 1, 2):
+        _assert_same_runs(pending[k](), expected[k])
+    cuda = _scan.cuda_module()
+    t = torch.zeros((1, 8), dtype=torch.bool, device="cuda")
+    block = torch.empty(1 + 1 + 2, dtype=torch.int64, device="cuda")
+    read = cuda.table_runs_start(block.data_ptr(), 4, 0, [_table_runs.TableView(t, False).as_tuple()], 1,
+                                 _scan.stream_of(t.device), t.device.index or 0)
+    assert not read.finished
+    (runs,), _ = read.finish()
+    assert read.finished and list(runs[3]) == [0]
+    with pytest.raises(Exception, match="finished already"):
+        read.finish()
 
 
 @pytest.mark.parametrize("reader", READERS)

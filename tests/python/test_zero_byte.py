@@ -90,8 +90,17 @@ def never_build(monkeypatch):
     monkeypatch.setattr(masklens.transformers, "build_masks", "never")
 
 
+@pytest.fixture(params=["never", "always"])
+def defer(request, monkeypatch):
+    """The tables read in the mask function, and read where the first layer waits for them
+    (defer_reads="always": on the CPU, where its default reads at once, the deferred path a
+    GPU takes by default)."""
+    monkeypatch.setattr(masklens.transformers, "defer_reads", request.param)
+    return request.param
+
+
 @pytest.mark.parametrize("name,kind", CASES)
-def test_forward_and_backward_equal_sdpa_without_a_dense_mask(name, kind, never_build):
+def test_forward_and_backward_equal_sdpa_without_a_dense_mask(name, kind, never_build, defer):
     ref, ours = pair(_configs()[name])
     inputs, keep = _batch(kind)
     L = inputs["input_ids"].shape[1]
@@ -107,7 +116,7 @@ def test_forward_and_backward_equal_sdpa_without_a_dense_mask(name, kind, never_
     assert max_grad_difference(ref, ours) < 1e-3
 
 
-def test_gradient_checkpointing(never_build):
+def test_gradient_checkpointing(never_build, defer):
     ref, ours = pair(_configs()["llama"])
     for m in (ref, ours):
         m.gradient_checkpointing_enable()
@@ -297,6 +306,116 @@ def test_a_compiled_model_decides_from_the_definition(gpu_environment):
     assert (a - b).abs()[keep].max().item() < 1e-4
     assert any(s[-2:] == (L, 16) for s in shapes), "the graphs hold the attention's [.., L, head_dim] values"
     assert [s for s in shapes if _mask_shaped(s, L, L)] == []
+
+
+class _LayersMasks:
+    """The masks transformers' own sdpa layer receives from masklens' layers (None where
+    they run sdpa's is_causal, as "sdpa" does)."""
+
+    def __init__(self, monkeypatch):
+        self.seen = []
+        real = masklens.transformers.sdpa_attention_forward
+
+        def watched(module, q, k, v, mask, *a, **kw):
+            self.seen.append(mask)
+            return real(module, q, k, v, mask, *a, **kw)
+        monkeypatch.setattr(masklens.transformers, "sdpa_attention_forward", watched)
+
+
+def test_a_deferred_read_waits_at_the_first_layer_and_stands_for_none(monkeypatch):
+    """With the tables' read deferred, the mask function returns a DefinedMask at once and
+    its read is waited for at the first layer: where that read says sdpa_mask gives none
+    (a padding mask all True), the layers run sdpa's own call with no mask, as "sdpa" does."""
+    monkeypatch.setattr(masklens.transformers, "defer_reads", "always")
+    import transformers.masking_utils as mu
+    kw = dict(batch_size=1, q_length=6, kv_length=6, attention_mask=torch.ones(1, 6, dtype=torch.bool),
+              device=torch.device("cpu"))
+    masklens.transformers._masks.clear()
+    dm = masklens.transformers.masklens_mask(**kw)
+    assert isinstance(dm, masklens.transformers.DefinedMask) and dm.definition.pending
+    assert dm.outcome()[0] == "none" and not dm.definition.pending
+    assert [how for how, _ in masklens.transformers.masks()] == ["none"]
+    assert mu.sdpa_mask(**kw) is None
+
+    ref, ours = pair(_configs()["llama"])
+    inputs = dict(input_ids=torch.randint(3, 97, (2, 12), generator=torch.Generator().manual_seed(0)),
+                  attention_mask=torch.ones(2, 12, dtype=torch.long))
+    layers = _LayersMasks(monkeypatch)
+    masklens.transformers._masks.clear()
+    a, b = ref(**inputs).logits, ours(**inputs).logits
+    assert layers.seen == [None] * SMALL["num_hidden_layers"]
+    assert [how for how, _ in masklens.transformers.masks()] == ["none"]
+    assert (a - b).abs().max().item() < 1e-4
+
+
+def test_a_deferred_read_that_finds_holes_builds_the_mask_at_the_first_layer(monkeypatch, never_build):
+    """Only the tables' values say a padding mask has holes: with the read deferred that is
+    known at the first layer, which then builds sdpa_mask's mask (once a forward) and
+    proves it by a scan; the result is "sdpa"'s and the note names the holes."""
+    monkeypatch.setattr(masklens.transformers, "defer_reads", "always")
+    ref, ours = pair(_configs()["llama"])
+    attention = torch.ones(2, 12, dtype=torch.long)
+    attention[0, 3] = 0  # a hole: not one interval of keys a row
+    attention[1, :2] = 0
+    inputs = dict(input_ids=torch.randint(3, 97, (2, 12), generator=torch.Generator().manual_seed(0)),
+                  attention_mask=attention)
+    masklens.transformers._masks.clear()
+    a = ref(**inputs).logits
+    with MaskAllocations(12, 12) as watch:
+        b = ours(**inputs).logits
+    (how, why), = masklens.transformers.masks()
+    assert how == "built" and "hole" in why, why
+    builds = [s for s in watch.seen if s[0] == "aten.bitwise_and.Tensor" and s[1] == (2, 1, 12, 12)]
+    assert len(builds) == 1, watch.seen
+    keep = attention.bool()
+    assert (a - b).abs()[keep].max().item() < 1e-4
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["left", "right", "packed", "holed", "all ones"])
+def test_on_a_gpu_the_read_is_deferred_to_the_first_layer(kind, monkeypatch):
+    """By default (defer_reads="cuda") a CUDA model's mask function enqueues the tables' device
+    pass and returns at once; the first layer waits for its copy. Forward and backward equal
+    "sdpa"'s for padded and packed batches, a padding mask with holes (built there, proven by
+    a scan) and one all True (sdpa's own call with no mask), and no [B, 1, Q, K] mask is
+    allocated where the definition is read back."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    from masklens import _scan
+    if _scan.cuda_module() is None:
+        pytest.skip(_scan.cuda_reason())
+    assert masklens.transformers.defer_reads == "cuda"
+    monkeypatch.setattr(masklens.transformers, "build_masks", "never")
+    ref, ours = pair(_configs()["llama"])
+    ref, ours = ref.cuda(), ours.cuda()
+    inputs, keep = _batch("left" if kind in ("holed", "all ones") else kind)
+    if kind == "holed":
+        inputs["attention_mask"][1, 10] = 0
+        keep = inputs["attention_mask"].bool()
+    if kind == "all ones":
+        inputs["attention_mask"].fill_(1)
+        keep = inputs["attention_mask"].bool()
+    inputs = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+    keep = keep.cuda()
+    made = []
+    real = masklens.transformers.masklens_mask
+
+    def watched(*a, **kw):
+        out = real(*a, **kw)
+        made.append(isinstance(out, masklens.transformers.DefinedMask) and out.definition.pending)
+        return out
+    monkeypatch.setitem(transformers.masking_utils.AttentionMaskInterface._global_mapping, "masklens", watched)
+    L = inputs["input_ids"].shape[1]
+    a, _ = _run(ref, inputs, keep, L)
+    masklens.transformers._masks.clear()
+    b, seen = _run(ours, inputs, keep, L)
+    assert made == [True], made  # the mask function returned with the read pending
+    (how, why), = masklens.transformers.masks()
+    assert how == {"holed": "built", "all ones": "none"}.get(kind, "definition"), (how, why)
+    if how != "built":
+        assert seen == [], seen
+    assert (a - b).abs()[keep].max().item() < 1e-3
+    assert max_grad_difference(ref, ours) < 1e-2
 
 
 def test_none_where_sdpa_mask_gives_none():
