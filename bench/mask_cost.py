@@ -24,7 +24,9 @@ Then the read deferred to the first layer (defer_reads = "always", on a GPU the 
 attention layer needs the verdict; on the CPU the C++ read moved there) against the read
 in the mask function ("never"), the two alternating
 step by step in one process, with no synchronisation inside a step:
-  step            a training step's median time (synchronised at its end only)
+  step            a training step's median time (synchronised at its end only), and the
+                  median and range of the paired differences (each deferred step minus the
+                  step beside it that read in the mask function)
   mask function   the mask function's host time (no synchronisation: its wait, if any, inside)
   first-layer wait  the host time the first layer spends waiting for the read and working
                   out the rows and classification (deferred only)
@@ -65,7 +67,7 @@ L = args.length or (32768 if cuda else 1024)
 if not cuda:
     torch.set_num_threads(1)
 if args.torch_read:
-    table_runs._device_read = table_runs._host_read = lambda tables, room: None
+    table_runs._device_start = table_runs._host_read = lambda tables, room: None
 
 
 def sync():
@@ -115,7 +117,24 @@ def wrap(owner, name, label):
 
 wrap(definition, "parse", "parse")
 wrap(definition, "pin", "pin")
-wrap(table_runs, "read_runs", "tables' read")
+_start_read = table_runs.start_read
+
+
+def timed_start_read(*a, **kw):
+    """The tables' read: start_read and the wait of the function it returns, each between
+    synchronisations (read in the mask function, the two follow each other)."""
+    if not recording[0]:
+        return _start_read(*a, **kw)
+    ms, finish = ms_of(lambda: _start_read(*a, **kw))
+
+    def timed_finish():
+        waited, out = ms_of(finish)
+        parts.setdefault("tables' read", []).append(ms + waited)
+        return out
+    return timed_finish
+
+
+table_runs.start_read = timed_start_read
 wrap(definition._core, "read_definition", "rows and classification")
 if cuda and not args.torch_read:
     import masklens._scan as scan
@@ -196,12 +215,14 @@ def host_mask_fn(*a, **kw):
 
 host_timed(definition.Definition, "_resolve", "first-layer wait")
 deferred = []
+MODES = ("never", "always")
 for kind, kw in batches.items():
-    per = {mode: {"step": [], "mask function": [], "first-layer wait": []} for mode in ("never", "always")}
+    per = {mode: {"step": [], "mask function": [], "first-layer wait": []} for mode in MODES}
     for timed_mask_fn in (False, True):
         mu.AttentionMaskInterface._global_mapping["masklens"] = host_mask_fn if timed_mask_fn else plain_mask_fn
         for i in range(args.steps + 2):
-            for mode in ("never", "always"):
+            # Alternating which goes first, so that neither always follows the other.
+            for mode in (MODES if i % 2 == 0 else MODES[::-1]):
                 mlt.defer_reads = mode
                 host_times.clear()
                 sync()
@@ -215,12 +236,17 @@ for kind, kw in batches.items():
                     per[mode]["step"].append(ms)
                     continue
                 per[mode]["mask function"] += host_times.get("mask function", [])
-                # The first waits a forward: gradient checkpointing's recompute finds the verdict known.
-                waits = host_times.get("first-layer wait", [])
-                per[mode]["first-layer wait"].append(sum(waits[:1]))
+                if mode != "never":  # read in the mask function, the first layer waits for nothing
+                    # The first wait of a forward: gradient checkpointing's recompute finds the verdict known.
+                    waits = host_times.get("first-layer wait", [])
+                    per[mode]["first-layer wait"].append(sum(waits[:1]))
+    # Steps paired in time: the difference of each pair (deferred - in the mask function).
+    paired = sorted(b - a for a, b in zip(per["never"]["step"], per["always"]["step"]))
     for mode, figures in per.items():
         row = {"batch": kind, "length": L, "defer_reads": mode,
                **{k + "_ms": statistics.median(v) if v else None for k, v in figures.items()}}
+        if mode == "always":
+            row.update(step_difference_ms=statistics.median(paired), step_difference_range_ms=[paired[0], paired[-1]])
         deferred.append(row)
         print(json.dumps(row), flush=True)
 mlt.defer_reads = "cuda"
@@ -230,11 +256,15 @@ for r in rows:
     p = ", ".join(f"{k} {v:.3f}" for k, v in r["parts_in_step_ms"].items())
     print(f"{r['batch']:<7} {r['length']:>7} {r['in_step_ms']:>8.3f} {r['after_step_ms']:>13.3f} {r['warm_ms']:>7.3f}"
           f" {r['one_read_after_step_ms'] or float('nan'):>9.3f}  {p}")
-print(f"\n{'batch':<7} {'L':>7} {'read':<22} {'step':>9} {'mask function':>14} {'first-layer wait':>17}  (ms)")
+print(f"\n{'batch':<7} {'L':>7} {'read':<22} {'step':>9} {'mask function':>14} {'first-layer wait':>17}"
+      f"  {'step - in mask fn (paired: median [min, max])'}  (ms)")
 for r in deferred:
     how = "at the first layer" if r["defer_reads"] == "always" else "in the mask function"
+    wait = r["first-layer wait_ms"]
+    diff = (f"  {r['step_difference_ms']:+.3f} [{r['step_difference_range_ms'][0]:+.3f}, "
+            f"{r['step_difference_range_ms'][1]:+.3f}]") if "step_difference_ms" in r else ""
     print(f"{r['batch']:<7} {r['length']:>7} {how:<22} {r['step_ms']:>9.3f} {r['mask function_ms']:>14.3f}"
-          f" {r['first-layer wait_ms'] or 0.0:>17.3f}")
+          f" {'-' if wait is None else f'{wait:.3f}':>17}{diff}")
 if args.json:
     with open(args.json, "w") as f:
         json.dump({"device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,

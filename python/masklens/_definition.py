@@ -535,6 +535,9 @@ class Definition:
                 self._failed = e
             except _READ_ERRORS as e:  # as recognise() takes them: not read, never guessed
                 self._failed = Unrecognised(f"the definition could not be read: {type(e).__name__}: {e}")
+            except BaseException:  # an interrupt, say: the read is still to be made
+                self._read = read
+                raise
         if self._failed is not None:
             raise Unrecognised(str(self._failed))
 
@@ -662,6 +665,7 @@ class DefinedMask:
         self._dense = None
         self._stand_ins = {}
 
+    @torch.compiler.disable  # a layer compiled on its own waits outside its graph
     def outcome(self) -> tuple:
         """(how, what) the mask stands for, its definition's read waited for (the
         constructor's `outcome`)."""

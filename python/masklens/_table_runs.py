@@ -168,6 +168,7 @@ def _device_start(tables, room: int):
         at += t.numel()
     specs = [TableView(t, p).as_tuple() for t, p in grids]
     index = device.index if device.index is not None else torch.cuda.current_device()
+    _bury()
     try:
         pending = cuda.table_runs_start(block.data_ptr(), block_words, first_word, specs, room,
                                         _scan.stream_of(device), index)
@@ -175,27 +176,49 @@ def _device_start(tables, room: int):
         if str(e).startswith("device_error"):
             raise
         return None
+    return _PendingRead(pending, tables, grids, block, room)
 
-    def finish():
-        # The block is held until the copy has landed (freed earlier, torch's allocator would
-        # reuse it only in the stream's order: held all the same); the tables are in `tables`.
-        nonlocal block
-        sections, words = pending.finish()
-        block = None
-        out, at, grid = [], 0, iter(zip(grids, sections))
-        for t, positions in tables:
+
+# Reads dropped before their copy landed, with what their kernels read and write (the
+# tables may come from another stream, whose frees torch's allocator does not order
+# after this one): kept until the copy has landed, looked at when the next read starts.
+_dropped = []
+
+
+def _bury() -> None:
+    _dropped[:] = [d for d in _dropped if not d[0].ready]
+
+
+class _PendingRead:
+    """A device read enqueued (masklens._cuda.PendingTableRuns) with the tables and block
+    it reads and writes; called, it waits for the copy and returns read_runs' answer."""
+
+    __slots__ = ("pending", "tables", "grids", "block", "room")
+
+    def __init__(self, pending, tables, grids, block, room):
+        self.pending, self.tables, self.grids, self.block, self.room = pending, tables, grids, block, room
+
+    def __call__(self):
+        sections, words = self.pending.finish()
+        self.block = None
+        out, at, grid = [], 0, iter(zip(self.grids, sections))
+        for t, positions in self.tables:
             if t.dim() == 1:
                 out.append(words[at:at + t.numel()])
                 at += t.numel()
             elif t.numel() == 0:
-                out.append(_torch_read([(t, positions)], room)[0])
+                out.append(_torch_read([(t, positions)], self.room)[0])
             else:
                 _, section = next(grid)
                 # More changes than the room: that table again, with room for them all.
                 out.append(_torch_read([(t, positions)], section)[0] if isinstance(section, int)
                            else TableRuns.from_columns(*section))
         return out
-    return finish
+
+    def __del__(self):
+        pending = getattr(self, "pending", None)
+        if pending is not None and not pending.finished and _dropped is not None:  # None: the interpreter exits
+            _dropped.append((pending, self.tables, self.block))
 
 
 def _torch_read(tables, room: int):

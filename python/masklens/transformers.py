@@ -120,7 +120,9 @@ def masklens_mask(*args, **kwargs):
     """transformers' mask function. A composition of transformers' mask primitives it
     recognises (masklens._definition) is read back from its definition, with no
     [B, 1, Q, K] tensor: the layers get a DefinedMask holding its verdict (or None for
-    plain causal, as sdpa_mask gives it). Anything else is transformers' sdpa_mask, proven
+    plain causal, as sdpa_mask gives it). Where the tables' read is deferred (defer_reads:
+    on a GPU by default) the DefinedMask's verdict is waited for at the first layer, which
+    then takes it as None, or builds the mask, if the read says so. Anything else is transformers' sdpa_mask, proven
     by a scan in the layers. Each call starts a new forward for the verdict cache
     (inference-mode masks are remembered within one forward). Inside torch.compile the
     mask is proven and decided outside the graph (_mask_outside_graph), or in it with one
@@ -164,15 +166,16 @@ class _Outcome:
             failure = self.definition.failure()
             if failure is not None:
                 logger.debug("masklens: building the mask: %s", failure)
-                self.answer = ("built", str(failure))
+                answer = ("built", str(failure))
+            elif _skips_to_none(self.definition.verdict.structure, self.kwargs):
+                answer = ("none", "sdpa_mask's own skip: sdpa's is_causal, or no mask")
             else:
+                answer = ("definition", self.definition.verdict.structure.describe())
+            self.answer = answer
+            self.definition, self.kwargs = None, None  # the answer is all a note keeps
+            if answer[0] != "built":
                 global _definitions
                 _definitions += 1
-                if _skips_to_none(self.definition.verdict.structure, self.kwargs):
-                    self.answer = ("none", "sdpa_mask's own skip: sdpa's is_causal, or no mask")
-                else:
-                    self.answer = ("definition", self.definition.verdict.structure.describe())
-            self.definition, self.kwargs = None, None  # the answer is all a note keeps
         return self.answer
 
 

@@ -408,6 +408,15 @@ class PendingTableRuns {
 
   [[nodiscard]] bool finished() const noexcept { return slot_ == nullptr; }
 
+  // Whether the copy has landed (finish() would not wait): cudaEventQuery, no wait.
+  [[nodiscard]] bool ready() const {
+    if (slot_ == nullptr) return true;
+    const cudaError_t e = cudaEventQuery(slot_->done);
+    if (e == cudaErrorNotReady) return false;
+    if (Status st = check(e, "cudaEventQuery(table changes)"); !st.ok()) raise(st);
+    return true;
+  }
+
   // ([each table's runs, or its change count past the room], the first first_word words).
   nb::tuple finish() {
     if (slot_ == nullptr) raise(error(ErrorCode::invalid_argument, "this table read was finished already"));
@@ -480,7 +489,7 @@ std::unique_ptr<PendingTableRuns> start_table_runs(std::uintptr_t d_block, std::
 }
 
 void bind_table_runs(nb::module_& m) {
-  // Docstrings live as long as the module (function-local statics): nanobind keeps the pointer.
+  // Docstrings put together once (nanobind copies them).
   static const std::string arguments =
       "tables are (data pointer, 'bool' / 'int32' / 'int64', batch, length, batch stride, length stride, "
       "positions); d_block is device memory of block_words int64 words, the first first_word the caller's (copied "
@@ -503,6 +512,7 @@ void bind_table_runs(nb::module_& m) {
                                "A definition's tables read on the device, enqueued and not yet waited for "
                                "(table_runs_start).")
       .def_prop_ro("finished", &PendingTableRuns::finished)
+      .def_prop_ro("ready", &PendingTableRuns::ready, "Whether the read's copy has landed (no wait).")
       .def("finish", &PendingTableRuns::finish, finish_doc.c_str());
 
   m.def("table_runs_start", &start_table_runs, "d_block"_a, "block_words"_a, "first_word"_a, "tables"_a, "room"_a,

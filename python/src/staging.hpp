@@ -175,38 +175,53 @@ inline UploadStaging& uploads() {
 // than in the mask function, where the wait would drain the stream): one slot per
 // pending read, with the event recorded after its copy. A released slot goes back to its
 // device's free list at once (a read dropped unwaited may leave its copy queued), and is
-// reused only after that event has completed. Slots are never freed: at most as many
-// exist as reads were pending at once. Never destroyed: a process's exit may find the
-// driver unloaded.
+// reused only once that event has completed; where none has, a new slot is made. Slots
+// are never freed: at most as many exist as reads were pending at once. Never destroyed:
+// a process's exit may find the driver unloaded.
 class ReadbackSlots {
  public:
+  // A slot holds at least this much (a definition's tables take a few KiB each), so that a
+  // slot seldom grows: growing frees pinned memory, which synchronises the device.
+  static constexpr std::size_t kMinBytes = 64 << 10;
+
   struct Slot {
     PinnedBuffer buffer;
     cudaEvent_t done = nullptr;  // recorded after the slot's copy (never recorded: complete); of `device`
     int device = 0;
   };
 
-  // A slot of the current device `device` holding `bytes`, its last copy finished.
+  // A slot of the current device `device` holding `bytes` whose last copy has landed: a
+  // free one whose event says so, else a new one (never a wait: the caller's stream is not
+  // to be drained here).
   Status acquire(int device, std::size_t bytes, Slot*& out) {
     out = nullptr;
     Slot* slot = nullptr;
     {
       const std::lock_guard<std::mutex> hold(lock_);
       std::vector<Slot*>& free = free_[device];
-      if (!free.empty()) slot = free.back(), free.pop_back();
+      for (auto it = free.begin(); it != free.end(); ++it) {
+        const cudaError_t e = cudaEventQuery((*it)->done);
+        if (e == cudaErrorNotReady) continue;
+        if (e != cudaSuccess) return check(e, "cudaEventQuery(readback slot)");
+        // The first done: at kMinBytes or more, a definition's read seldom outgrows it.
+        slot = *it;
+        free.erase(it);
+        break;
+      }
     }
     Status st;
     if (slot == nullptr) {
       slot = new Slot;
       slot->device = device;
       st = check(cudaEventCreateWithFlags(&slot->done, cudaEventDisableTiming), "cudaEventCreateWithFlags(readback)");
-    } else {
-      st = check(cudaEventSynchronize(slot->done), "cudaEventSynchronize(readback slot)");
+      if (!st.ok()) {
+        delete slot;
+        return st;
+      }
     }
-    if (st.ok()) st = slot->buffer.hold(bytes, bytes, "cudaMallocHost(readback staging)");
+    st = slot->buffer.hold(bytes, bytes > kMinBytes ? bytes : kMinBytes, "cudaMallocHost(readback staging)");
     if (!st.ok()) {
-      if (slot->done != nullptr) release(slot);  // a slot whose buffer failed to grow serves a smaller read later
-      else delete slot;
+      release(slot);  // a slot whose buffer failed to grow serves a smaller read later
       return st;
     }
     out = slot;

@@ -442,3 +442,40 @@ def test_compositions_transformers_never_makes_are_read_right_or_not_at_all():
         assert _same_verdict(d.verdict.structure, masklens._core.scan(dense.numpy()).structure), kw
     with pytest.raises(_definition.Unrecognised, match="does not read: window_shape"):
         _definition.recognise(batch_size=1, q_length=4, kv_length=4, window_shape=(2, 2))
+
+
+def test_a_pending_read_resolves_once_and_keeps_its_failure():
+    """A Definition whose read is pending (recognise(defer=True)) reads it at the first use
+    of its verdict, once; a read that fails stays failed (Unrecognised at every use, never a
+    verdict of None); an interrupt leaves the read to be made again."""
+    import transformers.masking_utils as mu
+    am = torch.ones((2, 6), dtype=torch.bool)
+    am[0, :2] = False
+    d = _definition.recognise(batch_size=2, q_length=6, kv_length=6, attention_mask=am,
+                              mask_function=mu.causal_mask_function, defer=True)
+    assert d.pending
+    v = d.verdict
+    assert not d.pending and d.verdict is v and d.failure() is None and d.entry.verdict is v
+    assert v.structure.kv_valid is not None
+
+    calls = []
+
+    def read(outcome):
+        def go():
+            calls.append(outcome)
+            if isinstance(outcome, BaseException):
+                raise outcome
+            return outcome
+        return go
+    failing = _definition.Definition(1, 4, 4, None, read(ValueError("bad table")))
+    for _ in range(2):
+        with pytest.raises(_definition.Unrecognised, match="bad table"):
+            failing.verdict
+    assert isinstance(failing.failure(), _definition.Unrecognised) and len(calls) == 1
+
+    answers = iter([KeyboardInterrupt(), (v, d.pieces)])
+    interrupted = _definition.Definition(2, 6, 6, None, lambda: read(next(answers))())
+    with pytest.raises(KeyboardInterrupt):
+        interrupted.verdict
+    assert interrupted.pending
+    assert interrupted.verdict is v and not interrupted.pending

@@ -126,6 +126,20 @@ def test_a_pending_device_read_sees_its_tables_as_the_stream_had_them():
             t.add_(1)  # after the pass in the stream's order: not what the pass reads
     for k in (3, 0, 4, 1, 2):
         _assert_same_runs(pending[k](), expected[k])
+    # A read dropped before its copy landed keeps its tables and block (they may come from
+    # another stream) until it has: the next read's start lets it go.
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        other = torch.arange(64, device="cuda").view(2, 32)
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda._sleep(50_000_000)
+    dropped = _table_runs._device_start([(other, True)], 1024)
+    del dropped, other
+    assert len(_table_runs._dropped) == 1 and not _table_runs._dropped[0][0].ready
+    torch.cuda.synchronize()
+    again = _table_runs._device_start([(torch.ones((1, 4), dtype=torch.bool, device="cuda"), False)], 1024)
+    assert _table_runs._dropped == []
+    assert list(again()[0].start) == [0]
     cuda = _scan.cuda_module()
     t = torch.zeros((1, 8), dtype=torch.bool, device="cuda")
     block = torch.empty(1 + 1 + 2, dtype=torch.int64, device="cuda")

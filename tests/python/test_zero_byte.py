@@ -90,13 +90,30 @@ def never_build(monkeypatch):
     monkeypatch.setattr(masklens.transformers, "build_masks", "never")
 
 
+def _watch_pending(monkeypatch):
+    """A list that gets, for each call of the registered mask function, whether it returned
+    a DefinedMask whose read was still pending."""
+    made = []
+    real = masklens.transformers.masklens_mask
+
+    def watched(*a, **kw):
+        out = real(*a, **kw)
+        made.append(isinstance(out, masklens.transformers.DefinedMask) and out.definition.pending)
+        return out
+    monkeypatch.setitem(transformers.masking_utils.AttentionMaskInterface._global_mapping, "masklens", watched)
+    return made
+
+
 @pytest.fixture(params=["never", "always"])
 def defer(request, monkeypatch):
     """The tables read in the mask function, and read where the first layer waits for them
     (defer_reads="always": on the CPU, where its default reads at once, the deferred path a
-    GPU takes by default)."""
+    GPU takes by default). Yields the mode; after the test, every mask function call was
+    pending (deferred) or none was."""
     monkeypatch.setattr(masklens.transformers, "defer_reads", request.param)
-    return request.param
+    made = _watch_pending(monkeypatch)
+    yield request.param
+    assert made and all(made) == (request.param == "always") and any(made) == all(made), made
 
 
 @pytest.mark.parametrize("name,kind", CASES)
@@ -397,14 +414,7 @@ def test_on_a_gpu_the_read_is_deferred_to_the_first_layer(kind, monkeypatch):
         keep = inputs["attention_mask"].bool()
     inputs = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
     keep = keep.cuda()
-    made = []
-    real = masklens.transformers.masklens_mask
-
-    def watched(*a, **kw):
-        out = real(*a, **kw)
-        made.append(isinstance(out, masklens.transformers.DefinedMask) and out.definition.pending)
-        return out
-    monkeypatch.setitem(transformers.masking_utils.AttentionMaskInterface._global_mapping, "masklens", watched)
+    made = _watch_pending(monkeypatch)
     L = inputs["input_ids"].shape[1]
     a, _ = _run(ref, inputs, keep, L)
     masklens.transformers._masks.clear()
