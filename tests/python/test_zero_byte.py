@@ -422,7 +422,7 @@ def test_on_a_gpu_the_read_is_deferred_to_the_first_layer(kind, monkeypatch):
     assert made == [True], made  # the mask function returned with the read pending
     (how, why), = masklens.transformers.masks()
     assert how == {"holed": "built", "all ones": "none"}.get(kind, "definition"), (how, why)
-    if how != "built":
+    if how == "definition":  # "none" runs sdpa's own call, whose math kernel makes its causal mask as "sdpa"'s does
         assert seen == [], seen
     assert (a - b).abs()[keep].max().item() < 1e-3
     assert max_grad_difference(ref, ours) < 1e-2
