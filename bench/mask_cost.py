@@ -30,6 +30,8 @@ step by step in one process, with no synchronisation inside a step:
   mask function   the mask function's host time (no synchronisation: its wait, if any, inside)
   first-layer wait  the host time the first layer spends waiting for the read and working
                   out the rows and classification (deferred only)
+  warm            the same call repeated back to back (host time), alone and with the
+                  first layer's wait for its outcome
 
 usage: python3 bench/mask_cost.py [--length 32768] [--steps 8] [--device cuda|cpu] [--torch-read] [--json OUT]
   --torch-read: the tables read by torch operations (a GPU's way without masklens._cuda;
@@ -210,7 +212,23 @@ def host_mask_fn(*a, **kw):
     t0 = time.perf_counter()
     out = plain_mask_fn(*a, **kw)
     host_times.setdefault("mask function", []).append((time.perf_counter() - t0) * 1e3)
+    captured.update(args=a, kwargs=kw)
     return out
+
+
+def warm_host_ms(fn, n=100):
+    """fn's median host time repeated back to back (no synchronisation inside; the queue
+    drained before and after)."""
+    for _ in range(10):
+        fn()
+    sync()
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    sync()
+    return statistics.median(times)
 
 
 host_timed(definition.Definition, "_resolve", "first-layer wait")
@@ -242,9 +260,14 @@ for kind, kw in batches.items():
                     per[mode]["first-layer wait"].append(sum(waits[:1]))
     # Steps paired in time: the difference of each pair (deferred - in the mask function).
     paired = sorted(b - a for a, b in zip(per["never"]["step"], per["always"]["step"]))
+    call = lambda: plain_mask_fn(*captured["args"], **captured["kwargs"])  # noqa: E731
     for mode, figures in per.items():
+        mlt.defer_reads = mode
         row = {"batch": kind, "length": L, "defer_reads": mode,
-               **{k + "_ms": statistics.median(v) if v else None for k, v in figures.items()}}
+               **{k + "_ms": statistics.median(v) if v else None for k, v in figures.items()},
+               # The same call warm, alone and with what the first layer does with it.
+               "warm_mask_function_ms": warm_host_ms(call),
+               "warm_with_first_layer_ms": warm_host_ms(lambda: call().outcome())}
         if mode == "always":
             row.update(step_difference_ms=statistics.median(paired), step_difference_range_ms=[paired[0], paired[-1]])
         deferred.append(row)
@@ -257,14 +280,15 @@ for r in rows:
     print(f"{r['batch']:<7} {r['length']:>7} {r['in_step_ms']:>8.3f} {r['after_step_ms']:>13.3f} {r['warm_ms']:>7.3f}"
           f" {r['one_read_after_step_ms'] or float('nan'):>9.3f}  {p}")
 print(f"\n{'batch':<7} {'L':>7} {'read':<22} {'step':>9} {'mask function':>14} {'first-layer wait':>17}"
-      f"  {'step - in mask fn (paired: median [min, max])'}  (ms)")
+      f" {'warm: mask fn':>14} {'+ first layer':>14}  {'step - in mask fn (paired: median [min, max])'}  (ms)")
 for r in deferred:
     how = "at the first layer" if r["defer_reads"] == "always" else "in the mask function"
     wait = r["first-layer wait_ms"]
     diff = (f"  {r['step_difference_ms']:+.3f} [{r['step_difference_range_ms'][0]:+.3f}, "
             f"{r['step_difference_range_ms'][1]:+.3f}]") if "step_difference_ms" in r else ""
     print(f"{r['batch']:<7} {r['length']:>7} {how:<22} {r['step_ms']:>9.3f} {r['mask function_ms']:>14.3f}"
-          f" {'-' if wait is None else f'{wait:.3f}':>17}{diff}")
+          f" {'-' if wait is None else f'{wait:.3f}':>17} {r['warm_mask_function_ms']:>14.3f}"
+          f" {r['warm_with_first_layer_ms']:>14.3f}{diff}")
 if args.json:
     with open(args.json, "w") as f:
         json.dump({"device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,

@@ -665,7 +665,6 @@ class DefinedMask:
         self._dense = None
         self._stand_ins = {}
 
-    @torch.compiler.disable  # a layer compiled on its own waits outside its graph
     def outcome(self) -> tuple:
         """(how, what) the mask stands for, its definition's read waited for (the
         constructor's `outcome`)."""
