@@ -186,7 +186,8 @@ _dropped = []
 
 
 def _bury() -> None:
-    _dropped[:] = [d for d in _dropped if not d[0].ready]
+    if _dropped:
+        _dropped[:] = [d for d in _dropped if not d[0].ready]
 
 
 class _PendingRead:
