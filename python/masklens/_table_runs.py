@@ -186,8 +186,18 @@ _dropped = []
 
 
 def _bury() -> None:
-    if _dropped:
-        _dropped[:] = [d for d in _dropped if not d[0].ready]
+    """Lets go of the dropped reads whose copy has landed (or failed: nothing more lands),
+    one at a time: a read dropped meanwhile (a finaliser, another thread) is kept."""
+    for dropped in list(_dropped):
+        try:
+            landed = dropped[0].ready
+        except Exception:  # noqa: BLE001  a device error: its copy will not land
+            landed = True
+        if landed:
+            for i, d in enumerate(_dropped):
+                if d is dropped:
+                    del _dropped[i]
+                    break
 
 
 class _PendingRead:

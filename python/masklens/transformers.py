@@ -186,8 +186,8 @@ def _notes() -> list:
 
 def definition_count() -> int:
     """Masks read from their definition in this process (no tensor built, no scan): beside
-    masklens.scan_count(), the proofs made. A read still pending (defer_reads) is waited for
-    first."""
+    masklens.scan_count(), the proofs made. A read still pending (defer_reads) among the
+    last 16 calls' is waited for first; one older than that counts once a layer reads it."""
     _notes()
     return _definitions
 
@@ -430,6 +430,13 @@ def _default_scales(module, head_dim):
     return (head_dim ** -0.5,) + ((pre ** -0.5,) if pre else ())
 
 
+@torch.compiler.disable
+def _outcome_outside_graph(mask) -> tuple:
+    """DefinedMask.outcome() for a layer compiled on its own (its mask function ran eagerly):
+    the wait made outside the layer's graph (one break there), not traced."""
+    return mask.outcome()
+
+
 def masklens_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
                                **kwargs):
     """sdpa_attention_forward's contract: query/key/value [B, H, L, D], GQA through
@@ -456,8 +463,8 @@ def masklens_attention_forward(module, query, key, value, attention_mask, dropou
         # The definition's read, waited for here where it was deferred (the stream goes on):
         # None where sdpa_mask too gives none, the dense mask where only the tables' values
         # say it is not read back.
-        # (A layer compiled on its own does not wait in its graph: it takes the dense mask, as before.)
-        how, what = attention_mask.outcome() if not torch.compiler.is_compiling() else ("built", "a compiled layer")
+        how, what = attention_mask.outcome() if not torch.compiler.is_compiling() else _outcome_outside_graph(
+            attention_mask)
         if how == "none" and not attention_mask.touched:
             attention_mask = None
         elif how == "built":

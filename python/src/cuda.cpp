@@ -417,9 +417,11 @@ class PendingTableRuns {
     return true;
   }
 
-  // ([each table's runs, or its change count past the room], the first first_word words).
+  // ([each table's runs, or its change count past the room], the first first_word words);
+  // again, the same answer (an interrupt raised as the first call returned loses nothing).
   nb::tuple finish() {
-    if (slot_ == nullptr) raise(error(ErrorCode::invalid_argument, "this table read was finished already"));
+    if (result_) return *result_;
+    if (slot_ == nullptr) raise(error(ErrorCode::device_error, "this table read failed on the device"));
     python::ReadbackSlots::Slot* slot = std::exchange(slot_, nullptr);
     Status st;
     {
@@ -438,7 +440,8 @@ class PendingTableRuns {
     }
     python::readbacks().release(slot);
     if (!st.ok()) raise(st);
-    return *out;
+    result_ = std::move(out);
+    return *result_;
   }
 
  private:
@@ -460,6 +463,7 @@ class PendingTableRuns {
   std::int64_t room_ = 0;
   std::int64_t first_word_ = 0;
   python::ReadbackSlots::Slot* slot_ = nullptr;  // null once finished
+  std::optional<nb::tuple> result_;              // finish()'s answer, once it has one
 };
 
 // gpu::table_changes_into on `device`'s `stream` into a readback slot, its event recorded.
@@ -497,8 +501,9 @@ void bind_table_runs(nb::module_& m) {
   static const std::string result =
       "([each table's runs as (batches, length, batch, start, end, value), or its change count where it exceeded "
       "room], the first first_word words)";
-  static const std::string finish_doc = "Waits for the read's copy alone (the event recorded after it, not the "
-                                        "stream: work enqueued after it goes on) and returns " + result + ". Once.";
+  static const std::string finish_doc = "Waits for the read's copy (the event recorded after it, not the stream: "
+                                        "work enqueued after it goes on) and returns " + result + "; called again, "
+                                        "the same answer.";
   static const std::string start_doc =
       "Enqueues the read of a definition's tables (gpu::table_changes_into, include/masklens/cuda/table_runs.hpp) "
       "without waiting: " + arguments + ", then an event. Returns a PendingTableRuns; its finish() waits. The block "

@@ -191,8 +191,8 @@ class ReadbackSlots {
   };
 
   // A slot of the current device `device` holding `bytes` whose last copy has landed: a
-  // free one whose event says so, else a new one (never a wait: the caller's stream is not
-  // to be drained here).
+  // free one that is big enough and whose event says so, else a new one (never a wait:
+  // the caller's stream is not to be drained here).
   Status acquire(int device, std::size_t bytes, Slot*& out) {
     out = nullptr;
     Slot* slot = nullptr;
@@ -200,10 +200,11 @@ class ReadbackSlots {
       const std::lock_guard<std::mutex> hold(lock_);
       std::vector<Slot*>& free = free_[device];
       for (auto it = free.begin(); it != free.end(); ++it) {
+        // Big enough (growing frees pinned memory, which synchronises the device) and done.
+        if ((*it)->buffer.bytes < bytes) continue;
         const cudaError_t e = cudaEventQuery((*it)->done);
         if (e == cudaErrorNotReady) continue;
         if (e != cudaSuccess) return check(e, "cudaEventQuery(readback slot)");
-        // The first done: at kMinBytes or more, a definition's read seldom outgrows it.
         slot = *it;
         free.erase(it);
         break;

@@ -365,6 +365,35 @@ def test_a_deferred_read_waits_at_the_first_layer_and_stands_for_none(monkeypatc
     assert (a - b).abs().max().item() < 1e-4
 
 
+def test_a_layer_compiled_on_its_own_waits_outside_its_graph(monkeypatch):
+    """Layers compiled one by one (their mask function runs eagerly, its read deferred) wait
+    for the read outside their graphs: a mask that stands for None reaches sdpa as None,
+    and nothing builds the dense mask."""
+    monkeypatch.setattr(masklens.transformers, "defer_reads", "always")
+    torch._dynamo.reset()
+    ref, ours = pair(_configs()["llama"])
+    for layer in ours.model.layers:
+        layer.compile(backend="eager")
+    made = []
+    real = masklens.transformers.masklens_mask
+
+    def watched(*a, **kw):
+        made.append(real(*a, **kw))
+        return made[-1]
+    monkeypatch.setitem(transformers.masking_utils.AttentionMaskInterface._global_mapping, "masklens", watched)
+    inputs = dict(input_ids=torch.randint(3, 97, (2, 12), generator=torch.Generator().manual_seed(0)),
+                  attention_mask=torch.ones(2, 12, dtype=torch.long))
+    masklens.transformers._masks.clear()
+    try:
+        a, b = ref(**inputs).logits, ours(**inputs).logits
+    finally:
+        torch._dynamo.reset()
+    (dm,) = made
+    assert isinstance(dm, masklens.transformers.DefinedMask) and not dm.built
+    assert [how for how, _ in masklens.transformers.masks()] == ["none"]
+    assert (a - b).abs().max().item() < 1e-4
+
+
 def test_a_deferred_read_that_finds_holes_builds_the_mask_at_the_first_layer(monkeypatch, never_build):
     """Only the tables' values say a padding mask has holes: with the read deferred that is
     known at the first layer, which then builds sdpa_mask's mask (once a forward) and
