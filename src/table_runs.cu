@@ -1,7 +1,8 @@
 // A definition's tables read on the device (declared in masklens/cuda/table_runs.hpp):
-// one kernel a table marks where its values change and writes those positions and values
-// into its section of the caller's block, then one copy brings the block back. Every CUDA
-// call's result is checked and returned as a Status naming the call.
+// one memset zeroes the sections' counts, one kernel a table marks where its values
+// change and writes those positions and values into its section of the caller's block,
+// then one copy brings the block back. Every CUDA call's result is checked and returned
+// as a Status naming the call.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -98,10 +99,14 @@ Status table_changes_into(std::span<const DeviceTable> tables, std::int64_t room
                                                   std::to_string(table_block_words(tables, room, first_word)));
   const auto s = static_cast<cudaStream_t>(stream);
   std::int64_t* section = d_block + first_word;
+  // Every section's count starts at 0: one memset over the sections (a few KiB a table)
+  // costs the host one call, where one a count costs one a table.
+  if (Status st = detail::check(cudaMemsetAsync(section, 0, static_cast<std::size_t>(block_words - first_word) *
+                                                                 sizeof(std::int64_t), s),
+                                "cudaMemsetAsync(counts)");
+      !st.ok())
+    return st;
   for (const DeviceTable& t : tables) {
-    if (Status st = detail::check(cudaMemsetAsync(section, 0, sizeof(std::int64_t), s), "cudaMemsetAsync(count)");
-        !st.ok())
-      return st;
     if (Status st = detail::launch(t, room, section, s); !st.ok()) return st;
     section += table_section_words(t.batch, room);
   }

@@ -30,6 +30,7 @@ the rule here (pin()); a mismatch turns the primitive off with a warning.
 from __future__ import annotations
 
 import logging
+import types
 import warnings
 
 import numpy as np
@@ -62,13 +63,29 @@ class _Originals:
         return getattr(value, "_masklens_original", value)
 
 
+_originals = None
+
+
 def _mu():
-    import transformers.masking_utils as mu
-    return _Originals(mu)
+    """transformers.masking_utils as _Originals: made once (each mask function call asks)."""
+    global _originals
+    if _originals is None:
+        import transformers.masking_utils as mu
+        _originals = _Originals(mu)
+    return _originals
+
+
+_FUNCTION = types.FunctionType
 
 
 def _code(fn):
-    return getattr(fn, "__code__", None)
+    return fn.__code__ if type(fn) is _FUNCTION else getattr(fn, "__code__", None)
+
+
+def _closure(fn):
+    """The closure behind fn: itself, or the one an object stands for
+    (masklens._graph_definition's Primitive)."""
+    return fn if type(fn) is _FUNCTION else getattr(fn, "_masklens_closure", fn)
 
 
 _primitive_codes = None
@@ -108,13 +125,22 @@ def _primitives() -> dict:
     return codes
 
 
-def _free(fn) -> dict:
-    """A closure's free variables by name."""
-    cells = fn.__closure__ or ()
-    return {name: cell.cell_contents for name, cell in zip(fn.__code__.co_freevars, cells)}
+_cell_index = {}  # (code object, free variable) -> its cell's index in the closure
+
+
+def _free(fn, var):
+    """A closure's free variable `var` (ValueError where the closure has none of that
+    name: a primitive laid out otherwise, not read)."""
+    code = fn.__code__
+    at = _cell_index.get((code, var))
+    if at is None:
+        at = _cell_index[(code, var)] = code.co_freevars.index(var)
+    return fn.__closure__[at].cell_contents
 
 
 def _int(x, what):
+    if type(x) is int:  # the common case, first: a window, a length, an offset
+        return x
     if isinstance(x, torch.Tensor):
         if x.numel() != 1 or x.is_floating_point():
             raise Unrecognised(f"{what} is a tensor of shape {tuple(x.shape)}")
@@ -129,13 +155,17 @@ def _meta(t, what):
     never copied whole to the host; its runs are)."""
     if not isinstance(t, torch.Tensor) or t.dim() != 2:
         raise Unrecognised(f"{what} is not a 2-D tensor")
-    if t.is_floating_point() or t.is_complex():  # ids and positions are integers (or bool): never rounded
-        raise Unrecognised(f"{what} is a {t.dtype} tensor")
+    dtype = t.dtype
+    if dtype.is_floating_point or dtype.is_complex:  # ids and positions are integers (or bool): never rounded
+        raise Unrecognised(f"{what} is a {dtype} tensor")
     return t
 
 
 def _name_of(fn) -> str:
     return getattr(fn, "__qualname__", None) or type(fn).__name__
+
+
+_LEAVES = {"causal": ("causal", (), ()), "bidirectional": ("bidirectional", (), ())}
 
 
 # A parsed node: (name, params, children); its tables are the closures' own tensors.
@@ -145,56 +175,59 @@ def parse(fn, scope=None):
     are evaluated). `scope` carries the packed documents an enclosing AND restricts to
     (remap_positions_for_packed_sequence is exact only inside one). An object standing
     for a closure (masklens._graph_definition's Primitive) is read as it."""
-    fn = getattr(fn, "_masklens_closure", fn)
-    name = _primitives().get(_code(fn))
+    fn = _closure(fn)
+    primitives = _primitive_codes if _primitive_codes is not None else _primitives()
+    name = primitives.get(_code(fn))
     if name is None:
         raise Unrecognised(f"{_name_of(fn)} (from {getattr(fn, '__module__', '?')}) is not a recognised mask "
                            "primitive")
-    if name in _disabled:
+    if _disabled and name in _disabled:
         raise Unrecognised(f"{name}: off for this process (its behaviour differed from masklens' rule)")
-    free = _free(fn) if name not in ("causal", "bidirectional") else {}
-    if name in ("and", "or"):
-        fns = free.get("mask_functions")
+    leaf = _LEAVES.get(name)
+    if leaf is not None:
+        return leaf
+    if name == "and" or name == "or":
+        fns = _free(fn, "mask_functions")
         if not isinstance(fns, tuple) or not fns:
             raise Unrecognised(f"{name}_masks holds no functions")
+        fns = tuple(_closure(f) for f in fns)
         inner_scope = scope
         if name == "and":
             for f in fns:  # a packed-documents child makes this AND a documents scope
-                f = getattr(f, "_masklens_closure", f)
-                if _primitives().get(_code(f)) == "packed":
-                    inner_scope = _meta(_free(f)["packed_sequence_mask"], "packed_sequence_mask")
+                if primitives.get(_code(f)) == "packed":
+                    inner_scope = _meta(_free(f, "packed_sequence_mask"), "packed_sequence_mask")
         return (name, (), tuple(parse(f, inner_scope) for f in fns))
-    if name in ("sliding", "sliding_bidirectional"):
-        return (name, (_int(free["sliding_window"], "sliding_window"),), ())
-    if name == "chunked":
-        lp = free["left_padding"]
-        if not isinstance(lp, torch.Tensor) or lp.dim() != 1:
-            raise Unrecognised("chunked_overlay's left_padding is not a 1-D tensor")
-        chunk = _int(free["chunk_size"], "chunk_size")
-        if chunk < 1:
-            raise Unrecognised(f"chunk_size {chunk}")
-        return (name, (chunk, lp), ())
+    if name == "sliding" or name == "sliding_bidirectional":
+        return (name, (_int(_free(fn, "sliding_window"), "sliding_window"),), ())
     if name == "padding":
-        return (name, (_meta(free["padding_mask"], "padding_mask"),), ())
+        return (name, (_meta(_free(fn, "padding_mask"), "padding_mask"),), ())
     if name == "packed":
-        return (name, (_meta(free["packed_sequence_mask"], "packed_sequence_mask"),), ())
-    if name == "blocks":
-        return (name, (_meta(free["block_sequence_ids"], "block_sequence_ids"),), ())
-    if name == "offsets":
-        offsets = (_int(free["q_offset"], "q_offset"), _int(free["kv_offset"], "kv_offset"))
-        if min(offsets) < 0:
-            raise Unrecognised(f"add_offsets_to_mask_function with a negative offset {offsets}")
-        # The documents scope holds in the coordinates of the AND that set it, not shifted ones.
-        return (name, offsets, (parse(free["mask_function"]),))
+        return (name, (_meta(_free(fn, "packed_sequence_mask"), "packed_sequence_mask"),), ())
     if name == "remap":
-        pos = _meta(free["position_ids"], "position_ids")
+        pos = _meta(_free(fn, "position_ids"), "position_ids")
         if scope is None:
             raise Unrecognised("remap_positions_for_packed_sequence outside and_masks(..., "
                                "packed_sequence_mask_function(...))")
         if pos.shape != scope.shape:
             raise Unrecognised("position_ids whose documents are not the packed_sequence_mask's")
-        return (name, (pos, scope), (parse(free["mask_function"]),))
-    return (name, (), ())
+        return (name, (pos, scope), (parse(_free(fn, "mask_function")),))
+    if name == "chunked":
+        lp = _free(fn, "left_padding")
+        if not isinstance(lp, torch.Tensor) or lp.dim() != 1:
+            raise Unrecognised("chunked_overlay's left_padding is not a 1-D tensor")
+        chunk = _int(_free(fn, "chunk_size"), "chunk_size")
+        if chunk < 1:
+            raise Unrecognised(f"chunk_size {chunk}")
+        return (name, (chunk, lp), ())
+    if name == "blocks":
+        return (name, (_meta(_free(fn, "block_sequence_ids"), "block_sequence_ids"),), ())
+    if name == "offsets":
+        offsets = (_int(_free(fn, "q_offset"), "q_offset"), _int(_free(fn, "kv_offset"), "kv_offset"))
+        if min(offsets) < 0:
+            raise Unrecognised(f"add_offsets_to_mask_function with a negative offset {offsets}")
+        # The documents scope holds in the coordinates of the AND that set it, not shifted ones.
+        return (name, offsets, (parse(_free(fn, "mask_function")),))
+    raise Unrecognised(f"{name}: a primitive with no reading")  # every name above has one
 
 
 def _documents_of_positions(pos):
@@ -254,10 +287,12 @@ def _read(tree):
     return _start_read(tree)()
 
 
-def _start_read(tree):
+def _start_read(tree, found=None):
     """_read with the device's wait left to the caller (masklens._table_runs.start_read):
-    a function of no argument that returns what _read returns."""
-    found = _tables(tree)
+    a function of no argument that returns what _read returns. found: _tables(tree), where
+    the caller has it."""
+    if found is None:
+        found = _tables(tree)
     finish = _table_runs.start_read([(t, key[1]) for key, t in found.items()], _TABLE_ROOM)
 
     def read():
@@ -311,11 +346,12 @@ def read_definition(tree, batch: int, q_len: int, k_len: int, q_offset: int, kv_
     return start_definition(tree, batch, q_len, k_len, q_offset, kv_offset)()
 
 
-def start_definition(tree, batch: int, q_len: int, k_len: int, q_offset: int, kv_offset: int):
+def start_definition(tree, batch: int, q_len: int, k_len: int, q_offset: int, kv_offset: int, tables=None):
     """read_definition in two halves: the tables' device pass enqueued now (their values as
     the stream has them here), and a function of no argument that waits for its copy
-    alone and returns what read_definition returns (or raises its Unrecognised)."""
-    finish = _start_read(tree)
+    alone and returns what read_definition returns (or raises its Unrecognised). tables:
+    _tables(tree), where the caller has it."""
+    finish = _start_read(tree, tables)
 
     def read():
         encoded, tables, lists, keep = finish()
@@ -628,8 +664,9 @@ def _recognise(batch_size, q_length, kv_length, q_offset, kv_offset, mask_functi
     pin(tree)
     # The rows' spans are exactly a scan's of the dense bool mask (no flags): the
     # classifier's verdict over their pieces is the scan's.
-    read = start_definition(tree, B, Q, K, qo, ko)  # the tables' runs: the one copy to the host
-    return Definition(B, Q, K, tree, read if defer and _tables(tree) else read(), device)
+    tables = _tables(tree)
+    read = start_definition(tree, B, Q, K, qo, ko, tables)  # the tables' runs: the one copy to the host
+    return Definition(B, Q, K, tree, read if defer and tables else read(), device)
 
 
 class DefinedMask:

@@ -114,10 +114,7 @@ class TableView:
     def as_tuple(self):
         """(data, element, batch, length, batch stride, length stride, positions): the table
         as masklens._core reads it (a dimension of one is never stepped along: stride 0)."""
-        t = self.tensor
-        B, L = t.shape
-        return (t.data_ptr(), _ELEMENTS[t.dtype], B, L, t.stride(0) if B > 1 else 0,
-                t.stride(1) if L > 1 else 0, self.positions)
+        return _view(self.tensor, self.positions)
 
     def runs(self) -> TableRuns:
         """The table's runs, read now (what read_definition reads of it)."""
@@ -143,21 +140,36 @@ def _host_read(tables, room: int):
     return out
 
 
+def _device_reader():
+    """masklens._cuda.table_runs_start, or None (no _cuda, or an older one without it)."""
+    from . import _scan
+    return getattr(_scan.cuda_module(), "table_runs_start", None)
+
+
+def _view(t, positions: bool):
+    """TableView(t, positions).as_tuple(), without the object (a read's hot path)."""
+    B, L = t.shape
+    return (t.data_ptr(), _ELEMENTS[t.dtype], B, L, t.stride(0) if B > 1 else 0, t.stride(1) if L > 1 else 0,
+            positions)
+
+
 def _device_start(tables, room: int):
     """start_read through masklens._cuda (its pass enqueued, the wait in the function
     returned), or None where it does not apply (tables not all on one CUDA device, an
     element type other than bool, int32 or int64, no _cuda)."""
-    if not tables or tables[0][0].device.type != "cuda":
+    if not tables:
         return None
     device = tables[0][0].device
+    if device.type != "cuda":
+        return None
     grids = [(t, p) for t, p in tables if t.dim() == 2 and t.numel() > 0]
     if (not grids or any(t.device != device for t, _ in tables)
             or any(t.dtype not in _ELEMENTS for t, _ in grids)):
         return None
-    from . import _core, _scan
-    cuda = _scan.cuda_module()
-    if cuda is None or not hasattr(cuda, "table_runs_start"):  # an older masklens._cuda
+    start = _device_reader()
+    if start is None:
         return None
+    from . import _core
     lists = [t for t, _ in tables if t.dim() == 1]
     first_word = sum(t.numel() for t in lists)
     block_words = first_word + sum(1 + t.shape[0] + 2 * room for t, _ in grids)
@@ -166,17 +178,27 @@ def _device_start(tables, room: int):
     for t in lists:  # the lists cross in the same copy, ahead of the tables' sections
         block[at:at + t.numel()].copy_(t)
         at += t.numel()
-    specs = [TableView(t, p).as_tuple() for t, p in grids]
+    specs = [_view(t, p) for t, p in grids]
     index = device.index if device.index is not None else torch.cuda.current_device()
-    _bury()
+    if _dropped:
+        _bury()
     try:
-        pending = cuda.table_runs_start(block.data_ptr(), block_words, first_word, specs, room,
-                                        _scan.stream_of(device), index)
+        pending = start(block.data_ptr(), block_words, first_word, specs, room, _stream(index), index)
     except _core.MaskError as e:  # a table the pass refuses (past 2^40 elements...): torch reads it
         if str(e).startswith("device_error"):
             raise
         return None
     return _PendingRead(pending, tables, grids, block, room)
+
+
+def _stream(index: int) -> int:
+    """The cudaStream_t of device `index`'s current stream (masklens._scan.stream_of, the
+    device already an index)."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is None:
+        from . import _scan
+        return _scan.stream_of(torch.device("cuda", index))
+    return raw(index)
 
 
 # Reads dropped before their copy landed, with what their kernels read and write (the
