@@ -304,7 +304,9 @@ def _start_read(tree, found=None):
                 lists.append(np.ascontiguousarray(runs, dtype=np.int64))
             else:
                 index[key] = len(tables)
-                tables.append(runs.as_tuple())  # runs, or a CPU table's view: its address
+                # The device pass's runs as they are; others as tuples: runs, or a CPU
+                # table's view (its address).
+                tables.append(runs if type(runs) is _core.TableRuns else runs.as_tuple())
         return _encode(tree, index), tables, lists, runs_read
     return read
 

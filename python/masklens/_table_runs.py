@@ -75,7 +75,8 @@ _ELEMENTS = {torch.bool: "bool", torch.int32: "int32", torch.int64: "int64"}
 
 
 def read_runs(tables, room: int = 1024):
-    """TableRuns (or, on the CPU, TableView) of each (tensor [B, L], positions) in `tables`,
+    """TableRuns (masklens._core's from the device pass: the same names; on the CPU, a
+    TableView) of each (tensor [B, L], positions) in `tables`,
     and the 1-D tensors among them as host arrays: a device's tables and lists in one copy
     to the host, CPU ones with none. CUDA tables are read by masklens' device
     pass where masklens._cuda is built (include/masklens/cuda/table_runs.hpp: one kernel a
@@ -245,7 +246,7 @@ class _PendingRead:
                 _, section = next(grid)
                 # More changes than the room: that table again, with room for them all.
                 out.append(_torch_read([(t, positions)], section)[0] if isinstance(section, int)
-                           else TableRuns.from_columns(*section))
+                           else section)  # masklens._core.TableRuns, as read_definition takes it
         return out
 
     def __del__(self):

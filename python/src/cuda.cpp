@@ -454,7 +454,7 @@ class PendingTableRuns {
       if (section.runs.empty())
         out.append(section.count);
       else
-        out.append(python::runs_tuple(std::move(section.runs[0])));
+        out.append(nb::cast(std::move(section.runs[0])));  // masklens._core.TableRuns
     }
     return nb::make_tuple(out, python::int64_array(std::vector<std::int64_t>(words, words + first_word_)));
   }
@@ -499,8 +499,8 @@ void bind_table_runs(nb::module_& m) {
       "positions); d_block is device memory of block_words int64 words, the first first_word the caller's (copied "
       "back as they are). One kernel a table and one copy into pinned memory, on `stream` of CUDA device `device`";
   static const std::string result =
-      "([each table's runs as (batches, length, batch, start, end, value), or its change count where it exceeded "
-      "room], the first first_word words)";
+      "([each table's runs as a masklens._core.TableRuns, or its change count where it exceeded room], the first "
+      "first_word words)";
   static const std::string finish_doc = "Waits for the read's copy (the event recorded after it, not the stream: "
                                         "work enqueued after it goes on) and returns " + result + "; called again, "
                                         "the same answer.";

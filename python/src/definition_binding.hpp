@@ -9,6 +9,7 @@
 #include <masklens/verdict.hpp>
 
 #include <cstdint>
+#include <new>
 #include <string>
 #include <utility>
 #include <vector>
@@ -58,15 +59,19 @@ inline definition::Definition definition_from(nb::handle tree, nb::list tables, 
   definition::Definition d;
   d.root = node_from(tree);
   for (nb::handle h : tables) {
+    if (definition::TableRuns* runs = nullptr; nb::try_cast<definition::TableRuns*>(h, runs) && runs != nullptr) {
+      d.tables.push_back(*runs);  // read on the device (masklens._cuda), already indexed
+      continue;
+    }
     const auto t = nb::cast<nb::tuple>(h);
     if (t.size() == 7) {
       d.tables.push_back(take(read_table_runs(table_view_from(t), "table " + std::to_string(d.tables.size()))));
       continue;
     }
-    if (t.size() != 6)
+      if (t.size() != 6)
       raise(error(ErrorCode::invalid_argument,
-                  "a table is (batches, length, batch, start, end, value) or (data, element, batch, length, "
-                  "batch_stride, length_stride, positions)"));
+                  "a table is a TableRuns, (batches, length, batch, start, end, value) or (data, element, batch, "
+                  "length, batch_stride, length_stride, positions)"));
     definition::TableRuns runs;
     runs.batches = nb::cast<std::int64_t>(t[0]), runs.length = nb::cast<std::int64_t>(t[1]);
     runs.batch = values_of(t[2]), runs.start = values_of(t[3]), runs.end = values_of(t[4]), runs.value = values_of(t[5]);
@@ -101,6 +106,33 @@ nb::object or_reason(Result<T>& r) {
 template <class VerdictOf>
 void bind_definition(nb::module_& m, VerdictOf verdict_of_runs) {
   using namespace nb::literals;
+  using definition::TableRuns;
+  // The runs masklens._cuda reads on the device hand over as they are (one object a table,
+  // indexed): read_definition takes them without a crossing through arrays; the columns
+  // are there for whoever looks (masklens._table_runs.TableRuns' names).
+  nb::class_<TableRuns>(m, "TableRuns", "A [batch, length] table's runs of equal values (definition.hpp).")
+      .def(
+          "__init__",
+          [](TableRuns* self, std::int64_t batches, std::int64_t length, nb::handle batch, nb::handle start,
+             nb::handle end, nb::handle value) {
+            TableRuns runs;
+            runs.batches = batches, runs.length = length;
+            runs.batch = values_of(batch), runs.start = values_of(start), runs.end = values_of(end);
+            runs.value = values_of(value);
+            if (Status s = runs.index(); !s.ok()) raise(s);  // before the object exists: nothing half made
+            new (self) TableRuns(std::move(runs));
+          },
+          "batches"_a, "length"_a, "batch"_a, "start"_a, "end"_a, "value"_a,
+          "Runs sorted by batch and start that tile every batch's positions (checked).")
+      .def_ro("batch", &TableRuns::batches, "batches")
+      .def_ro("length", &TableRuns::length)
+      .def_prop_ro(
+          "b", [](const TableRuns& r) { return int64_array(r.batch); }, nb::rv_policy::move, "each run's batch")
+      .def_prop_ro("start", [](const TableRuns& r) { return int64_array(r.start); }, nb::rv_policy::move)
+      .def_prop_ro("end", [](const TableRuns& r) { return int64_array(r.end); }, nb::rv_policy::move)
+      .def_prop_ro("value", [](const TableRuns& r) { return int64_array(r.value); }, nb::rv_policy::move)
+      .def("as_tuple", [](const TableRuns& r) { return runs_tuple(r); },
+           "(batches, length, batch, start, end, value), as masklens._core.table_runs gives them");
   m.def(
       "definition_pieces",
       [](nb::handle tree, nb::list tables, nb::list lists, std::int64_t batches, Int64Table starts,
