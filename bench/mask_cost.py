@@ -232,10 +232,41 @@ def warm_host_ms(fn, n=100):
 
 
 real_resolve = host_timed(definition.Definition, "_resolve", "first-layer wait")
+
+
+def host_timed_outer(owner, name, label):
+    """host_timed, the outermost call of a recursion only (parse calls itself)."""
+    real, depth = getattr(owner, name), [0]
+
+    def wrapper(*a, **kw):
+        depth[0] += 1
+        t0 = time.perf_counter()
+        try:
+            return real(*a, **kw)
+        finally:
+            depth[0] -= 1
+            if depth[0] == 0:
+                host_times.setdefault(label, []).append((time.perf_counter() - t0) * 1e3)
+    setattr(owner, name, wrapper)
+
+
+# The deferred mask function's parts inside the step, host time, no synchronisation: where
+# the call's time goes when the step has left the caches cold.
+DEFERRED_PARTS = ["recognise", "parse", "pin", "read's start"]
+host_timed_outer(definition, "recognise", "recognise")
+host_timed_outer(definition, "parse", "parse")
+host_timed_outer(definition, "pin", "pin")
+host_timed_outer(table_runs, "_device_start", "read's start")
+if cuda and not args.torch_read:
+    import masklens._scan as scan
+    if hasattr(scan.cuda_module(), "table_runs_start"):
+        DEFERRED_PARTS.append("its CUDA calls")  # masklens._cuda.table_runs_start: memset, kernels, copy, event
+        host_timed_outer(scan.cuda_module(), "table_runs_start", "its CUDA calls")
 deferred = []
 MODES = ("never", "always")
 for kind, kw in batches.items():
     per = {mode: {"step": [], "mask function": [], "first-layer wait": []} for mode in MODES}
+    parts_deferred = {label: [] for label in DEFERRED_PARTS}
     for timed_mask_fn in (False, True):
         mu.AttentionMaskInterface._global_mapping["masklens"] = host_mask_fn if timed_mask_fn else plain_mask_fn
         for i in range(args.steps + 2):
@@ -258,6 +289,8 @@ for kind, kw in batches.items():
                     # The first wait of a forward: gradient checkpointing's recompute finds the verdict known.
                     waits = host_times.get("first-layer wait", [])
                     per[mode]["first-layer wait"].append(sum(waits[:1]))
+                    for label in DEFERRED_PARTS:
+                        parts_deferred[label].append(sum(host_times.get(label, [])))
     # Steps paired in time: the difference of each pair (deferred - in the mask function).
     paired = sorted(b - a for a, b in zip(per["never"]["step"], per["always"]["step"]))
     call = lambda: plain_mask_fn(*captured["args"], **captured["kwargs"])  # noqa: E731
@@ -270,7 +303,8 @@ for kind, kw in batches.items():
                "warm_mask_function_ms": warm_host_ms(call),
                "warm_with_first_layer_ms": warm_host_ms(lambda: call().outcome())}
         if mode == "always":
-            row.update(step_difference_ms=statistics.median(paired), step_difference_range_ms=[paired[0], paired[-1]])
+            row.update(step_difference_ms=statistics.median(paired), step_difference_range_ms=[paired[0], paired[-1]],
+                       mask_function_parts_ms={k: statistics.median(v) for k, v in parts_deferred.items() if v})
         deferred.append(row)
         print(json.dumps(row), flush=True)
     definition.Definition._resolve = timed_resolve
@@ -291,6 +325,9 @@ for r in deferred:
     print(f"{r['batch']:<7} {r['length']:>7} {how:<22} {r['step_ms']:>9.3f} {r['mask function_ms']:>14.3f}"
           f" {'-' if wait is None else f'{wait:.3f}':>17} {r['warm_mask_function_ms']:>14.3f}"
           f" {r['warm_with_first_layer_ms']:>14.3f}{diff}")
+    if r.get("mask_function_parts_ms"):
+        print(f"{'':<7} {'':>7} {'':<22} mask function's parts in the step: "
+              + ", ".join(f"{k} {v:.3f}" for k, v in r["mask_function_parts_ms"].items()))
 if args.json:
     with open(args.json, "w") as f:
         json.dump({"device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,

@@ -1,5 +1,5 @@
 // A definition's tables read on the device (declared in masklens/cuda/table_runs.hpp):
-// one memset zeroes the sections' counts, one kernel a table marks where its values
+// one memset zeroes the sections (their counts start at 0), one kernel a table marks where its values
 // change and writes those positions and values into its section of the caller's block,
 // then one copy brings the block back. Every CUDA call's result is checked and returned
 // as a Status naming the call.
@@ -99,8 +99,9 @@ Status table_changes_into(std::span<const DeviceTable> tables, std::int64_t room
                                                   std::to_string(table_block_words(tables, room, first_word)));
   const auto s = static_cast<cudaStream_t>(stream);
   std::int64_t* section = d_block + first_word;
-  // Every section's count starts at 0: one memset over the sections (a few KiB a table)
-  // costs the host one call, where one a count costs one a table.
+  // Every section's count starts at 0: one memset over the sections (1 + batch + 2 room
+  // words a table, 16 KiB at room 1024) costs the host one call, where one a count costs
+  // one a table.
   if (Status st = detail::check(cudaMemsetAsync(section, 0, static_cast<std::size_t>(block_words - first_word) *
                                                                  sizeof(std::int64_t), s),
                                 "cudaMemsetAsync(counts)");

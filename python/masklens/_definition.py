@@ -129,11 +129,13 @@ _cell_index = {}  # (code object, free variable) -> its cell's index in the clos
 
 
 def _free(fn, var):
-    """A closure's free variable `var` (ValueError where the closure has none of that
-    name: a primitive laid out otherwise, not read)."""
+    """A closure's free variable `var`, or Unrecognised naming both where the closure has
+    none of that name (a transformers whose primitive is laid out otherwise: not read)."""
     code = fn.__code__
     at = _cell_index.get((code, var))
     if at is None:
+        if var not in code.co_freevars:
+            raise Unrecognised(f"{_name_of(fn)} holds no {var!r} (a primitive laid out otherwise)")
         at = _cell_index[(code, var)] = code.co_freevars.index(var)
     return fn.__closure__[at].cell_contents
 

@@ -40,7 +40,7 @@ class TableRuns:
 
     @classmethod
     def from_columns(cls, batch: int, length: int, b, start, end, value):
-        """Runs already sorted with their ends (a device read's, table_runs.hpp)."""
+        """Runs already sorted with their ends (masklens._core.table_runs' columns)."""
         self = cls.__new__(cls)
         self.b, self.start, self.end, self.value, self.batch, self.length = b, start, end, value, batch, length
         return self
@@ -83,7 +83,10 @@ def read_runs(tables, room: int = 1024):
     table, one copy, the runs sorted in C++); otherwise each table's changes are found by
     torch operations (torch.nonzero_static, no synchronisation). Either way up to `room`
     changes a table cross in the one copy; a table with more is read again exactly. CPU
-    tables are not read here: each is a TableView, read in C++ with the definition."""
+    tables are not read here: each is a TableView, read in C++ with the definition. The
+    device pass's runs are masklens._core.TableRuns (C++ objects, what read_definition
+    takes as they are: the same column names, no pickling); a table read again past the
+    room, or an empty one, is a TableRuns of this module."""
     return start_read(tables, room)()
 
 

@@ -52,7 +52,8 @@ inline std::vector<std::int64_t> values_of(nb::handle h) {
   return {a.data(), a.data() + a.shape(0)};
 }
 
-// tables: each its runs, (batches, length, batch, start, end, value), or a table in host
+// tables: each its runs, a TableRuns (the device pass's, as it is) or (batches, length,
+// batch, start, end, value), or a table in host
 // memory to read here, (data, element, batch, length, batch stride, length stride,
 // positions) (table_binding.hpp; the caller keeps it alive); lists: int64 arrays.
 inline definition::Definition definition_from(nb::handle tree, nb::list tables, nb::list lists) {
@@ -68,7 +69,7 @@ inline definition::Definition definition_from(nb::handle tree, nb::list tables, 
       d.tables.push_back(take(read_table_runs(table_view_from(t), "table " + std::to_string(d.tables.size()))));
       continue;
     }
-      if (t.size() != 6)
+    if (t.size() != 6)
       raise(error(ErrorCode::invalid_argument,
                   "a table is a TableRuns, (batches, length, batch, start, end, value) or (data, element, batch, "
                   "length, batch_stride, length_stride, positions)"));
@@ -124,13 +125,13 @@ void bind_definition(nb::module_& m, VerdictOf verdict_of_runs) {
           },
           "batches"_a, "length"_a, "batch"_a, "start"_a, "end"_a, "value"_a,
           "Runs sorted by batch and start that tile every batch's positions (checked).")
-      .def_ro("batch", &TableRuns::batches, "batches")
+      .def_ro("batch", &TableRuns::batches, "the table's batches")
       .def_ro("length", &TableRuns::length)
       .def_prop_ro(
-          "b", [](const TableRuns& r) { return int64_array(r.batch); }, nb::rv_policy::move, "each run's batch")
-      .def_prop_ro("start", [](const TableRuns& r) { return int64_array(r.start); }, nb::rv_policy::move)
-      .def_prop_ro("end", [](const TableRuns& r) { return int64_array(r.end); }, nb::rv_policy::move)
-      .def_prop_ro("value", [](const TableRuns& r) { return int64_array(r.value); }, nb::rv_policy::move)
+          "b", [](const TableRuns& r) { return int64_array(r.batch); }, nb::rv_policy::automatic, "each run's batch")
+      .def_prop_ro("start", [](const TableRuns& r) { return int64_array(r.start); }, nb::rv_policy::automatic)
+      .def_prop_ro("end", [](const TableRuns& r) { return int64_array(r.end); }, nb::rv_policy::automatic)
+      .def_prop_ro("value", [](const TableRuns& r) { return int64_array(r.value); }, nb::rv_policy::automatic)
       .def("as_tuple", [](const TableRuns& r) { return runs_tuple(r); },
            "(batches, length, batch, start, end, value), as masklens._core.table_runs gives them");
   m.def(

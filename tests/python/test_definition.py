@@ -228,6 +228,26 @@ def test_a_models_own_function_is_named():
         _definition.recognise(**_seen[-1])
 
 
+def test_a_primitive_laid_out_otherwise_is_named_not_read(monkeypatch):
+    """A closure whose code is a primitive's but that holds none of the variable the
+    primitive's reading takes (a transformers that renamed one) is not read: Unrecognised
+    names the function and the variable, in parse and through recognise."""
+    def make():
+        other = (mu.causal_mask_function,)
+
+        def inner(batch_idx, head_idx, q_idx, kv_idx):
+            return other
+        return inner
+    fn = make()
+    _definition._primitives()
+    for name, var in (("and", "mask_functions"), ("sliding", "sliding_window"), ("padding", "padding_mask")):
+        monkeypatch.setitem(_definition._primitive_codes, fn.__code__, name)
+        with pytest.raises(_definition.Unrecognised, match=f"inner holds no '{var}'"):
+            _definition.parse(fn)
+        with pytest.raises(_definition.Unrecognised, match=f"holds no '{var}'"):
+            _definition.recognise(batch_size=1, q_length=4, kv_length=4, mask_function=fn)
+
+
 def test_holed_padding_is_not_guessed():
     am = torch.tensor([[1, 1, 0, 1, 1]])
     with pytest.raises(_definition.Unrecognised, match="holes"):

@@ -198,7 +198,7 @@ def test_read_definition_takes_the_device_passs_runs_as_they_are():
     table) gives read_definition the verdict and pieces its tuple form gives; runs that do
     not tile their table are refused when made, naming the batch."""
     from masklens import _core, _definition
-    import transformers.masking_utils as mu
+    mu = pytest.importorskip("transformers.masking_utils")
     rng = random.Random(3)
     for _ in range(30):
         B, L = rng.randrange(1, 4), rng.randrange(2, 50)

@@ -49,8 +49,8 @@ using DeviceTable = masklens::TableView;
 // its first launch: load_scan_kernels()'s errors and cost.
 [[nodiscard]] Status load_table_runs_kernels();
 
-// Enqueues on `stream`, for each table, its section's count zeroed and the kernel that
-// fills the section, then the copy of words [0, block_words) to h_block (host memory;
+// Enqueues on `stream` one memset of words [first_word, block_words) (every section's
+// count zeroed), for each table the kernel that fills its section, then the copy of words [0, block_words) to h_block (host memory;
 // pinned makes it asynchronous). No allocation, no synchronisation: once the stream has
 // reached that point, table_runs_from(h_block + section) reads each table. Errors, before
 // any CUDA call: no table or an empty one (batch or length < 1), past kMaxTableElements,
