@@ -32,6 +32,11 @@ step by step in one process, with no synchronisation inside a step:
                   out the rows and classification (deferred only)
   warm            the same call repeated back to back (host time), alone and with the
                   first layer's wait for its outcome
+  parts           the deferred mask function's parts inside the step, host time, no
+                  synchronisation: recognise, within it parse, pin and the read's start
+                  (_table_runs._device_start) and, on a GPU, its CUDA calls
+                  (masklens._cuda.table_runs_start: the memset, the kernels, the copy, the
+                  event)
 
 usage: python3 bench/mask_cost.py [--length 32768] [--steps 8] [--device cuda|cpu] [--torch-read] [--json OUT]
   --torch-read: the tables read by torch operations (a GPU's way without masklens._cuda;
