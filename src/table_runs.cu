@@ -1,8 +1,8 @@
 // A definition's tables read on the device (declared in masklens/cuda/table_runs.hpp):
-// one memset zeroes the sections (their counts start at 0), one kernel a table marks where its values
-// change and writes those positions and values into its section of the caller's block,
-// then one copy brings the block back. Every CUDA call's result is checked and returned
-// as a Status naming the call.
+// one memset zeroes the sections (their counts start at 0), one kernel a table marks
+// where its values change and writes those positions and values into its section of the
+// caller's block, then one copy brings the block back. Every CUDA call's result is checked
+// and returned as a Status naming the call.
 #include <cuda_runtime.h>
 
 #include <algorithm>

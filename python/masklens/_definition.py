@@ -178,7 +178,7 @@ def parse(fn, scope=None):
     (remap_positions_for_packed_sequence is exact only inside one). An object standing
     for a closure (masklens._graph_definition's Primitive) is read as it."""
     fn = _closure(fn)
-    primitives = _primitive_codes if _primitive_codes is not None else _primitives()
+    primitives = _primitives()
     name = primitives.get(_code(fn))
     if name is None:
         raise Unrecognised(f"{_name_of(fn)} (from {getattr(fn, '__module__', '?')}) is not a recognised mask "

@@ -144,12 +144,6 @@ def _host_read(tables, room: int):
     return out
 
 
-def _device_reader():
-    """masklens._cuda.table_runs_start, or None (no _cuda, or an older one without it)."""
-    from . import _scan
-    return getattr(_scan.cuda_module(), "table_runs_start", None)
-
-
 def _view(t, positions: bool):
     """TableView(t, positions).as_tuple(), without the object (a read's hot path)."""
     B, L = t.shape
@@ -170,10 +164,10 @@ def _device_start(tables, room: int):
     if (not grids or any(t.device != device for t, _ in tables)
             or any(t.dtype not in _ELEMENTS for t, _ in grids)):
         return None
-    start = _device_reader()
+    from . import _core, _scan
+    start = getattr(_scan.cuda_module(), "table_runs_start", None)  # None: no _cuda, or an older one
     if start is None:
         return None
-    from . import _core
     lists = [t for t, _ in tables if t.dim() == 1]
     first_word = sum(t.numel() for t in lists)
     block_words = first_word + sum(1 + t.shape[0] + 2 * room for t, _ in grids)
@@ -187,22 +181,12 @@ def _device_start(tables, room: int):
     if _dropped:
         _bury()
     try:
-        pending = start(block.data_ptr(), block_words, first_word, specs, room, _stream(index), index)
+        pending = start(block.data_ptr(), block_words, first_word, specs, room, _scan.stream_of(device), index)
     except _core.MaskError as e:  # a table the pass refuses (past 2^40 elements...): torch reads it
         if str(e).startswith("device_error"):
             raise
         return None
     return _PendingRead(pending, tables, grids, block, room)
-
-
-def _stream(index: int) -> int:
-    """The cudaStream_t of device `index`'s current stream (masklens._scan.stream_of, the
-    device already an index)."""
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    if raw is None:
-        from . import _scan
-        return _scan.stream_of(torch.device("cuda", index))
-    return raw(index)
 
 
 # Reads dropped before their copy landed, with what their kernels read and write (the

@@ -52,10 +52,21 @@ inline std::vector<std::int64_t> values_of(nb::handle h) {
   return {a.data(), a.data() + a.shape(0)};
 }
 
+// Runs from their columns (int64 arrays), checked to tile every batch and indexed.
+inline definition::TableRuns runs_from_columns(std::int64_t batches, std::int64_t length, nb::handle batch,
+                                               nb::handle start, nb::handle end, nb::handle value) {
+  definition::TableRuns runs;
+  runs.batches = batches, runs.length = length;
+  runs.batch = values_of(batch), runs.start = values_of(start), runs.end = values_of(end);
+  runs.value = values_of(value);
+  if (Status s = runs.index(); !s.ok()) raise(s);
+  return runs;
+}
+
 // tables: each its runs, a TableRuns (the device pass's, as it is) or (batches, length,
-// batch, start, end, value), or a table in host
-// memory to read here, (data, element, batch, length, batch stride, length stride,
-// positions) (table_binding.hpp; the caller keeps it alive); lists: int64 arrays.
+// batch, start, end, value), or a table in host memory to read here, (data, element,
+// batch, length, batch stride, length stride, positions) (table_binding.hpp; the caller
+// keeps it alive); lists: int64 arrays.
 inline definition::Definition definition_from(nb::handle tree, nb::list tables, nb::list lists) {
   definition::Definition d;
   d.root = node_from(tree);
@@ -73,11 +84,8 @@ inline definition::Definition definition_from(nb::handle tree, nb::list tables, 
       raise(error(ErrorCode::invalid_argument,
                   "a table is a TableRuns, (batches, length, batch, start, end, value) or (data, element, batch, "
                   "length, batch_stride, length_stride, positions)"));
-    definition::TableRuns runs;
-    runs.batches = nb::cast<std::int64_t>(t[0]), runs.length = nb::cast<std::int64_t>(t[1]);
-    runs.batch = values_of(t[2]), runs.start = values_of(t[3]), runs.end = values_of(t[4]), runs.value = values_of(t[5]);
-    if (Status s = runs.index(); !s.ok()) raise(s);
-    d.tables.push_back(std::move(runs));
+    d.tables.push_back(
+        runs_from_columns(nb::cast<std::int64_t>(t[0]), nb::cast<std::int64_t>(t[1]), t[2], t[3], t[4], t[5]));
   }
   for (nb::handle h : lists) d.lists.push_back(values_of(h));
   return d;
@@ -116,12 +124,8 @@ void bind_definition(nb::module_& m, VerdictOf verdict_of_runs) {
           "__init__",
           [](TableRuns* self, std::int64_t batches, std::int64_t length, nb::handle batch, nb::handle start,
              nb::handle end, nb::handle value) {
-            TableRuns runs;
-            runs.batches = batches, runs.length = length;
-            runs.batch = values_of(batch), runs.start = values_of(start), runs.end = values_of(end);
-            runs.value = values_of(value);
-            if (Status s = runs.index(); !s.ok()) raise(s);  // before the object exists: nothing half made
-            new (self) TableRuns(std::move(runs));
+            // Checked before the object exists: nothing half made.
+            new (self) TableRuns(runs_from_columns(batches, length, batch, start, end, value));
           },
           "batches"_a, "length"_a, "batch"_a, "start"_a, "end"_a, "value"_a,
           "Runs sorted by batch and start that tile every batch's positions (checked).")

@@ -50,12 +50,13 @@ using DeviceTable = masklens::TableView;
 [[nodiscard]] Status load_table_runs_kernels();
 
 // Enqueues on `stream` one memset of words [first_word, block_words) (every section's
-// count zeroed), for each table the kernel that fills its section, then the copy of words [0, block_words) to h_block (host memory;
-// pinned makes it asynchronous). No allocation, no synchronisation: once the stream has
-// reached that point, table_runs_from(h_block + section) reads each table. Errors, before
-// any CUDA call: no table or an empty one (batch or length < 1), past kMaxTableElements,
-// room < 1, a null pointer, data off its element's alignment, d_block off 8 bytes,
-// block_words other than table_block_words(tables, room, first_word).
+// count zeroed), for each table the kernel that fills its section, then the copy of
+// words [0, block_words) to h_block (host memory; pinned makes it asynchronous). No
+// allocation, no synchronisation: once the stream has reached that point,
+// table_runs_from(h_block + section) reads each table. Errors, before any CUDA call: no
+// table or an empty one (batch or length < 1), past kMaxTableElements, room < 1, a null
+// pointer, data off its element's alignment, d_block off 8 bytes, block_words other than
+// table_block_words(tables, room, first_word).
 [[nodiscard]] Status table_changes_into(std::span<const DeviceTable> tables, std::int64_t room, std::int64_t* d_block,
                                         std::int64_t first_word, std::int64_t block_words, std::int64_t* h_block,
                                         Stream stream = nullptr);
