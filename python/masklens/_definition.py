@@ -88,11 +88,15 @@ def _closure(fn):
     return fn if type(fn) is _FUNCTION else getattr(fn, "_masklens_closure", fn)
 
 
+# {id(code object): primitive name}. Keyed by identity: a code object's hash is computed
+# anew at each lookup from its name, bytecode and constants (about 1 µs), and the mask
+# function's path looks one up at every node; _primitive_code_objects keeps them alive.
 _primitive_codes = None
+_primitive_code_objects = []
 
 
 def _primitives() -> dict:
-    """{code object: primitive name} of the installed transformers' mask primitives (the
+    """{id(code object): primitive name} of the installed transformers' mask primitives (the
     closures' inner functions are told apart by their code objects)."""
     global _primitive_codes
     if _primitive_codes is not None:
@@ -120,24 +124,27 @@ def _primitives() -> dict:
         except (AttributeError, TypeError):  # not in this transformers
             continue
         if code is not None:
-            codes[code] = name
+            codes[id(code)] = name
+            _primitive_code_objects.append(code)
     _primitive_codes = codes
     return codes
 
 
-_cell_index = {}  # (code object, free variable) -> its cell's index in the closure
+# (id(code object), free variable) -> (the code object, kept alive so that its id stays
+# its own; its cell's index in the closure).
+_cell_index = {}
 
 
 def _free(fn, var):
     """A closure's free variable `var`, or Unrecognised naming both where the closure has
     none of that name (a transformers whose primitive is laid out otherwise: not read)."""
     code = fn.__code__
-    at = _cell_index.get((code, var))
-    if at is None:
+    known = _cell_index.get((id(code), var))
+    if known is None:
         if var not in code.co_freevars:
             raise Unrecognised(f"{_name_of(fn)} holds no {var!r} (a primitive laid out otherwise)")
-        at = _cell_index[(code, var)] = code.co_freevars.index(var)
-    return fn.__closure__[at].cell_contents
+        known = _cell_index[(id(code), var)] = (code, code.co_freevars.index(var))
+    return fn.__closure__[known[1]].cell_contents
 
 
 def _int(x, what):
@@ -170,16 +177,37 @@ def _name_of(fn) -> str:
 _LEAVES = {"causal": ("causal", (), ()), "bidirectional": ("bidirectional", (), ())}
 
 
+class _Walk:
+    """What recognise() gathers in its one walk of the tree, beside the tree: the tables it
+    reads ({(id, positions): tensor}, first seen first, as _tables gives them) and the
+    nodes whose pin (primitive and parameters) is not yet checked, children first."""
+
+    __slots__ = ("tables", "unpinned")
+
+    def __init__(self):
+        self.tables, self.unpinned = {}, []
+
+    def table(self, t, positions=False):
+        self.tables.setdefault((id(t), positions), t)
+
+    def node(self, key, node):
+        if key not in _pinned:
+            self.unpinned.append(node)
+        return node
+
+
 # A parsed node: (name, params, children); its tables are the closures' own tensors.
-def parse(fn, scope=None):
+def parse(fn, scope=None, walk=None):
     """The tree of a mask function, or Unrecognised naming the first node that is not a
     recognised primitive (what only the tables' values can say is checked where the rows
     are evaluated). `scope` carries the packed documents an enclosing AND restricts to
     (remap_positions_for_packed_sequence is exact only inside one). An object standing
-    for a closure (masklens._graph_definition's Primitive) is read as it."""
-    fn = _closure(fn)
-    primitives = _primitives()
-    name = primitives.get(_code(fn))
+    for a closure (masklens._graph_definition's Primitive) is read as it. walk: a _Walk
+    that gathers the tables and the nodes to pin in the same pass."""
+    if type(fn) is not _FUNCTION:
+        fn = getattr(fn, "_masklens_closure", fn)
+    primitives = _primitive_codes or _primitives()
+    name = primitives.get(id(fn.__code__ if type(fn) is _FUNCTION else getattr(fn, "__code__", None)))
     if name is None:
         raise Unrecognised(f"{_name_of(fn)} (from {getattr(fn, '__module__', '?')}) is not a recognised mask "
                            "primitive")
@@ -187,24 +215,31 @@ def parse(fn, scope=None):
         raise Unrecognised(f"{name}: off for this process (its behaviour differed from masklens' rule)")
     leaf = _LEAVES.get(name)
     if leaf is not None:
-        return leaf
+        return leaf if walk is None else walk.node(leaf[:1], leaf)
     if name == "and" or name == "or":
         fns = _free(fn, "mask_functions")
         if not isinstance(fns, tuple) or not fns:
             raise Unrecognised(f"{name}_masks holds no functions")
-        fns = tuple(_closure(f) for f in fns)
         inner_scope = scope
         if name == "and":
             for f in fns:  # a packed-documents child makes this AND a documents scope
-                if primitives.get(_code(f)) == "packed":
+                f = _closure(f)
+                if primitives.get(id(_code(f))) == "packed":
                     inner_scope = _meta(_free(f, "packed_sequence_mask"), "packed_sequence_mask")
-        return (name, (), tuple(parse(f, inner_scope) for f in fns))
+        node = (name, (), tuple([parse(f, inner_scope, walk) for f in fns]))
+        return node if walk is None else walk.node((name,), node)
     if name == "sliding" or name == "sliding_bidirectional":
-        return (name, (_int(_free(fn, "sliding_window"), "sliding_window"),), ())
-    if name == "padding":
-        return (name, (_meta(_free(fn, "padding_mask"), "padding_mask"),), ())
-    if name == "packed":
-        return (name, (_meta(_free(fn, "packed_sequence_mask"), "packed_sequence_mask"),), ())
+        window = _int(_free(fn, "sliding_window"), "sliding_window")
+        node = (name, (window,), ())
+        return node if walk is None else walk.node((name, window), node)
+    if name == "padding" or name == "packed" or name == "blocks":
+        var = _TABLE_VARIABLES[name]
+        table = _meta(_free(fn, var), var)
+        node = (name, (table,), ())
+        if walk is not None:
+            walk.table(table)
+            walk.node((name,), node)
+        return node
     if name == "remap":
         pos = _meta(_free(fn, "position_ids"), "position_ids")
         if scope is None:
@@ -212,7 +247,11 @@ def parse(fn, scope=None):
                                "packed_sequence_mask_function(...))")
         if pos.shape != scope.shape:
             raise Unrecognised("position_ids whose documents are not the packed_sequence_mask's")
-        return (name, (pos, scope), (parse(_free(fn, "mask_function")),))
+        if walk is not None:  # its own tables ahead of its child's, as _tables has them
+            walk.table(pos, True)
+            walk.table(scope)
+        node = (name, (pos, scope), (parse(_free(fn, "mask_function"), None, walk),))
+        return node if walk is None else walk.node((name,), node)
     if name == "chunked":
         lp = _free(fn, "left_padding")
         if not isinstance(lp, torch.Tensor) or lp.dim() != 1:
@@ -220,16 +259,23 @@ def parse(fn, scope=None):
         chunk = _int(_free(fn, "chunk_size"), "chunk_size")
         if chunk < 1:
             raise Unrecognised(f"chunk_size {chunk}")
-        return (name, (chunk, lp), ())
-    if name == "blocks":
-        return (name, (_meta(_free(fn, "block_sequence_ids"), "block_sequence_ids"),), ())
+        node = (name, (chunk, lp), ())
+        if walk is not None:
+            walk.table(lp)
+            walk.node((name, chunk), node)
+        return node
     if name == "offsets":
         offsets = (_int(_free(fn, "q_offset"), "q_offset"), _int(_free(fn, "kv_offset"), "kv_offset"))
         if min(offsets) < 0:
             raise Unrecognised(f"add_offsets_to_mask_function with a negative offset {offsets}")
         # The documents scope holds in the coordinates of the AND that set it, not shifted ones.
-        return (name, offsets, (parse(_free(fn, "mask_function")),))
+        node = (name, offsets, (parse(_free(fn, "mask_function"), None, walk),))
+        return node if walk is None else walk.node((name, *offsets), node)
     raise Unrecognised(f"{name}: a primitive with no reading")  # every name above has one
+
+
+# The free variable holding a one-table primitive's table (its name in the message too).
+_TABLE_VARIABLES = {"padding": "padding_mask", "packed": "packed_sequence_mask", "blocks": "block_sequence_ids"}
 
 
 def _documents_of_positions(pos):
@@ -286,31 +332,24 @@ def _read(tree):
     """(encoded tree, tables, lists, keep): what definition.hpp reads: a CUDA table's runs
     (one copy to the host for all), a CPU table's view (its address: `keep` holds the
     views, each holding its tensor, until the read is made), the 1-D lists."""
-    return _start_read(tree)()
+    found = _tables(tree)
+    return _gathered(tree, found, _table_runs.start_read([(t, key[1]) for key, t in found.items()], _TABLE_ROOM)())
 
 
-def _start_read(tree, found=None):
-    """_read with the device's wait left to the caller (masklens._table_runs.start_read):
-    a function of no argument that returns what _read returns. found: _tables(tree), where
-    the caller has it."""
-    if found is None:
-        found = _tables(tree)
-    finish = _table_runs.start_read([(t, key[1]) for key, t in found.items()], _TABLE_ROOM)
-
-    def read():
-        runs_read = finish()
-        index, tables, lists = {}, [], []
-        for key, runs in zip(found, runs_read):
-            if isinstance(runs, np.ndarray):
-                index[key] = len(lists)
-                lists.append(np.ascontiguousarray(runs, dtype=np.int64))
-            else:
-                index[key] = len(tables)
-                # The device pass's runs as they are; others as tuples: runs, or a CPU
-                # table's view (its address).
-                tables.append(runs if type(runs) is _core.TableRuns else runs.as_tuple())
-        return _encode(tree, index), tables, lists, runs_read
-    return read
+def _gathered(tree, found, runs_read):
+    """_read's answer from the tables' runs as masklens._table_runs' read gives them (in
+    the order of found: _tables(tree))."""
+    index, tables, lists = {}, [], []
+    for key, runs in zip(found, runs_read):
+        if isinstance(runs, np.ndarray):
+            index[key] = len(lists)
+            lists.append(np.ascontiguousarray(runs, dtype=np.int64))
+        else:
+            index[key] = len(tables)
+            # The device pass's runs as they are; others as tuples: runs, or a CPU table's
+            # view (its address).
+            tables.append(runs if type(runs) is _core.TableRuns else runs.as_tuple())
+    return _encode(tree, index), tables, lists, runs_read
 
 
 def _reason(answer):
@@ -355,10 +394,11 @@ def start_definition(tree, batch: int, q_len: int, k_len: int, q_offset: int, kv
     the stream has them here), and a function of no argument that waits for its copy
     alone and returns what read_definition returns (or raises its Unrecognised). tables:
     _tables(tree), where the caller has it."""
-    finish = _start_read(tree, tables)
+    found = _tables(tree) if tables is None else tables
+    finish = _table_runs.start_read([(t, key[1]) for key, t in found.items()], _TABLE_ROOM)
 
     def read():
-        encoded, tables, lists, keep = finish()
+        encoded, tables, lists, keep = _gathered(tree, found, finish())
         verdict, pieces = _reason(_core.read_definition(encoded, tables, lists, batch, q_len, k_len, q_offset,
                                                         kv_offset))
         del keep  # the CPU tables' memory, read now
@@ -554,7 +594,7 @@ class Definition:
         """read: (Verdict, RowPieces), or a function of no argument that gives them."""
         self.batch, self.q_len, self.k_len = batch, q_len, k_len
         self.tree = tree
-        self.device = torch.device(device)
+        self.device = device if type(device) is torch.device else torch.device(device)
         self._read, self._verdict, self._pieces, self._failed, self._entry = None, None, None, None, None
         if callable(read):
             self._read = read
@@ -625,6 +665,17 @@ _NEUTRAL_ARGUMENTS = {"local_size", "allow_is_causal_skip", "allow_is_bidirectio
                       "use_vmap", "dtype", "config"}
 
 
+# Every argument recognise() reads or knows to be neutral, by sdpa_mask's names.
+_ARGUMENTS = frozenset({"batch_size", "q_length", "kv_length", "q_offset", "kv_offset", "mask_function",
+                        "attention_mask", "device"}) | _NEUTRAL_ARGUMENTS
+
+
+def _refuse_unknown(names) -> None:
+    unknown = sorted(set(names) - _ARGUMENTS)
+    if unknown:
+        raise Unrecognised(f"sdpa_mask arguments masklens does not read: {', '.join(unknown)}")
+
+
 def recognise(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None, attention_mask=None,
               device="cpu", defer=False, **others):
     """The Definition of the mask sdpa_mask would build from these arguments (its own
@@ -632,13 +683,27 @@ def recognise(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_fun
     are worked out on `device` (the mask's). defer=True leaves the tables' read pending
     where it reads any (Definition.pending): what only their values can say is raised
     at the verdict's first use."""
-    unknown = sorted(set(others) - _NEUTRAL_ARGUMENTS)
-    if unknown:
-        raise Unrecognised(f"sdpa_mask arguments masklens does not read: {', '.join(unknown)}")
+    _refuse_unknown(others)
+    return _recognised(batch_size, q_length, kv_length, q_offset, kv_offset, mask_function, attention_mask,
+                       torch.device(device), defer)
+
+
+def recognise_arguments(arguments: dict, device: torch.device, defer=False):
+    """recognise() of sdpa_mask's keyword arguments as a mask function receives them: the
+    dict itself (the mask function's path unpacks nothing) and the mask's device."""
+    if not arguments.keys() <= _ARGUMENTS:
+        _refuse_unknown(arguments)
+    get = arguments.get
+    return _recognised(get("batch_size"), get("q_length"), get("kv_length"), get("q_offset", 0), get("kv_offset", 0),
+                       get("mask_function"), get("attention_mask"), device, defer)
+
+
+def _recognised(batch_size, q_length, kv_length, q_offset, kv_offset, mask_function, attention_mask, device, defer):
     try:
-        _pin_sdpa_mask()
+        if not _sdpa_pinned:
+            _pin_sdpa_mask()
         return _recognise(batch_size, q_length, kv_length, q_offset, kv_offset, mask_function, attention_mask,
-                          torch.device(device), defer)
+                          device, defer)
     except Unrecognised:
         raise
     except _READ_ERRORS as e:
@@ -648,29 +713,36 @@ def recognise(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_fun
 
 
 def _recognise(batch_size, q_length, kv_length, q_offset, kv_offset, mask_function, attention_mask, device, defer):
-    mu = _mu()
+    mu = _originals or _mu()
     if mask_function is None:
         mask_function = mu.causal_mask_function
-    B, Q, K = _int(batch_size, "batch_size"), _int(q_length, "q_length"), _int(kv_length, "kv_length")
-    qo, ko = _int(q_offset, "q_offset"), _int(kv_offset, "kv_offset")
+    # Plain ints, as transformers passes them, are taken as they are (_int reads the rest).
+    B = batch_size if type(batch_size) is int else _int(batch_size, "batch_size")
+    Q = q_length if type(q_length) is int else _int(q_length, "q_length")
+    K = kv_length if type(kv_length) is int else _int(kv_length, "kv_length")
+    qo = q_offset if type(q_offset) is int else _int(q_offset, "q_offset")
+    ko = kv_offset if type(kv_offset) is int else _int(kv_offset, "kv_offset")
     if min(B, Q, K) < 1:
         raise Unrecognised(f"an empty mask [{B}, 1, {Q}, {K}]")
     if min(qo, ko) < 0:
         raise Unrecognised(f"negative offsets q_offset {qo}, kv_offset {ko}")
-    tree = parse(mask_function)
+    walk = _Walk()  # the tables and the nodes to pin, gathered as the tree is read
+    tree = parse(mask_function, None, walk)
     if attention_mask is not None:
         if not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() != 2:
             raise Unrecognised("an attention_mask that is not a 2-D tensor")
         if attention_mask.dtype != torch.bool:  # transformers' create_*_mask hand a bool one
             raise Unrecognised(f"an attention_mask of dtype {attention_mask.dtype} (sdpa_mask ANDs it as it is)")
-        padding = mu.prepare_padding_mask(attention_mask, K, ko)
-        tree = ("and", (), (tree, ("padding", (_meta(padding, "padding_mask"),), ())))
-    pin(tree)
+        padding = _meta(mu.prepare_padding_mask(attention_mask, K, ko), "padding_mask")
+        walk.table(padding)
+        tree = ("and", (), (tree, walk.node(("padding",), ("padding", (padding,), ()))))
+        walk.node(("and",), tree)
+    for node in walk.unpinned:  # children first: pin() finds them pinned
+        pin(node)
     # The rows' spans are exactly a scan's of the dense bool mask (no flags): the
     # classifier's verdict over their pieces is the scan's.
-    tables = _tables(tree)
-    read = start_definition(tree, B, Q, K, qo, ko, tables)  # the tables' runs: the one copy to the host
-    return Definition(B, Q, K, tree, read if defer and tables else read(), device)
+    read = start_definition(tree, B, Q, K, qo, ko, walk.tables)  # the tables' runs: the one copy to the host
+    return Definition(B, Q, K, tree, read if defer and walk.tables else read(), device)
 
 
 class DefinedMask:
@@ -699,7 +771,7 @@ class DefinedMask:
         structure), or ("built", why)."""
         self.definition = definition
         self.shape = torch.Size((definition.batch, 1, definition.q_len, definition.k_len))
-        self.device = torch.device(device)
+        self.device = device if type(device) is torch.device else torch.device(device)
         self._outcome = outcome
         self.touched = False    # the model's code used the dense mask (the layers take that tensor)
         self._build = build     # () -> the dense mask (transformers' sdpa_mask with the same arguments)

@@ -14,6 +14,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from . import _core, _scan
+
 
 class TableRuns:
     """A [B, L] table's runs of equal values on the host, sorted by batch and start: run i
@@ -122,7 +124,6 @@ class TableView:
 
     def runs(self) -> TableRuns:
         """The table's runs, read now (what read_definition reads of it)."""
-        from . import _core
         return TableRuns.from_columns(*_core.table_runs(self.as_tuple()))
 
 
@@ -160,23 +161,30 @@ def _device_start(tables, room: int):
     device = tables[0][0].device
     if device.type != "cuda":
         return None
-    grids = [(t, p) for t, p in tables if t.dim() == 2 and t.numel() > 0]
-    if (not grids or any(t.device != device for t, _ in tables)
-            or any(t.dtype not in _ELEMENTS for t, _ in grids)):
-        return None
-    from . import _core, _scan
+    # One pass over the tables (a read's hot path): the 2-D ones the pass reads, with their
+    # views and sections' words, and the 1-D lists that cross ahead of them.
+    grids, specs, lists, first_word, grid_words = [], [], [], 0, 0
+    for t, positions in tables:
+        if t.device != device:
+            return None
+        if t.dim() == 1:
+            lists.append(t)
+            first_word += t.numel()
+        elif t.numel() > 0:
+            if t.dtype not in _ELEMENTS:
+                return None
+            grids.append((t, positions))
+            specs.append(_view(t, positions))
+            grid_words += 1 + t.shape[0] + 2 * room
     start = getattr(_scan.cuda_module(), "table_runs_start", None)  # None: no _cuda, or an older one
-    if start is None:
+    if not grids or start is None:
         return None
-    lists = [t for t, _ in tables if t.dim() == 1]
-    first_word = sum(t.numel() for t in lists)
-    block_words = first_word + sum(1 + t.shape[0] + 2 * room for t, _ in grids)
+    block_words = first_word + grid_words
     block = torch.empty(block_words, dtype=torch.int64, device=device)
     at = 0
     for t in lists:  # the lists cross in the same copy, ahead of the tables' sections
         block[at:at + t.numel()].copy_(t)
         at += t.numel()
-    specs = [_view(t, p) for t, p in grids]
     index = device.index if device.index is not None else torch.cuda.current_device()
     if _dropped:
         _bury()

@@ -221,12 +221,14 @@ def _defined_mask(args, kwargs, defer=False):
     if kwargs.get("q_length") == 1:  # one row: sdpa_mask's [B, 1, 1, K] is small, and the layers take it as it is
         _note("built", "one query row")
         return _BUILD
-    device = torch.device(kwargs.get("device", "cpu"))
+    device = kwargs.get("device", "cpu")
+    if type(device) is not torch.device:
+        device = torch.device(device)
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         _note("built", "CUDA graph capture (reading the definition synchronises)")
         return _BUILD
     try:
-        definition = _definition.recognise(**kwargs, defer=defer and _defers(device))
+        definition = _definition.recognise_arguments(kwargs, device, defer and _defers(device))
     except _definition.Unrecognised as e:
         _note("built", str(e))
         logger.debug("masklens: building the mask: %s", e)

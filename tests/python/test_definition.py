@@ -241,7 +241,7 @@ def test_a_primitive_laid_out_otherwise_is_named_not_read(monkeypatch):
     fn = make()
     _definition._primitives()
     for name, var in (("and", "mask_functions"), ("sliding", "sliding_window"), ("padding", "padding_mask")):
-        monkeypatch.setitem(_definition._primitive_codes, fn.__code__, name)
+        monkeypatch.setitem(_definition._primitive_codes, id(fn.__code__), name)
         with pytest.raises(_definition.Unrecognised, match=f"inner holds no '{var}'"):
             _definition.parse(fn)
         with pytest.raises(_definition.Unrecognised, match=f"holds no '{var}'"):
