@@ -11,7 +11,9 @@ reports per batch, side by side in one process:
   after a step   the same call once right after each training step, outside the model
   one read       on a GPU, a one-element read right after a step: one small kernel, a
                  pageable copy to the host (.cpu()) and its wait
-and the parts inside the step (the closures' parse, the pin check, the tables' read and,
+and the parts inside the step (the closures' parse, the pin check (pin() runs for a node
+not yet pinned; since the tree walk gathers the nodes to pin, the check of pinned ones is
+inside the parse and pin() shows only where a tree asks for one), the tables' read and,
 within it on a GPU, masklens._cuda's device pass with its copy and wait, definition.hpp's
 rows and classification), each between synchronisations on a GPU. CPU
 tables are read by C++ inside "rows and classification" (their "tables' read" is their
