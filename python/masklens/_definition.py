@@ -320,7 +320,7 @@ def _encode(tree, index):
         a, b = params
     elif name == "remap":
         table, scope = index[(id(params[0]), True)], index[(id(params[1]), False)]
-    return (name, a, b, table, scope, tuple(_encode(child, index) for child in children))
+    return (name, a, b, table, scope, tuple([_encode(child, index) for child in children]))
 
 
 # Table changes read back in the first copy: a recognised definition has a few a document,
