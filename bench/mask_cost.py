@@ -260,7 +260,7 @@ def host_timed_outer(owner, name, label):
 # The deferred mask function's parts inside the step, host time, no synchronisation: where
 # the call's time goes when the step has left the caches cold.
 DEFERRED_PARTS = ["recognise", "parse", "pin", "read's start"]
-host_timed_outer(definition, "recognise", "recognise")
+host_timed_outer(definition, "_recognised", "recognise")  # recognise() and recognise_arguments() alike
 host_timed_outer(definition, "parse", "parse")
 host_timed_outer(definition, "pin", "pin")
 host_timed_outer(table_runs, "_device_start", "read's start")
