@@ -154,6 +154,8 @@ def _int(x, what):
         if x.numel() != 1 or x.is_floating_point():
             raise Unrecognised(f"{what} is a tensor of shape {tuple(x.shape)}")
         x = int(x.item())
+    if x is None:
+        raise Unrecognised(f"sdpa_mask called without {what}")
     if isinstance(x, bool) or not isinstance(x, (int, np.integer)):
         raise Unrecognised(f"{what} is {type(x).__name__} {x!r}")
     return int(x)
@@ -175,6 +177,7 @@ def _name_of(fn) -> str:
 
 
 _LEAVES = {"causal": ("causal", (), ()), "bidirectional": ("bidirectional", (), ())}
+_LEAF_KEYS = {"causal": ("causal",), "bidirectional": ("bidirectional",)}  # their pins' keys
 
 
 class _Walk:
@@ -215,7 +218,7 @@ def parse(fn, scope=None, walk=None):
         raise Unrecognised(f"{name}: off for this process (its behaviour differed from masklens' rule)")
     leaf = _LEAVES.get(name)
     if leaf is not None:
-        return leaf if walk is None else walk.node(leaf[:1], leaf)
+        return leaf if walk is None else walk.node(_LEAF_KEYS[name], leaf)
     if name == "and" or name == "or":
         fns = _free(fn, "mask_functions")
         if not isinstance(fns, tuple) or not fns:
@@ -333,12 +336,17 @@ def _read(tree):
     (one copy to the host for all), a CPU table's view (its address: `keep` holds the
     views, each holding its tensor, until the read is made), the 1-D lists."""
     found = _tables(tree)
-    return _gathered(tree, found, _table_runs.start_read([(t, key[1]) for key, t in found.items()], _TABLE_ROOM)())
+    return _gathered(tree, found, _start_tables(found)())
+
+
+def _start_tables(found):
+    """masklens._table_runs.start_read of the tables found ({(id, positions): tensor})."""
+    return _table_runs.start_read([(t, key[1]) for key, t in found.items()], _TABLE_ROOM)
 
 
 def _gathered(tree, found, runs_read):
     """_read's answer from the tables' runs as masklens._table_runs' read gives them (in
-    the order of found: _tables(tree))."""
+    the order of found: _tables(tree), or the same dict from parse's _Walk.tables)."""
     index, tables, lists = {}, [], []
     for key, runs in zip(found, runs_read):
         if isinstance(runs, np.ndarray):
@@ -393,9 +401,9 @@ def start_definition(tree, batch: int, q_len: int, k_len: int, q_offset: int, kv
     """read_definition in two halves: the tables' device pass enqueued now (their values as
     the stream has them here), and a function of no argument that waits for its copy
     alone and returns what read_definition returns (or raises its Unrecognised). tables:
-    _tables(tree), where the caller has it."""
+    _tables(tree) where the caller has it (parse's _Walk.tables is the same dict)."""
     found = _tables(tree) if tables is None else tables
-    finish = _table_runs.start_read([(t, key[1]) for key, t in found.items()], _TABLE_ROOM)
+    finish = _start_tables(found)
 
     def read():
         encoded, tables, lists, keep = _gathered(tree, found, finish())
@@ -684,13 +692,14 @@ def recognise(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_fun
     where it reads any (Definition.pending): what only their values can say is raised
     at the verdict's first use."""
     _refuse_unknown(others)
-    return _recognised(batch_size, q_length, kv_length, q_offset, kv_offset, mask_function, attention_mask,
-                       torch.device(device), defer)
+    return _recognised(batch_size, q_length, kv_length, q_offset, kv_offset, mask_function, attention_mask, device,
+                       defer)
 
 
 def recognise_arguments(arguments: dict, device: torch.device, defer=False):
     """recognise() of sdpa_mask's keyword arguments as a mask function receives them: the
-    dict itself (the mask function's path unpacks nothing) and the mask's device."""
+    dict itself (the mask function's path unpacks nothing) and the mask's device (a
+    torch.device, or what makes one)."""
     if not arguments.keys() <= _ARGUMENTS:
         _refuse_unknown(arguments)
     get = arguments.get
@@ -699,7 +708,11 @@ def recognise_arguments(arguments: dict, device: torch.device, defer=False):
 
 
 def _recognised(batch_size, q_length, kv_length, q_offset, kv_offset, mask_function, attention_mask, device, defer):
+    """What recognise() and recognise_arguments() share: the read, with anything a closure
+    laid out otherwise raises (or a device that is none) as Unrecognised."""
     try:
+        if type(device) is not torch.device:
+            device = torch.device(device)
         if not _sdpa_pinned:
             _pin_sdpa_mask()
         return _recognise(batch_size, q_length, kv_length, q_offset, kv_offset, mask_function, attention_mask,

@@ -237,15 +237,30 @@ def to_device(array, device):
     return out
 
 
+_cuda_devices = {}  # torch.device -> whether it is a CUDA one
+
+
+def is_cuda(device) -> bool:
+    """Whether a torch.device is a CUDA device. Remembered per device: torch.device.type
+    builds its string through a C++ stream at each call, several times a dictionary
+    lookup's cost where a training step has left the host's caches cold (the mask
+    function's path asks it a few times a forward)."""
+    known = _cuda_devices.get(device)
+    if known is None:
+        known = _cuda_devices[device] = device.type == "cuda"
+    return known
+
+
 def stream_of(device) -> int:
     """The cudaStream_t of the device's current stream, as an int (0: the legacy default).
     Through torch's raw-stream getter where there is one (the one compiled kernels use):
     torch.cuda.current_stream() builds a Stream object through several Python layers,
     tens of microseconds of host time on each device read (bench/HISTORY.md, tiles_torch)."""
     import torch
-    device = torch.device(device)
+    if type(device) is not torch.device:
+        device = torch.device(device)
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    if raw is None or device.type != "cuda":
+    if raw is None or not is_cuda(device):
         return torch.cuda.current_stream(device).cuda_stream
     return raw(device.index if device.index is not None else torch.cuda.current_device())
 

@@ -159,7 +159,7 @@ def _device_start(tables, room: int):
     if not tables:
         return None
     device = tables[0][0].device
-    if device.type != "cuda":
+    if not _scan.is_cuda(device):
         return None
     # One pass over the tables (a read's hot path): the 2-D ones the pass reads, with their
     # views and sections' words, and the 1-D lists that cross ahead of them.
@@ -176,8 +176,10 @@ def _device_start(tables, room: int):
             grids.append((t, positions))
             specs.append(_view(t, positions))
             grid_words += 1 + t.shape[0] + 2 * room
+    if not grids:
+        return None
     start = getattr(_scan.cuda_module(), "table_runs_start", None)  # None: no _cuda, or an older one
-    if not grids or start is None:
+    if start is None:
         return None
     block_words = first_word + grid_words
     block = torch.empty(block_words, dtype=torch.int64, device=device)

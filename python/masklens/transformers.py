@@ -206,7 +206,7 @@ def _defers(device) -> bool:
     if defer_reads not in ("cuda", "always", "never"):
         raise ValueError(f"masklens.transformers.defer_reads is {defer_reads!r}; it takes 'cuda', 'always' or "
                          "'never'")
-    return defer_reads == "always" or defer_reads == "cuda" and device.type == "cuda"
+    return defer_reads == "always" or defer_reads == "cuda" and _scan.is_cuda(device)
 
 
 def _defined_mask(args, kwargs, defer=False):
@@ -224,7 +224,7 @@ def _defined_mask(args, kwargs, defer=False):
     device = kwargs.get("device", "cpu")
     if type(device) is not torch.device:
         device = torch.device(device)
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+    if _scan.is_cuda(device) and torch.cuda.is_current_stream_capturing():
         _note("built", "CUDA graph capture (reading the definition synchronises)")
         return _BUILD
     try:

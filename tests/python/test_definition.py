@@ -219,6 +219,57 @@ def test_recognised_compositions_equal_transformers_masks():
     assert counts["unrecognised"] >= 500, (counts, reasons)
 
 
+def _post_order(tree):
+    name, _, children = tree
+    return [n for child in children for n in _post_order(child)] + [name]
+
+
+def test_the_mask_functions_one_walk_reads_what_the_tree_reads(monkeypatch):
+    """recognise's one walk (parse with a _Walk) gathers the tables _tables() finds, the same
+    tensors in the same order, and every node for pin() children first; the mask function's
+    recognise_arguments() gives what recognise() gives, or the same reason."""
+    monkeypatch.setattr(_definition, "_pinned", set())
+    rng = random.Random(41)
+    walked = 0
+    for i in range(300):
+        maker, kw = _case(rng)
+        if kw is None:
+            continue
+        _definition._pinned.clear()  # this test's own set: every node asks again
+        try:
+            walk = _definition._Walk()
+            tree = _definition.parse(kw["mask_function"], None, walk)
+        except _definition.Unrecognised:
+            continue
+        walked += 1
+        want = _definition._tables(tree)
+        assert list(walk.tables) == list(want), (i, maker)
+        assert all(walk.tables[k] is want[k] for k in want), (i, maker)
+        assert [n[0] for n in walk.unpinned] == _post_order(tree), (i, maker)
+        try:
+            a = _definition.recognise(**kw)
+        except _definition.Unrecognised as e:
+            with pytest.raises(_definition.Unrecognised) as got:
+                _definition.recognise_arguments(kw, torch.device("cpu"))
+            assert str(got.value) == str(e), i
+            continue
+        b = _definition.recognise_arguments(kw, "cpu")
+        assert _same_verdict(a.verdict.structure, b.verdict.structure), (i, maker)
+        assert np.array_equal(a.pieces.pieces, b.pieces.pieces), (i, maker)
+    assert walked >= 150, walked
+
+
+def test_arguments_that_make_no_mask_are_named():
+    """A device that is none, or an argument sdpa_mask always has missing: Unrecognised
+    naming it (the caller builds the mask with sdpa_mask, which says what is wrong)."""
+    with pytest.raises(_definition.Unrecognised, match="could not be read.*bogus"):
+        _definition.recognise(batch_size=1, q_length=4, kv_length=4, device="bogus")
+    with pytest.raises(_definition.Unrecognised, match="sdpa_mask called without batch_size"):
+        _definition.recognise_arguments(dict(q_length=4, kv_length=4), torch.device("cpu"))
+    with pytest.raises(_definition.Unrecognised, match="does not read: cache_position"):
+        _definition.recognise_arguments(dict(batch_size=1, cache_position=torch.arange(4), kv_length=4), "cpu")
+
+
 def test_a_models_own_function_is_named():
     cfg = _config(4, 4)
     _seen.clear()
