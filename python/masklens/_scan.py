@@ -237,18 +237,23 @@ def to_device(array, device):
     return out
 
 
-_cuda_devices = {}  # torch.device -> whether it is a CUDA one
+_device_types = {}  # torch.device -> its type ("cpu", "cuda", ...)
+
+
+def device_type(device) -> str:
+    """A torch.device's type, remembered per device: torch.device.type builds its string
+    through a C++ stream at each call, several times a dictionary lookup's cost where a
+    training step has left the host's caches cold (the mask function's path and the
+    layers ask it a few times a forward)."""
+    known = _device_types.get(device)
+    if known is None:
+        known = _device_types[device] = device.type
+    return known
 
 
 def is_cuda(device) -> bool:
-    """Whether a torch.device is a CUDA device. Remembered per device: torch.device.type
-    builds its string through a C++ stream at each call, several times a dictionary
-    lookup's cost where a training step has left the host's caches cold (the mask
-    function's path asks it a few times a forward)."""
-    known = _cuda_devices.get(device)
-    if known is None:
-        known = _cuda_devices[device] = device.type == "cuda"
-    return known
+    """Whether a torch.device is a CUDA device (device_type, remembered)."""
+    return (_device_types.get(device) or device_type(device)) == "cuda"
 
 
 def stream_of(device) -> int:

@@ -132,7 +132,7 @@ def _host_read(tables, room: int):
     an element type other than bool, int32 and int64): each table a TableView, read in C++
     where the definition is read (no copy, no torch operation); the 1-D lists as int64
     arrays."""
-    if not all(t.device.type == "cpu" and t.dtype in _ELEMENTS for t, _ in tables):
+    if not all(_scan.device_type(t.device) == "cpu" and t.dtype in _ELEMENTS for t, _ in tables):
         return None
     out = []
     for t, positions in tables:

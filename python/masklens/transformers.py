@@ -262,7 +262,7 @@ def _mask_build_ms(dm) -> float:
     if build_masks != "when_faster":
         raise ValueError(f"masklens.transformers.build_masks is {build_masks!r}; it takes 'when_faster' or 'never'")
     B, _, Q, K = dm.shape
-    return B * Q * K / _BUILD_BYTES_PER_MS["cuda" if dm.device.type == "cuda" else "cpu"]
+    return B * Q * K / _BUILD_BYTES_PER_MS["cuda" if _scan.is_cuda(dm.device) else "cpu"]
 
 
 def _sdpa_skips(kwargs) -> bool:
