@@ -253,7 +253,7 @@ def device_type(device) -> str:
 
 def is_cuda(device) -> bool:
     """Whether a torch.device is a CUDA device (device_type, remembered)."""
-    return (_device_types.get(device) or device_type(device)) == "cuda"
+    return device_type(device) == "cuda"
 
 
 def stream_of(device) -> int:
