@@ -37,7 +37,8 @@ step by step in one process, with no synchronisation inside a step:
   parts           the deferred mask function's parts inside the step, host time, no
                   synchronisation: recognise, within it parse, pin and the read's start
                   (_table_runs._device_start) and, on a GPU, its CUDA calls
-                  (masklens._cuda.table_runs_start: the memset, the kernels, the copy, the
+                  (masklens._cuda.table_runs_begin: the kernel and the event; an
+                  older build's table_runs_start: the memset, the kernels, the copy, the
                   event)
 
 usage: python3 bench/mask_cost.py [--length 32768] [--steps 8] [--device cuda|cpu] [--torch-read] [--json OUT]
@@ -90,6 +91,13 @@ def ms_of(fn):
     out = fn()
     sync()
     return (time.perf_counter() - t0) * 1e3, out
+
+
+def device_entry(module):
+    """masklens._cuda's enqueue of a definition's tables: table_runs_begin (one kernel and an
+    event), or an older build's table_runs_start (a memset, a kernel a table, a copy, an
+    event); None without masklens._cuda."""
+    return next((name for name in ("table_runs_begin", "table_runs_start") if hasattr(module, name)), None)
 
 
 # zero_byte's model and batches (llama_like.py); on the CPU its small model.
@@ -148,10 +156,10 @@ wrap(definition._core, "read_definition", "rows and classification")
 if cuda and not args.torch_read:
     import masklens._scan as scan
     device_module = scan.cuda_module()
-    if device_module is not None and hasattr(device_module, "table_runs_start"):
+    if device_entry(device_module):
         # Inside the tables' read: masklens._cuda's pass enqueued and, with the
-        # synchronisation after it, run (the copy landed; its finish() only parses).
-        wrap(device_module, "table_runs_start", "device pass")
+        # synchronisation after it, run (the runs landed; its finish() only parses).
+        wrap(device_module, device_entry(device_module), "device pass")
 
 
 def step(kw):
@@ -266,9 +274,9 @@ host_timed_outer(definition, "pin", "pin")
 host_timed_outer(table_runs, "_device_start", "read's start")
 if cuda and not args.torch_read:
     import masklens._scan as scan
-    if hasattr(scan.cuda_module(), "table_runs_start"):
-        DEFERRED_PARTS.append("its CUDA calls")  # masklens._cuda.table_runs_start: memset, kernels, copy, event
-        host_timed_outer(scan.cuda_module(), "table_runs_start", "its CUDA calls")
+    if device_entry(scan.cuda_module()):
+        DEFERRED_PARTS.append("its CUDA calls")
+        host_timed_outer(scan.cuda_module(), device_entry(scan.cuda_module()), "its CUDA calls")
 deferred = []
 MODES = ("never", "always")
 for kind, kw in batches.items():

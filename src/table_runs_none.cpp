@@ -10,8 +10,8 @@ using detail::without_cuda;
 
 Status load_table_runs_kernels() { return without_cuda(); }
 
-Status table_changes_into(std::span<const DeviceTable>, std::int64_t, std::int64_t*, std::int64_t, std::int64_t,
-                          std::int64_t*, Stream) {
+Status table_changes_to_host(std::span<const DeviceTable>, std::span<const DeviceTable>, std::int64_t, std::int64_t*,
+                             std::int64_t, std::uint64_t*, std::int64_t, Stream) {
   return without_cuda();
 }
 

@@ -65,9 +65,29 @@ TEST_CASE("table runs: positions read as position - index; past the room only th
   CHECK(gpu::table_runs_from(t, 8, section.data()).status().code() == ErrorCode::device_error);
 }
 
-TEST_CASE("table runs: the block's words") {
+TEST_CASE("table runs: the block's words and the counters' words") {
+  const gpu::DeviceTable lists[] = {table(1, 3)};
   const gpu::DeviceTable ts[] = {table(2, 6), table(1, 9)};
-  CHECK(gpu::table_block_words(ts, 4, 3) == 3 + (1 + 2 + 8) + (1 + 1 + 8));
+  CHECK(gpu::table_block_words(lists, ts, 4) == 3 + (1 + 2 + 8) + (1 + 1 + 8));
+  CHECK(gpu::table_block_words({}, ts, 4) == (1 + 2 + 8) + (1 + 1 + 8));
+  // A launch's counts and its blocks-done count, a launch a kTableJobsPerLaunch items.
+  CHECK(gpu::table_counter_words(1) == gpu::kTableJobsPerLaunch + 1);
+  CHECK(gpu::table_counter_words(gpu::kTableJobsPerLaunch) == gpu::kTableJobsPerLaunch + 1);
+  CHECK(gpu::table_counter_words(gpu::kTableJobsPerLaunch + 1) == 2 * (gpu::kTableJobsPerLaunch + 1));
+}
+
+TEST_CASE("table runs: a read's lists, tables and room are checked, naming which") {
+  const gpu::DeviceTable ts[] = {table(1, 4)};
+  const gpu::DeviceTable empty_list[] = {table(1, 0)};
+  CHECK(gpu::check_table_read({}, ts, 2).ok());
+  CHECK(gpu::check_table_read({}, {}, 2).message() == "no table to read");
+  CHECK(gpu::check_table_read({}, ts, 0).message() == "room must be in [1, 2^40], got 0");
+  CHECK(gpu::check_table_read({}, ts, (std::int64_t{1} << 40) + 1).code() == ErrorCode::invalid_argument);
+  CHECK(gpu::check_table_read(empty_list, ts, 2).message() == "list 0 is [1, 0]: empty or past 2^40 elements");
+  gpu::DeviceTable odd = table(1, 4);
+  odd.data = reinterpret_cast<const void*>(std::uintptr_t{0x1001});
+  const gpu::DeviceTable odd_tables[] = {table(1, 4), odd};
+  CHECK(gpu::check_table_read({}, odd_tables, 2).message() == "table 1's data is not aligned to its element");
 }
 
 #if !MASKLENS_TEST_CUDA_BUILT
@@ -76,8 +96,10 @@ bool begins_with(const std::string& s, const std::string& prefix) { return s.rfi
 
 TEST_CASE("table runs: built without CUDA, the entry point says so") {
   const gpu::DeviceTable ts[] = {table(1, 4)};
-  std::vector<std::int64_t> block(16), host(16);
-  const Status st = gpu::table_changes_into(ts, 1, block.data(), 0, gpu::table_block_words(ts, 1, 0), host.data());
+  std::vector<std::int64_t> host(16);
+  std::vector<std::uint64_t> counters(static_cast<std::size_t>(gpu::table_counter_words(1)));
+  const Status st = gpu::table_changes_to_host({}, ts, 1, host.data(), gpu::table_block_words({}, ts, 1),
+                                               counters.data(), gpu::table_counter_words(1));
   CHECK(st.code() == ErrorCode::device_error);
   CHECK(begins_with(st.message(), "masklens was built without CUDA"));
   CHECK(begins_with(gpu::load_table_runs_kernels().message(), "masklens was built without CUDA"));
@@ -86,15 +108,15 @@ TEST_CASE("table runs: built without CUDA, the entry point says so") {
 #else
 
 TEST_CASE("table runs: arguments are checked before any CUDA call") {
-  auto* d_block = reinterpret_cast<std::int64_t*>(std::uintptr_t{0x2000});
+  auto* d_counters = reinterpret_cast<std::uint64_t*>(std::uintptr_t{0x2000});
   std::vector<std::int64_t> host(64);
   const auto call = [&](const gpu::DeviceTable& t, std::int64_t room = 2, std::int64_t words = -1) {
     const gpu::DeviceTable ts[] = {t};
-    return gpu::table_changes_into(ts, room, d_block, 0, words < 0 ? gpu::table_block_words(ts, room, 0) : words,
-                                   host.data());
+    return gpu::table_changes_to_host({}, ts, room, host.data(), words < 0 ? gpu::table_block_words({}, ts, room) : words,
+                                      d_counters, gpu::table_counter_words(1));
   };
-  CHECK(gpu::table_changes_into({}, 2, d_block, 0, 0, host.data()).message() == "no table to read");
-  CHECK(call(table(1, 4), 0).message() == "room must be >= 1, got 0");
+  CHECK(gpu::table_changes_to_host({}, {}, 2, host.data(), 0, d_counters, 17).message() == "no table to read");
+  CHECK(call(table(1, 4), 0).message() == "room must be in [1, 2^40], got 0");
   CHECK(call(table(0, 4)).code() == ErrorCode::invalid_shape);
   CHECK(call(table(1 << 21, 1 << 20)).message() == "table 0 is [2097152, 1048576]: empty or past 2^40 elements");
   gpu::DeviceTable t = table(1, 4);
@@ -108,8 +130,21 @@ TEST_CASE("table runs: arguments are checked before any CUDA call") {
   CHECK(call(t).code() == ErrorCode::invalid_stride);
   CHECK(call(table(1, 4), 2, 3).message() == "block_words 3 is not the tables' 6");
   const gpu::DeviceTable ts[] = {table(1, 4)};
-  CHECK(gpu::table_changes_into(ts, 2, reinterpret_cast<std::int64_t*>(std::uintptr_t{0x2004}), 0, 6, host.data())
+  const gpu::DeviceTable lists[] = {table(1, 0)};
+  CHECK(gpu::table_changes_to_host(lists, ts, 2, host.data(), 6, d_counters, 17).message() ==
+        "list 0 is [1, 0]: empty or past 2^40 elements");
+  CHECK(gpu::table_changes_to_host(ts, ts, 2, nullptr, 10, d_counters, 17).message() ==
+        "h_block or d_counters is null");
+  CHECK(gpu::table_changes_to_host({}, ts, 2, host.data(), 6, nullptr, 17).message() ==
+        "h_block or d_counters is null");
+  CHECK(gpu::table_changes_to_host({}, ts, 2, reinterpret_cast<std::int64_t*>(std::uintptr_t{0x2004}), 6, d_counters,
+                                   17)
             .code() == ErrorCode::misaligned_pointer);
+  CHECK(gpu::table_changes_to_host({}, ts, 2, host.data(), 6, reinterpret_cast<std::uint64_t*>(std::uintptr_t{0x2004}),
+                                   17)
+            .code() == ErrorCode::misaligned_pointer);
+  CHECK(gpu::table_changes_to_host({}, ts, 2, host.data(), 6, d_counters, 16).message() ==
+        "counter_words 16 is under the 17 these tables need");
 }
 
 #endif

@@ -1,4 +1,4 @@
-"""The runs of a mask definition's O(B·L) tables, read in one copy to the host.
+"""The runs of a mask definition's O(B·L) tables, read to the host together.
 
 A definition (masklens._definition, include/masklens/definition.hpp) reads its metadata
 only as runs of equal values: where a padding mask, packed documents, block ids or
@@ -79,12 +79,13 @@ _ELEMENTS = {torch.bool: "bool", torch.int32: "int32", torch.int64: "int64"}
 def read_runs(tables, room: int = 1024):
     """TableRuns (masklens._core's from the device pass: the same names; on the CPU, a
     TableView) of each (tensor [B, L], positions) in `tables`,
-    and the 1-D tensors among them as host arrays: a device's tables and lists in one copy
-    to the host, CPU ones with none. CUDA tables are read by masklens' device
-    pass where masklens._cuda is built (include/masklens/cuda/table_runs.hpp: one kernel a
-    table, one copy, the runs sorted in C++); otherwise each table's changes are found by
-    torch operations (torch.nonzero_static, no synchronisation). Either way up to `room`
-    changes a table cross in the one copy; a table with more is read again exactly. CPU
+    and the 1-D tensors among them as host arrays: a device's tables and lists cross to the
+    host together, CPU ones not at all. CUDA tables are read by masklens' device
+    pass where masklens._cuda is built (include/masklens/cuda/table_runs.hpp: one kernel
+    writes every table's changes and the lists into pinned memory, the runs sorted in C++);
+    otherwise each table's changes are found by torch operations (torch.nonzero_static, no
+    synchronisation) and cross in one copy. Either way up to `room` changes a table cross;
+    a table with more is read again exactly. CPU
     tables are not read here: each is a TableView, read in C++ with the definition. The
     device pass's runs are masklens._core.TableRuns (C++ objects, what read_definition
     takes as they are: the same column names, no pickling); a table read again past the
@@ -153,7 +154,7 @@ def _view(t, positions: bool):
 
 
 def _device_start(tables, room: int):
-    """start_read through masklens._cuda (its pass enqueued, the wait in the function
+    """start_read through masklens._cuda (its kernel enqueued, the wait in the function
     returned), or None where it does not apply (tables not all on one CUDA device, an
     element type other than bool, int32 or int64, no _cuda)."""
     if not tables:
@@ -161,57 +162,52 @@ def _device_start(tables, room: int):
     device = tables[0][0].device
     if not _scan.is_cuda(device):
         return None
-    # One pass over the tables (a read's hot path): the 2-D ones the pass reads, with their
-    # views and sections' words, and the 1-D lists that cross ahead of them.
-    grids, specs, lists, first_word, grid_words = [], [], [], 0, 0
+    # One pass over the tables (a read's hot path): the 1-D lists and the 2-D tables the
+    # kernel reads, as views, and what the finish makes of each.
+    lists, grids, plan = [], [], []
     for t, positions in tables:
-        if t.device != device:
+        if t.device != device or t.dtype not in _ELEMENTS:
             return None
         if t.dim() == 1:
-            lists.append(t)
-            first_word += t.numel()
+            n = t.numel()
+            if n:
+                lists.append((t.data_ptr(), _ELEMENTS[t.dtype], 1, n, 0, t.stride(0) if n > 1 else 0, False))
+            plan.append(n)
         elif t.numel() > 0:
-            if t.dtype not in _ELEMENTS:
-                return None
-            grids.append((t, positions))
-            specs.append(_view(t, positions))
-            grid_words += 1 + t.shape[0] + 2 * room
+            grids.append(_view(t, positions))
+            plan.append(None)
+        else:
+            plan.append(tuple(t.shape))
     if not grids:
         return None
-    start = getattr(_scan.cuda_module(), "table_runs_start", None)  # None: no _cuda, or an older one
-    if start is None:
+    begin = getattr(_scan.cuda_module(), "table_runs_begin", None)  # None: no _cuda, or an older one
+    if begin is None:
         return None
-    block_words = first_word + grid_words
-    block = torch.empty(block_words, dtype=torch.int64, device=device)
-    at = 0
-    for t in lists:  # the lists cross in the same copy, ahead of the tables' sections
-        block[at:at + t.numel()].copy_(t)
-        at += t.numel()
     index = device.index if device.index is not None else torch.cuda.current_device()
     if _dropped:
         _bury()
     try:
-        pending = start(block.data_ptr(), block_words, first_word, specs, room, _scan.stream_of(device), index)
-    except _core.MaskError as e:  # a table the pass refuses (past 2^40 elements...): torch reads it
+        pending = begin(lists, grids, room, _scan.stream_of(device), index)
+    except _core.MaskError as e:  # a table the kernel refuses (past 2^40 elements...): torch reads it
         if str(e).startswith("device_error"):
             raise
         return None
-    return _PendingRead(pending, tables, grids, block, room)
+    return _PendingRead(pending, tables, plan, room)
 
 
-# Reads dropped before their copy landed, with what their kernels read and write (the
-# tables may come from another stream, whose frees torch's allocator does not order
-# after this one): kept until the copy has landed, looked at when the next read starts.
+# Reads dropped before their kernel ran, with the tables it reads (they may come from
+# another stream, whose frees torch's allocator does not order after this one): kept
+# until it has, looked at when the next read starts.
 _dropped = []
 
 
 def _bury() -> None:
-    """Lets go of the dropped reads whose copy has landed (or failed: nothing more lands),
-    one at a time: a read dropped meanwhile (a finaliser, another thread) is kept."""
+    """Lets go of the dropped reads that have completed (or failed: nothing more runs), one
+    at a time: a read dropped meanwhile (a finaliser, another thread) is kept."""
     for dropped in list(_dropped):
         try:
             landed = dropped[0].ready
-        except Exception:  # noqa: BLE001  a device error: its copy will not land
+        except Exception:  # noqa: BLE001  a device error: its kernel will not run
             landed = True
         if landed:
             for i, d in enumerate(_dropped):
@@ -221,35 +217,36 @@ def _bury() -> None:
 
 
 class _PendingRead:
-    """A device read enqueued (masklens._cuda.PendingTableRuns) with the tables and block
-    it reads and writes; called, it waits for the copy and returns read_runs' answer."""
+    """A device read enqueued (masklens._cuda.PendingTableRuns) with the tables it reads and
+    the plan of its answer (a list's length, None for a table the kernel reads, (tensor,
+    a shape for an empty one); called, it waits for the read and returns read_runs'
+    answer."""
 
-    __slots__ = ("pending", "tables", "grids", "block", "room")
+    __slots__ = ("pending", "tables", "plan", "room")
 
-    def __init__(self, pending, tables, grids, block, room):
-        self.pending, self.tables, self.grids, self.block, self.room = pending, tables, grids, block, room
+    def __init__(self, pending, tables, plan, room):
+        self.pending, self.tables, self.plan, self.room = pending, tables, plan, room
 
     def __call__(self):
         sections, words = self.pending.finish()
-        self.block = None
-        out, at, grid = [], 0, iter(zip(self.grids, sections))
-        for t, positions in self.tables:
-            if t.dim() == 1:
-                out.append(words[at:at + t.numel()])
-                at += t.numel()
-            elif t.numel() == 0:
-                out.append(_torch_read([(t, positions)], self.room)[0])
-            else:
-                _, section = next(grid)
+        out, at, section = [], 0, iter(sections)
+        for step in self.plan:
+            if step is None:
+                runs = next(section)
                 # More changes than the room: that table again, with room for them all.
-                out.append(_torch_read([(t, positions)], section)[0] if isinstance(section, int)
-                           else section)  # masklens._core.TableRuns, as read_definition takes it
+                out.append(_torch_read([self.tables[len(out)]], runs)[0] if isinstance(runs, int)
+                           else runs)  # masklens._core.TableRuns, as read_definition takes it
+            elif isinstance(step, int):
+                out.append(words[at:at + step])
+                at += step
+            else:
+                out.append(TableRuns.empty(*step))
         return out
 
     def __del__(self):
         pending = getattr(self, "pending", None)
         if pending is not None and not pending.finished and _dropped is not None:  # None: the interpreter exits
-            _dropped.append((pending, self.tables, self.block))
+            _dropped.append((pending, self.tables))
 
 
 def _torch_read(tables, room: int):

@@ -392,9 +392,9 @@ void bind_uploads(nb::module_& m) {
 }
 
 // A definition's tables read on the device (table_runs.hpp) whose wait is the caller's to
-// make: the kernels and the copy enqueued into a pinned slot of their own, the event
-// recorded after, and the stream left running. finish() waits for that event alone (the
-// work enqueued after it goes on) and reads each table's section.
+// make: the kernel writes into a pinned slot of its own, the event is recorded after it,
+// and the stream is left running. finish() waits for that event alone (the work enqueued
+// after it goes on) and reads each table's section.
 class PendingTableRuns {
  public:
   PendingTableRuns(std::vector<gpu::DeviceTable> tables, std::int64_t room, std::int64_t first_word,
@@ -403,12 +403,12 @@ class PendingTableRuns {
   PendingTableRuns(const PendingTableRuns&) = delete;
   PendingTableRuns& operator=(const PendingTableRuns&) = delete;
   ~PendingTableRuns() {
-    if (slot_ != nullptr) python::readbacks().release(slot_);  // reused once its copy has landed
+    if (slot_ != nullptr) python::readbacks().release(slot_);  // reused once its read has completed
   }
 
   [[nodiscard]] bool finished() const noexcept { return slot_ == nullptr; }
 
-  // Whether the copy has landed (finish() would not wait): cudaEventQuery, no wait.
+  // Whether the read has completed (finish() would not wait): cudaEventQuery, no wait.
   [[nodiscard]] bool ready() const {
     if (slot_ == nullptr) return true;
     const cudaError_t e = cudaEventQuery(slot_->done);
@@ -417,7 +417,7 @@ class PendingTableRuns {
     return true;
   }
 
-  // ([each table's runs, or its change count past the room], the first first_word words);
+  // ([each table's runs, or its change count past the room], the lists' first_word words);
   // again, the same answer (an interrupt raised as the first call returned loses nothing).
   nb::tuple finish() {
     if (result_) return *result_;
@@ -466,22 +466,27 @@ class PendingTableRuns {
   std::optional<nb::tuple> result_;              // finish()'s answer, once it has one
 };
 
-// gpu::table_changes_into on `device`'s `stream` into a readback slot, its event recorded.
-std::unique_ptr<PendingTableRuns> start_table_runs(std::uintptr_t d_block, std::int64_t block_words,
-                                                   std::int64_t first_word, nb::list tables, std::int64_t room,
+// gpu::table_changes_to_host on `device`'s `stream` into a readback slot, its event recorded.
+std::unique_ptr<PendingTableRuns> begin_table_runs(nb::list lists, nb::list tables, std::int64_t room,
                                                    std::uintptr_t stream, int device) {
-  std::vector<gpu::DeviceTable> ts;
+  std::vector<gpu::DeviceTable> ls, ts;
+  for (nb::handle h : lists) ls.push_back(python::table_view_from(h));
   for (nb::handle h : tables) ts.push_back(python::table_view_from(h));
-  const auto bytes = static_cast<std::size_t>(std::max<std::int64_t>(block_words, 0)) * sizeof(std::int64_t);
+  // Checked before the words are counted, so that no slot is sized from a view past its bounds.
+  if (Status st = gpu::check_table_read(ls, ts, room); !st.ok()) raise(st);
+  const std::int64_t words = gpu::table_block_words(ls, ts, room);
+  std::int64_t first_word = 0;
+  for (const gpu::DeviceTable& l : ls) first_word += l.batch * l.length;
   const auto s = reinterpret_cast<cudaStream_t>(stream);
   python::ReadbackSlots::Slot* slot = nullptr;
   Status st = on_device(device, [&]() -> Status {
-    Status r = python::readbacks().acquire(device, std::max<std::size_t>(bytes, 1), slot);
+    const auto bytes = static_cast<std::size_t>(std::max<std::int64_t>(words, 1)) * sizeof(std::int64_t);
+    Status r = python::readbacks().acquire(device, bytes, s, slot);
     if (r.ok())
-      r = gpu::table_changes_into(ts, room, reinterpret_cast<std::int64_t*>(d_block), first_word, block_words,
-                                  static_cast<std::int64_t*>(slot->buffer.data), s);
+      r = gpu::table_changes_to_host(ls, ts, room, slot->mapped, words, slot->counters,
+                                     python::ReadbackSlots::kCounterWords, s);
     if (r.ok()) r = check(cudaEventRecord(slot->done, s), "cudaEventRecord(table changes)");
-    // A copy that may be queued unrecorded: waited for here, so that the slot is free when reused.
+    // A kernel that may be queued unrecorded: waited for here, so that the slot is free when reused.
     if (!r.ok() && slot != nullptr) static_cast<void>(cudaStreamSynchronize(s));
     return r;
   });
@@ -495,41 +500,40 @@ std::unique_ptr<PendingTableRuns> start_table_runs(std::uintptr_t d_block, std::
 void bind_table_runs(nb::module_& m) {
   // Docstrings put together once (nanobind copies them).
   static const std::string arguments =
-      "tables are (data pointer, 'bool' / 'int32' / 'int64', batch, length, batch stride, length stride, "
-      "positions); d_block is device memory of block_words int64 words, the first first_word the caller's (copied "
-      "back as they are). One kernel a table and one copy into pinned memory, on `stream` of CUDA device `device`";
+      "lists and tables are (data pointer, 'bool' / 'int32' / 'int64', batch, length, batch stride, length stride, "
+      "positions), a list of one batch (its values come back as int64 words, its positions flag unread). One "
+      "kernel writes them into pinned memory, on `stream` of CUDA device `device`";
   static const std::string result =
-      "([each table's runs as a masklens._core.TableRuns, or its change count where it exceeded room], the first "
-      "first_word words)";
-  static const std::string finish_doc = "Waits for the read's copy (the event recorded after it, not the stream: "
+      "([each table's runs as a masklens._core.TableRuns, or its change count where it exceeded room], the lists' "
+      "values one after the other)";
+  static const std::string finish_doc = "Waits for the read (the event recorded after its kernel, not the stream: "
                                         "work enqueued after it goes on) and returns " + result + "; called again, "
                                         "the same answer.";
-  static const std::string start_doc =
-      "Enqueues the read of a definition's tables (gpu::table_changes_into, include/masklens/cuda/table_runs.hpp) "
-      "without waiting: " + arguments + ", then an event. Returns a PendingTableRuns; its finish() waits. The block "
-      "and the tables must stay alive until then (or be freed in `stream`'s order, as torch's caching allocator "
-      "does).";
+  static const std::string begin_doc =
+      "Enqueues the read of a definition's tables (gpu::table_changes_to_host, "
+      "include/masklens/cuda/table_runs.hpp) without waiting: " + arguments + ", then an event. Returns a "
+      "PendingTableRuns; its finish() waits. The lists and tables must stay alive until then (or be freed in "
+      "`stream`'s order, as torch's caching allocator does).";
   static const std::string runs_doc =
-      "Reads a definition's tables on the device and waits: table_runs_start(...).finish(). " + arguments +
+      "Reads a definition's tables on the device and waits: table_runs_begin(...).finish(). " + arguments +
       ". Returns " + result + ".";
 
   nb::class_<PendingTableRuns>(m, "PendingTableRuns",
                                "A definition's tables read on the device, enqueued and not yet waited for "
-                               "(table_runs_start).")
+                               "(table_runs_begin).")
       .def_prop_ro("finished", &PendingTableRuns::finished)
-      .def_prop_ro("ready", &PendingTableRuns::ready, "Whether the read's copy has landed (no wait).")
+      .def_prop_ro("ready", &PendingTableRuns::ready, "Whether the read has completed (no wait).")
       .def("finish", &PendingTableRuns::finish, finish_doc.c_str());
 
-  m.def("table_runs_start", &start_table_runs, "d_block"_a, "block_words"_a, "first_word"_a, "tables"_a, "room"_a,
-        "stream"_a, "device"_a, start_doc.c_str());
+  m.def("table_runs_begin", &begin_table_runs, "lists"_a, "tables"_a, "room"_a, "stream"_a, "device"_a,
+        begin_doc.c_str());
 
   m.def(
       "table_runs",
-      [](std::uintptr_t d_block, std::int64_t block_words, std::int64_t first_word, nb::list tables, std::int64_t room,
-         std::uintptr_t stream, int device) {
-        return start_table_runs(d_block, block_words, first_word, tables, room, stream, device)->finish();
+      [](nb::list lists, nb::list tables, std::int64_t room, std::uintptr_t stream, int device) {
+        return begin_table_runs(lists, tables, room, stream, device)->finish();
       },
-      "d_block"_a, "block_words"_a, "first_word"_a, "tables"_a, "room"_a, "stream"_a, "device"_a, runs_doc.c_str());
+      "lists"_a, "tables"_a, "room"_a, "stream"_a, "device"_a, runs_doc.c_str());
 }
 
 }  // namespace

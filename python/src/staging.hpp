@@ -170,30 +170,38 @@ inline UploadStaging& uploads() {
   return *staging;
 }
 
-// Pinned host memory a device-to-host copy lands in while its reader goes on and waits
-// later (a definition's tables, read when the first attention layer needs them rather
-// than in the mask function, where the wait would drain the stream): one slot per
-// pending read, with the event recorded after its copy. A released slot goes back to its
-// device's free list at once (a read dropped unwaited may leave its copy queued), and is
-// reused only once that event has completed; where none has, a new slot is made. Slots
-// are never freed: at most as many exist as reads were pending at once. Never destroyed:
-// a process's exit may find the driver unloaded.
+// Pinned host memory a definition's table read (masklens/cuda/table_runs.hpp) writes
+// into from the device while its reader goes on and waits later (read when the first
+// attention layer needs the tables rather than in the mask function, where the wait would
+// drain the stream): one slot per pending read, with the read's device counters and the
+// event recorded after its kernel. A released slot goes back to its device's free list at
+// once (a read dropped unwaited may leave its kernel queued), and is reused only once that
+// event has completed; where none has, a new slot is made. Slots are never freed: at most
+// as many exist as reads were pending at once. Never destroyed: a process's exit may find
+// the driver unloaded.
 class ReadbackSlots {
  public:
   // A slot holds at least this much (a definition's tables take a few KiB each), so that a
   // slot seldom grows: growing frees pinned memory, which synchronises the device.
   static constexpr std::size_t kMinBytes = 64 << 10;
+  // Device counter words a slot holds: 60 launches of a read, 960 lists and tables.
+  static constexpr std::int64_t kCounterWords = 1020;
 
   struct Slot {
     PinnedBuffer buffer;
-    cudaEvent_t done = nullptr;  // recorded after the slot's copy (never recorded: complete); of `device`
+    std::int64_t* mapped = nullptr;      // the device's view of buffer.data (cudaHostGetDevicePointer)
+    const void* mapped_for = nullptr;    // the buffer.data it was asked for
+    std::uint64_t* counters = nullptr;   // kCounterWords of device memory, zero between reads
+    cudaEvent_t done = nullptr;  // recorded after the slot's read (never recorded: complete); of `device`
     int device = 0;
   };
 
-  // A slot of the current device `device` holding `bytes` whose last copy has landed: a
-  // free one that is big enough and whose event says so, else a new one (never a wait:
-  // the caller's stream is not to be drained here).
-  Status acquire(int device, std::size_t bytes, Slot*& out) {
+  // A slot of the current device `device` holding `bytes` whose last read has completed: a
+  // free one that is big enough and whose event says so, else a new one, its counters
+  // allocated and zeroed in `stream`'s order (never a wait: the caller's stream is not to
+  // be drained here). Device memory the pool cannot give is out_of_memory, not a device
+  // error: the caller reads the tables another way.
+  Status acquire(int device, std::size_t bytes, cudaStream_t stream, Slot*& out) {
     out = nullptr;
     Slot* slot = nullptr;
     {
@@ -212,15 +220,16 @@ class ReadbackSlots {
     }
     Status st;
     if (slot == nullptr) {
-      slot = new Slot;
-      slot->device = device;
-      st = check(cudaEventCreateWithFlags(&slot->done, cudaEventDisableTiming), "cudaEventCreateWithFlags(readback)");
-      if (!st.ok()) {
-        delete slot;
-        return st;
-      }
+      st = make(device, stream, slot);
+      if (!st.ok()) return st;
     }
     st = slot->buffer.hold(bytes, bytes > kMinBytes ? bytes : kMinBytes, "cudaMallocHost(readback staging)");
+    if (st.ok() && slot->mapped_for != slot->buffer.data) {
+      void* mapped = nullptr;
+      st = check(cudaHostGetDevicePointer(&mapped, slot->buffer.data, 0), "cudaHostGetDevicePointer(readback)");
+      slot->mapped = static_cast<std::int64_t*>(mapped);
+      slot->mapped_for = st.ok() ? slot->buffer.data : nullptr;
+    }
     if (!st.ok()) {
       release(slot);  // a slot whose buffer failed to grow serves a smaller read later
       return st;
@@ -235,6 +244,34 @@ class ReadbackSlots {
   }
 
  private:
+  static Status make(int device, cudaStream_t stream, Slot*& out) {
+    auto* slot = new Slot;
+    slot->device = device;
+    void* counters = nullptr;
+    const std::size_t bytes = kCounterWords * sizeof(std::uint64_t);
+    Status st = check(cudaEventCreateWithFlags(&slot->done, cudaEventDisableTiming), "cudaEventCreateWithFlags(readback)");
+    if (st.ok()) {
+      const cudaError_t e = cudaMallocAsync(&counters, bytes, stream);
+      if (e == cudaErrorMemoryAllocation) {
+        static_cast<void>(cudaGetLastError());  // not sticky: torch's next check must not find it
+        st = error(ErrorCode::out_of_memory, "cudaMallocAsync(table read counters): out of device memory");
+        counters = nullptr;
+      } else {
+        st = check(e, "cudaMallocAsync(table read counters)");
+      }
+    }
+    if (st.ok()) st = check(cudaMemsetAsync(counters, 0, bytes, stream), "cudaMemsetAsync(table read counters)");
+    if (!st.ok()) {
+      if (counters != nullptr) static_cast<void>(cudaFreeAsync(counters, stream));
+      if (slot->done != nullptr) static_cast<void>(cudaEventDestroy(slot->done));
+      delete slot;
+      return st;
+    }
+    slot->counters = static_cast<std::uint64_t*>(counters);
+    out = slot;
+    return st;
+  }
+
   std::mutex lock_;
   std::map<int, std::vector<Slot*>> free_;
 };

@@ -1,8 +1,7 @@
 """A definition's tables read as runs (masklens._table_runs) against the tables.
 
-Every table's runs and the 1-D lists cross to the host in one copy: they are the table's
-runs, past the copy's room too, positions tables (position - index) and empty tables
-included.
+Every table's runs and the 1-D lists cross to the host together: they are the table's
+runs, past the room too, positions tables (position - index) and empty tables included.
 """
 import random
 
@@ -78,7 +77,10 @@ def test_bool_int32_and_strided_tables_and_changes_across_batches(room, reader):
 def test_the_device_pass_reads_what_torch_reads(room):
     """masklens._cuda's table pass (include/masklens/cuda/table_runs.hpp) gives the runs the
     torch operations give, for bool, int32 and int64 tables, strided views, positions tables,
-    1-D lists in the same copy and tables past the room (read again exactly)."""
+    1-D lists (int64 and int32, strided, empty, anywhere among the tables) written by the
+    same kernel, empty tables, more lists and tables than one launch takes (the counters of
+    each launch handed over and zeroed: the next read counts from 0 again) and tables past
+    the room (read again exactly)."""
     from masklens import _scan
     if _scan.cuda_module() is None:
         pytest.skip(_scan.cuda_reason())
@@ -87,8 +89,13 @@ def test_the_device_pass_reads_what_torch_reads(room):
         B, L = rng.randrange(1, 4), rng.randrange(1, 40)
         ids = torch.tensor([[rng.randrange(3) if rng.random() < 0.2 else 1 for _ in range(L)] for _ in range(B)])
         pos = torch.tensor([[j - 5 * (j >= L // 2) for j in range(L)] for _ in range(B)])
+        left = torch.tensor([rng.randrange(9) for _ in range(2 * B)]).cuda()
         tables = [(ids.bool().cuda(), False), (ids.int().cuda(), False), (ids.cuda().t().contiguous().t(), False),
-                  (pos.cuda(), True), (torch.tensor([rng.randrange(9) for _ in range(B)]).cuda(), False)]
+                  (pos.cuda(), True), (left[::2], False), (left[:B].int(), False),
+                  (left[:0], False), (ids.cuda()[:0], False)]
+        rng.shuffle(tables)
+        if rng.random() < 0.25:  # past one launch's kTableJobsPerLaunch (16) lists and tables
+            tables = tables * 3
         finish = _table_runs._device_start(tables, room)
         assert finish is not None
         host = _table_runs._torch_read([(t.cpu(), p) for t, p in tables], room)
@@ -96,8 +103,11 @@ def test_the_device_pass_reads_what_torch_reads(room):
 
 
 def _assert_same_runs(device, host):
-    assert np.array_equal(device[-1], host[-1])
-    for d, h in zip(device[:-1], host[:-1]):
+    assert len(device) == len(host)
+    for d, h in zip(device, host):
+        if isinstance(h, np.ndarray):  # a 1-D list
+            assert isinstance(d, np.ndarray) and d.dtype == np.int64 and np.array_equal(d, h)
+            continue
         for name in ("b", "start", "end", "value"):
             assert np.array_equal(getattr(d, name), getattr(h, name)), name
         assert (d.batch, d.length) == (h.batch, h.length)
@@ -105,7 +115,7 @@ def _assert_same_runs(device, host):
 
 @pytest.mark.gpu
 def test_a_pending_device_read_sees_its_tables_as_the_stream_had_them():
-    """table_runs_start enqueues the pass and returns; the wait is finish()'s. Several reads
+    """table_runs_begin enqueues the pass and returns; the wait is finish()'s. Several reads
     pending at once each land in their own pinned slot, finished in any order, and each
     sees its tables as they were at its point of the stream, whatever the stream does to
     them after (a write enqueued before the finish); a dropped read is kept until its copy
@@ -127,8 +137,8 @@ def test_a_pending_device_read_sees_its_tables_as_the_stream_had_them():
             t.add_(1)  # after the pass in the stream's order: not what the pass reads
     for k in (3, 0, 4, 1, 2):
         _assert_same_runs(pending[k](), expected[k])
-    # A read dropped before its copy landed keeps its tables and block (they may come from
-    # another stream) until it has: the next read's start lets it go.
+    # A read dropped before its kernel ran keeps its tables (they may come from another
+    # stream) until it has: the next read's start lets it go.
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
         other = torch.arange(64, device="cuda").view(2, 32)
@@ -144,14 +154,21 @@ def test_a_pending_device_read_sees_its_tables_as_the_stream_had_them():
     assert all(d is not kept[0] for d in _table_runs._dropped)
     assert list(again()[0].start) == [0]
     cuda = _scan.cuda_module()
+    from masklens import _core
     t = torch.zeros((1, 8), dtype=torch.bool, device="cuda")
-    block = torch.empty(1 + 1 + 2, dtype=torch.int64, device="cuda")
-    read = cuda.table_runs_start(block.data_ptr(), 4, 0, [_table_runs.TableView(t, False).as_tuple()], 1,
+    listed = torch.tensor([5, -6], device="cuda")
+    read = cuda.table_runs_begin([_table_runs._view(listed.view(1, 2), False)], [_table_runs._view(t, False)], 1,
                                  _scan.stream_of(t.device), t.device.index or 0)
     assert not read.finished
-    (runs,), _ = read.finish()
+    (runs,), words = read.finish()
     assert read.finished and list(runs.start) == [0] and runs.as_tuple()[:2] == (1, 8)
+    assert list(words) == [5, -6]
     assert read.finish() is read.finish()  # again: the same answer (an interrupt on return loses nothing)
+    # Refused before any slot is taken or CUDA call made, naming what is wrong.
+    with pytest.raises(_core.MaskError, match="no table to read"):
+        cuda.table_runs_begin([], [], 1, _scan.stream_of(t.device), 0)
+    with pytest.raises(_core.MaskError, match="room must be in"):
+        cuda.table_runs_begin([], [_table_runs._view(t, False)], 0, _scan.stream_of(t.device), 0)
 
 
 @pytest.mark.parametrize("reader", READERS)

@@ -1,16 +1,16 @@
 // masklens::gpu — a mask definition's tables (definition.hpp) read on the device: where the
 // values of a [B, L] table (a padding mask, packed document ids, position_ids, block ids)
-// change along each batch, found in one kernel a table, and every table's changes with
-// each batch's first value brought back in one copy. A definition's rows need only those
-// runs (O(edges)), not the table (O(B·L)). Declared for any C++20 compiler, as runs.hpp:
-// the kernel and the entry points are in src/table_runs.cu, and src/table_runs_none.cpp
-// answers "built without CUDA".
+// change along each batch, found by one kernel for all the tables, which writes every
+// table's changes with each batch's first value straight into host memory. A definition's
+// rows need only those runs (O(edges)), not the table (O(B·L)). Declared for any C++20
+// compiler, as runs.hpp: the kernel and the entry points are in src/table_runs.cu, and
+// src/table_runs_none.cpp answers "built without CUDA".
 //
-// The block, int64 words in the caller's device memory: words [0, first_word) are the
-// caller's (copied back as they are: small lists a definition also reads), then one
-// section a table, in order, of table_section_words(batch, room) words: the number of
-// changes (it may exceed room), each batch's first value, then room pairs (flat index
-// b * L + j of a position whose value starts a new run, that value) in no order.
+// The host block, int64 words: first each list (a small 1-D table a definition also reads,
+// such as chunked_overlay's left padding) element for element, then one section a table,
+// in order, of table_section_words(batch, room) words: the number of changes (it may
+// exceed room), each batch's first value, then room pairs (flat index b * L + j of a
+// position whose value starts a new run, that value) in no order.
 #pragma once
 
 #include <algorithm>
@@ -37,29 +37,62 @@ using DeviceTable = masklens::TableView;
   return 1 + batch + 2 * room;
 }
 
-// The words a block for these tables takes after first_word.
-[[nodiscard]] inline std::int64_t table_block_words(std::span<const DeviceTable> tables, std::int64_t room,
-                                                    std::int64_t first_word) noexcept {
-  std::int64_t words = first_word;
+// The words a block for these lists and tables takes.
+[[nodiscard]] inline std::int64_t table_block_words(std::span<const DeviceTable> lists,
+                                                    std::span<const DeviceTable> tables, std::int64_t room) noexcept {
+  std::int64_t words = 0;
+  for (const DeviceTable& l : lists) words += l.batch * l.length;
   for (const DeviceTable& t : tables) words += table_section_words(t.batch, room);
   return words;
 }
 
-// Loads the change kernel (each element type) on the current device now rather than at
-// its first launch: load_scan_kernels()'s errors and cost.
+// The checks of a read's lists, tables and room, made before any word is counted (a
+// caller sizes its block from table_block_words only after them): no table, an empty
+// list or table or one past kMaxTableElements, null data, data off its element's
+// alignment, bad strides (check_table's, naming "list k" or "table k"), room outside
+// [1, kMaxTableElements].
+[[nodiscard]] inline Status check_table_read(std::span<const DeviceTable> lists, std::span<const DeviceTable> tables,
+                                             std::int64_t room) {
+  if (tables.empty()) return error(ErrorCode::invalid_argument, "no table to read");
+  if (room < 1 || room > kMaxTableElements)
+    return error(ErrorCode::invalid_argument, "room must be in [1, 2^40], got " + std::to_string(room));
+  for (std::size_t k = 0; k < lists.size(); ++k)
+    if (Status st = check_table(lists[k], "list " + std::to_string(k)); !st.ok()) return st;
+  for (std::size_t k = 0; k < tables.size(); ++k)
+    if (Status st = check_table(tables[k], "table " + std::to_string(k)); !st.ok()) return st;
+  return {};
+}
+
+// Lists and tables one launch reads; more take more launches.
+inline constexpr std::size_t kTableJobsPerLaunch = 16;
+
+// The device words of counters a read of `items` lists and tables needs: per launch, a
+// change count a table and the count of blocks done. They are zero between reads (the
+// last block of a launch zeroes them as it hands the counts over), so a caller zeroes
+// them once, when it allocates them, and may reuse them once a read has completed.
+[[nodiscard]] constexpr std::int64_t table_counter_words(std::size_t items) noexcept {
+  return static_cast<std::int64_t>((items + kTableJobsPerLaunch - 1) / kTableJobsPerLaunch *
+                                   (kTableJobsPerLaunch + 1));
+}
+
+// Loads the change kernel on the current device now rather than at its first launch:
+// load_scan_kernels()'s errors and cost.
 [[nodiscard]] Status load_table_runs_kernels();
 
-// Enqueues on `stream` one memset of words [first_word, block_words) (every section's
-// count zeroed), for each table the kernel that fills its section, then the copy of
-// words [0, block_words) to h_block (host memory; pinned makes it asynchronous). No
-// allocation, no synchronisation: once the stream has reached that point,
-// table_runs_from(h_block + section) reads each table. Errors, before any CUDA call: no
-// table or an empty one (batch or length < 1), past kMaxTableElements, room < 1, a null
-// pointer, data off its element's alignment, d_block off 8 bytes, block_words other than
-// table_block_words(tables, room, first_word).
-[[nodiscard]] Status table_changes_into(std::span<const DeviceTable> tables, std::int64_t room, std::int64_t* d_block,
-                                        std::int64_t first_word, std::int64_t block_words, std::int64_t* h_block,
-                                        Stream stream = nullptr);
+// Enqueues on `stream` one kernel (one a kTableJobsPerLaunch lists and tables) that writes
+// the block straight into h_block: host memory the device writes through (pinned memory
+// mapped into the device's address space: cudaMallocHost's under unified addressing; the
+// device's view of it, cudaHostGetDevicePointer's). No copy, no memset, no allocation, no
+// synchronisation: once the stream has passed the kernel, table_runs_from(h_block +
+// section) reads each table. d_counters: table_counter_words(lists + tables) words of
+// device memory, zero (see there). A list is a DeviceTable of one batch; its positions
+// flag is not read. Errors, before any CUDA call: check_table_read's, h_block or
+// d_counters null or off 8 bytes, block_words other than table_block_words(lists, tables,
+// room), counter_words under table_counter_words.
+[[nodiscard]] Status table_changes_to_host(std::span<const DeviceTable> lists, std::span<const DeviceTable> tables,
+                                           std::int64_t room, std::int64_t* h_block, std::int64_t block_words,
+                                           std::uint64_t* d_counters, std::int64_t counter_words,
+                                           Stream stream = nullptr);
 
 // What a table's section says: the runs, sorted by batch and start and indexed
 // (TableRuns::index), or, where the changes exceeded the room (count > room), none and the
