@@ -74,6 +74,9 @@ def _merged(firsts, flat_starts, values, B: int, L: int, positions: bool) -> Tab
 
 
 _ELEMENTS = {torch.bool: "bool", torch.int32: "int32", torch.int64: "int64"}
+# The current stream of a CUDA device by index, as the device read enqueues on it
+# (_scan.stream_of without its checks: the read knows its device is CUDA).
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
 def read_runs(tables, room: int = 1024):
@@ -162,32 +165,41 @@ def _device_start(tables, room: int):
     device = tables[0][0].device
     if not _scan.is_cuda(device):
         return None
-    # One pass over the tables (a read's hot path): the 1-D lists and the 2-D tables the
-    # kernel reads, as views, and what the finish makes of each.
+    # One pass over the tables (a read's hot path: each tensor asked as little as it can be,
+    # a torch call costing tens of microseconds where a training step left the caches
+    # cold): the 1-D lists and the 2-D tables the kernel reads, as views, and what the
+    # finish makes of each.
     lists, grids, plan = [], [], []
     for t, positions in tables:
-        if t.device != device or t.dtype not in _ELEMENTS:
+        element = _ELEMENTS.get(t.dtype)
+        if element is None or t.device != device:
             return None
-        if t.dim() == 1:
-            n = t.numel()
+        shape = t.shape
+        if len(shape) == 1:
+            n = shape[0]
             if n:
-                lists.append((t.data_ptr(), _ELEMENTS[t.dtype], 1, n, 0, t.stride(0) if n > 1 else 0, False))
+                lists.append((t.data_ptr(), element, 1, n, 0, t.stride(0) if n > 1 else 0, False))
             plan.append(n)
-        elif t.numel() > 0:
-            grids.append(_view(t, positions))
+        elif len(shape) != 2:  # not a table: the torch read names it
+            return None
+        elif shape[0] and shape[1]:
+            B, L = shape
+            stride = t.stride()
+            grids.append((t.data_ptr(), element, B, L, stride[0] if B > 1 else 0, stride[1] if L > 1 else 0, positions))
             plan.append(None)
         else:
-            plan.append(tuple(t.shape))
+            plan.append(tuple(shape))
     if not grids:
         return None
     begin = getattr(_scan.cuda_module(), "table_runs_begin", None)  # None: no _cuda, or an older one
     if begin is None:
         return None
     index = device.index if device.index is not None else torch.cuda.current_device()
+    stream = _raw_stream(index) if _raw_stream is not None else _scan.stream_of(device)
     if _dropped:
         _bury()
     try:
-        pending = begin(lists, grids, room, _scan.stream_of(device), index)
+        pending = begin(lists, grids, room, stream, index)
     except _core.MaskError as e:  # a table the kernel refuses (past 2^40 elements...): torch reads it
         if str(e).startswith("device_error"):
             raise
