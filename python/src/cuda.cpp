@@ -472,8 +472,12 @@ std::unique_ptr<PendingTableRuns> begin_table_runs(nb::list lists, nb::list tabl
   std::vector<gpu::DeviceTable> ls, ts;
   for (nb::handle h : lists) ls.push_back(python::table_view_from(h));
   for (nb::handle h : tables) ts.push_back(python::table_view_from(h));
-  // Checked before the words are counted, so that no slot is sized from a view past its bounds.
+  // Checked before the words are counted, so that no slot is sized from a view past its
+  // bounds, and before a slot is taken, so that a read past its counters costs no CUDA call.
   if (Status st = gpu::check_table_read(ls, ts, room); !st.ok()) raise(st);
+  if (gpu::table_counter_words(ls.size() + ts.size()) > python::ReadbackSlots::kCounterWords)
+    raise(error(ErrorCode::invalid_argument, std::to_string(ls.size() + ts.size()) +
+                                                 " lists and tables: more than a read's counters hold"));
   const std::int64_t words = gpu::table_block_words(ls, ts, room);
   std::int64_t first_word = 0;
   for (const gpu::DeviceTable& l : ls) first_word += l.batch * l.length;

@@ -200,9 +200,16 @@ class ReadbackSlots {
   // free one that is big enough and whose event says so, else a new one, its counters
   // allocated and zeroed in `stream`'s order (never a wait: the caller's stream is not to
   // be drained here). Device memory the pool cannot give is out_of_memory, not a device
-  // error: the caller reads the tables another way.
+  // error: the caller reads the tables another way. A stream capturing a CUDA graph is
+  // refused (invalid_argument): a replay would write a slot later reads reuse, and counters
+  // allocated in a capture belong to the graph.
   Status acquire(int device, std::size_t bytes, cudaStream_t stream, Slot*& out) {
     out = nullptr;
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    if (Status st = check(cudaStreamIsCapturing(stream, &capturing), "cudaStreamIsCapturing"); !st.ok()) return st;
+    if (capturing != cudaStreamCaptureStatusNone)
+      return error(ErrorCode::invalid_argument,
+                   "the stream is capturing a CUDA graph: a definition's tables are read before the capture");
     Slot* slot = nullptr;
     {
       const std::lock_guard<std::mutex> hold(lock_);
@@ -252,15 +259,18 @@ class ReadbackSlots {
     Status st = check(cudaEventCreateWithFlags(&slot->done, cudaEventDisableTiming), "cudaEventCreateWithFlags(readback)");
     if (st.ok()) {
       const cudaError_t e = cudaMallocAsync(&counters, bytes, stream);
+      if (e != cudaSuccess) counters = nullptr;  // unspecified on failure: nothing to free
       if (e == cudaErrorMemoryAllocation) {
         static_cast<void>(cudaGetLastError());  // not sticky: torch's next check must not find it
         st = error(ErrorCode::out_of_memory, "cudaMallocAsync(table read counters): out of device memory");
-        counters = nullptr;
       } else {
         st = check(e, "cudaMallocAsync(table read counters)");
       }
     }
     if (st.ok()) st = check(cudaMemsetAsync(counters, 0, bytes, stream), "cudaMemsetAsync(table read counters)");
+    // The slot is done only once its counters are zero: a slot released unused (its host
+    // buffer failed) and taken by a read on another stream waits for that.
+    if (st.ok()) st = check(cudaEventRecord(slot->done, stream), "cudaEventRecord(readback counters)");
     if (!st.ok()) {
       if (counters != nullptr) static_cast<void>(cudaFreeAsync(counters, stream));
       if (slot->done != nullptr) static_cast<void>(cudaEventDestroy(slot->done));

@@ -51,9 +51,10 @@ void put(std::vector<std::uint8_t>& bytes, std::int64_t at, std::int64_t value) 
 
 // New values in the table's layout: runs of a few values (positions that restart: new
 // documents), far from 0 in an int64 table so that the 64-bit reads are needed; a bool
-// table's true is any nonzero byte.
-void fill(Table& t, std::mt19937_64& rng) {
-  const std::int64_t change_every = 1 + static_cast<std::int64_t>(rng() % 64);
+// table's true is any nonzero byte. A value changes about every change_every positions
+// (0: a random 1-64).
+void fill(Table& t, std::mt19937_64& rng, std::int64_t change_every = 0) {
+  if (change_every == 0) change_every = 1 + static_cast<std::int64_t>(rng() % 64);
   for (std::int64_t b = 0; b < t.batch; ++b) {
     std::int64_t value = static_cast<std::int64_t>(rng() % 3), position = static_cast<std::int64_t>(rng() % 5);
     for (std::int64_t j = 0; j < t.length; ++j) {
@@ -76,7 +77,8 @@ void fill(Table& t, std::mt19937_64& rng) {
 
 // A random [batch, length] table: an element type, a length stride of 1 or 2 (a strided
 // view: gaps between elements), batches apart or broadcast (a batch stride of 0).
-Table random_table(std::mt19937_64& rng, std::int64_t batch, std::int64_t length, bool positions) {
+Table random_table(std::mt19937_64& rng, std::int64_t batch, std::int64_t length, bool positions,
+                   std::int64_t change_every = 0) {
   Table t;
   t.element = static_cast<TableElement>(rng() % 3);
   t.batch = batch, t.length = length, t.positions = positions && t.element != TableElement::boolean;
@@ -84,7 +86,7 @@ Table random_table(std::mt19937_64& rng, std::int64_t batch, std::int64_t length
   t.batch_stride = batch == 1 || rng() % 5 == 0 ? 0 : length * std::max<std::int64_t>(t.length_stride, 1);
   const std::int64_t elements = (batch - 1) * t.batch_stride + (length - 1) * t.length_stride + 1;
   t.bytes.assign(static_cast<std::size_t>(elements) * table_element_bytes(t.element), 0);
-  fill(t, rng);
+  fill(t, rng, change_every);
   return t;
 }
 
@@ -179,24 +181,28 @@ TEST_CASE("table runs on the device: the host read's runs, read after read on th
   std::mt19937_64 rng(41);
   // Counters for the most lists and tables a case has, reused by every case: the last
   // block of each launch must leave them zero for the next.
-  const std::size_t most_items = 3 * gpu::kTableJobsPerLaunch;
+  const std::size_t most_items = 4 * gpu::kTableJobsPerLaunch;
   ReadMemory memory(1 << 18, gpu::table_counter_words(most_items));
   cudaStream_t stream = nullptr;
   REQUIRE_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   const int cases = suite_cases(300);
   for (int c = 0; c < cases; ++c) {
     CAPTURE(c);
-    const bool many = c % 7 == 0;  // past one launch's kTableJobsPerLaunch lists and tables
+    // Past one launch's kTableJobsPerLaunch lists and tables: now and then more tables, or
+    // more lists (a first launch of lists alone, and lists in the second).
+    const bool many = c % 7 == 0, many_lists = c % 13 == 0;
     std::vector<Table> lists, tables;
-    const int list_count = static_cast<int>(rng() % 3) + (many ? 10 : 0);
+    const int list_count = static_cast<int>(rng() % 3) + (many ? 10 : 0) + (many_lists ? 20 : 0);
     const int table_count = 1 + static_cast<int>(rng() % 4) + (many ? 20 : 0);
     for (int k = 0; k < list_count; ++k)
       lists.push_back(random_table(rng, 1, 1 + static_cast<std::int64_t>(rng() % 9), false));
     for (int k = 0; k < table_count; ++k) {
-      // Now and then a table long enough that every block of the grid strides over it.
-      const std::int64_t length = k == 0 && c % 11 == 0 ? suite_length(1 << 20, 1 << 16)
-                                                        : 1 + static_cast<std::int64_t>(rng() % 700);
-      tables.push_back(random_table(rng, 1 + static_cast<std::int64_t>(rng() % 4), length, rng() % 3 == 0));
+      // Now and then a table long enough that every block of the grid strides over it,
+      // with changes few enough (c % 2) that those the far blocks find are compared too.
+      const bool long_table = k == 0 && c % 11 == 0;
+      const std::int64_t length = long_table ? suite_length(1 << 20, 1 << 16) : 1 + static_cast<std::int64_t>(rng() % 700);
+      tables.push_back(random_table(rng, 1 + static_cast<std::int64_t>(rng() % 4), length, rng() % 3 == 0,
+                                    long_table && c % 2 == 0 ? length / 64 : 0));
     }
     const std::int64_t room = c % 5 == 0 ? 1 + static_cast<std::int64_t>(rng() % 4) : 1024;
     Uploads uploads;
@@ -215,6 +221,32 @@ TEST_CASE("table runs on the device: the host read's runs, read after read on th
                           cudaMemcpyDeviceToHost));
   for (std::uint64_t x : counters) CHECK(x == 0);
   REQUIRE_CUDA(cudaStreamDestroy(stream));
+}
+
+TEST_CASE("table runs on the device: a table past 2^32 positions, its changes found past there") {
+  // The kernel's flat index and a change's position past 32 bits (sanitizer-sized: the
+  // same paths on a table of 2^20).
+  const std::int64_t length = suite_length((std::int64_t{1} << 32) + 77, std::int64_t{1} << 20);
+  std::vector<Table> tables(1);  // one table of 4 GiB, never copied
+  Table& t = tables[0];
+  t.element = TableElement::boolean, t.batch = 1, t.length = length, t.batch_stride = 0, t.length_stride = 1;
+  t.bytes.assign(static_cast<std::size_t>(length), 0);
+  for (const std::int64_t at : {std::int64_t{5}, length / 2, length - 70, length - 3}) t.bytes[static_cast<std::size_t>(at)] = 1;
+  Uploads uploads;
+  const std::vector<TableView> views = device_views(tables, uploads);
+  const std::int64_t room = 16, words = gpu::table_block_words({}, views, room);
+  ReadMemory memory(words, gpu::table_counter_words(1));
+  memory.poison();
+  const Status st = gpu::table_changes_to_host({}, views, room, memory.mapped, words, memory.device_counters(),
+                                               memory.counter_words, nullptr);
+  REQUIRE_MESSAGE(st.ok(), st.to_string());
+  REQUIRE_CUDA(cudaDeviceSynchronize());
+  check_block({}, tables, room, memory.host);
+  Result<gpu::TableSection> device = gpu::table_runs_from(t.view(t.bytes.data()), room, memory.host);
+  REQUIRE(device.ok());
+  REQUIRE(device->runs.size() == 1);
+  CHECK(device->runs[0].start ==
+        std::vector<std::int64_t>{0, 5, 6, length / 2, length / 2 + 1, length - 70, length - 69, length - 3, length - 2});
 }
 
 TEST_CASE("table runs on the device: captured into a CUDA graph, each replay reads the tables as they are then") {

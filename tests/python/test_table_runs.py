@@ -169,6 +169,26 @@ def test_a_pending_device_read_sees_its_tables_as_the_stream_had_them():
         cuda.table_runs_begin([], [], 1, _scan.stream_of(t.device), 0)
     with pytest.raises(_core.MaskError, match="room must be in"):
         cuda.table_runs_begin([], [_table_runs._view(t, False)], 0, _scan.stream_of(t.device), 0)
+    # Reads on two streams in turn take the same slots (each reused once its read is done,
+    # whichever stream made it), each seeing its own stream's tables.
+    side = torch.cuda.Stream()
+    for k in range(6):
+        with torch.cuda.stream(side if k % 2 else torch.cuda.current_stream()):
+            ids = torch.full((2, 9), k, device="cuda")
+            ids[1, 4:] = k + 1
+            runs = _table_runs._device_start([(ids, False)], 1024)()[0]
+            assert list(runs.start) == [0, 0, 4] and list(runs.value) == [k, k, k + 1]
+    torch.cuda.synchronize()
+    # A stream capturing a CUDA graph is refused before any CUDA call is captured (a replay
+    # would write a slot later reads reuse): the read is made before the capture.
+    graph, x = torch.cuda.CUDAGraph(), torch.zeros(4, device="cuda")
+    with torch.cuda.graph(graph):
+        x.add_(1)
+        with pytest.raises(_core.MaskError, match="capturing a CUDA graph"):
+            cuda.table_runs_begin([], [_table_runs._view(t, False)], 1, _scan.stream_of(t.device), t.device.index or 0)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert x.tolist() == [1.0] * 4
 
 
 @pytest.mark.parametrize("reader", READERS)
