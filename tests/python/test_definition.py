@@ -226,8 +226,9 @@ def _post_order(tree):
 
 def test_the_mask_functions_one_walk_reads_what_the_tree_reads(monkeypatch):
     """recognise's one walk (parse with a _Walk) gathers the tables _tables() finds, the same
-    tensors in the same order, and every node for pin() children first; the mask function's
-    recognise_arguments() gives what recognise() gives, or the same reason."""
+    tensors in the same order, and every node for pin() children first, each under pin()'s
+    own key (once pinned, a walk finds it pinned); the mask function's recognise_arguments()
+    gives what recognise() gives, or the same reason."""
     monkeypatch.setattr(_definition, "_pinned", set())
     rng = random.Random(41)
     walked = 0
@@ -253,6 +254,11 @@ def test_the_mask_functions_one_walk_reads_what_the_tree_reads(monkeypatch):
                 _definition.recognise_arguments(kw, torch.device("cpu"))
             assert str(got.value) == str(e), i
             continue
+        # recognise() pinned every node by pin()'s key: a walk now finds none to pin, so the
+        # walk's own keys (written out per primitive) are pin()'s.
+        again = _definition._Walk()
+        _definition.parse(kw["mask_function"], None, again)
+        assert again.unpinned == [], (i, maker, [n[0] for n in again.unpinned])
         b = _definition.recognise_arguments(kw, "cpu")
         assert _same_verdict(a.verdict.structure, b.verdict.structure), (i, maker)
         assert np.array_equal(a.pieces.pieces, b.pieces.pieces), (i, maker)
