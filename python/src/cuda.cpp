@@ -518,9 +518,6 @@ void bind_table_runs(nb::module_& m) {
       "include/masklens/cuda/table_runs.hpp) without waiting: " + arguments + ", then an event. Returns a "
       "PendingTableRuns; its finish() waits. The lists and tables must stay alive until then (or be freed in "
       "`stream`'s order, as torch's caching allocator does).";
-  static const std::string runs_doc =
-      "Reads a definition's tables on the device and waits: table_runs_begin(...).finish(). " + arguments +
-      ". Returns " + result + ".";
 
   nb::class_<PendingTableRuns>(m, "PendingTableRuns",
                                "A definition's tables read on the device, enqueued and not yet waited for "
@@ -531,13 +528,6 @@ void bind_table_runs(nb::module_& m) {
 
   m.def("table_runs_begin", &begin_table_runs, "lists"_a, "tables"_a, "room"_a, "stream"_a, "device"_a,
         begin_doc.c_str());
-
-  m.def(
-      "table_runs",
-      [](nb::list lists, nb::list tables, std::int64_t room, std::uintptr_t stream, int device) {
-        return begin_table_runs(lists, tables, room, stream, device)->finish();
-      },
-      "lists"_a, "tables"_a, "room"_a, "stream"_a, "device"_a, runs_doc.c_str());
 }
 
 }  // namespace
