@@ -14,7 +14,7 @@ end): every node gives each row one interval, AND intersects, OR joins all its c
 child OR's among them) at once, in any order or nesting, where they meet. The rows are
 worked out per piece (runs of rows whose interval ends move linearly, cut where a table
 changes value along the rows, a chunk starts or two ends cross), from the runs of the
-O(B·L) tables read in one copy (masklens._table_runs), so the work is O(pieces), not
+O(B·L) tables read together (masklens._table_runs), so the work is O(pieces), not
 O(B·Q) and never O(Q·K). That row table is exactly what a scan of sdpa_mask's [B, 1, Q, K]
 tensor gives (each row of a bool mask whose keys form one interval: no flags), so the
 classifier's verdict over its pieces is the scan's, proven by the same render-back.
@@ -754,7 +754,7 @@ def _recognise(batch_size, q_length, kv_length, q_offset, kv_offset, mask_functi
         pin(node)
     # The rows' spans are exactly a scan's of the dense bool mask (no flags): the
     # classifier's verdict over their pieces is the scan's.
-    read = start_definition(tree, B, Q, K, qo, ko, walk.tables)  # the tables' runs: the one copy to the host
+    read = start_definition(tree, B, Q, K, qo, ko, walk.tables)  # the tables' runs, crossing to the host together
     return Definition(B, Q, K, tree, read if defer and walk.tables else read(), device)
 
 
