@@ -238,7 +238,12 @@ class ReadbackSlots {
       slot->mapped_for = st.ok() ? slot->buffer.data : nullptr;
     }
     if (!st.ok()) {
-      release(slot);  // a slot whose buffer failed to grow serves a smaller read later
+      // A slot whose buffer failed to grow serves a smaller read later; one that holds none
+      // would serve none, and goes (a host out of pinned memory must not pile up slots).
+      if (slot->buffer.bytes == 0)
+        destroy(slot, stream);
+      else
+        release(slot);
       return st;
     }
     out = slot;
@@ -271,15 +276,21 @@ class ReadbackSlots {
     // The slot is done only once its counters are zero: a slot released unused (its host
     // buffer failed) and taken by a read on another stream waits for that.
     if (st.ok()) st = check(cudaEventRecord(slot->done, stream), "cudaEventRecord(readback counters)");
+    slot->counters = static_cast<std::uint64_t*>(counters);
     if (!st.ok()) {
-      if (counters != nullptr) static_cast<void>(cudaFreeAsync(counters, stream));
-      if (slot->done != nullptr) static_cast<void>(cudaEventDestroy(slot->done));
-      delete slot;
+      destroy(slot, stream);
       return st;
     }
-    slot->counters = static_cast<std::uint64_t*>(counters);
     out = slot;
     return st;
+  }
+
+  // A slot no read holds, freed: its counters in `stream`'s order (after the memset that
+  // zeroed them), its event once recorded work completes.
+  static void destroy(Slot* slot, cudaStream_t stream) {
+    if (slot->counters != nullptr) static_cast<void>(cudaFreeAsync(slot->counters, stream));
+    if (slot->done != nullptr) static_cast<void>(cudaEventDestroy(slot->done));
+    delete slot;
   }
 
   std::mutex lock_;
