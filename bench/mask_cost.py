@@ -156,10 +156,11 @@ wrap(definition._core, "read_definition", "rows and classification")
 if cuda and not args.torch_read:
     import masklens._scan as scan
     device_module = scan.cuda_module()
-    if device_entry(device_module):
+    entry = device_entry(device_module)
+    if entry:
         # Inside the tables' read: masklens._cuda's pass enqueued and, with the
         # synchronisation after it, run (the runs landed; its finish() only parses).
-        wrap(device_module, device_entry(device_module), "device pass")
+        wrap(device_module, entry, "device pass")
 
 
 def step(kw):
@@ -274,9 +275,10 @@ host_timed_outer(definition, "pin", "pin")
 host_timed_outer(table_runs, "_device_start", "read's start")
 if cuda and not args.torch_read:
     import masklens._scan as scan
-    if device_entry(scan.cuda_module()):
+    entry = device_entry(scan.cuda_module())
+    if entry:
         DEFERRED_PARTS.append("its CUDA calls")
-        host_timed_outer(scan.cuda_module(), device_entry(scan.cuda_module()), "its CUDA calls")
+        host_timed_outer(scan.cuda_module(), entry, "its CUDA calls")
 deferred = []
 MODES = ("never", "always")
 for kind, kw in batches.items():

@@ -152,8 +152,13 @@ def _host_read(tables, room: int):
 def _view(t, positions: bool):
     """TableView(t, positions).as_tuple(), without the object (a read's hot path)."""
     B, L = t.shape
-    return (t.data_ptr(), _ELEMENTS[t.dtype], B, L, t.stride(0) if B > 1 else 0, t.stride(1) if L > 1 else 0,
-            positions)
+    return _view_of(t, _ELEMENTS[t.dtype], B, L, t.stride(), positions)
+
+
+def _view_of(t, element: str, B: int, L: int, strides, positions: bool):
+    """The tuple masklens' C++ reads a [B, L] view of t as, from what the caller has already
+    asked of it (strides: batch, length); a dimension of one is never stepped along."""
+    return (t.data_ptr(), element, B, L, strides[0] if B > 1 else 0, strides[1] if L > 1 else 0, positions)
 
 
 def _device_start(tables, room: int):
@@ -177,15 +182,13 @@ def _device_start(tables, room: int):
         shape = t.shape
         if len(shape) == 1:
             n = shape[0]
-            if n:
-                lists.append((t.data_ptr(), element, 1, n, 0, t.stride(0) if n > 1 else 0, False))
+            if n:  # a list is a view of one batch
+                lists.append(_view_of(t, element, 1, n, (0, t.stride(0)), False))
             plan.append(n)
         elif len(shape) != 2:  # not a table: the torch read names it
             return None
         elif shape[0] and shape[1]:
-            B, L = shape
-            stride = t.stride()
-            grids.append((t.data_ptr(), element, B, L, stride[0] if B > 1 else 0, stride[1] if L > 1 else 0, positions))
+            grids.append(_view_of(t, element, shape[0], shape[1], t.stride(), positions))
             plan.append(None)
         else:
             plan.append(tuple(shape))
@@ -230,8 +233,8 @@ def _bury() -> None:
 
 class _PendingRead:
     """A device read enqueued (masklens._cuda.PendingTableRuns) with the tables it reads and
-    the plan of its answer (a list's length, None for a table the kernel reads, (tensor,
-    a shape for an empty one); called, it waits for the read and returns read_runs'
+    the plan of its answer (a list's length, None for a table the kernel reads, the shape of
+    an empty one); called, it waits for the read and returns read_runs'
     answer."""
 
     __slots__ = ("pending", "tables", "plan", "room")

@@ -479,8 +479,7 @@ std::unique_ptr<PendingTableRuns> begin_table_runs(nb::list lists, nb::list tabl
     raise(error(ErrorCode::invalid_argument, std::to_string(ls.size() + ts.size()) +
                                                  " lists and tables: more than a read's counters hold"));
   const std::int64_t words = gpu::table_block_words(ls, ts, room);
-  std::int64_t first_word = 0;
-  for (const gpu::DeviceTable& l : ls) first_word += l.batch * l.length;
+  const std::int64_t first_word = gpu::table_block_words(ls, {}, room);  // the lists' words, ahead of the sections
   const auto s = reinterpret_cast<cudaStream_t>(stream);
   python::ReadbackSlots::Slot* slot = nullptr;
   Status st = on_device(device, [&]() -> Status {
